@@ -1,0 +1,127 @@
+"""Every failure cachemgr reports: what happened, what to do, and its exit code.
+
+Exit codes follow sysexits(3), as in DESIGN.md's interface contract. Each exception
+subclasses the builtin it is a kind of (``TimeoutError``, ``OSError``...), so library
+callers can catch it as such, and carries a one-line message: what happened, then the
+remedy. :func:`cachemgr.cli.errors.exit_code_for` is the one place that maps them.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ExitCode(enum.IntEnum):
+    """The documented exit codes; any other code is the server's own."""
+
+    OK = 0
+    USAGE = 64  # EX_USAGE: bad flags or arguments
+    MISS = 69  # EX_UNAVAILABLE: no published entry and --on-miss fail
+    COMPILE_FAILED = 70  # EX_SOFTWARE: the compiler (or the server while compiling) failed
+    DISK_FULL = 73  # EX_CANTCREAT: the volume is full or the quota is exceeded
+    VOLUME = 74  # EX_IOERR: the cache volume cannot be used
+    WAIT_TIMEOUT = 75  # EX_TEMPFAIL: gave up waiting for another pod's compile
+    CONFIG = 78  # EX_CONFIG: key inputs undeterminable, or configuration invalid
+
+
+class CacheMgrError(Exception):
+    """Base of every reported failure.
+
+    ``what`` says what happened (naming the path or the input), ``remedy`` what to do.
+    ``fields`` carry the facts for logs and JSON output.
+    """
+
+    exit_code: ExitCode = ExitCode.VOLUME
+    reason: str = "error"
+
+    def __init__(self, what: str, *, remedy: str, **fields: Any) -> None:
+        self.what = what.rstrip(".")
+        self.remedy = remedy.rstrip(".")
+        self.fields = fields
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        """The message for logs, stderr and the Kubernetes termination message."""
+        remedy = self.remedy[:1].upper() + self.remedy[1:]
+        text = f"{self.what}. {remedy}."
+        return " ".join(text.split())
+
+    def __str__(self) -> str:
+        return self.one_line()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep the keyword-only constructor picklable (errors cross process boundaries in tests).
+        return (_rebuild, (type(self), self.what, self.remedy, self.fields))
+
+
+def _rebuild(cls: type[CacheMgrError], what: str, remedy: str, fields: dict[str, Any]) -> CacheMgrError:
+    return cls(what, remedy=remedy, **fields)
+
+
+class UsageError(CacheMgrError, ValueError):
+    """A flag or argument is wrong."""
+
+    exit_code = ExitCode.USAGE
+    reason = "usage"
+
+
+class ConfigError(CacheMgrError, ValueError):
+    """Configuration is invalid, or a key input cannot be determined (fail closed)."""
+
+    exit_code = ExitCode.CONFIG
+    reason = "config"
+
+
+class MissError(CacheMgrError, LookupError):
+    """No published entry matches and this pod must not compile (--on-miss fail)."""
+
+    exit_code = ExitCode.MISS
+    reason = "miss"
+
+
+class CompileError(CacheMgrError, RuntimeError):
+    """The compile step failed; nothing was published."""
+
+    exit_code = ExitCode.COMPILE_FAILED
+    reason = "compile-failed"
+
+
+class DiskFullError(CacheMgrError, OSError):
+    """The cache volume is full or its quota is exceeded."""
+
+    exit_code = ExitCode.DISK_FULL
+    reason = "disk-full"
+
+
+class VolumeError(CacheMgrError, OSError):
+    """The cache volume cannot be used (missing, read-only, newer layout, I/O errors)."""
+
+    exit_code = ExitCode.VOLUME
+    reason = "volume"
+
+
+class WaitTimeoutError(CacheMgrError, TimeoutError):
+    """Gave up waiting for another pod to publish (--wait-timeout)."""
+
+    exit_code = ExitCode.WAIT_TIMEOUT
+    reason = "wait-timeout"
+
+
+class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its exit code, not a fault
+    """A termination signal arrived before the server started; everything was cleaned up."""
+
+    reason = "interrupted"
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(
+            f"stopped by signal {signum} before the server started; staging removed and lease released",
+            remedy="nothing to do: the next start resumes from the shared cache",
+            signum=signum,
+        )
+
+    @property
+    def code(self) -> int:
+        """128+N, as a shell reports a process killed by signal N."""
+        return 128 + self.signum
