@@ -1,0 +1,122 @@
+"""``run``, ``warm``, ``key`` and ``demo``: thin wrappers over the library."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cachemgr.cli.render import Column, emit, emit_json, flatten, table
+from cachemgr.errors import ConfigError, UsageError
+from cachemgr.key import KeyRequest, Strategy, compute_key
+from cachemgr.state import DEFAULT_STATE_DIR
+from cachemgr.units import parse_duration, parse_size
+
+
+def key_request(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> KeyRequest:
+    strategy: Strategy | None = args.strategy
+    return KeyRequest(
+        argv=server_argv,
+        role=args.role,
+        strategy=strategy,
+        compile_cmd=args.compile_cmd,
+        key_env=tuple(args.key_env),
+        compiler_version=args.compiler_version,
+        npu_type=args.npu_type,
+        environ=environ,
+    )
+
+
+def cache_root(args: argparse.Namespace) -> Path:
+    if not args.cache_root:
+        raise ConfigError(
+            "no cache volume was given",
+            remedy="set CACHEMGR_CACHE_ROOT (or --cache-root) to where the compile cache PVC is mounted",
+        )
+    return Path(args.cache_root)
+
+
+def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | None:
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as error:
+        raise UsageError(
+            f"{flag} {value!r}: {error}", remedy=f"pass {flag} as seconds or 30s / 15m / 2h"
+        ) from None
+    if positive and seconds <= 0:
+        raise UsageError(f"{flag} must be positive, not {value!r}", remedy=f"pass a positive {flag}")
+    return seconds
+
+
+def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
+    from cachemgr.runner import RunOptions  # heavy imports only for run/warm
+
+    lease = _seconds(args.lease_duration, "--lease-duration") or 30.0
+    heartbeat = _seconds(args.lease_heartbeat, "--lease-heartbeat")
+    if heartbeat is not None and heartbeat >= lease:
+        raise UsageError(
+            f"--lease-heartbeat {heartbeat:g}s must be shorter than --lease-duration {lease:g}s",
+            remedy="use a heartbeat of about a third of the lease",
+        )
+    try:
+        expected = parse_size(args.expected_size) if args.expected_size else None
+    except ValueError as error:
+        raise UsageError(f"--expected-size: {error}", remedy="pass bytes or a size such as 150Gi") from None
+    return RunOptions(
+        cache_root=cache_root(args),
+        state_dir=Path(args.state_dir or DEFAULT_STATE_DIR),
+        on_miss=args.on_miss,
+        lease_duration=lease,
+        lease_heartbeat=heartbeat,
+        wait_timeout=_seconds(args.wait_timeout, "--wait-timeout"),
+        expected_size=expected,
+        space_check=args.space_check,
+        auto_prune=args.auto_prune,
+        verify=args.verify,
+        health_url=args.health_url,
+        stall_timeout=_seconds(args.stall_timeout, "--stall-timeout") or 1800.0,
+        status_port=args.status_port,
+        warm=warm,
+    )
+
+
+def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.runner import run as run_pod
+
+    return run_pod(key_request(args, server_argv, environ), run_options(args, warm=False), environ=environ)
+
+
+def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.runner import run as run_pod
+
+    return run_pod(key_request(args, server_argv, environ), run_options(args, warm=True), environ=environ)
+
+
+def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
+    computed = compute_key(key_request(args, server_argv, environ))
+    if args.output == "json":
+        emit_json(computed.to_json())
+        return 0
+    emit(f"key    {computed.digest}\nentry  {computed.entry_name}\n")
+    rows = [
+        {"input": name, "value": value, "source": computed.sources.get(name.split(".")[0], "")}
+        for top, value_ in computed.inputs.items()
+        for name, value in flatten(top, value_)
+    ]
+    emit(table(rows, [Column("input", "input"), Column("value", "value"), Column("source", "source")]))
+    if computed.server.dropped:
+        emit(f"\nleft out as runtime-only: {', '.join('--' + d for d in computed.server.dropped)}")
+    if computed.server.unknown:
+        emit(
+            f"not known to vLLM {('0.30')}, keyed as given: {', '.join('--' + u for u in computed.server.unknown)}"
+        )
+    return 0
+
+
+def demo(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.demo import run_demo
+
+    return run_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)

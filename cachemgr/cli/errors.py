@@ -1,0 +1,92 @@
+"""The one place where failures become a one-line message, a log event and an exit code.
+
+The Kubernetes termination message (``/dev/termination-log``, or the path in
+``CACHEMGR_TERMINATION_LOG``) gets the same line, for ``run`` and ``warm``: ``kubectl
+describe pod`` then shows why the container stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+
+from cachemgr.errors import CacheMgrError, ExitCode, Interrupted
+
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+_TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message
+
+
+def exit_code_for(error: BaseException) -> int:
+    if isinstance(error, Interrupted):
+        return error.code
+    if isinstance(error, CacheMgrError):
+        return int(error.exit_code)
+    if isinstance(error, KeyboardInterrupt):
+        return 130
+    return int(ExitCode.COMPILE_FAILED)
+
+
+def message_for(error: BaseException) -> str:
+    if isinstance(error, CacheMgrError):
+        return error.one_line()
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    return (
+        f"internal error: {type(error).__name__}: {error}. This is a cachemgr bug: report it with the log above; "
+        "the cache itself is unharmed (published entries are never modified)"
+    )
+
+
+def report(error: BaseException, *, command: str, environ: Mapping[str, str], entrypoint: bool) -> int:
+    """Print the one line on stderr, log it, write the termination message; return the exit code."""
+    code = exit_code_for(error)
+    line = message_for(error)
+    if not isinstance(error, CacheMgrError | KeyboardInterrupt):
+        traceback.print_exception(error, file=sys.stderr)
+    _log(error, command=command, code=code, line=line)
+    print(f"cachemgr {command}: {line}", file=sys.stderr, flush=True)
+    if entrypoint:
+        write_termination_message(line, environ=environ)
+    return code
+
+
+def _log(error: BaseException, *, command: str, code: int, line: str) -> None:
+    if "cachemgr.log" not in sys.modules:
+        return
+    from cachemgr.log import configured_format
+
+    if configured_format() != "json":
+        return  # on a console the plain line below says it all
+    import structlog  # already loaded by the command; probes never reach here
+
+    fields = dict(error.fields) if isinstance(error, CacheMgrError) else {}
+    reason = error.reason if isinstance(error, CacheMgrError) else "internal"
+    structlog.get_logger("cachemgr").error(
+        "failed",
+        command=command,
+        exit_code=code,
+        reason=reason,
+        message=line,
+        **{k: v for k, v in fields.items() if k not in {"command", "exit_code", "reason", "message"}},
+    )
+
+
+def write_termination_message(line: str, *, environ: Mapping[str, str]) -> None:
+    """Best effort: outside Kubernetes the default path usually does not exist."""
+    path = Path(environ.get("CACHEMGR_TERMINATION_LOG") or DEFAULT_TERMINATION_LOG)
+    if not path.parent.is_dir() or (not path.exists() and path == Path(DEFAULT_TERMINATION_LOG)):
+        return
+    data = line.encode()[:_TERMINATION_LIMIT]
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError:
+        return
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

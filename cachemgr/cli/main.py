@@ -1,0 +1,265 @@
+"""``cachemgr``: parse, call the library, render. Nothing else lives here.
+
+Each command's handler is imported only when that command runs: ``cachemgr probe`` runs in
+every pod every few seconds and must not pay for the libraries ``run`` needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from cachemgr import __version__
+from cachemgr.errors import ExitCode, UsageError
+
+# command -> (handler "module:function", entrypoint?): entrypoints write the termination message.
+_HANDLERS: dict[str, tuple[str, bool]] = {
+    "run": ("cachemgr.cli.cmd_run:run", True),
+    "warm": ("cachemgr.cli.cmd_run:warm", True),
+    "key": ("cachemgr.cli.cmd_run:key", False),
+    "demo": ("cachemgr.cli.cmd_run:demo", False),
+    "explain": ("cachemgr.cli.cmd_inspect:explain", False),
+    "ls": ("cachemgr.cli.cmd_inspect:ls", False),
+    "show": ("cachemgr.cli.cmd_inspect:show", False),
+    "du": ("cachemgr.cli.cmd_inspect:du", False),
+    "verify": ("cachemgr.cli.cmd_inspect:verify", False),
+    "prune": ("cachemgr.cli.cmd_inspect:prune", False),
+    "locks": ("cachemgr.cli.cmd_inspect:locks", False),
+    "probe": ("cachemgr.cli.cmd_probe:probe", False),
+}
+_NEEDS_SERVER_ARGV = {"run", "warm", "key", "explain"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors become UsageError (exit 64) with one line, not argparse's exit 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]  # argparse declares NoReturn
+        raise UsageError(f"{self.prog}: {message}", remedy=f"see '{self.prog} --help'")
+
+
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+def _add_log(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        default=_env("CACHEMGR_LOG_FORMAT"),
+        help="log format on stderr [env CACHEMGR_LOG_FORMAT; default: console on a terminal, else json]",
+    )
+
+
+def _add_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-root",
+        default=_env("CACHEMGR_CACHE_ROOT"),
+        help="the role's compile cache volume [env CACHEMGR_CACHE_ROOT]",
+    )
+
+
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="output format")
+
+
+def _add_key(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cache key")
+    group.add_argument("--role", default=_env("CACHEMGR_ROLE"), help="prefill or decode [env CACHEMGR_ROLE]")
+    group.add_argument(
+        "--compiler-version",
+        default=_env("CACHEMGR_COMPILER_VERSION"),
+        help="RBLN Compiler version; default: installed rebel-compiler [env CACHEMGR_COMPILER_VERSION]",
+    )
+    group.add_argument(
+        "--npu-type",
+        default=_env("CACHEMGR_NPU_TYPE"),
+        help="NPU type, e.g. RBLN-CA25; default: RBLN_FORCE_NPU_NAME, else the device [env CACHEMGR_NPU_TYPE]",
+    )
+    group.add_argument(
+        "--strategy",
+        choices=["vllm", "command"],
+        default=None,
+        help="who compiles: the vllm server itself (default for 'vllm serve') or --compile-cmd",
+    )
+    group.add_argument("--compile-cmd", default=None, help="compiler command line naming {output_dir}")
+    group.add_argument(
+        "--key-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also key on this environment variable (repeatable)",
+    )
+
+
+def _add_run(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("run")
+    group.add_argument(
+        "--state-dir",
+        default=_env("CACHEMGR_STATE_DIR"),
+        help="pod-local state for probes [env CACHEMGR_STATE_DIR; default /tmp/cachemgr]",
+    )
+    group.add_argument("--on-miss", choices=["compile", "fail"], default="compile")
+    group.add_argument(
+        "--lease-duration", default="30", metavar="SECONDS", help="lease duration (default 30)"
+    )
+    group.add_argument(
+        "--lease-heartbeat", default=None, metavar="SECONDS", help="default: a third of the lease"
+    )
+    group.add_argument(
+        "--wait-timeout", default=None, metavar="SECONDS", help="give up waiting (exit 75); default: wait"
+    )
+    group.add_argument(
+        "--expected-size", default=None, metavar="BYTES", help="expected compile output, e.g. 150Gi"
+    )
+    group.add_argument("--space-check", choices=["fail", "warn"], default="fail")
+    group.add_argument("--auto-prune", choices=["off", "incompatible"], default="off")
+    group.add_argument("--verify", choices=["fast", "full"], default="fast")
+    group.add_argument(
+        "--health-url", default=None, help="server health URL; default http://127.0.0.1:PORT/health"
+    )
+    group.add_argument(
+        "--stall-timeout", default="30m", metavar="DURATION", help="no compile progress this long is a stall"
+    )
+    group.add_argument(
+        "--status-port", type=int, default=None, help="serve /livez /readyz /startupz /status /metrics"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cachemgr", description="Compile cache manager for RBLN NPU modelserver pods.")
+    parser.add_argument("--version", action="version", version=f"cachemgr {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    for name, text in (
+        ("run", "the pod entrypoint: reuse or compile once, then launch and supervise the server"),
+        ("warm", "fill the cache for this argv (a Job before a rollout) and exit 0"),
+    ):
+        cmd = sub.add_parser(
+            name, help=text, description=f"{text}. Usage: cachemgr {name} [options] -- SERVER ARGV"
+        )
+        _add_root(cmd)
+        _add_key(cmd)
+        _add_run(cmd)
+        _add_log(cmd)
+
+    cmd = sub.add_parser("key", help="print the cache key of -- SERVER ARGV and where each input came from")
+    _add_key(cmd)
+    _add_output(cmd)
+    _add_log(cmd)
+
+    cmd = sub.add_parser("explain", help="hit or miss for -- SERVER ARGV here, and why")
+    _add_root(cmd)
+    _add_key(cmd)
+    _add_output(cmd)
+    _add_log(cmd)
+
+    cmd = sub.add_parser("demo", help="two prefill and two decode pods, cold then warm, with stand-ins")
+    cmd.add_argument("--dir", default="demo-cache", help="where the demo volumes go (default ./demo-cache)")
+    cmd.add_argument("--compile-seconds", type=float, default=3.0, help="stand-in compile time")
+    _add_log(cmd)
+
+    _add_inspection(sub)
+
+    cmd = sub.add_parser("probe", help="Kubernetes exec probe: startup, live or ready")
+    cmd.add_argument("kind", choices=["startup", "live", "ready"])
+    cmd.add_argument("--state-dir", default=_env("CACHEMGR_STATE_DIR"))
+    cmd.add_argument("--timeout", type=float, default=1.0, help="health request timeout (ready)")
+    return parser
+
+
+def _add_inspection(sub: Any) -> None:
+    for name, text in (
+        ("ls", "one row per entry: key, model, role, compiler, NPU, size, ages, users, status"),
+        ("du", "volume size, used, free; cache bytes by entry and compiler; what prune could free"),
+        ("locks", "each lease: key, holder pod and node, held for, last refresh, stale or not"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        _add_root(cmd)
+        _add_output(cmd)
+        _add_compat(cmd)
+        _add_log(cmd)
+    cmd = sub.add_parser("show", help="every key input, manifest summary, users and failures of one entry")
+    cmd.add_argument("key", help="a unique prefix of the key, or the entry name")
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_compat(cmd)
+    _add_log(cmd)
+    cmd = sub.add_parser("verify", help="hash-check entries; --fix moves damaged ones aside")
+    cmd.add_argument("keys", nargs="*", help="key prefixes (default: all)")
+    cmd.add_argument("--fix", action="store_true")
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_log(cmd)
+    cmd = sub.add_parser("prune", help="plan, print, then remove entries (never one in use)")
+    cmd.add_argument(
+        "--incompatible", action="store_true", help="entries for another compiler version or NPU"
+    )
+    cmd.add_argument("--unused-for", metavar="DURATION", help="entries unused for this long, e.g. 14d")
+    cmd.add_argument("--keep-bytes", metavar="SIZE", help="remove least recently used until the cache fits")
+    cmd.add_argument("--stale-staging", action="store_true", help="attempts left by dead pods")
+    cmd.add_argument("--damaged", action="store_true", help="quarantined entries")
+    cmd.add_argument("--dry-run", action="store_true", help="print the plan only")
+    cmd.add_argument("--yes", action="store_true", help="do it without asking (required without a TTY)")
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_compat(cmd)
+    _add_log(cmd)
+
+
+def _add_compat(parser: argparse.ArgumentParser) -> None:
+    """Inspection needs this image's compiler and NPU only to mark incompatible entries."""
+    parser.add_argument("--compiler-version", default=_env("CACHEMGR_COMPILER_VERSION"))
+    parser.add_argument("--npu-type", default=_env("CACHEMGR_NPU_TYPE"))
+
+
+def split_server_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """cachemgr's own arguments, and the server argv after the first ``--``."""
+    argv = list(argv)
+    if "--" in argv:
+        index = argv.index("--")
+        return argv[:index], argv[index + 1 :]
+    return argv, []
+
+
+def _check_server_argv(command: str, server_argv: list[str]) -> None:
+    if command in _NEEDS_SERVER_ARGV and not server_argv:
+        raise UsageError(
+            f"cachemgr {command} needs the server's argv after '--'",
+            remedy=f"e.g. cachemgr {command} -- vllm serve MODEL --tensor-parallel-size 4",
+        )
+    if server_argv and command not in _NEEDS_SERVER_ARGV:
+        raise UsageError(f"cachemgr {command} takes no server argv", remedy="drop the part after '--'")
+
+
+def _handler(command: str) -> Callable[[argparse.Namespace, list[str], Mapping[str, str]], int]:
+    module_name, _, func = _HANDLERS[command][0].partition(":")
+    handler: Callable[[argparse.Namespace, list[str], Mapping[str, str]], int] = getattr(
+        importlib.import_module(module_name), func
+    )
+    return handler
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    own, server_argv = split_server_argv(sys.argv[1:] if argv is None else argv)
+    environ = dict(os.environ)
+    command = own[0] if own and own[0] in _HANDLERS else "cachemgr"
+    try:
+        args = build_parser().parse_args(own)
+        command = args.command
+        _check_server_argv(command, server_argv)
+        if hasattr(args, "log_format"):
+            from cachemgr.log import configure, resolve_format  # not for probes
+
+            configure(resolve_format(args.log_format))
+        return _handler(command)(args, server_argv, environ)
+    except BaseException as error:  # noqa: BLE001  # the one error boundary: every failure gets a line and a code
+        if isinstance(error, SystemExit):
+            return int(error.code or 0) if isinstance(error.code, int | None) else int(ExitCode.USAGE)
+        from cachemgr.cli.errors import report
+
+        entrypoint = _HANDLERS.get(command, ("", False))[1]
+        return report(error, command=command, environ=environ, entrypoint=entrypoint)

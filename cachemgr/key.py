@@ -1,0 +1,407 @@
+"""The cache key: what must be equal for a compiled model to be reused.
+
+The chart page promises reuse only when the RBLN Compiler's major.minor version, the serving
+settings of the cache key and the NPU type are all the same. Each input below carries the
+reason it is in the key. The canonical form is sorted JSON; the digest is xxh3-128. Golden
+digests in the tests pin this derivation: changing it by accident fails CI, changing it on
+purpose means bumping :data:`SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import xxhash
+from packaging.version import InvalidVersion, Version
+
+from cachemgr.errors import ConfigError, UsageError
+from cachemgr.serving import ServerCommand, parse_server_argv
+
+# Bump when the key's derivation or the entry layout changes: old entries then stop matching
+# instead of being misread.
+SCHEMA_VERSION = 1
+
+Strategy = Literal["vllm", "command"]
+
+# The vllm-rbln variables it hashes itself (RBLN_COMPILE_ENV) or that set RBLNConfig fields,
+# which its config hash covers, are all VLLM_RBLN_*: every one counts, except those vllm-rbln
+# 0.12 lists as not changing the compile (RBLN_NON_COMPILE_ENV, the runtime part of it).
+_ENV_PREFIX = "VLLM_RBLN_"
+_ENV_NOT_COMPILED = frozenset(
+    {
+        "VLLM_RBLN_DISABLE_WORKER_FAIL_FAST",
+        "VLLM_RBLN_SAMPLER",  # sampler graphs compile with use_cache=False, never cached
+        "VLLM_RBLN_COMPILE_STRICT_MODE",
+        "VLLM_RBLN_ENABLE_WARM_UP",
+        "VLLM_RBLN_METRICS",
+        "VLLM_RBLN_METRICS_FILE",
+        "VLLM_RBLN_METRICS_DIR",
+        "VLLM_RBLN_NUMA",
+        "VLLM_RBLN_COMPILE_ONLY",  # a cachemgr warm Job sets it; its key must match serving pods
+        "VLLM_RBLN_DISABLE_OFFLOAD",
+        "VLLM_RBLN_AUTO_PORT",
+        "VLLM_RBLN_SUB_BLOCK_CACHE",  # prefix-cache reuse, not what is compiled
+        "VLLM_RBLN_SUB_BLOCK_SIZE",
+    }
+)
+# Compile-relevant variables outside the VLLM_RBLN_ prefix (RBLNConfig.use_custom_kernel).
+_ENV_EXTRA = ("RBLN_USE_CUSTOM_KERNEL",)
+
+_ROLE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_NPU = re.compile(r"[A-Z0-9][A-Z0-9_-]{0,31}")
+_NPU_IN_TEXT = re.compile(r"\bRBLN-[A-Z]{2}\d{2}\b")
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".rbln")
+_DEVICE_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """A computed key: its digest, the hashed inputs, and where each input came from."""
+
+    digest: str
+    inputs: Mapping[str, Any]
+    sources: Mapping[str, str]
+    server: ServerCommand
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def short(self) -> str:
+        """Twelve hex digits: enough to name a key to an operator."""
+        return self.digest[:12]
+
+    @property
+    def entry_name(self) -> str:
+        """The entry's directory name: readable with ``ls``, unique by its digest."""
+        model = _slug(str(self.details.get("model_name", "model")))
+        npu = str(self.inputs["npu"])
+        return f"{model}__{self.inputs['role']}__c{self.inputs['compiler']}__{npu}__{self.digest[:16]}"
+
+    @property
+    def model_name(self) -> str:
+        return str(self.details.get("model_name", ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.digest,
+            "short": self.short,
+            "entry": self.entry_name,
+            "inputs": dict(self.inputs),
+            "sources": dict(self.sources),
+            "dropped_runtime_flags": list(self.server.dropped),
+            "unknown_flags": list(self.server.unknown),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyRequest:
+    """Everything a key is computed from; the CLI fills it from flags and the environment."""
+
+    argv: Sequence[str]
+    role: str | None
+    strategy: Strategy | None = None
+    compile_cmd: str | None = None
+    key_env: Sequence[str] = ()
+    compiler_version: str | None = None
+    npu_type: str | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+def canonical_json(obj: Any) -> bytes:
+    """Sorted, compact, UTF-8 JSON: the form that is hashed."""
+    return json.dumps(
+        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode()
+
+
+def digest_of(obj: Any) -> str:
+    """xxh3-128 of the canonical JSON, as 32 hex digits."""
+    return xxhash.xxh3_128_hexdigest(canonical_json(obj))
+
+
+def compute_key(request: KeyRequest) -> CacheKey:
+    """Resolve every input (failing closed when one cannot be known) and digest them."""
+    server = parse_server_argv(request.argv)
+    strategy = resolve_strategy(request.strategy, server, request.compile_cmd)
+    sources: dict[str, str] = {}
+    inputs: dict[str, Any] = {"schema": SCHEMA_VERSION}
+    sources["schema"] = "cachemgr"
+    # role: prefill and decode compile different graphs and have separate volumes.
+    inputs["role"], sources["role"] = resolve_role(request.role)
+    # compiler: the chart page reuses a compile only within one RBLN Compiler major.minor.
+    inputs["compiler"], sources["compiler"] = resolve_compiler(request.compiler_version, request.environ)
+    # npu: the compiled binary targets one NPU type (RBLN-CA25...).
+    inputs["npu"], sources["npu"] = resolve_npu(request.npu_type, request.environ)
+    # server and strategy: they decide the layout of what is compiled and stored.
+    inputs["server"], sources["server"] = server.kind, "argv[0]"
+    inputs["strategy"], sources["strategy"] = strategy, "--strategy" if request.strategy else "default"
+    # model: which weights are compiled; a local path by its content, not its mount path.
+    model, model_source, details = resolve_model(server)
+    inputs["model"], sources["model"] = model, model_source
+    # serving: the server's own settings that change what is compiled.
+    inputs["serving"], sources["serving"] = dict(server.settings), "argv"
+    # env: the compile-relevant environment vllm-rbln reads, and what the operator names.
+    inputs["env"], sources["env"] = resolve_env(request.environ, request.key_env), "environment"
+    if strategy == "command":
+        # compile_cmd: the operator's compiler invocation produces the artifacts.
+        inputs["compile_cmd"], sources["compile_cmd"] = _compile_argv(request.compile_cmd), "--compile-cmd"
+    return CacheKey(digest=digest_of(inputs), inputs=inputs, sources=sources, server=server, details=details)
+
+
+def resolve_strategy(given: Strategy | None, server: ServerCommand, compile_cmd: str | None) -> Strategy:
+    """``vllm`` for a vLLM server unless told otherwise; any other server needs a compile command."""
+    if given is None:
+        given = "command" if compile_cmd else ("vllm" if server.kind == "vllm" else None)
+    if given is None:
+        raise UsageError(
+            f"'{server.argv[0]}' is not 'vllm serve', so cachemgr cannot let it compile for itself",
+            remedy="pass --strategy command --compile-cmd 'COMPILER ... {output_dir}'",
+        )
+    if given == "command" and not compile_cmd:
+        raise UsageError(
+            "--strategy command needs --compile-cmd",
+            remedy="pass --compile-cmd 'COMPILER ... {output_dir}'",
+        )
+    if given == "vllm" and server.kind != "vllm":
+        raise UsageError(
+            f"--strategy vllm needs a 'vllm serve' server, not '{server.argv[0]}'",
+            remedy="use --strategy command --compile-cmd '...' for other servers",
+        )
+    return given
+
+
+def _compile_argv(compile_cmd: str | None) -> list[str]:
+    try:
+        argv = shlex.split(compile_cmd or "")
+    except ValueError as error:
+        raise UsageError(
+            f"--compile-cmd cannot be split into words ({error})", remedy="fix its quoting"
+        ) from error
+    if not argv or not any("{output_dir}" in arg for arg in argv):
+        raise UsageError(
+            f"--compile-cmd {compile_cmd!r} does not name {{output_dir}}",
+            remedy="write the compiler's output to {output_dir}, e.g. --output-dir {output_dir}",
+        )
+    return argv
+
+
+def resolve_role(role: str | None) -> tuple[str, str]:
+    if not role:
+        raise ConfigError(
+            "the pod's role is not set",
+            remedy="set CACHEMGR_ROLE (or --role) to prefill or decode",
+        )
+    if not _ROLE.fullmatch(role):
+        raise ConfigError(
+            f"role {role!r} is not a lowercase name",
+            remedy="set CACHEMGR_ROLE to prefill or decode (letters, digits, dashes)",
+        )
+    return role, "CACHEMGR_ROLE"
+
+
+def resolve_compiler(override: str | None, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The RBLN Compiler's major.minor, from the override or installed package metadata."""
+    if override or environ.get("CACHEMGR_COMPILER_VERSION"):
+        raw = override or environ["CACHEMGR_COMPILER_VERSION"]
+        source = "CACHEMGR_COMPILER_VERSION"
+    else:
+        try:
+            # Metadata only: importing the compiler would load its runtime and take seconds.
+            raw = importlib.metadata.version("rebel-compiler")
+        except importlib.metadata.PackageNotFoundError:
+            raise ConfigError(
+                "cannot tell the RBLN Compiler version: rebel-compiler is not installed in this "
+                "environment and CACHEMGR_COMPILER_VERSION is not set",
+                remedy="run in the modelserver image, or set CACHEMGR_COMPILER_VERSION to its version, "
+                "e.g. CACHEMGR_COMPILER_VERSION=0.12.0",
+            ) from None
+        source = f"package rebel-compiler {raw}"
+    return major_minor(raw), source
+
+
+def major_minor(raw: str) -> str:
+    """``0.12.3``, ``0.12.0rc1``, ``0.12.1.dev4+gabc`` -> ``0.12``: patch releases share a cache."""
+    try:
+        release = Version(raw.strip()).release
+    except InvalidVersion:
+        raise ConfigError(
+            f"RBLN Compiler version {raw!r} is not a version number",
+            remedy="set CACHEMGR_COMPILER_VERSION to a version such as 0.12.0",
+        ) from None
+    major, minor = (*release, 0)[:2]
+    return f"{major}.{minor}"
+
+
+def resolve_npu(override: str | None, environ: Mapping[str, str]) -> tuple[str, str]:
+    """The NPU type: explicit settings first, then the device itself. Never "unknown"."""
+    for name, value in (
+        ("CACHEMGR_NPU_TYPE", override or environ.get("CACHEMGR_NPU_TYPE")),
+        ("RBLN_FORCE_NPU_NAME", environ.get("RBLN_FORCE_NPU_NAME")),
+        # The compiler's legacy name for the same setting; vllm-rbln still honours it.
+        ("RBLN_TARGET_SOC", environ.get("RBLN_TARGET_SOC")),
+    ):
+        if value and value.strip():
+            return _valid_npu(value, name), name
+    found = _npu_from_device(environ)
+    if found is not None:
+        return _valid_npu(found[0], found[1]), found[1]
+    raise ConfigError(
+        "cannot tell the NPU type: CACHEMGR_NPU_TYPE and RBLN_FORCE_NPU_NAME are unset and no RBLN "
+        "device answered (rbln-smi not found or no NPU; rebel-compiler runtime not installed)",
+        remedy="set CACHEMGR_NPU_TYPE to the target NPU, e.g. CACHEMGR_NPU_TYPE=RBLN-CA25",
+    )
+
+
+def _valid_npu(value: str, source: str) -> str:
+    npu = value.strip().upper()
+    if not _NPU.fullmatch(npu):
+        raise ConfigError(
+            f"NPU type {value!r} from {source} is not an NPU name", remedy="use a name like RBLN-CA25"
+        )
+    return npu
+
+
+def _npu_from_device(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """Ask the RBLN driver's tool, then the compiler's runtime, which NPU is mounted."""
+    path = environ.get("PATH")
+    for tool in ("rbln-smi", "rbln-stat"):
+        exe = shutil.which(tool, path=path)
+        if exe is None:
+            continue
+        output = _run_quietly([exe], environ)
+        names = sorted(set(_NPU_IN_TEXT.findall(output or "")))
+        if len(names) > 1:
+            raise ConfigError(
+                f"{tool} reports more than one NPU type ({', '.join(names)})",
+                remedy="set CACHEMGR_NPU_TYPE to the NPU this pod's server uses",
+            )
+        if names:
+            return names[0], tool
+    try:
+        importlib.metadata.version("rebel-compiler")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    # In a child: the compiler's runtime is heavy and must not stay loaded in the supervisor.
+    probe = "import rebel; print(rebel.get_npu_name(0) or '')"
+    output = _run_quietly([sys.executable, "-c", probe], environ)
+    name = (output or "").strip()
+    return (name, "rebel.get_npu_name") if name else None
+
+
+def _run_quietly(argv: list[str], environ: Mapping[str, str]) -> str | None:
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=_DEVICE_TIMEOUT, env=dict(environ), check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def resolve_model(server: ServerCommand) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The model input, its source, and details (not hashed) for names and space estimates."""
+    if server.kind != "vllm":
+        # Any other server carries its model in its argv, which is keyed whole.
+        return {"kind": "argv"}, "argv", {"model_name": Path(server.argv[0]).name}
+    if not server.model:
+        raise ConfigError(
+            "the vllm argv names no model",
+            remedy="pass the model as 'vllm serve MODEL' or --model MODEL",
+        )
+    path = Path(server.model).expanduser()
+    if path.exists():
+        return _local_model(path)
+    if server.model.startswith(("/", "./", "../", "~")):
+        raise ConfigError(
+            f"model path {server.model} does not exist in this pod",
+            remedy="mount the model volume at that path, or pass a Hugging Face model id",
+        )
+    model = {"kind": "hub", "id": server.model, "revision": server.revision}
+    source = "argv (--revision)" if server.revision else "argv (revision unpinned: the hub may change it)"
+    return model, source, {"model_name": server.model}
+
+
+def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Fingerprint a local model by its config, weight index and weight sizes, not its path."""
+    if not path.is_dir():
+        raise ConfigError(
+            f"model path {path} is not a directory", remedy="point the server at a model directory"
+        )
+    described: dict[str, Any] = {}
+    weights: dict[str, int] = {}
+    try:
+        for item in sorted(_model_files(path)):
+            rel = item.relative_to(path).as_posix()
+            if item.name.endswith(".json"):
+                described[rel] = _model_json(item)
+            else:
+                weights[rel] = item.stat().st_size
+    except OSError as error:
+        raise ConfigError(
+            f"cannot read model directory {path}: {error.strerror}", remedy="check the model volume mount"
+        ) from error
+    if "config.json" not in described and "rbln_config.json" not in described:
+        raise ConfigError(
+            f"model directory {path} has no config.json",
+            remedy="point the server at a Hugging Face model directory",
+        )
+    fingerprint = digest_of({"json": described, "weights": weights})
+    details = {"model_name": path.name, "model_path": str(path), "weight_bytes": sum(weights.values())}
+    return {"kind": "local", "fingerprint": fingerprint}, f"local directory {path}", details
+
+
+def _model_files(path: Path) -> list[Path]:
+    found: list[Path] = []
+    for item in path.iterdir():
+        if item.is_dir() and not item.name.startswith("."):
+            # One level down: compiled dirs and sharded checkpoints keep files in subdirectories.
+            found += [sub for sub in item.iterdir() if _is_model_file(sub)]
+        elif _is_model_file(item):
+            found.append(item)
+    return found
+
+
+def _is_model_file(item: Path) -> bool:
+    name = item.name
+    is_json = name in {"config.json", "rbln_config.json"} or name.endswith(".index.json")
+    return item.is_file() and (is_json or name.endswith(_WEIGHT_SUFFIXES))
+
+
+def _model_json(item: Path) -> Any:
+    try:
+        data = json.loads(item.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"unparsable_bytes": item.stat().st_size, "xxh3": xxhash.xxh3_128_hexdigest(item.read_bytes())}
+    if isinstance(data, dict):
+        # transformers writes the load path here; the same weights elsewhere must still hit.
+        data.pop("_name_or_path", None)
+    return data
+
+
+def resolve_env(environ: Mapping[str, str], key_env: Sequence[str]) -> dict[str, str | None]:
+    """The compile-relevant environment: VLLM_RBLN_* (minus the non-compile ones) and --key-env."""
+    picked: dict[str, str | None] = {
+        name: value
+        for name, value in environ.items()
+        if (name.startswith(_ENV_PREFIX) and name not in _ENV_NOT_COMPILED) or name in _ENV_EXTRA
+    }
+    for name in key_env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise UsageError(f"--key-env {name!r} is not an environment variable name", remedy="pass a NAME")
+        picked[name] = environ.get(name)
+    return dict(sorted(picked.items()))
+
+
+def _slug(text: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-.")
+    return (slug or "model")[:64]
