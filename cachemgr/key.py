@@ -155,6 +155,8 @@ def compute_key(request: KeyRequest) -> CacheKey:
     if strategy == "command":
         # compile_cmd: the operator's compiler invocation produces the artifacts.
         inputs["compile_cmd"], sources["compile_cmd"] = _compile_argv(request.compile_cmd), "--compile-cmd"
+        if model["kind"] == "artifact_dir":
+            details = {**details, "model_name": _model_in(inputs["compile_cmd"])}
     return CacheKey(digest=digest_of(inputs), inputs=inputs, sources=sources, server=server, details=details)
 
 
@@ -193,6 +195,15 @@ def _compile_argv(compile_cmd: str | None) -> list[str]:
             remedy="write the compiler's output to {output_dir}, e.g. --output-dir {output_dir}",
         )
     return argv
+
+
+def _model_in(argv: list[str]) -> str:
+    """The model a compile command names (``--model X``/``--model-id X``), for the entry's name."""
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in {"--model", "--model-id", "--model_id", "--model-name"}:
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else "model")
+    return Path(argv[0]).name
 
 
 def resolve_role(role: str | None) -> tuple[str, str]:
@@ -318,6 +329,9 @@ def resolve_model(server: ServerCommand) -> tuple[dict[str, Any], str, dict[str,
             "the vllm argv names no model",
             remedy="pass the model as 'vllm serve MODEL' or --model MODEL",
         )
+    if "{artifact_dir}" in server.model:
+        # The server loads what --compile-cmd produced: the compile command names the model.
+        return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
     path = Path(server.model).expanduser()
     if path.exists():
         return _local_model(path)

@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from cachemgr import __version__
 from cachemgr.errors import ExitCode, UsageError
@@ -37,7 +37,7 @@ _NEEDS_SERVER_ARGV = {"run", "warm", "key", "explain"}
 class _Parser(argparse.ArgumentParser):
     """Usage errors become UsageError (exit 64) with one line, not argparse's exit 2."""
 
-    def error(self, message: str) -> Any:  # type: ignore[override]  # argparse declares NoReturn
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}", remedy=f"see '{self.prog} --help'")
 
 

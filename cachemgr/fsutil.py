@@ -1,0 +1,176 @@
+"""Small filesystem helpers with the durability shared volumes need.
+
+On NFS, CephFS and JuiceFS a rename is atomic and visible to every client, but data written
+before it is not durable until fsynced: a node crash between write and rename could publish
+a torn file. Every helper here fsyncs what it writes and the directory it renames into.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+# 8 MiB reads keep xxh3 ahead of the disk: hashing is never the bottleneck.
+_READ_CHUNK = 8 << 20
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """ENOSPC (volume full) or EDQUOT (quota exceeded), however deep in the cause chain."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in DISK_FULL_ERRNOS:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new name in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        # Some FUSE filesystems refuse fsync on directories; their renames are synchronous.
+        if error.errno not in {errno.EINVAL, errno.ENOTSUP, errno.EBADF}:
+            raise
+    finally:
+        os.close(fd)
+
+
+def write_bytes_durably(path: Path, data: bytes) -> None:
+    """Write a new file's bytes, fsync them, and close: ENOSPC surfaces here, not later."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """Replace ``path`` with JSON atomically: readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write_bytes_durably(tmp, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def read_json(path: Path) -> Any:
+    """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable."""
+    return json.loads(path.read_bytes())
+
+
+def hash_file(path: Path) -> str:
+    """xxh3-128 of a file's bytes, read in large chunks into one reused buffer."""
+    digest = xxhash.xxh3_128()
+    buffer = bytearray(_READ_CHUNK)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as handle:
+        while count := handle.readinto(buffer):
+            digest.update(view[:count])
+    return digest.hexdigest()
+
+
+def walk_files(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file under ``root`` as (posix relative path, lstat), sorted, no symlinks followed."""
+    stack = [root]
+    found: list[tuple[str, os.stat_result]] = []
+    while stack:
+        current = stack.pop()
+        with os.scandir(current) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    stack.append(Path(entry.path))
+                elif stat.S_ISREG(st.st_mode):
+                    found.append((Path(entry.path).relative_to(root).as_posix(), st))
+    yield from sorted(found, key=lambda item: item[0])
+
+
+def tree_bytes(root: Path) -> int:
+    """Apparent size of every regular file under ``root``; 0 if it vanished meanwhile."""
+    total = 0
+    try:
+        for _, st in walk_files(root):
+            total += st.st_size
+    except FileNotFoundError:
+        return total
+    return total
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file and directory under ``root`` (bottom-up), so a rename publishes durable data."""
+    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if os.path.islink(full):
+                continue
+            fd = os.open(full, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def make_read_only(root: Path) -> None:
+    """Files of a published entry become 0444: a server writing through a view fails instead of corrupting."""
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                os.chmod(full, 0o444)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree, even one with read-only files; missing is fine."""
+
+    def _retry_writable(func: Any, failed: str, _exc: Any) -> None:
+        # A read-only directory (0555) refuses unlinks inside it even to its owner.
+        os.chmod(os.path.dirname(failed), 0o755)  # noqa: S103  # our own dir, restored to the default
+        func(failed)
+
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+        return
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=_retry_writable)
+    else:
+        shutil.rmtree(path, onerror=_retry_writable)
+
+
+def touch(path: Path) -> None:
+    """Refresh a heartbeat file's mtime (creating it if needed)."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        path.touch()
+
+
+def age_seconds(path: Path, *, now: float | None = None) -> float | None:
+    """Seconds since ``path`` last changed by this node's clock; None if it is gone."""
+    try:
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    return max(0.0, (time.time() if now is None else now) - mtime)

@@ -1,0 +1,248 @@
+"""The compile lease: one pod compiles a key while its peers wait.
+
+filelock's ``SoftFileLease`` gives the semantics DESIGN.md asks for: a marker file its holder
+refreshes from a heartbeat thread; contenders judge expiry on their own monotonic clock from
+the last change they observed (clock skew between nodes does not matter); a holder on the
+same host whose process is gone is taken over at once, any other after the lease duration.
+It needs no flock, so it works where NFS ``nolock`` or FUSE would make flock lie.
+
+The lease only saves duplicate work. Correctness rests on private staging and an atomic
+publish (see :mod:`cachemgr.store`), so a lease that fails or is stolen can cost at most a
+second compile.
+
+Beside the marker, the holder writes ``<digest>.holder.json`` (pod, node, since, token) so
+waiters and ``cachemgr locks`` can say who is compiling and for how long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+from filelock import SoftFileLease, Timeout
+
+from cachemgr.fsutil import atomic_write_json, read_json
+from cachemgr.launcher import Flag
+from cachemgr.records import PodIdentity
+from cachemgr.store import CacheRoot
+
+log = structlog.get_logger("cachemgr.lease")
+
+DEFAULT_DURATION = 30.0
+_POLL = 0.2  # waiters look for the published entry this often: start within a second of it
+_LOG_EVERY = 5.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a key's lease, as recorded beside its marker."""
+
+    pod: str
+    node: str
+    pid: int
+    host: str
+    since: float
+    token: str | None
+    current: bool  # the record's token matches the live marker
+    refreshed_age: float | None = None  # since the holder's last heartbeat, by this node's clock
+    duration: float | None = None
+
+    @property
+    def stale(self) -> bool:
+        """Not refreshed for longer than the lease: dead or frozen, and a contender may take over."""
+        return (
+            self.refreshed_age is not None
+            and self.duration is not None
+            and self.refreshed_age > self.duration
+        )
+
+    @property
+    def held_for(self) -> float:
+        return max(0.0, time.time() - self.since)
+
+    def describe(self) -> str:
+        where = f" on node {self.node}" if self.node else ""
+        return f"pod {self.pod}{where} (pid {self.pid}), for {self.held_for:.0f}s"
+
+
+@dataclass(frozen=True)
+class MarkerState:
+    """What a reader can see of a lease marker without taking it."""
+
+    exists: bool
+    token: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    duration: float | None = None
+    age: float | None = None  # since the holder's last refresh, by this node's clock
+
+
+def marker_path(root: CacheRoot, digest: str) -> Path:
+    return root.leases / f"{digest}.lock"
+
+
+def holder_path(root: CacheRoot, digest: str) -> Path:
+    return root.leases / f"{digest}.holder.json"
+
+
+def read_marker(path: Path) -> MarkerState:
+    """Parse filelock's marker (``filelock/2`` protocol: key=value lines) tolerantly."""
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return MarkerState(exists=False)
+    fields = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    try:
+        duration = float(fields["duration"]) if "duration" in fields else None
+        pid = int(fields["pid"]) if "pid" in fields else None
+    except ValueError:
+        duration, pid = None, None
+    return MarkerState(
+        exists=True,
+        token=fields.get("token"),
+        pid=pid,
+        host=fields.get("host"),
+        duration=duration,
+        age=max(0.0, time.time() - st.st_mtime),
+    )
+
+
+def read_holder(root: CacheRoot, digest: str) -> Holder | None:
+    """The current holder, or None when nobody holds the key's lease."""
+    marker = read_marker(marker_path(root, digest))
+    if not marker.exists:
+        return None
+    try:
+        data: Any = read_json(holder_path(root, digest))
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    token = data.get("token")
+    return Holder(
+        pod=str(data.get("pod") or marker.host or "?"),
+        node=str(data.get("node", "")),
+        pid=int(data.get("pid") or marker.pid or 0),
+        host=str(data.get("host") or marker.host or ""),
+        since=float(data.get("since") or time.time() - (marker.age or 0.0)),
+        token=token,
+        current=token is not None and token == marker.token,
+        refreshed_age=marker.age,
+        duration=marker.duration,
+    )
+
+
+WaitOutcome = Literal["acquired", "published"]
+
+
+class KeyLease:
+    """The lease on one key, held by this process while it compiles."""
+
+    def __init__(
+        self,
+        root: CacheRoot,
+        digest: str,
+        identity: PodIdentity,
+        *,
+        duration: float = DEFAULT_DURATION,
+        heartbeat: float | None = None,
+    ) -> None:
+        self._root = root
+        self._digest = digest
+        self._identity = identity
+        self._lost = threading.Event()
+        self._lease = SoftFileLease(
+            marker_path(root, digest),
+            lease_duration=duration,
+            heartbeat_interval=heartbeat,
+            on_compromise=self._on_compromise,
+            # Publishing happens on another thread for the vllm strategy; it releases the lease.
+            thread_local=False,
+        )
+
+    @property
+    def duration(self) -> float:
+        return self._lease.lease_duration
+
+    @property
+    def lost(self) -> bool:
+        """True once another pod took the lease over (we were frozen or cut off).
+
+        Checks the marker itself too: the heartbeat thread reports a takeover only on its
+        second refresh after waking, and a frozen process may reach publish before that.
+        """
+        if self._lost.is_set() or self._lease.compromise is not None:
+            return True
+        token = self._lease.token
+        return token is not None and read_marker(marker_path(self._root, self._digest)).token != token
+
+    def _on_compromise(self, compromise: Any) -> None:
+        self._lost.set()
+        log.warning("lease_lost", key=self._digest[:12], reason=getattr(compromise, "reason", "?"))
+
+    def wait_or_acquire(
+        self,
+        *,
+        published: Callable[[], bool],
+        stop: Flag,
+        wait_timeout: float | None,
+        on_wait: Callable[[Holder | None, float], None] | None = None,
+    ) -> WaitOutcome:
+        """Take the lease, or return as soon as a peer publishes the entry.
+
+        Raises ``TimeoutError`` after ``wait_timeout`` seconds and ``InterruptedError`` when
+        ``stop`` is set (a termination signal): the caller turns these into exit codes.
+        """
+        started = time.monotonic()
+        last_log = [started - _LOG_EVERY]
+        outcome: list[WaitOutcome] = []
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if published():
+                outcome.append("published")
+                return True
+            if stop.is_set() or (wait_timeout is not None and now - started >= wait_timeout):
+                return True
+            if now - last_log[0] >= _LOG_EVERY:
+                last_log[0] = now
+                if on_wait is not None:
+                    on_wait(read_holder(self._root, self._digest), now - started)
+            return False
+
+        if published():
+            return "published"
+        try:
+            self._lease.acquire(timeout=-1, poll_interval=_POLL, cancel_check=should_stop)
+        except Timeout:
+            if outcome:
+                return outcome[0]
+            if stop.is_set():
+                raise InterruptedError("stopped while waiting for the lease") from None
+            raise TimeoutError(f"waited {time.monotonic() - started:.0f}s for the lease") from None
+        self._write_holder()
+        return "acquired"
+
+    def _write_holder(self) -> None:
+        record = {**self._identity.to_json(), "since": time.time(), "token": self._lease.token}
+        with contextlib.suppress(OSError):
+            atomic_write_json(holder_path(self._root, self._digest), record)
+
+    def release(self) -> None:
+        """Release if held (idempotent); the holder record goes with it."""
+        if not self._lease.is_locked:
+            return
+        token = self._lease.token
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(holder_path(self._root, self._digest))
+            if isinstance(data, dict) and data.get("token") == token:
+                holder_path(self._root, self._digest).unlink(missing_ok=True)
+        with contextlib.suppress(OSError, RuntimeError):
+            self._lease.release(force=True)

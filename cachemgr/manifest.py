@@ -1,0 +1,174 @@
+"""The manifest: an entry's commit record, written last, checked on every hit.
+
+An entry is ``key.json`` (its full key inputs, for explaining misses), ``artifacts/`` (what
+the compiler produced) and ``manifest.json``: every file's path, size and xxh3-128, and the
+key it was compiled for. The manifest is written last in private staging, so a directory
+without a valid one was never committed. A hit checks the manifest against the files: sizes
+on every start (fast), hashes on request (full).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cachemgr import __version__
+from cachemgr.fsutil import atomic_write_json, hash_file, read_json, walk_files
+
+MANIFEST_NAME = "manifest.json"
+KEY_NAME = "key.json"
+# A few hundred bytes that `ls` and `du` read instead of the manifest (which lists every file).
+SUMMARY_NAME = "summary.json"
+ARTIFACTS = "artifacts"
+MANIFEST_FORMAT = 1
+
+VerifyMode = Literal["fast", "full"]
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    size: int
+    xxh3: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What was published: files with sizes and hashes, and the key they were compiled for."""
+
+    key: str
+    inputs: Mapping[str, Any]
+    files: tuple[FileRecord, ...]
+    created_at: float
+    created_by: Mapping[str, Any]
+    compile_seconds: float
+    strategy: str
+    model_name: str = ""
+    format: int = MANIFEST_FORMAT
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(record.size for record in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["files"] = [asdict(record) for record in self.files]
+        data["total_bytes"] = self.total_bytes
+        return data
+
+
+class ManifestError(ValueError):
+    """A manifest is missing or not a manifest: the entry was never committed or is damaged."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an entry, in words an operator can act on."""
+
+    path: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
+
+
+def build_manifest(
+    entry_dir: Path,
+    *,
+    key: str,
+    inputs: Mapping[str, Any],
+    created_by: Mapping[str, Any],
+    compile_seconds: float,
+    strategy: str,
+    model_name: str,
+    extra: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Hash every file under ``entry_dir`` (key.json and artifacts/) into a manifest."""
+    files = tuple(
+        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel))
+        for rel, st in walk_files(entry_dir)
+        if rel != MANIFEST_NAME
+    )
+    return Manifest(
+        key=key,
+        inputs=dict(inputs),
+        files=files,
+        created_at=time.time(),
+        created_by={**created_by, "cachemgr": __version__},
+        compile_seconds=round(compile_seconds, 3),
+        strategy=strategy,
+        model_name=model_name,
+        extra=dict(extra or {}),
+    )
+
+
+def write_manifest(entry_dir: Path, manifest: Manifest) -> None:
+    atomic_write_json(entry_dir / MANIFEST_NAME, manifest.to_json())
+
+
+def read_manifest(entry_dir: Path) -> Manifest:
+    """Parse ``entry_dir/manifest.json``; ``ManifestError`` for missing or damaged ones."""
+    path = entry_dir / MANIFEST_NAME
+    try:
+        data = read_json(path)
+    except FileNotFoundError:
+        raise ManifestError(f"{path} is missing: the entry was never committed") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{path} is not valid JSON ({error})") from None
+    try:
+        return _from_json(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ManifestError(f"{path} is not a cachemgr manifest ({error!r})") from None
+
+
+def _from_json(data: Any) -> Manifest:
+    if not isinstance(data, dict):
+        raise TypeError("top level is not an object")
+    if int(data["format"]) > MANIFEST_FORMAT:
+        raise ValueError(f"manifest format {data['format']} is newer than this cachemgr reads")
+    files = tuple(
+        FileRecord(path=str(item["path"]), size=int(item["size"]), xxh3=str(item["xxh3"]))
+        for item in data["files"]
+    )
+    for record in files:
+        if record.path.startswith("/") or ".." in record.path.split("/"):
+            raise ValueError(f"file path {record.path!r} leaves the entry")
+    if not isinstance(data["inputs"], dict):
+        raise TypeError("inputs is not an object")
+    return Manifest(
+        key=str(data["key"]),
+        inputs=data["inputs"],
+        files=files,
+        created_at=float(data["created_at"]),
+        created_by=dict(data.get("created_by") or {}),
+        compile_seconds=float(data.get("compile_seconds") or 0.0),
+        strategy=str(data.get("strategy", "")),
+        model_name=str(data.get("model_name", "")),
+        format=int(data["format"]),
+        extra=dict(data.get("extra") or {}),
+    )
+
+
+def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> list[Problem]:
+    """Compare the files with the manifest: presence and size, and with ``full`` their hashes.
+
+    Raises ``OSError`` for I/O errors other than a missing file: a flaky volume is not damage.
+    """
+    problems: list[Problem] = []
+    for record in manifest.files:
+        path = entry_dir / record.path
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            problems.append(Problem(record.path, "missing"))
+            continue
+        if st.st_size != record.size:
+            problems.append(Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}"))
+        elif mode == "full" and hash_file(path) != record.xxh3:
+            problems.append(Problem(record.path, "content differs from the manifest's xxh3-128"))
+    return problems

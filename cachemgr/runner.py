@@ -1,0 +1,607 @@
+"""``cachemgr run`` and ``cachemgr warm``: key, lookup, lease, compile, publish, launch.
+
+The flow, in one direction::
+
+    key      compiler major.minor + NPU type + serving config -> digest
+    lookup   published entry for the digest? (lock-free, read-only; damaged -> quarantined)
+    hit      launch the server against a pod-local view of the entry; supervise it
+    miss     take the key's lease (or wait while a peer compiles, watching for its publish)
+             look again; clean dead attempts; check space
+             compile into private staging; manifest last; publish by one rename
+             release the lease; launch as on a hit
+
+``warm`` is the same flow for a Job: it exits 0 once the entry is published (or found).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+
+from cachemgr import launcher
+from cachemgr.errors import (
+    CacheMgrError,
+    CompileError,
+    ConfigError,
+    DiskFullError,
+    Interrupted,
+    MissError,
+    VolumeError,
+    WaitTimeoutError,
+)
+from cachemgr.fsutil import is_disk_full, tree_bytes
+from cachemgr.key import CacheKey, KeyRequest, compute_key
+from cachemgr.lease import KeyLease, read_holder
+from cachemgr.manifest import MANIFEST_NAME, VerifyMode
+from cachemgr.metrics import Metrics
+from cachemgr.records import (
+    HEARTBEAT_SECONDS,
+    Heartbeat,
+    PodIdentity,
+    record_failure,
+    register_use,
+    release_use,
+)
+from cachemgr.space import SpaceCheck, disk_report, preflight
+from cachemgr.state import StateWriter
+from cachemgr.store import (
+    CacheRoot,
+    Lookup,
+    Staging,
+    clean_stale_staging,
+    create_staging,
+    lookup,
+    open_root,
+    publish,
+    quarantine,
+)
+from cachemgr.strategies import build_view, default_health_url, health_ok, render, snapshot_tree
+
+log = structlog.get_logger("cachemgr.run")
+
+OnMiss = Literal["compile", "fail"]
+_MAX_ROUNDS = 4  # lookups after quarantining damaged entries; more means something keeps breaking them
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """Everything ``run``/``warm`` take besides the key inputs (see ``cachemgr run --help``)."""
+
+    cache_root: Path
+    state_dir: Path
+    on_miss: OnMiss = "compile"
+    lease_duration: float = 30.0
+    lease_heartbeat: float | None = None
+    wait_timeout: float | None = None
+    expected_size: int | None = None
+    space_check: SpaceCheck = "fail"
+    auto_prune: Literal["off", "incompatible"] = "off"
+    verify: VerifyMode = "fast"
+    health_url: str | None = None
+    stall_timeout: float = 1800.0
+    status_port: int | None = None
+    warm: bool = False
+
+    @property
+    def stale_staging_after(self) -> float:
+        """An attempt silent this long is dead: far beyond its 10s heartbeat and the lease."""
+        return max(300.0, 10 * self.lease_duration)
+
+
+class Runner:
+    """One pod start: owns the signal relay, the state record and the heartbeats."""
+
+    def __init__(self, request: KeyRequest, options: RunOptions, *, environ: Mapping[str, str]) -> None:
+        self.request = request
+        self.options = options
+        self.environ = dict(environ)
+        self.identity = PodIdentity.current(environ)
+        self.relay = launcher.SignalRelay()
+        self.state = StateWriter(options.state_dir, stall_timeout=options.stall_timeout)
+        self.metrics = Metrics()
+        self.state.on_change(self.metrics.on_phase)
+        self._volume_beat = Heartbeat(interval=HEARTBEAT_SECONDS)
+        self._state_beat = Heartbeat(interval=self.state.current.heartbeat_interval)
+        self._state_beat.on_beat(self.state.beat)
+        self._use_record: Path | None = None
+        self._reaper = False
+        self._server_exited = threading.Event()
+
+    # --- the flow ---------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.relay.install()
+        self._reaper = launcher.become_subreaper() or os.getpid() == 1
+        self._state_beat.start()
+        self._volume_beat.start()
+        try:
+            return self._run()
+        except CacheMgrError as error:
+            self.metrics.failure(error.reason)
+            self.state.phase("failed", reason=error.one_line(), exit_code=_code(error))
+            raise
+        finally:
+            self._volume_beat.stop()
+            self._state_beat.stop()
+            release_use(self._use_record)
+            self.relay.restore()
+
+    def _run(self) -> int:
+        key = self._resolve()
+        root = open_root(self.options.cache_root, create=False)
+        for _ in range(_MAX_ROUNDS):
+            found = self._lookup(root, key)
+            if found is None and self.options.on_miss == "fail":
+                found = self._wait_for_peer(root, key)
+            if found is None:
+                root = open_root(self.options.cache_root, create=True)
+                outcome = self._compile_under_lease(root, key)
+                if isinstance(outcome, int):
+                    return outcome
+                found = outcome
+            if found is not None:
+                code = self._serve_entry(root, key, found)
+                if code is not None:
+                    return code
+        raise CompileError(
+            f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} attempts",
+            remedy="check the cache volume's health and whether something else deletes entries (cachemgr ls)",
+        )
+
+    def _resolve(self) -> CacheKey:
+        started = time.monotonic()
+        key = compute_key(self.request)
+        self.state.update(key=key.digest, entry=key.entry_name)
+        log.info(
+            "key_resolved",
+            key=key.short,
+            entry=key.entry_name,
+            compiler=key.inputs["compiler"],
+            npu=key.inputs["npu"],
+            role=key.inputs["role"],
+            strategy=key.inputs["strategy"],
+            seconds=round(time.monotonic() - started, 3),
+        )
+        return key
+
+    def _lookup(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
+        """A verified hit, or None; a damaged entry is moved aside and counts as a miss."""
+        try:
+            found = lookup(root, key, mode=self.options.verify)
+        except OSError as error:
+            raise VolumeError(
+                f"cannot read the cache entry for key {key.short} under {root.entries}: {error.strerror}",
+                remedy="check the compile cache PVC mount (kubectl describe pod; dmesg on the node)",
+            ) from error
+        if found.status == "hit":
+            return found
+        if found.status == "damaged":
+            self.metrics.damaged += 1
+            moved = quarantine(root, found.path, reason=found.reason)
+            log.warning("entry_damaged", entry=found.path.name, problems=found.reason, moved_to=str(moved))
+        return None
+
+    def _wait_for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
+        """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
+        started = time.monotonic()
+        while True:
+            if self._published(root, key):
+                found = self._lookup(root, key)
+                if found is not None:
+                    return found
+            holder = read_holder(root, key.digest) if root.leases.is_dir() else None
+            if holder is None or holder.stale:
+                raise MissError(
+                    f"no published entry for key {key.short} ({key.entry_name}) and --on-miss fail forbids "
+                    "compiling in this pod",
+                    remedy="run the cachemgr warm Job for this configuration, or use --on-miss compile; "
+                    "'cachemgr explain -- ARGV' shows the nearest entries",
+                )
+            if self.state.current.phase != "waiting":
+                self.state.phase("waiting", holder=holder.pod, holder_node=holder.node)
+            self._check_wait(started, key, root)
+            self.relay.stop.wait(0.2)
+
+    def _check_wait(self, started: float, key: CacheKey, root: CacheRoot) -> None:
+        if self.relay.stop.is_set():
+            raise Interrupted(self.relay.received or 15)
+        timeout = self.options.wait_timeout
+        if timeout is not None and time.monotonic() - started >= timeout:
+            raise self._wait_timeout(root, key, time.monotonic() - started)
+
+    def _published(self, root: CacheRoot, key: CacheKey) -> bool:
+        return (root.entry_path(key) / MANIFEST_NAME).is_file()
+
+    # --- the lease ----------------------------------------------------------------------
+
+    def _compile_under_lease(self, root: CacheRoot, key: CacheKey) -> Lookup | int | None:
+        lease = KeyLease(
+            root,
+            key.digest,
+            self.identity,
+            duration=self.options.lease_duration,
+            heartbeat=self.options.lease_heartbeat,
+        )
+        self.metrics.misses += 1
+        started = time.monotonic()
+        try:
+            outcome = lease.wait_or_acquire(
+                published=lambda: self._published(root, key),
+                stop=self.relay.stop,
+                wait_timeout=self.options.wait_timeout,
+                on_wait=self._on_wait,
+            )
+        except TimeoutError:
+            raise self._wait_timeout(root, key, time.monotonic() - started) from None
+        except InterruptedError:
+            raise Interrupted(self.relay.received or 15) from None
+        self.metrics.lease_wait_seconds += time.monotonic() - started
+        if outcome == "published":
+            log.info("peer_published", key=key.short, waited_s=round(time.monotonic() - started, 2))
+            return None
+        try:
+            found = self._lookup(root, key)  # a peer may have published just before we took over
+            if found is not None:
+                return found
+            removed = clean_stale_staging(
+                root, key.digest, stale_after=self.options.stale_staging_after, identity=self.identity
+            )
+            if removed:
+                log.info("stale_staging_removed", key=key.short, attempts=[p.name for p in removed])
+            self._preflight(root, key)
+            if key.inputs["strategy"] == "command":
+                self._compile_command(root, key, lease)
+                return None
+            return self._compile_vllm(root, key, lease)
+        finally:
+            lease.release()
+
+    def _on_wait(self, holder: Any, waited: float) -> None:
+        """Called while the lease is taken by a peer: first to enter 'waiting', then every few seconds."""
+        detail: dict[str, Any] = {"waited_s": round(waited)}
+        if holder is not None and holder.current:
+            detail.update(holder=holder.pod, holder_node=holder.node, held_for_s=round(holder.held_for))
+        log.info("waiting_for_compile", **detail)
+        if self.state.current.phase != "waiting":
+            self.state.phase("waiting", **detail)
+        else:
+            self.state.update(detail=detail)
+
+    def _wait_timeout(self, root: CacheRoot, key: CacheKey, waited: float) -> WaitTimeoutError:
+        holder = read_holder(root, key.digest)
+        who = holder.describe() if holder else "a peer that has since released it"
+        return WaitTimeoutError(
+            f"gave up after {waited:.0f}s (--wait-timeout) waiting for {who} to compile key {key.short}",
+            remedy="raise --wait-timeout or unset it to wait; 'cachemgr locks' shows the holder, whose logs say "
+            "how its compile is going",
+        )
+
+    def _preflight(self, root: CacheRoot, key: CacheKey) -> None:
+        if self.options.auto_prune == "incompatible":
+            from cachemgr.prune import prune_incompatible_for_space  # only when asked
+
+            prune_incompatible_for_space(root, key, given=self.options.expected_size)
+        expectation = preflight(root, key, given=self.options.expected_size, check=self.options.space_check)
+        self.state.update(detail={"expected_bytes": expectation.bytes, "expected_source": expectation.source})
+
+    # --- compiling ----------------------------------------------------------------------
+
+    def _compile_command(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> None:
+        staging = self._new_staging(root, key)
+        argv = render(key.inputs["compile_cmd"], output_dir=str(staging.artifacts))
+        self.state.phase("compiling", strategy="command", staging=str(staging.path))
+        started = time.monotonic()
+        watch: launcher.OutputWatch | None = None
+        try:
+            child = launcher.start(argv, env=self.environ, capture=True, what="compile command")
+            watch = launcher.OutputWatch(child)
+            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+            code = launcher.run_until(
+                child,
+                events=[self.relay.stop, watch.disk_full],
+                every=lambda: self._progress(monitor),
+                tick=0.5,
+            )
+            if code is None:
+                launcher.terminate_tree(child)
+            watch.join()
+            self._check_compile_end(code, watch, what="compile command")
+            self._publish(root, key, staging, lease, seconds=time.monotonic() - started)
+        except BaseException as error:
+            self._fail_attempt(root, key, staging, error, watch=watch, started=started)
+            raise
+        finally:
+            self._volume_beat.discard(staging.owner_file)
+
+    def _compile_vllm(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> int:
+        staging = self._new_staging(root, key)
+        env = {**self.environ, "VLLM_CACHE_ROOT": str(staging.artifacts)}
+        url = self._health_url(key)
+        self.state.update(health_url=url)
+        self.state.phase("compiling", strategy="vllm", staging=str(staging.path))
+        started = time.monotonic()
+        watch: launcher.OutputWatch | None = None
+        child = None
+        healthy = threading.Event()
+        try:
+            child = launcher.start(key.server.argv, env=env, capture=True, what="server")
+            self.relay.attach(child)
+            watch = launcher.OutputWatch(child)
+            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+
+            def tick() -> None:
+                self._progress(monitor)
+                if url is not None and health_ok(url):
+                    healthy.set()
+
+            code = launcher.run_until(child, events=[self.relay.stop, watch.disk_full, healthy], every=tick)
+            if code is None and not healthy.is_set():
+                launcher.terminate_tree(child, grace=30.0)
+                code = child.returncode
+            if not healthy.is_set():
+                watch.join()
+                # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
+                self._check_compile_end(code, watch, what="server", compile_only_ok=True, staging=staging)
+            self._publish_snapshot(root, key, staging, lease, seconds=time.monotonic() - started)
+        except BaseException as error:
+            if child is not None:
+                launcher.terminate_tree(child)
+            self._fail_attempt(root, key, staging, error, watch=watch, started=started)
+            raise
+        if not healthy.is_set() or self.options.warm:
+            # Compile-only run, or a warm Job: the entry is published, the server is not needed.
+            launcher.terminate_tree(child, grace=30.0)
+            staging.discard()
+            self._volume_beat.discard(staging.owner_file)
+            self.state.phase("stopped", exit_code=0, published=True)
+            return 0
+        self.state.phase("serving", entry=key.entry_name)
+        code = launcher.wait_reaping(child, reaper=self._reaper)
+        watch.join(timeout=2.0)
+        self.state.phase("stopped", exit_code=code)
+        staging.discard()
+        self._volume_beat.discard(staging.owner_file)
+        return code
+
+    def _new_staging(self, root: CacheRoot, key: CacheKey) -> Staging:
+        try:
+            staging = create_staging(root, key, self.identity)
+        except OSError as error:
+            if is_disk_full(error):
+                raise disk_report(
+                    root, key, cause=f"creating staging: {error.strerror}", given=self.options.expected_size
+                ).error() from error
+            raise VolumeError(
+                f"cannot create a staging directory under {root.staging}: {error.strerror}",
+                remedy="check that the compile cache PVC is mounted read-write",
+            ) from error
+        self._volume_beat.add(staging.owner_file)
+        return staging
+
+    def _check_compile_end(
+        self,
+        code: int | None,
+        watch: launcher.OutputWatch,
+        *,
+        what: str,
+        compile_only_ok: bool = False,
+        staging: Staging | None = None,
+    ) -> None:
+        """Turn how a compile ended into the right error, or return when it succeeded."""
+        if watch.disk_full_line is not None:
+            raise _DiskFullSeenError(f"the {what} printed: {watch.disk_full_line}")
+        if self.relay.stop.is_set():
+            raise Interrupted(self.relay.received or 15)
+        if code == 0 and (not compile_only_ok or (staging is not None and tree_bytes(staging.artifacts) > 0)):
+            return
+        status = launcher.exit_status(code if code is not None else -9)
+        ended = "before its health endpoint answered" if compile_only_ok else "while compiling"
+        raise CompileError(
+            f"the {what} exited with code {status} {ended}; nothing was published",
+            remedy="read its output above (the last lines are kept: cachemgr show KEY); the next start retries",
+            exit_status=status,
+        )
+
+    def _progress(self, monitor: launcher.ProgressMonitor) -> None:
+        progress = monitor.sample()
+        stalled = monitor.stalled_for()
+        detail: dict[str, Any] = {
+            "cpu_seconds": round(progress.cpu_seconds, 1),
+            "written_bytes": progress.written_bytes,
+            "staging_bytes": progress.staging_bytes,
+            "output_lines": progress.output_lines,
+            "no_progress_s": round(stalled, 1),
+            "stalled": stalled >= self.options.stall_timeout,
+        }
+        if detail["stalled"] and not self.state.current.detail.get("stalled"):
+            log.error(
+                "compile_stalled", no_progress_s=round(stalled), stall_timeout=self.options.stall_timeout
+            )
+        self.state.update(detail=detail)
+
+    # --- publishing ---------------------------------------------------------------------
+
+    def _publish(
+        self, root: CacheRoot, key: CacheKey, staging: Staging, lease: KeyLease, *, seconds: float
+    ) -> None:
+        if lease.lost:
+            log.warning(
+                "publishing_after_lease_lost", key=key.short, note="first publisher wins; ours may be dropped"
+            )
+        self.state.phase("publishing")
+        outcome = publish(
+            root,
+            staging,
+            key,
+            identity=self.identity,
+            compile_seconds=seconds,
+            strategy=str(key.inputs["strategy"]),
+        )
+        self.metrics.compiles += 1
+        self.metrics.compile_seconds += seconds
+        log.info(
+            "published" if outcome.published else "publish_discarded_peer_won",
+            key=key.short,
+            entry=outcome.path.name,
+            bytes=outcome.manifest.total_bytes,
+            compile_s=round(seconds, 2),
+        )
+        lease.release()
+
+    def _publish_snapshot(
+        self, root: CacheRoot, key: CacheKey, staging: Staging, lease: KeyLease, *, seconds: float
+    ) -> None:
+        """vllm strategy: publish a hard-linked copy; the server keeps its own directory."""
+        snapshot = self._new_staging(root, key)
+        try:
+            method = snapshot_tree(staging.artifacts, snapshot.artifacts)
+            log.info("snapshot", method=method, key=key.short)
+            self._publish(root, key, snapshot, lease, seconds=seconds)
+        except BaseException:
+            snapshot.discard()
+            raise
+        finally:
+            self._volume_beat.discard(snapshot.owner_file)
+        self._register_use(root, key)
+
+    def _fail_attempt(
+        self,
+        root: CacheRoot,
+        key: CacheKey,
+        staging: Staging,
+        error: BaseException,
+        *,
+        watch: launcher.OutputWatch | None,
+        started: float,
+    ) -> None:
+        """Remove the attempt, then record why it failed (after freeing space, so the record fits)."""
+        written = tree_bytes(staging.artifacts)
+        staging.discard()
+        self._volume_beat.discard(staging.owner_file)
+        reported = _as_reported(error, root, key, given=self.options.expected_size)
+        if reported is None:
+            return
+        if reported is not error:
+            raise reported from error
+        record_failure(
+            root,
+            key.digest,
+            self.identity,
+            {
+                "key": key.digest,
+                "entry": key.entry_name,
+                "reason": reported.reason,
+                "message": reported.one_line(),
+                "exit_code": _code(reported),
+                "exit_status": reported.fields.get("exit_status"),
+                "strategy": key.inputs["strategy"],
+                "bytes_written": written,
+                "elapsed_s": round(time.monotonic() - started, 2),
+                "output_tail": watch.tail_text() if watch is not None else [],
+                "report": reported.fields.get("report"),
+            },
+        )
+
+    # --- serving ------------------------------------------------------------------------
+
+    def _serve_entry(self, root: CacheRoot, key: CacheKey, found: Lookup) -> int | None:
+        self._register_use(root, key)
+        if not self._published(root, key):
+            # Pruned between our lookup and our use record: look again (prune re-checks users).
+            release_use(self._use_record)
+            return None
+        self.metrics.hits += 1
+        assert found.manifest is not None  # a hit always has one
+        if self.options.warm:
+            log.info("already_published", key=key.short, entry=found.path.name)
+            self.state.phase("stopped", exit_code=0, published=True)
+            return 0
+        view = build_view(self.options.state_dir / "view", found.path, found.manifest)
+        argv = list(key.server.argv)
+        env = dict(self.environ)
+        if key.inputs["strategy"] == "vllm":
+            env["VLLM_CACHE_ROOT"] = str(view)
+        else:
+            argv = render(argv, artifact_dir=str(view))
+        env["CACHEMGR_ARTIFACT_DIR"] = str(view)
+        url = self._health_url(key)
+        self.state.update(health_url=url)
+        self.state.phase("launching", entry=found.path.name)
+        log.info("launching", key=key.short, entry=found.path.name, view=str(view))
+        child = launcher.start(argv, env=env, capture=False, what="server")
+        self.relay.attach(child)
+        self._watch_health(url)
+        code = launcher.wait_reaping(child, reaper=self._reaper)
+        self._server_exited.set()
+        self.state.phase("stopped", exit_code=code)
+        return code
+
+    def _register_use(self, root: CacheRoot, key: CacheKey) -> None:
+        try:
+            self._use_record = register_use(root, key.digest, self.identity, entry=key.entry_name)
+        except OSError as error:
+            # The hit path needs no write access; without it, prune cannot see this pod.
+            log.warning("use_not_recorded", error=error.strerror, note="read-only volume?")
+            return
+        self._volume_beat.add(self._use_record)
+
+    def _health_url(self, key: CacheKey) -> str | None:
+        return self.options.health_url or default_health_url(key.server.host, key.server.port)
+
+    def _watch_health(self, url: str | None) -> None:
+        """Move from launching to serving when the server first answers its health endpoint."""
+        if url is None:
+            self.state.phase("serving")
+            return
+
+        def watch() -> None:
+            while not self._server_exited.is_set():
+                if health_ok(url):
+                    self.state.phase("serving")
+                    return
+                self._server_exited.wait(0.25)
+
+        threading.Thread(target=watch, name="cachemgr-health", daemon=True).start()
+
+
+class _DiskFullSeenError(Exception):
+    """The compiler reported a full volume; turned into the full report by _as_reported."""
+
+
+def _as_reported(
+    error: BaseException, root: CacheRoot, key: CacheKey, *, given: int | None
+) -> CacheMgrError | None:
+    """The documented error for a failed attempt; None for a signal (nothing to record)."""
+    if isinstance(error, Interrupted):
+        return None
+    if isinstance(error, _DiskFullSeenError):
+        return disk_report(root, key, cause=str(error), given=given).error()
+    if isinstance(error, CacheMgrError):
+        return error
+    if isinstance(error, OSError) and is_disk_full(error):
+        cause = f"writing {error.filename}: {error.strerror}" if error.filename else str(error.strerror)
+        return disk_report(root, key, cause=cause, given=given).error()
+    if isinstance(error, OSError):
+        return VolumeError(
+            f"cache volume I/O failed: {error}", remedy="check the compile cache PVC and the node's mount"
+        )
+    return None
+
+
+def _code(error: CacheMgrError) -> int:
+    return error.code if isinstance(error, Interrupted) else int(error.exit_code)
+
+
+def run(request: KeyRequest, options: RunOptions, *, environ: Mapping[str, str]) -> int:
+    """Entry point for ``cachemgr run`` / ``cachemgr warm``; raises CacheMgrError on failure."""
+    return Runner(request, options, environ=environ).run()
+
+
+__all__ = ["ConfigError", "DiskFullError", "RunOptions", "Runner", "run"]

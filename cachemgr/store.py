@@ -1,0 +1,426 @@
+"""The cache volume's layout: published entries, private staging, and their transitions.
+
+::
+
+    <root>/cachemgr-layout.json     layout version marker (a newer one is refused)
+    <root>/CACHEDIR.TAG             tells backup tools this is a cache
+    <root>/entries/<name>/          published, immutable: key.json, artifacts/, manifest.json
+    <root>/staging/<digest>/<id>/   one private directory per compile attempt (+ <id>.json owner)
+    <root>/leases/<digest>.lock     the compile lease of a key (+ .holder.json: pod, node, since)
+    <root>/usage/<digest>/          who uses an entry now, and when it was last used
+    <root>/failures/<digest>/       one record per failed compile, never replayed
+    <root>/quarantine/              damaged entries, moved aside for inspection
+    <root>/trash/                   entries being pruned
+
+Correctness never rests on the lease: an attempt compiles into its own staging directory,
+writes the manifest last, fsyncs, and publishes with one rename of the whole directory. The
+first rename wins; a later one finds the entry there and discards its copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cachemgr import __version__
+from cachemgr.errors import VolumeError
+from cachemgr.fsutil import (
+    atomic_write_json,
+    fsync_dir,
+    fsync_tree,
+    make_read_only,
+    read_json,
+    remove_tree,
+    walk_files,
+)
+from cachemgr.key import CacheKey, digest_of
+from cachemgr.manifest import (
+    ARTIFACTS,
+    KEY_NAME,
+    SUMMARY_NAME,
+    Manifest,
+    ManifestError,
+    Problem,
+    VerifyMode,
+    build_manifest,
+    check_files,
+    read_manifest,
+    write_manifest,
+)
+from cachemgr.records import PodIdentity
+
+LAYOUT_VERSION = 1
+MARKER = "cachemgr-layout.json"
+_SUBDIRS = ("entries", "staging", "leases", "usage", "failures", "quarantine", "trash")
+_CACHEDIR_TAG = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This directory is a compile cache managed by cachemgr; see cachemgr ls / du / prune.\n"
+)
+
+
+@dataclass(frozen=True)
+class CacheRoot:
+    """A cache volume's root directory and the places inside it."""
+
+    path: Path
+
+    @property
+    def entries(self) -> Path:
+        return self.path / "entries"
+
+    @property
+    def staging(self) -> Path:
+        return self.path / "staging"
+
+    @property
+    def leases(self) -> Path:
+        return self.path / "leases"
+
+    @property
+    def usage(self) -> Path:
+        return self.path / "usage"
+
+    @property
+    def failures(self) -> Path:
+        return self.path / "failures"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.path / "quarantine"
+
+    @property
+    def trash(self) -> Path:
+        return self.path / "trash"
+
+    def entry_path(self, key: CacheKey) -> Path:
+        return self.entries / key.entry_name
+
+    def iter_entries(self) -> Iterator[Path]:
+        """Published entry directories (a scan: used by inspection, never by the hit path)."""
+        try:
+            names = sorted(os.listdir(self.entries))
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.startswith("."):
+                yield self.entries / name
+
+
+def open_root(path: Path, *, create: bool) -> CacheRoot:
+    """Check (and with ``create``, initialise) the layout at ``path``.
+
+    Read-only use (the hit path, inspection) needs no write access; ``create`` makes the
+    layout on first use. A root written by a newer layout is refused, never misread.
+    """
+    root = CacheRoot(path)
+    marker = path / MARKER
+    try:
+        layout = _read_marker(marker)
+    except FileNotFoundError:
+        if not path.is_dir():
+            # Never created here: a missing mount would silently cache to the container's disk.
+            raise VolumeError(
+                f"cache root {path} does not exist",
+                remedy="mount the compile cache PVC there, or set CACHEMGR_CACHE_ROOT to where it is mounted",
+                path=str(path),
+            ) from None
+        layout = None
+    if layout is not None and layout > LAYOUT_VERSION:
+        raise VolumeError(
+            f"cache root {path} was written by a newer cachemgr (layout {layout}; this one reads "
+            f"{LAYOUT_VERSION})",
+            remedy="run the newer image, or give this one a separate cache volume",
+            path=str(path),
+        )
+    if create:
+        _initialise(root, has_marker=layout is not None)
+    return root
+
+
+def _read_marker(marker: Path) -> int:
+    try:
+        data = read_json(marker)
+        return int(data["layout"])
+    except FileNotFoundError:
+        raise
+    except PermissionError as error:
+        raise _volume_error(marker.parent, error, "read") from error
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise VolumeError(
+            f"cache root marker {marker} is damaged (not a cachemgr layout record)",
+            remedy=f"if this volume is a cachemgr cache, delete {marker} and cachemgr recreates it",
+            path=str(marker),
+        ) from None
+    except OSError as error:
+        raise _volume_error(marker.parent, error, "read") from error
+
+
+def _initialise(root: CacheRoot, *, has_marker: bool) -> None:
+    try:
+        for name in _SUBDIRS:
+            (root.path / name).mkdir(exist_ok=True)
+        if not has_marker:
+            _create_marker(root.path)
+    except OSError as error:
+        raise _volume_error(root.path, error, "initialise") from error
+
+
+def _create_marker(path: Path) -> None:
+    tag = path / "CACHEDIR.TAG"
+    if not tag.exists():
+        tag.write_text(_CACHEDIR_TAG, encoding="ascii")
+    tmp = path / f".{MARKER}.{os.getpid()}.{secrets.token_hex(4)}"
+    atomic_write_json(tmp, {"layout": LAYOUT_VERSION, "created_at": time.time(), "created_by": __version__})
+    try:
+        # link() fails if the marker exists: two pods initialising at once keep the first one's.
+        os.link(tmp, path / MARKER)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path)
+
+
+def _volume_error(path: Path, error: OSError, doing: str) -> VolumeError:
+    reason = os.strerror(error.errno) if error.errno else str(error)
+    remedy = {
+        errno.EROFS: "mount the compile cache PVC read-write",
+        errno.EACCES: "make the volume writable by the pod's user (fsGroup in the pod securityContext)",
+        errno.EPERM: "make the volume writable by the pod's user (fsGroup in the pod securityContext)",
+    }.get(error.errno or 0, "check the compile cache PVC and its mount")
+    return VolumeError(f"cannot {doing} cache root {path}: {reason}", remedy=remedy, path=str(path))
+
+
+# --- lookup -------------------------------------------------------------------------------
+
+LookupStatus = Literal["hit", "miss", "damaged"]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The result of looking for a key's entry: lock-free and read-only."""
+
+    status: LookupStatus
+    path: Path
+    manifest: Manifest | None = None
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(str(p) for p in self.problems)
+
+
+def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Lookup:
+    """Is there a committed entry for ``key`` whose files match its manifest?"""
+    path = root.entry_path(key)
+    if not path.is_dir():
+        return Lookup("miss", path)
+    try:
+        manifest = read_manifest(path)
+    except ManifestError as error:
+        return Lookup("damaged", path, problems=(Problem("manifest.json", str(error)),))
+    if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
+        what = "manifest was written for different key inputs (digest collision or tampering)"
+        return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
+    problems = check_files(path, manifest, mode=mode)
+    return Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
+
+
+def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
+    """Move a damaged entry aside for inspection; None if another pod already did."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = root.quarantine / f"{entry.name}.{stamp}.{secrets.token_hex(3)}"
+    try:
+        root.quarantine.mkdir(exist_ok=True)
+        os.rename(entry, target)
+    except FileNotFoundError:
+        return None
+    with contextlib.suppress(OSError):
+        atomic_write_json(
+            target.with_name(target.name + ".reason.json"), {"reason": reason, "at": time.time()}
+        )
+    fsync_dir(root.entries)
+    return target
+
+
+# --- staging and publish ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Staging:
+    """One compile attempt's private directory on the volume, and its owner record beside it."""
+
+    path: Path
+    owner_file: Path
+    digest: str
+
+    @property
+    def artifacts(self) -> Path:
+        return self.path / ARTIFACTS
+
+    def discard(self) -> None:
+        """Remove the attempt: its files first, then its owner record."""
+        remove_tree(self.path)
+        self.owner_file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.parent.rmdir()
+
+
+def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
+    """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
+    attempt = f"{identity.pod}.{identity.pid}.{secrets.token_hex(4)}"
+    parent = root.staging / key.digest
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = Staging(path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest)
+    atomic_write_json(
+        staging.owner_file, {**identity.to_json(), "entry": key.entry_name, "since": time.time()}
+    )
+    staging.path.mkdir()
+    staging.artifacts.mkdir()
+    atomic_write_json(staging.path / KEY_NAME, {**key.to_json(), "details": dict(key.details)})
+    return staging
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    published: bool
+    path: Path
+    manifest: Manifest
+
+
+def publish(
+    root: CacheRoot,
+    staging: Staging,
+    key: CacheKey,
+    *,
+    identity: PodIdentity,
+    compile_seconds: float,
+    strategy: str,
+    extra: dict[str, Any] | None = None,
+) -> PublishOutcome:
+    """Write the manifest last, fsync everything, and rename the attempt into place.
+
+    If another attempt published first, ours is discarded and theirs is returned: both were
+    compiled from the same key, and the first publisher wins.
+    """
+    _write_summary(staging, key, identity=identity, compile_seconds=compile_seconds, strategy=strategy)
+    manifest = build_manifest(
+        staging.path,
+        key=key.digest,
+        inputs=key.inputs,
+        created_by=identity.to_json(),
+        compile_seconds=compile_seconds,
+        strategy=strategy,
+        model_name=key.model_name,
+        extra=extra,
+    )
+    write_manifest(staging.path, manifest)
+    fsync_tree(staging.path)
+    target = root.entry_path(key)
+    try:
+        os.rename(staging.path, target)
+    except OSError as error:
+        if error.errno not in {errno.ENOTEMPTY, errno.EEXIST}:
+            raise
+        staging.discard()
+        return PublishOutcome(False, target, read_manifest(target))
+    fsync_dir(root.entries)
+    staging.owner_file.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        staging.path.parent.rmdir()
+    make_read_only(target)
+    return PublishOutcome(True, target, manifest)
+
+
+def _write_summary(
+    staging: Staging, key: CacheKey, *, identity: PodIdentity, compile_seconds: float, strategy: str
+) -> None:
+    files = list(walk_files(staging.artifacts))
+    summary = {
+        "format": 1,
+        "key": key.digest,
+        "entry": key.entry_name,
+        "model": key.model_name,
+        # Same weights, any serving settings: what a space estimate learns from.
+        "model_id": digest_of(key.inputs["model"])[:16],
+        "role": key.inputs["role"],
+        "compiler": key.inputs["compiler"],
+        "npu": key.inputs["npu"],
+        "strategy": strategy,
+        "pipeline_parallel_size": key.server.pipeline_parallel_size,
+        "size_bytes": sum(st.st_size for _, st in files),
+        "files": len(files),
+        "created_at": time.time(),
+        "compile_seconds": round(compile_seconds, 3),
+        "created_by": identity.to_json(),
+    }
+    atomic_write_json(staging.path / SUMMARY_NAME, summary)
+
+
+# --- stale staging ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagingInfo:
+    """An attempt directory found on the volume, with what is known of its owner."""
+
+    path: Path
+    owner_file: Path
+    owner: dict[str, Any]
+    heartbeat_age: float | None
+
+    def is_stale(self, *, stale_after: float, identity: PodIdentity) -> bool:
+        """Dead for sure (same host, pid gone) or silent for longer than ``stale_after``."""
+        same_host = self.owner.get("host") == identity.host and self.owner.get("pid")
+        if same_host and not _pid_alive(int(self.owner["pid"])):
+            return True
+        return self.heartbeat_age is None or self.heartbeat_age > stale_after
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def list_staging(root: CacheRoot, digest: str | None = None) -> list[StagingInfo]:
+    """Attempt directories for one key (or all keys), tolerant of half-written ones."""
+    parents = [root.staging / digest] if digest else sorted(p for p in root.staging.glob("*") if p.is_dir())
+    found: list[StagingInfo] = []
+    now = time.time()
+    for parent in parents:
+        if not parent.is_dir():
+            continue
+        for attempt in sorted(p for p in parent.iterdir() if p.is_dir()):
+            owner_file = attempt.with_name(attempt.name + ".json")
+            try:
+                owner = read_json(owner_file)
+                age: float | None = max(0.0, now - owner_file.stat().st_mtime)
+            except (OSError, ValueError):
+                owner, age = {}, None
+            found.append(StagingInfo(attempt, owner_file, owner if isinstance(owner, dict) else {}, age))
+    return found
+
+
+def clean_stale_staging(
+    root: CacheRoot, digest: str | None, *, stale_after: float, identity: PodIdentity
+) -> list[Path]:
+    """Remove attempts left by dead pods (a later lease holder or prune does this)."""
+    removed: list[Path] = []
+    for info in list_staging(root, digest):
+        if info.is_stale(stale_after=stale_after, identity=identity):
+            remove_tree(info.path)
+            info.owner_file.unlink(missing_ok=True)
+            removed.append(info.path)
+    return removed

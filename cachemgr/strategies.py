@@ -1,0 +1,128 @@
+"""How a compile happens, and how a server is pointed at a published entry.
+
+``command``: an operator-given compiler runs before the server, writing to ``{output_dir}``
+(private staging); the server's argv may name ``{artifact_dir}``.
+
+``vllm``: vllm-rbln compiles inside the server at start-up and writes under
+``VLLM_CACHE_ROOT`` (``compiled_models/`` on the optimum path, mega-cache bundles under
+``rbln/`` on the vLLM-model path). On a miss the server runs with ``VLLM_CACHE_ROOT`` in
+staging; once its health endpoint answers, the staging content is published by hard-linking
+it into a second attempt directory that is renamed into place, so the running server keeps
+its own directory undisturbed.
+
+On a hit, either server gets a pod-local *view* of the entry: real directories with a
+symlink per file. The server reads the shared files, and anything it writes (vllm-rbln
+saves its bundle again after every warm-up, by tmp file + rename) lands in the view, never
+in the shared entry, whose files are also read-only.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import os
+import shutil
+import time
+import urllib.parse
+from collections.abc import Sequence
+from pathlib import Path
+
+from cachemgr.fsutil import remove_tree
+from cachemgr.manifest import ARTIFACTS, Manifest
+
+ARTIFACT_DIR = "{artifact_dir}"
+OUTPUT_DIR = "{output_dir}"
+_LINK_FALLBACK = frozenset({errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP})
+
+
+def render(argv: Sequence[str], **values: str) -> list[str]:
+    """Fill ``{artifact_dir}`` / ``{output_dir}`` placeholders in argv words."""
+    out = []
+    for word in argv:
+        filled = word
+        for name, value in values.items():
+            filled = filled.replace("{" + name + "}", value)
+        out.append(filled)
+    return out
+
+
+def build_view(view_dir: Path, entry: Path, manifest: Manifest) -> Path:
+    """A pod-local tree mirroring ``entry/artifacts`` with a symlink per file.
+
+    Uses the manifest's file list, so building it costs one mkdir per directory and one
+    symlink per file, with no walk of the shared volume.
+    """
+    remove_tree(view_dir)
+    view_dir.mkdir(parents=True)
+    prefix = ARTIFACTS + "/"
+    made: set[str] = set()
+    source = entry / ARTIFACTS
+    for record in manifest.files:
+        if not record.path.startswith(prefix):
+            continue
+        rel = record.path[len(prefix) :]
+        parent = os.path.dirname(rel)
+        if parent and parent not in made:
+            (view_dir / parent).mkdir(parents=True, exist_ok=True)
+            made.add(parent)
+        os.symlink(source / rel, view_dir / rel)
+    return view_dir
+
+
+def snapshot_tree(source: Path, target: Path) -> str:
+    """Hard-link every file of ``source`` into ``target`` (copy where links are refused).
+
+    Returns "hardlink" or "copy". Directory structure and empty directories are kept.
+    """
+    method = "hardlink"
+    for dirpath, dirnames, filenames in os.walk(source):
+        rel = os.path.relpath(dirpath, source)
+        dest_dir = target if rel == "." else target / rel
+        dest_dir.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            src, dst = os.path.join(dirpath, name), dest_dir / name
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), dst)
+                continue
+            if method == "hardlink":
+                try:
+                    os.link(src, dst)
+                    continue
+                except OSError as error:
+                    if error.errno not in _LINK_FALLBACK:
+                        raise
+                    method = "copy"
+            shutil.copy2(src, dst)
+        dirnames.sort()
+    return method
+
+
+def default_health_url(host: str | None, port: int | None) -> str | None:
+    if port is None:
+        return None
+    if not host or host in {"0.0.0.0", "::", ""}:  # noqa: S104  # a wildcard bind is reached on loopback
+        host = "127.0.0.1"
+    return f"http://{host}:{port}/health"
+
+
+def health_ok(url: str, *, timeout: float = 1.0) -> bool:
+    """True when the server's health endpoint answers 200 now."""
+    parsed = urllib.parse.urlsplit(url)
+    conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(parsed.hostname or "127.0.0.1", parsed.port, timeout=timeout)
+    try:
+        conn.request("GET", parsed.path or "/")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def wait_healthy(url: str, *, deadline: float, every: float = 0.2) -> bool:
+    """Poll the health endpoint until it answers or ``deadline`` (monotonic) passes."""
+    while time.monotonic() < deadline:
+        if health_ok(url):
+            return True
+        time.sleep(every)
+    return False
