@@ -1,0 +1,95 @@
+"""Shared pytest fixtures for the cachemgr tests.
+
+Layout: one section per concern, each with a short header. Add new fixtures in a section of their own
+(or to the one they belong to) and keep the heavy lifting in helper modules, as tests/mounts.py does
+for real filesystems.
+
+Real filesystems
+    juicefs_mounts          two mounts of one fresh JuiceFS volume: two "nodes" sharing a volume.
+    juicefs_volume_factory  more control: juicefs_volume_factory(mounts=3, quota_bytes=16 << 20).
+    tmpfs_small             tmpfs_small(size_bytes) -> a fresh tmpfs of that size (fills up: ENOSPC).
+Tests using them are marked `juicefs` / `tmpfs` automatically (select with -m, e.g. -m "not juicefs").
+Where mounting is impossible (not root, no /dev/fuse, no juicefs binary) they skip with the reason;
+with CACHEMGR_REQUIRE_MOUNTS=1 (CI sets it) they fail instead, so CI never skips them silently.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mounts import juicefs_volume, mount_unavailable_reason, tmpfs_volume
+
+# --------------------------------------------------------------------------------------------------
+# Real filesystems (tests/mounts.py)
+
+REQUIRE_MOUNTS_ENV = "CACHEMGR_REQUIRE_MOUNTS"
+
+# fixture name -> marker name; pytest_collection_modifyitems marks every test that uses the fixture.
+_MOUNT_FIXTURE_MARKERS = {
+    "juicefs_mounts": "juicefs",
+    "juicefs_volume_factory": "juicefs",
+    "tmpfs_small": "tmpfs",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, marker in _MOUNT_FIXTURE_MARKERS.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+
+
+def require_mount(kind: str) -> None:
+    """Skip the test if a `kind` ('juicefs' or 'tmpfs') volume cannot be mounted here; fail instead
+    if CACHEMGR_REQUIRE_MOUNTS=1."""
+    reason = mount_unavailable_reason(kind)
+    if reason is None:
+        return
+    if os.environ.get(REQUIRE_MOUNTS_ENV) == "1":
+        pytest.fail(f"{REQUIRE_MOUNTS_ENV}=1 but a {kind} volume cannot be mounted: {reason}", pytrace=False)
+    pytest.skip(f"{kind} unavailable: {reason}")
+
+
+@pytest.fixture
+def juicefs_volume_factory(tmp_path: Path) -> Iterator[Callable[..., list[Path]]]:
+    """juicefs_volume_factory(**options) -> mount points; options as for mounts.juicefs_volume.
+
+    Each call makes a fresh volume under tmp_path; all are unmounted and removed after the test.
+    """
+    require_mount("juicefs")
+    with ExitStack() as stack:
+        count = 0
+
+        def make(**options: Any) -> list[Path]:
+            nonlocal count
+            count += 1
+            return stack.enter_context(juicefs_volume(tmp_path / f"juicefs{count}", **options))
+
+        yield make
+
+
+@pytest.fixture
+def juicefs_mounts(juicefs_volume_factory: Callable[..., list[Path]]) -> list[Path]:
+    """Two mounts of one fresh JuiceFS volume, as [mount1, mount2]: two nodes sharing a volume."""
+    return juicefs_volume_factory(mounts=2)
+
+
+@pytest.fixture
+def tmpfs_small(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
+    """tmpfs_small(size_bytes) -> the mount point of a fresh tmpfs of that size (rounded up to pages)."""
+    require_mount("tmpfs")
+    with ExitStack() as stack:
+        count = 0
+
+        def make(size_bytes: int) -> Path:
+            nonlocal count
+            count += 1
+            return stack.enter_context(tmpfs_volume(tmp_path / f"tmpfs{count}", size_bytes=size_bytes))
+
+        yield make

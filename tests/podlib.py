@@ -1,0 +1,229 @@
+"""A harness for real ``cachemgr run`` processes ("pods") in tests and benchmarks.
+
+Each pod is a real process with its own state directory, pod and node name, started in its
+own session so a test can SIGKILL or SIGSTOP the whole pod (cachemgr, compiler, server) the
+way a node failure would. A pod on another "node" runs in its own UTS namespace with that
+hostname, so lease takeover follows the cross-node rules (no shortcut through local pids).
+
+Waiting is always on a condition with a deadline: a phase in ``state.json``, a file, a
+process exit. Nothing here sleeps in the hope that something happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cachemgr.standin.shim import write_vllm_shim
+
+DEADLINE = 60.0
+STANDIN_SERVER = [sys.executable, "-m", "cachemgr.standin.server", "serve"]
+STANDIN_COMPILER = f"{sys.executable} -m cachemgr.standin.compiler"
+
+
+def wait_for(
+    predicate: Callable[[], Any], *, timeout: float = DEADLINE, what: str, every: float = 0.05
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Pod:
+    """One ``cachemgr run`` process and where to look at it."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    state_dir: Path
+    log: Path
+    env: dict[str, str] = field(repr=False)
+
+    def state(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads((self.state_dir / "state.json").read_bytes())
+        except (OSError, ValueError):
+            return {}
+        return data
+
+    @property
+    def phase(self) -> str | None:
+        return self.state().get("phase")
+
+    def wait_phase(self, *phases: str, timeout: float = DEADLINE) -> str:
+        def reached() -> str | None:
+            phase = self.phase
+            if phase in phases:
+                return phase
+            if self.proc.poll() is not None and self.phase not in phases:
+                raise AssertionError(
+                    f"{self.name} exited with {self.proc.returncode} before reaching {phases}:\n{self.tail()}"
+                )
+            return None
+
+        result: str = wait_for(reached, timeout=timeout, what=f"{self.name} to reach {'/'.join(phases)}")
+        return result
+
+    def wait_exit(self, timeout: float = DEADLINE) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit within {timeout:.0f}s:\n{self.tail()}") from None
+
+    def signal(self, signum: int) -> None:
+        """To cachemgr alone, as the kubelet signals a container's PID 1."""
+        self.proc.send_signal(signum)
+
+    def signal_pod(self, signum: int) -> None:
+        """To the whole pod (cachemgr, compiler, server): a node dying or freezing."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signum)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                data = json.loads(line)
+                if isinstance(data, dict) and "event" in data:
+                    events.append(data)
+        return events
+
+
+@dataclass
+class Cluster:
+    """Pods of one test: common environment, a stand-in ``vllm`` on PATH, and cleanup."""
+
+    work: Path
+    base_env: dict[str, str]
+    pods: list[Pod] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, work: Path, **env: str) -> Cluster:
+        bin_dir = work / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        write_vllm_shim(bin_dir)
+        base = {
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+            "CACHEMGR_COMPILER_VERSION": "0.12.0",
+            "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+            "CACHEMGR_ROLE": "prefill",
+            "CACHEMGR_LOG_FORMAT": "json",
+            "STANDIN_COMPILE_SECONDS": "0.5",
+            "STANDIN_RECORD": str(work / "record.jsonl"),
+            "STANDIN_SIGNAL_LOG": str(work / "signals.log"),
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        return cls(work=work, base_env=base)
+
+    @property
+    def record(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.work / "record.jsonl")
+
+    def compiles(self) -> int:
+        return sum(1 for event in self.record if event.get("event") == "compile")
+
+    def start(
+        self,
+        name: str,
+        server_argv: Sequence[str],
+        *,
+        cache_root: Path,
+        command: str = "run",
+        options: Sequence[str] = (),
+        node: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Pod:
+        """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name``."""
+        state_dir = self.work / "pods" / name
+        shutil.rmtree(state_dir, ignore_errors=True)
+        state_dir.mkdir(parents=True)
+        log = self.work / "logs" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        pod_env = {
+            **self.base_env,
+            "CACHEMGR_CACHE_ROOT": str(cache_root),
+            "CACHEMGR_STATE_DIR": str(state_dir),
+            "CACHEMGR_TERMINATION_LOG": str(state_dir / "termination-log"),
+            "POD_NAME": name,
+            "NODE_NAME": node or "node-a",
+            **(env or {}),
+        }
+        argv = [sys.executable, "-m", "cachemgr", command, *options, "--", *server_argv]
+        if node is not None:
+            # Another node: its own hostname, so the lease sees a peer it cannot probe by pid.
+            argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node, *argv]
+        with log.open("ab") as out:
+            proc = subprocess.Popen(argv, env=pod_env, stdout=out, stderr=out, start_new_session=True)
+        pod = Pod(name=name, proc=proc, state_dir=state_dir, log=log, env=pod_env)
+        self.pods.append(pod)
+        return pod
+
+    def stop_all(self) -> None:
+        for pod in self.pods:
+            if pod.proc.poll() is None:
+                pod.signal_pod(signal.SIGCONT)
+                pod.signal_pod(signal.SIGKILL)
+        for pod in self.pods:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                pod.proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def cluster(work: Path, **env: str) -> Iterator[Cluster]:
+    group = Cluster.create(work, **env)
+    try:
+        yield group
+    finally:
+        group.stop_all()
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str], timeout: float = DEADLINE
+) -> subprocess.CompletedProcess[str]:
+    """``cachemgr ARGS`` to completion, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "cachemgr", *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
