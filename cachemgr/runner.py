@@ -121,6 +121,7 @@ class Runner:
         self._reaper = launcher.become_subreaper() or os.getpid() == 1
         self._state_beat.start()
         self._volume_beat.start()
+        status = self._start_status_server()
         try:
             return self._run()
         except CacheMgrError as error:
@@ -128,10 +129,25 @@ class Runner:
             self.state.phase("failed", reason=error.one_line(), exit_code=_code(error))
             raise
         finally:
+            if status is not None:
+                status.close()
             self._volume_beat.stop()
             self._state_beat.stop()
             release_use(self._use_record)
             self.relay.restore()
+
+    def _start_status_server(self) -> Any:
+        """``--status-port``: the probes and /metrics over HTTP, from this process."""
+        if self.options.status_port is None:
+            return None
+        from cachemgr.status_server import start_status_server
+
+        return start_status_server(
+            port=self.options.status_port,
+            state_dir=self.options.state_dir,
+            metrics=self.metrics,
+            cache_root=self.options.cache_root,
+        )
 
     def _run(self) -> int:
         key = self._resolve()
@@ -255,7 +271,11 @@ class Runner:
             )
             if removed:
                 log.info("stale_staging_removed", key=key.short, attempts=[p.name for p in removed])
-            self._preflight(root, key)
+            try:
+                self._preflight(root, key)
+            except CacheMgrError as error:
+                self._record(root, key, error, written=0, elapsed=0.0, tail=[])
+                raise
             if key.inputs["strategy"] == "command":
                 self._compile_command(root, key, lease)
                 return None
@@ -485,11 +505,25 @@ class Runner:
         written = tree_bytes(staging.artifacts)
         staging.discard()
         self._volume_beat.discard(staging.owner_file)
-        reported = _as_reported(error, root, key, given=self.options.expected_size)
+        reported = _as_reported(error, root, key, given=self.options.expected_size, written=written)
         if reported is None:
             return
+        tail = watch.tail_text() if watch is not None else []
+        self._record(root, key, reported, written=written, elapsed=time.monotonic() - started, tail=tail)
         if reported is not error:
             raise reported from error
+
+    def _record(
+        self,
+        root: CacheRoot,
+        key: CacheKey,
+        error: CacheMgrError,
+        *,
+        written: int,
+        elapsed: float,
+        tail: list[str],
+    ) -> None:
+        """The failure record: the same one-line message as the log and the termination message."""
         record_failure(
             root,
             key.digest,
@@ -497,15 +531,15 @@ class Runner:
             {
                 "key": key.digest,
                 "entry": key.entry_name,
-                "reason": reported.reason,
-                "message": reported.one_line(),
-                "exit_code": _code(reported),
-                "exit_status": reported.fields.get("exit_status"),
+                "reason": error.reason,
+                "message": error.one_line(),
+                "exit_code": _code(error),
+                "exit_status": error.fields.get("exit_status"),
                 "strategy": key.inputs["strategy"],
                 "bytes_written": written,
-                "elapsed_s": round(time.monotonic() - started, 2),
-                "output_tail": watch.tail_text() if watch is not None else [],
-                "report": reported.fields.get("report"),
+                "elapsed_s": round(elapsed, 2),
+                "output_tail": tail,
+                "report": error.fields.get("report"),
             },
         )
 
@@ -576,18 +610,18 @@ class _DiskFullSeenError(Exception):
 
 
 def _as_reported(
-    error: BaseException, root: CacheRoot, key: CacheKey, *, given: int | None
+    error: BaseException, root: CacheRoot, key: CacheKey, *, given: int | None, written: int = 0
 ) -> CacheMgrError | None:
     """The documented error for a failed attempt; None for a signal (nothing to record)."""
     if isinstance(error, Interrupted):
         return None
     if isinstance(error, _DiskFullSeenError):
-        return disk_report(root, key, cause=str(error), given=given).error()
+        return disk_report(root, key, cause=str(error), given=given, written=written).error()
     if isinstance(error, CacheMgrError):
         return error
     if isinstance(error, OSError) and is_disk_full(error):
         cause = f"writing {error.filename}: {error.strerror}" if error.filename else str(error.strerror)
-        return disk_report(root, key, cause=cause, given=given).error()
+        return disk_report(root, key, cause=cause, given=given, written=written).error()
     if isinstance(error, OSError):
         return VolumeError(
             f"cache volume I/O failed: {error}", remedy="check the compile cache PVC and the node's mount"

@@ -168,6 +168,7 @@ class DiskReport:
     expected: Expectation
     cause: str
     prunable: Prunable
+    written_bytes: int = 0
 
     def what(self) -> str:
         need = (
@@ -175,9 +176,10 @@ class DiskReport:
             if (self.expected.bytes is not None)
             else f"expected size {self.expected.source}"
         )
+        wrote = f"; the attempt had written {human_bytes(self.written_bytes)}" if self.written_bytes else ""
         return (
             f"compile cache volume {self.volume} is out of space ({self.cause}): "
-            f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}; {need}"
+            f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}{wrote}; {need}"
         )
 
     def remedy(self) -> str:
@@ -185,12 +187,12 @@ class DiskReport:
         if self.prunable.incompatible:
             steps.append(
                 f"free {human_bytes(self.prunable.incompatible_bytes)} now with 'cachemgr prune --incompatible --yes' "
-                f"({len(self.prunable.incompatible)} entries for another compiler version or NPU type)"
+                f"({_count(self.prunable.incompatible, 'entry', 'entries')} for another compiler version or NPU type)"
             )
         if self.prunable.unused:
             steps.append(
                 f"free {human_bytes(self.prunable.unused_bytes)} with 'cachemgr prune --unused-for 14d --yes' "
-                f"({len(self.prunable.unused)} entries unused for {human_duration(UNUSED_AFTER)})"
+                f"({_count(self.prunable.unused, 'entry', 'entries')} unused for {human_duration(UNUSED_AFTER)})"
             )
         if not steps:
             steps.append("nothing can be pruned now ('cachemgr du' shows what uses the space)")
@@ -207,6 +209,7 @@ class DiskReport:
             "expected_bytes": self.expected.bytes,
             "expected_source": self.expected.source,
             "cause": self.cause,
+            "written_bytes": self.written_bytes,
             "prunable_incompatible_bytes": self.prunable.incompatible_bytes,
             "prunable_incompatible": [e.name for e in self.prunable.incompatible],
             "prunable_unused_bytes": self.prunable.unused_bytes,
@@ -218,7 +221,13 @@ class DiskReport:
         return DiskFullError(self.what(), remedy=self.remedy(), report=self.to_json())
 
 
-def disk_report(root: CacheRoot, key: CacheKey, *, cause: str, given: int | None) -> DiskReport:
+def _count(items: tuple[EntryInfo, ...], one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
+
+
+def disk_report(
+    root: CacheRoot, key: CacheKey, *, cause: str, given: int | None, written: int = 0
+) -> DiskReport:
     """Measure the volume and the cache now and build the report."""
     entries = scan(root, compat=_compat(key), with_staging=False).entries
     space = VolumeSpace.measure(root.path)
@@ -229,6 +238,7 @@ def disk_report(root: CacheRoot, key: CacheKey, *, cause: str, given: int | None
         expected=expected_size(root, key, given=given, entries=entries),
         cause=cause,
         prunable=prunable_now(entries),
+        written_bytes=written,
     )
 
 

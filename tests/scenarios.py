@@ -15,11 +15,16 @@ from cachemgr.manifest import check_files, read_manifest
 MODEL = "rebellions/Test-LLM"
 
 
-def compile_cmd(record: Path, *, seconds: float = 0.3, extra: str = "") -> str:
-    """The stand-in compiler writing to {output_dir}, recording each invocation."""
+def compile_cmd(record: Path, *, seconds: float | None = 0.3, extra: str = "") -> str:
+    """The stand-in compiler writing to {output_dir}, recording each invocation.
+
+    With ``seconds=None`` the compile time comes from each pod's STANDIN_COMPILE_SECONDS, so
+    pods share one key (the command is part of it) yet compile at different speeds.
+    """
+    pace = f"--seconds {seconds} " if seconds is not None else ""
     return (
         f"{STANDIN_COMPILER} --output-dir {{output_dir}} --model {MODEL} --files 6 --bytes 256k "
-        f"--seconds {seconds} --record {shlex.quote(str(record))} {extra}"
+        f"{pace}--record {shlex.quote(str(record))} {extra}"
     ).strip()
 
 
@@ -93,32 +98,32 @@ def concurrent_runs_compile_once(pods: Cluster, roots: list[Path], *, count: int
 def killed_holder_is_taken_over(pods: Cluster, roots: list[Path], *, lease: float) -> float:
     """SIGKILL the compiling pod; a waiter on the other node takes over and publishes. Returns takeover s."""
     record = pods.work / "compiler.jsonl"
-    slow = [
+    options = [
         "--strategy",
         "command",
         "--lease-duration",
         str(lease),
         "--compile-cmd",
-        compile_cmd(record, seconds=60),
+        compile_cmd(record, seconds=None),
     ]
-    holder = pods.start("holder", server_argv(free_port()), cache_root=roots[0], options=slow, node="node-a")
+    holder = pods.start(
+        "holder", server_argv(free_port()), cache_root=roots[0], options=options, node="node-a",
+        env={"STANDIN_COMPILE_SECONDS": "120"},
+    )  # fmt: skip
     holder.wait_phase("compiling")
-    quick = [
-        "--strategy",
-        "command",
-        "--lease-duration",
-        str(lease),
-        "--compile-cmd",
-        compile_cmd(record, seconds=60),
-    ]
     waiter = pods.start(
-        "waiter", server_argv(free_port()), cache_root=roots[-1], options=quick, node="node-b"
+        "waiter", server_argv(free_port()), cache_root=roots[-1], options=options, node="node-b"
     )
     waiter.wait_phase("waiting")
     killed = time.monotonic()
     holder.signal_pod(signal.SIGKILL)
-    waiter.wait_phase("compiling", timeout=lease + 30)
-    return time.monotonic() - killed
+    waiter.wait_phase("compiling", "publishing", "serving", timeout=lease + 30)
+    takeover = time.monotonic() - killed
+    waiter.wait_phase("serving")
+    assert compiles(record) == 2
+    assert len(entry_dirs(roots[0])) == 1
+    assert_entries_valid(roots[0])
+    return takeover
 
 
 def frozen_holder_late_publish_is_discarded(pods: Cluster, roots: list[Path], *, lease: float) -> None:

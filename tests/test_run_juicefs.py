@@ -1,0 +1,57 @@
+"""Compile once across "nodes": two JuiceFS mounts of one volume, pods in their own UTS namespaces.
+
+The same scenarios also run on a local directory (with pods still on different "nodes"), so a
+failure here that does not happen there points at the shared filesystem.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podlib import Cluster, cluster
+from scenarios import (
+    concurrent_runs_compile_once,
+    entry_dirs,
+    frozen_holder_late_publish_is_discarded,
+    killed_holder_is_taken_over,
+)
+
+LEASE = 3.0
+TAKEOVER_SLACK = 2.5  # waiter polls every 0.2 s; the holder's last refresh can be up to lease/3 old
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Iterator[Cluster]:
+    with cluster(tmp_path / "work") as group:
+        yield group
+
+
+@pytest.fixture(params=["local", "juicefs"])
+def roots(request: pytest.FixtureRequest, tmp_path: Path) -> list[Path]:
+    """The cache root as each node sees it: one local dir, or one path per JuiceFS mount."""
+    if request.param == "local":
+        root = tmp_path / "volume"
+        root.mkdir()
+        return [root, root]
+    mounts: list[Path] = request.getfixturevalue("juicefs_mounts")
+    (mounts[0] / "cache").mkdir()
+    return [mount / "cache" for mount in mounts]
+
+
+def test_eight_runs_over_two_nodes_compile_once(pods: Cluster, roots: list[Path]) -> None:
+    concurrent_runs_compile_once(pods, roots, count=8)
+
+
+def test_sigkilled_holder_is_taken_over_within_the_lease(pods: Cluster, roots: list[Path]) -> None:
+    takeover = killed_holder_is_taken_over(pods, roots, lease=LEASE)
+    assert takeover <= LEASE + TAKEOVER_SLACK, f"takeover took {takeover:.2f}s with a {LEASE:g}s lease"
+
+
+def test_frozen_holder_loses_to_the_waiter_and_its_late_publish_is_discarded(
+    pods: Cluster, roots: list[Path]
+) -> None:
+    frozen_holder_late_publish_is_discarded(pods, roots, lease=LEASE)
+    assert len(entry_dirs(roots[0])) == 1

@@ -1,0 +1,213 @@
+"""Disk quota exceeded: caught before compiling, reported the same way when it happens anyway.
+
+Real small volumes: tmpfs fills up with ENOSPC, a JuiceFS directory quota with EDQUOT
+("Disk quota exceeded", what the chart page says a too-small PVC gives).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podlib import Cluster, Pod, cluster, free_port, run_cli
+from scenarios import (
+    assert_clean_after_failure,
+    assert_entries_valid,
+    compile_cmd,
+    compiles,
+    entry_dirs,
+    server_argv,
+)
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Iterator[Cluster]:
+    with cluster(tmp_path / "work") as group:
+        yield group
+
+
+def _command(record: Path, *, size: str, extra: str = "") -> list[str]:
+    cmd = compile_cmd(record, seconds=0.2, extra=extra).replace("--bytes 256k", f"--bytes {size}")
+    return ["--strategy", "command", "--compile-cmd", cmd]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _report(pod: Pod, root: Path) -> dict[str, Any]:
+    """The disk report from the failure record (the same text is in the termination message)."""
+    records = [json.loads(p.read_text()) for p in (root / "failures").rglob("*.json")]
+    full = [r for r in records if r.get("reason") == "disk-full"]
+    assert full, f"no disk-full failure record:\n{pod.tail()}"
+    report: dict[str, Any] = full[-1]["report"]
+    message = (pod.state_dir / "termination-log").read_text()
+    assert message == full[-1]["message"], "the log, the record and the termination message say the same"
+    return report
+
+
+def _assert_report_matches_volume(report: dict[str, Any], root: Path) -> None:
+    st = os.statvfs(root)
+    assert report["volume"] == str(root)
+    assert report["total_bytes"] == st.f_blocks * st.f_frsize
+    # The failure record itself was written after the report measured the volume.
+    assert abs(report["free_bytes"] - st.f_bavail * st.f_frsize) <= 64 * 1024
+    assert report["chart_key"] == "storage.compileCache.size"
+
+
+def _warm_earlier_entries(pods: Cluster, root: Path, record: Path) -> dict[str, bytes]:
+    """An entry for this image and one for an older compiler, both small."""
+    for name, version in (("old", "0.11.2"), ("cur", "0.12.0")):
+        pod = pods.start(
+            f"warm-{name}", server_argv(free_port()), cache_root=root, command="warm",
+            options=_command(record, size="512k"), env={"CACHEMGR_COMPILER_VERSION": version},
+        )  # fmt: skip
+        assert pod.wait_exit() == 0, pod.tail()
+    return _tree(root / "entries")
+
+
+def test_preflight_stops_before_compiling_with_the_full_report(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    earlier = _warm_earlier_entries(pods, root, record)
+    options = [*_command(record, size="1M", extra="--tensor-parallel-size 8"), "--expected-size", "64Mi"]
+    pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options)
+    assert pod.wait_exit() == 73
+    assert compiles(record) == 2, "the compiler never started"
+    report = _report(pod, root)
+    _assert_report_matches_volume(report, root)
+    assert report["expected_bytes"] == 64 * MiB
+    assert report["expected_source"] == "--expected-size"
+    assert report["cause"] == "checked before compiling"
+    assert len(report["prunable_incompatible"]) == 1, "the 0.11 entry can never be used by this image"
+    message = (pod.state_dir / "termination-log").read_text()
+    assert f"compile cache volume {root} is out of space" in message
+    assert "cachemgr prune --incompatible --yes" in message
+    assert "storage.compileCache.size" in message
+    assert "only where the StorageClass allows volume expansion" in message
+    assert_clean_after_failure(root)
+    assert _tree(root / "entries") == earlier
+
+
+def test_full_volume_mid_compile_is_reported_and_the_next_start_with_room_compiles(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    root = tmpfs_small(6 * MiB)
+    record = pods.work / "compiler.jsonl"
+    earlier = _warm_earlier_entries(pods, root, record)
+    options = [*_command(record, size="16M", extra="--tensor-parallel-size 8"), "--space-check", "warn"]
+    pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options)
+    assert pod.wait_exit() == 73
+    report = _report(pod, root)
+    _assert_report_matches_volume(report, root)
+    assert "No space left on device" in report["cause"]
+    assert report["expected_source"].startswith("learned from entry"), report["expected_source"]
+    assert_clean_after_failure(root)
+    assert _tree(root / "entries") == earlier, "earlier entries are byte-for-byte intact"
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(root)], check=True)
+    pod = pods.start("b", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("serving")
+    assert len(entry_dirs(root)) == 3
+    assert_entries_valid(root)
+
+
+def test_compiler_printing_disk_quota_exceeded_is_reported_the_same_way(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    root = tmpfs_small(32 * MiB)
+    record = pods.work / "compiler.jsonl"
+    pod = pods.start(
+        "a",
+        server_argv(free_port()),
+        cache_root=root,
+        options=_command(record, size="1M", extra="--quota-exceeded"),
+    )
+    assert pod.wait_exit() == 73
+    report = _report(pod, root)
+    _assert_report_matches_volume(report, root)
+    assert "Disk quota exceeded" in report["cause"]
+    assert_clean_after_failure(root)
+    assert entry_dirs(root) == []
+
+
+def test_our_own_write_hitting_enospc_ends_the_attempt_cleanly(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    """The compiler succeeds, then the volume fills up (another writer): the manifest write fails."""
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    ballast = root / "ballast"
+    fill = f"{sys.executable} -c {shlex.quote(_FILL.format(path=str(ballast)))}"
+    cmd = f"sh -c {shlex.quote(compile_cmd(record, seconds=0.1) + ' && ' + fill)}"
+    options = ["--strategy", "command", "--compile-cmd", cmd]
+    pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options)
+    assert pod.wait_exit() == 73, pod.tail()
+    report = _report(pod, root)
+    assert "No space left on device" in report["cause"]
+    ballast.unlink()
+    assert_clean_after_failure(root)
+    assert entry_dirs(root) == []
+
+
+_FILL = """
+import os
+fd = os.open({path!r}, os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 65536)
+except OSError:
+    pass
+"""
+
+
+def test_auto_prune_incompatible_frees_room_before_compiling(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    for version in ("0.10.0", "0.11.0"):
+        pod = pods.start(
+            f"old-{version}", server_argv(free_port()), cache_root=root, command="warm",
+            options=_command(record, size="3M"), env={"CACHEMGR_COMPILER_VERSION": version},
+        )  # fmt: skip
+        assert pod.wait_exit() == 0, pod.tail()
+    options = [*_command(record, size="3M"), "--expected-size", "4Mi", "--auto-prune", "incompatible"]
+    pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("serving")
+    names = [p.name for p in entry_dirs(root)]
+    assert len(names) == 1
+    assert "__c0.12__" in names[0]
+    assert any(e["event"] == "auto_pruned_incompatible" for e in pod.log_events())
+
+
+@pytest.mark.juicefs
+def test_juicefs_quota_gives_disk_quota_exceeded_like_the_chart_page_says(
+    pods: Cluster, juicefs_volume_factory: Callable[..., list[Path]]
+) -> None:
+    (mount,) = juicefs_volume_factory(mounts=1, quota_bytes=16 * MiB)
+    root = mount / "cache"
+    root.mkdir()
+    record = pods.work / "compiler.jsonl"
+    options = [*_command(record, size="48M"), "--space-check", "warn"]
+    pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options)
+    assert pod.wait_exit(timeout=120) == 73
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "Disk quota exceeded" in message, message
+    assert "storage.compileCache.size" in message
+    assert_clean_after_failure(root)
+    result = run_cli("du", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["volume"]["total_bytes"] == 16 * MiB
