@@ -9,7 +9,6 @@ purpose means bumping :data:`SCHEMA_VERSION`.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import re
@@ -228,8 +227,8 @@ def resolve_compiler(override: str | None, environ: Mapping[str, str]) -> tuple[
     else:
         try:
             # Metadata only: importing the compiler would load its runtime and take seconds.
-            raw = importlib.metadata.version("rebel-compiler")
-        except importlib.metadata.PackageNotFoundError:
+            raw = _installed_version("rebel-compiler")
+        except LookupError:
             raise ConfigError(
                 "cannot tell the RBLN Compiler version: rebel-compiler is not installed in this "
                 "environment and CACHEMGR_COMPILER_VERSION is not set",
@@ -238,6 +237,16 @@ def resolve_compiler(override: str | None, environ: Mapping[str, str]) -> tuple[
             ) from None
         source = f"package rebel-compiler {raw}"
     return major_minor(raw), source
+
+
+def _installed_version(distribution: str) -> str:
+    """A distribution's version from its metadata; ``LookupError`` when it is not installed."""
+    import importlib.metadata  # ~15 ms: only when no override names the version
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError as error:
+        raise LookupError(distribution) from error
 
 
 def major_minor(raw: str) -> str:
@@ -299,8 +308,8 @@ def _npu_from_device(environ: Mapping[str, str]) -> tuple[str, str] | None:
         if names:
             return names[0], tool
     try:
-        importlib.metadata.version("rebel-compiler")
-    except importlib.metadata.PackageNotFoundError:
+        _installed_version("rebel-compiler")
+    except LookupError:
         return None
     # In a child: the compiler's runtime is heavy and must not stay loaded in the supervisor.
     probe = "import rebel; print(rebel.get_npu_name(0) or '')"

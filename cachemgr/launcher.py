@@ -28,8 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-import psutil
-
 from cachemgr.errors import ConfigError
 from cachemgr.fsutil import tree_bytes
 
@@ -190,6 +188,8 @@ def start(
 
 def terminate_tree(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
     """SIGTERM the child and its descendants, SIGKILL what is left after ``grace`` seconds."""
+    import psutil  # only when something must be stopped: the hit path never pays for it
+
     try:
         procs = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
@@ -258,6 +258,8 @@ class ProgressMonitor:
 
 
 def _tree_usage(pid: int) -> tuple[float, int]:
+    import psutil  # compile path only
+
     cpu, written = 0.0, 0
     try:
         root = psutil.Process(pid)

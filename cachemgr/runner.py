@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 
@@ -38,7 +38,6 @@ from cachemgr.errors import (
 )
 from cachemgr.fsutil import is_disk_full, tree_bytes
 from cachemgr.key import CacheKey, KeyRequest, compute_key
-from cachemgr.lease import KeyLease, read_holder
 from cachemgr.manifest import MANIFEST_NAME, VerifyMode
 from cachemgr.metrics import Metrics
 from cachemgr.records import (
@@ -63,6 +62,9 @@ from cachemgr.store import (
     quarantine,
 )
 from cachemgr.strategies import build_view, default_health_url, health_ok, render, snapshot_tree
+
+if TYPE_CHECKING:
+    from cachemgr.lease import KeyLease
 
 log = structlog.get_logger("cachemgr.run")
 
@@ -206,6 +208,8 @@ class Runner:
 
     def _wait_for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
         """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
+        from cachemgr.lease import read_holder  # the miss path only: filelock stays off the hit path
+
         started = time.monotonic()
         while True:
             if self._published(root, key):
@@ -238,6 +242,8 @@ class Runner:
     # --- the lease ----------------------------------------------------------------------
 
     def _compile_under_lease(self, root: CacheRoot, key: CacheKey) -> Lookup | int | None:
+        from cachemgr.lease import KeyLease  # filelock is imported on a miss only
+
         lease = KeyLease(
             root,
             key.digest,
@@ -295,6 +301,8 @@ class Runner:
             self.state.update(detail=detail)
 
     def _wait_timeout(self, root: CacheRoot, key: CacheKey, waited: float) -> WaitTimeoutError:
+        from cachemgr.lease import read_holder
+
         holder = read_holder(root, key.digest)
         who = holder.describe() if holder else "a peer that has since released it"
         return WaitTimeoutError(

@@ -19,7 +19,6 @@ in the shared entry, whose files are also read-only.
 from __future__ import annotations
 
 import errno
-import http.client
 import os
 import shutil
 import time
@@ -107,6 +106,8 @@ def default_health_url(host: str | None, port: int | None) -> str | None:
 
 def health_ok(url: str, *, timeout: float = 1.0) -> bool:
     """True when the server's health endpoint answers 200 now."""
+    import http.client  # with ssl behind it: not needed before the server starts
+
     parsed = urllib.parse.urlsplit(url)
     conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(parsed.hostname or "127.0.0.1", parsed.port, timeout=timeout)

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from podlib import Cluster, cluster
 from scenarios import (
     concurrent_runs_compile_once,

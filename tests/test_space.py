@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from podlib import Cluster, Pod, cluster, free_port, run_cli
 from scenarios import (
     assert_clean_after_failure,
