@@ -144,8 +144,13 @@ def compute_key(request: KeyRequest) -> CacheKey:
     # server and strategy: they decide the layout of what is compiled and stored.
     inputs["server"], sources["server"] = server.kind, "argv[0]"
     inputs["strategy"], sources["strategy"] = strategy, "--strategy" if request.strategy else "default"
-    # model: which weights are compiled; a local path by its content, not its mount path.
+    # model: which weights are compiled; a local path by its content, not its mount path...
     model, model_source, details = resolve_model(server)
+    if strategy == "vllm" and model["kind"] == "local":
+        # ...except for the vllm strategy: vllm-rbln names its compiled_models/ directory and its
+        # mega-cache bundle after the model path string, so an entry made under another path
+        # would be found by cachemgr yet missed by the server, which would compile again.
+        model = {**model, "path": str(server.model)}
     inputs["model"], sources["model"] = model, model_source
     # serving: the server's own settings that change what is compiled.
     inputs["serving"], sources["serving"] = dict(server.settings), "argv"

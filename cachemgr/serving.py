@@ -7,7 +7,11 @@ before argparse runs (``--model`` relocation, ``--config FILE.yaml``, underscore
 generated option table with the same option strings, arities, value types and vllm-rbln actions. Using
 the standard library's own argparse (not a re-implementation) is what makes abbreviations, short
 options (``-n2``), negative numbers and ``+`` arity come out exactly as vLLM's, which runs on the same
-interpreter in the modelserver image.
+interpreter in the modelserver image. tests/test_serving.py checks all of it against the real parser.
+
+Not mirrored, on purpose: values outside an option's choices and config JSON that its dataclass would
+reject are keyed, not refused (vLLM refuses them a moment later, so no compile is ever reused for
+them); --help is dropped like a runtime flag; without a model the model is None, not vLLM's default.
 
 What goes into the key: every flag given, as the value vLLM stores (``-tp 02`` is 2, ``0.90`` is
 0.9, ``--max-model-len 4k`` is 4000), except runtime-only flags (:data:`RUNTIME_ONLY`, reported in
@@ -72,13 +76,15 @@ RUNTIME_ONLY: frozenset[str] = frozenset(
         "sse-keep-alive-interval", "cohere-format", "cohere-is-reasoning-model", "fingerprint-mode",
         "fingerprint-value", "enable-flash-late-interaction",
         # request input policy and API-server admission limits
-        "allowed-local-media-path", "allowed-media-domains", "renderer-num-workers",
+        "allowed-local-media-path", "allowed-media-domains",
         "max-num-queued-reqs", "max-num-queued-tokens", "stream-interval",
         # where weights are downloaded to (their content is keyed by model and revision)
         "download-dir",
-        # rendezvous addresses, timeouts and host CPU pinning of this launch
+        # rendezvous addresses and host CPU pinning of this launch (ParallelConfig.compute_hash
+        # ignores them). Not the distributed timeouts nor renderer-num-workers: vLLM's config hash
+        # covers those, and vllm-rbln names its mega-cache bundle by that hash, so a pod differing
+        # only in them would find no bundle under our entry and compile again inside the server.
         "master-addr", "master-port", "data-parallel-address", "data-parallel-rpc-port",
-        "distributed-timeout-seconds", "cpu-distributed-timeout-seconds",
         "numa-bind", "numa-bind-nodes", "numa-bind-cpus",
         # --config=FILE is never loaded by vLLM (only the exact token --config is); --config FILE is
         # expanded in place, so its path does not matter either
@@ -189,16 +195,9 @@ _BARE_HUMAN_INT = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_number_matcher
 _OWNED = "_rbln_additional_config_owned"  # vllm-rbln's marker attribute
 # LoRAModulePath's fields and defaults
-_LORA_FIELDS: Mapping[str, Any] = {
-    "name": None,
-    "path": None,
-    "base_model_name": None,
-    "is_3d_lora_weight": False,
-}
+_LORA: dict[str, Any] = {"name": None, "path": None, "base_model_name": None, "is_3d_lora_weight": False}
 # `python -m` modules that run entry.main(): one parser, no subcommand
-_API_SERVER_MODULES = frozenset(
-    {"vllm.entrypoints.openai.api_server", "vllm.entrypoints.launchers.api_server.entry"}
-)
+_API_SERVER_MODULES = {"vllm.entrypoints.openai.api_server", "vllm.entrypoints.launchers.api_server.entry"}
 
 
 @dataclass(frozen=True)
@@ -259,12 +258,16 @@ def _refuse(what: str) -> NoReturn:
 # --- step 1: FlexibleArgumentParser.parse_args, before argparse ---------------------------------
 
 
-def _flexible_rewrite(args: list[str], *, subcommand: bool, own_options: frozenset[str]) -> list[str]:
-    """The argv FlexibleArgumentParser hands to argparse (vllm_flags docstring, steps 1-4)."""
-    if subcommand and args[:1] == ["serve"]:
+def _flexible_rewrite(args: list[str], own_options: frozenset[str]) -> list[str]:
+    """The argv FlexibleArgumentParser hands to argparse (vllm_flags docstring, steps 1-4).
+
+    ``own_options``: the option strings of the parser whose parse_args runs (for `vllm serve`, the
+    top-level `vllm` parser's), the only ones a false in a --config file can become --no-KEY of.
+    """
+    if args[:1] == ["serve"]:  # for any FlexibleArgumentParser, the api_server's included
         args = _relocate_model(args)
     if "--config" in args:
-        args = _splice_config(args, own_options if not subcommand else _TOP_LEVEL_OPTIONS)
+        args = _splice_config(args, own_options)
     return _collect_dotted(_respell(args))
 
 
@@ -530,15 +533,15 @@ class _LoRAModules(argparse.Action):
                 continue
             if "=" in item and "," not in item:
                 name, path = item.split("=", 1)
-                modules.append({**_LORA_FIELDS, "name": name, "path": path})
+                modules.append({**_LORA, "name": name, "path": path})
                 continue
             try:
                 loaded = json.loads(item)
             except json.JSONDecodeError:
                 parser.error(f"Invalid JSON format for --lora-modules: {item}")
-            if not isinstance(loaded, dict) or not {"name", "path"} <= set(loaded) <= set(_LORA_FIELDS):
+            if not isinstance(loaded, dict) or not {"name", "path"} <= set(loaded) <= set(_LORA):
                 parser.error(f"Invalid fields for --lora-modules: {item}")
-            modules.append({**_LORA_FIELDS, **loaded})
+            modules.append({**_LORA, **loaded})
         setattr(namespace, self.dest, modules)
 
 
@@ -590,8 +593,8 @@ def _serve_parser() -> _Parser:
 
 def _parse_vllm(argv: tuple[str, ...], args: list[str], *, subcommand: bool) -> ServerCommand:
     parser = _serve_parser()
-    own = frozenset(parser._option_string_actions)
-    tokens = _flexible_rewrite(args, subcommand=subcommand, own_options=own)
+    own = _TOP_LEVEL_OPTIONS if subcommand else frozenset(parser._option_string_actions)
+    tokens = _flexible_rewrite(args, own)
     if subcommand:
         tokens = tokens[1:]  # "serve": the sub-parser gets the rest, '--' included
     namespace, extras = parser.parse_known_args(tokens)
@@ -613,8 +616,9 @@ def _parse_vllm(argv: tuple[str, ...], args: list[str], *, subcommand: bool) -> 
         elif (setting := canonical_setting(name, value)) != {} or dest != "additional_config":
             settings[dest] = setting  # an additional_config of only runtime RBLN options: as if none
     if unknown:
-        # Fail closed: vLLM 0.30.0 refuses these; a newer vLLM that knows them gets a key of its own.
-        settings["unrecognized_args"] = list(extras)
+        # Fail closed: vLLM 0.30.0 refuses these, and which token a newer vLLM would read as whose value
+        # cannot be known, so the whole argv as argparse gets it goes into the key, in order.
+        settings["unrecognized_argv"] = _masked(tokens, values)
     port = values.get("port", 8000)
     return ServerCommand(
         argv=argv,
@@ -681,6 +685,17 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return {"$float": str(value)}
     return value
+
+
+def _masked(tokens: list[str], values: Mapping[str, Any]) -> list[str]:
+    """``tokens`` with the values of --api-key and --hf-token masked: secrets never enter a key."""
+    given = [values.get("hf_token"), *(values.get("api_key") or [])]
+    secrets = {s for s in given if isinstance(s, str) and s}
+    return [
+        "<secret>" if token in secrets else f"{token.partition('=')[0]}=<secret>"
+        if token.partition("=")[2] in secrets else token
+        for token in tokens
+    ]  # fmt: skip
 
 
 def _looks_like_option(arg: str) -> bool:
