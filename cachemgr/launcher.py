@@ -233,20 +233,24 @@ class Progress:
 
 
 class ProgressMonitor:
-    """Samples a compiling process tree: any change in CPU time, written bytes or output is progress."""
+    """Samples a process tree: any change in CPU time, bytes read or written, or output is progress.
+
+    Used while compiling and while a server loads its model; reads count so a load that only
+    streams weights in is not taken for a stall.
+    """
 
     def __init__(self, child: subprocess.Popen[bytes], *, staging: Path | None, output: OutputWatch | None):
         self._child = child
         self._staging = staging
         self._output = output
         self.progress = Progress(last_progress=time.monotonic())
-        self._seen: tuple[float, int, int, int] | None = None
+        self._seen: tuple[float, int, int, int, int] | None = None
 
     def sample(self) -> Progress:
-        cpu, written = _tree_usage(self._child.pid)
+        cpu, written, read = _tree_usage(self._child.pid)
         staged = tree_bytes(self._staging) if self._staging is not None else 0
         lines = self._output.lines if self._output is not None else 0
-        now_seen = (round(cpu, 2), written, staged, lines)
+        now_seen = (round(cpu, 2), written, read, staged, lines)
         changed = now_seen != self._seen
         self._seen = now_seen
         last = time.monotonic() if changed else self.progress.last_progress
@@ -257,21 +261,24 @@ class ProgressMonitor:
         return time.monotonic() - self.progress.last_progress
 
 
-def _tree_usage(pid: int) -> tuple[float, int]:
-    import psutil  # compile path only
+def _tree_usage(pid: int) -> tuple[float, int, int]:
+    """CPU seconds, bytes written and bytes read by a process and its descendants."""
+    import psutil  # compile and load watching only
 
-    cpu, written = 0.0, 0
+    cpu, written, read = 0.0, 0, 0
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return cpu, written
+        return cpu, written, read
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             times = proc.cpu_times()
+            io = proc.io_counters()
             cpu += times.user + times.system
-            written += getattr(proc.io_counters(), "write_chars", 0)
-    return cpu, written
+            written += getattr(io, "write_chars", 0)
+            read += getattr(io, "read_chars", 0)
+    return cpu, written, read
 
 
 def run_until(

@@ -115,6 +115,7 @@ class Runner:
         self._use_record: Path | None = None
         self._reaper = False
         self._server_exited = threading.Event()
+        self._missed = False
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -123,8 +124,9 @@ class Runner:
         self._reaper = launcher.become_subreaper() or os.getpid() == 1
         self._state_beat.start()
         self._volume_beat.start()
-        status = self._start_status_server()
+        status = None
         try:
+            status = self._start_status_server()
             return self._run()
         except CacheMgrError as error:
             self.metrics.failure(error.reason)
@@ -156,6 +158,10 @@ class Runner:
         root = open_root(self.options.cache_root, create=False)
         for _ in range(_MAX_ROUNDS):
             found = self._lookup(root, key)
+            if found is None and not self._missed:
+                # Counted once per start: later lookups (after our own publish) are not hits.
+                self._missed = True
+                self.metrics.misses += 1
             if found is None and self.options.on_miss == "fail":
                 found = self._wait_for_peer(root, key)
             if found is None:
@@ -251,7 +257,6 @@ class Runner:
             duration=self.options.lease_duration,
             heartbeat=self.options.lease_heartbeat,
         )
-        self.metrics.misses += 1
         started = time.monotonic()
         try:
             outcome = lease.wait_or_acquire(
@@ -559,7 +564,8 @@ class Runner:
             # Pruned between our lookup and our use record: look again (prune re-checks users).
             release_use(self._use_record)
             return None
-        self.metrics.hits += 1
+        if not self._missed:
+            self.metrics.hits += 1
         assert found.manifest is not None  # a hit always has one
         if self.options.warm:
             log.info("already_published", key=key.short, entry=found.path.name)
@@ -579,7 +585,7 @@ class Runner:
         log.info("launching", key=key.short, entry=found.path.name, view=str(view))
         child = launcher.start(argv, env=env, capture=False, what="server")
         self.relay.attach(child)
-        self._watch_health(url)
+        self._watch_health(url, child)
         code = launcher.wait_reaping(child, reaper=self._reaper)
         self._server_exited.set()
         self.state.phase("stopped", exit_code=code)
@@ -597,17 +603,26 @@ class Runner:
     def _health_url(self, key: CacheKey) -> str | None:
         return self.options.health_url or default_health_url(key.server.host, key.server.port)
 
-    def _watch_health(self, url: str | None) -> None:
-        """Move from launching to serving when the server first answers its health endpoint."""
+    def _watch_health(self, url: str | None, child: Any) -> None:
+        """Launching -> serving when the server first answers; meanwhile watch the model load.
+
+        A load that stops making progress (no CPU, no I/O, no output) for --stall-timeout is a
+        stall, like a compile's: liveness fails and the kubelet restarts the pod.
+        """
         if url is None:
             self.state.phase("serving")
             return
+        monitor = launcher.ProgressMonitor(child, staging=None, output=None)
 
         def watch() -> None:
+            next_sample = 0.0
             while not self._server_exited.is_set():
                 if health_ok(url):
                     self.state.phase("serving")
                     return
+                if time.monotonic() >= next_sample:
+                    self._progress(monitor)
+                    next_sample = time.monotonic() + 1.0
                 self._server_exited.wait(0.25)
 
         threading.Thread(target=watch, name="cachemgr-health", daemon=True).start()

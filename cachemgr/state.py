@@ -1,8 +1,13 @@
 """The pod-local state record that probes read: phase, key, since, heartbeat, detail.
 
-``run`` rewrites ``state.json`` atomically on every phase change and touches ``heartbeat``
-every few seconds from a thread; a probe reads both without importing anything heavy (this
-module uses the standard library only, so ``cachemgr probe`` stays fast).
+``run`` rewrites ``state.json`` atomically on every phase change and detail update, and
+touches ``heartbeat`` every few seconds from a thread; a probe reads both without importing
+anything heavy (this module uses the standard library only, so ``cachemgr probe`` stays fast).
+The rules the probes apply to them are in :mod:`cachemgr.probes`.
+
+The directory is pod-local (an emptyDir), so it may outlive a container restart: a new
+``StateWriter`` replaces the record at once and drops what only the old process could vouch
+for (its status port).
 """
 
 from __future__ import annotations
@@ -13,9 +18,9 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 Phase = Literal[
     "resolving", "waiting", "compiling", "publishing", "launching", "serving", "failed", "stopped"
@@ -32,12 +37,18 @@ PHASES: tuple[Phase, ...] = (
 )
 STATE_FILE = "state.json"
 HEARTBEAT_FILE = "heartbeat"
-DEFAULT_STATE_DIR = "/tmp/cachemgr"  # noqa: S108  # an emptyDir in the pod; each pod has its own
+STATUS_PORT_FILE = "status-port"  # the port --status-port actually bound (0 picks a free one)
+# An emptyDir in the pod; each pod has its own. Not "/tmp/cachemgr": run from /tmp, that directory
+# would shadow the cachemgr package as a namespace package.
+DEFAULT_STATE_DIR = "/tmp/cachemgr-state"  # noqa: S108
 
 
-@dataclass(frozen=True)
-class State:
-    """One snapshot of the pod's state, as written to ``state.json``."""
+class State(NamedTuple):
+    """One snapshot of the pod's state, as written to ``state.json``.
+
+    A NamedTuple rather than a frozen dataclass: importing ``dataclasses`` (and ``inspect``
+    behind it) costs a probe about 10 ms, a tenth of its budget, in every pod every few seconds.
+    """
 
     phase: Phase
     since: float
@@ -48,7 +59,10 @@ class State:
     health_url: str | None = None
     stall_timeout: float | None = None
     heartbeat_interval: float = 2.0
-    detail: Mapping[str, Any] = field(default_factory=dict)
+    detail: Mapping[str, Any] = MappingProxyType({})  # read-only: one default shared by all
+    # When the record was last written: during a compile the runner reports progress every
+    # tick, so a record that stops changing means its progress watch itself is stuck.
+    updated_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,6 +76,7 @@ class State:
             "stall_timeout": self.stall_timeout,
             "heartbeat_interval": self.heartbeat_interval,
             "detail": dict(self.detail),
+            "updated_at": self.updated_at,
         }
 
     @classmethod
@@ -80,6 +95,7 @@ class State:
             stall_timeout=data.get("stall_timeout"),
             heartbeat_interval=float(data.get("heartbeat_interval", 2.0)),
             detail=dict(data.get("detail") or {}),
+            updated_at=float(data.get("updated_at") or data["since"]),
         )
 
 
@@ -89,11 +105,27 @@ def read_state(state_dir: Path) -> State:
 
 
 def heartbeat_age(state_dir: Path, *, now: float | None = None) -> float | None:
+    """Seconds since the last beat; None when there is no heartbeat file."""
     try:
         mtime = (state_dir / HEARTBEAT_FILE).stat().st_mtime
     except FileNotFoundError:
         return None
     return max(0.0, (time.time() if now is None else now) - mtime)
+
+
+def read_status_port(state_dir: Path) -> int | None:
+    """The port ``run --status-port`` bound, or None when it serves none (or has not yet)."""
+    try:
+        return int((state_dir / STATUS_PORT_FILE).read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+
+
+def write_status_port(state_dir: Path, port: int) -> None:
+    """Record the bound port (tests and operators use --status-port 0 and look it up here)."""
+    tmp = state_dir / f".{STATUS_PORT_FILE}.tmp"
+    tmp.write_text(f"{port}\n", encoding="ascii")
+    os.replace(tmp, state_dir / STATUS_PORT_FILE)
 
 
 class StateWriter:
@@ -112,9 +144,12 @@ class StateWriter:
             pid=os.getpid(),
             heartbeat_interval=heartbeat_interval,
             stall_timeout=stall_timeout,
+            updated_at=self._started,
         )
         self._listeners: list[Any] = []
         state_dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            (state_dir / STATUS_PORT_FILE).unlink(missing_ok=True)  # a previous container's port
         self._write()
         self.beat()
 
@@ -131,7 +166,8 @@ class StateWriter:
         """Enter ``phase``; its detail replaces the previous phase's."""
         with self._lock:
             old = self._state
-            self._state = State(**{**old.__dict__, "phase": phase, "since": time.time(), "detail": detail})
+            now = time.time()
+            self._state = old._replace(phase=phase, since=now, detail=detail, updated_at=now)
             new = self._state
             self._write()
         for listener in self._listeners:
@@ -141,10 +177,11 @@ class StateWriter:
         """Change fields (key, entry, health_url) or merge into the current detail."""
         with self._lock:
             detail = {**self._state.detail, **changes.pop("detail", {})}
-            self._state = State(**{**self._state.__dict__, **changes, "detail": detail})
+            self._state = self._state._replace(**changes, detail=detail, updated_at=time.time())
             self._write()
 
     def beat(self) -> None:
+        """Touch the heartbeat file (from the heartbeat thread: a frozen process stops beating)."""
         path = self.dir / HEARTBEAT_FILE
         with contextlib.suppress(OSError):
             try:

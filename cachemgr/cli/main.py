@@ -100,7 +100,7 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--state-dir",
         default=_env("CACHEMGR_STATE_DIR"),
-        help="pod-local state for probes [env CACHEMGR_STATE_DIR; default /tmp/cachemgr]",
+        help="pod-local state for probes [env CACHEMGR_STATE_DIR; default /tmp/cachemgr-state]",
     )
     group.add_argument("--on-miss", choices=["compile", "fail"], default="compile")
     group.add_argument(
