@@ -159,7 +159,8 @@ def compute_key(request: KeyRequest) -> CacheKey:
     if strategy == "command":
         # compile_cmd: the operator's compiler invocation produces the artifacts.
         inputs["compile_cmd"], sources["compile_cmd"] = _compile_argv(request.compile_cmd), "--compile-cmd"
-        if model["kind"] == "artifact_dir":
+        if model["kind"] in {"artifact_dir", "argv"}:
+            # The compile command names the model better than the server's executable does.
             details = {**details, "model_name": _model_in(inputs["compile_cmd"])}
     return CacheKey(digest=digest_of(inputs), inputs=inputs, sources=sources, server=server, details=details)
 

@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
 from filelock import SoftFileLease, Timeout
 
 from cachemgr.fsutil import atomic_write_json, read_json
 from cachemgr.launcher import Flag
+from cachemgr.log import get_logger
 from cachemgr.records import PodIdentity
 from cachemgr.store import CacheRoot
 
-log = structlog.get_logger("cachemgr.lease")
+log = get_logger("cachemgr.lease")
 
 DEFAULT_DURATION = 30.0
 _POLL = 0.2  # waiters look for the published entry this often: start within a second of it

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from cachemgr.errors import (
     CompileError,
     ConfigError,
@@ -33,8 +31,9 @@ from cachemgr.errors import (
     VolumeError,
     WaitTimeoutError,
 )
+from cachemgr.log import get_logger
 
-log = structlog.get_logger("cachemgr.run")
+log = get_logger("cachemgr.run")
 
 # Reasons a run can fail with: exported at 0 from the start, so a rate() sees the first one.
 FAILURE_REASONS: tuple[str, ...] = (

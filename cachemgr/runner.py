@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import structlog
-
 from cachemgr import launcher
 from cachemgr.errors import (
     CacheMgrError,
@@ -38,6 +36,9 @@ from cachemgr.errors import (
 )
 from cachemgr.fsutil import is_disk_full, tree_bytes
 from cachemgr.key import CacheKey, KeyRequest, compute_key
+from cachemgr.log import get_logger
+from cachemgr.log import hold as hold_logs
+from cachemgr.log import release as release_logs
 from cachemgr.manifest import MANIFEST_NAME, VerifyMode
 from cachemgr.metrics import Metrics
 from cachemgr.records import (
@@ -48,7 +49,6 @@ from cachemgr.records import (
     register_use,
     release_use,
 )
-from cachemgr.space import SpaceCheck, disk_report, preflight
 from cachemgr.state import StateWriter
 from cachemgr.store import (
     CacheRoot,
@@ -61,12 +61,20 @@ from cachemgr.store import (
     publish,
     quarantine,
 )
-from cachemgr.strategies import build_view, default_health_url, health_ok, render, snapshot_tree
+from cachemgr.strategies import (
+    build_view,
+    default_health_url,
+    health_ok,
+    remove_old_views,
+    render,
+    snapshot_tree,
+)
 
 if TYPE_CHECKING:
     from cachemgr.lease import KeyLease
+    from cachemgr.space import SpaceCheck
 
-log = structlog.get_logger("cachemgr.run")
+log = get_logger("cachemgr.run")
 
 OnMiss = Literal["compile", "fail"]
 _MAX_ROUNDS = 4  # lookups after quarantining damaged entries; more means something keeps breaking them
@@ -120,6 +128,9 @@ class Runner:
     # --- the flow ---------------------------------------------------------------------
 
     def run(self) -> int:
+        # Hold log events until the server is launched or the path turns into a miss: a warm
+        # start does not wait for the logging library's import (see cachemgr.log).
+        hold_logs()
         self.relay.install()
         self._reaper = launcher.become_subreaper() or os.getpid() == 1
         self._state_beat.start()
@@ -133,6 +144,7 @@ class Runner:
             self.state.phase("failed", reason=error.one_line(), exit_code=_code(error))
             raise
         finally:
+            release_logs()
             if status is not None:
                 status.close()
             self._volume_beat.stop()
@@ -250,6 +262,8 @@ class Runner:
     def _compile_under_lease(self, root: CacheRoot, key: CacheKey) -> Lookup | int | None:
         from cachemgr.lease import KeyLease  # filelock is imported on a miss only
 
+        release_logs()  # a miss takes seconds to minutes: log as it happens from here on
+
         lease = KeyLease(
             root,
             key.digest,
@@ -321,6 +335,8 @@ class Runner:
             from cachemgr.prune import prune_incompatible_for_space  # only when asked
 
             prune_incompatible_for_space(root, key, given=self.options.expected_size)
+        from cachemgr.space import preflight  # scans the volume: the miss path only
+
         expectation = preflight(root, key, given=self.options.expected_size, check=self.options.space_check)
         self.state.update(detail={"expected_bytes": expectation.bytes, "expected_source": expectation.source})
 
@@ -404,6 +420,8 @@ class Runner:
         return code
 
     def _new_staging(self, root: CacheRoot, key: CacheKey) -> Staging:
+        from cachemgr.space import disk_report
+
         try:
             staging = create_staging(root, key, self.identity)
         except OSError as error:
@@ -571,7 +589,8 @@ class Runner:
             log.info("already_published", key=key.short, entry=found.path.name)
             self.state.phase("stopped", exit_code=0, published=True)
             return 0
-        view = build_view(self.options.state_dir / "view", found.path, found.manifest)
+        views = self.options.state_dir / "views"
+        view = build_view(views, found.path, found.manifest)
         argv = list(key.server.argv)
         env = dict(self.environ)
         if key.inputs["strategy"] == "vllm":
@@ -585,7 +604,11 @@ class Runner:
         log.info("launching", key=key.short, entry=found.path.name, view=str(view))
         child = launcher.start(argv, env=env, capture=False, what="server")
         self.relay.attach(child)
+        release_logs()
         self._watch_health(url, child)
+        threading.Thread(
+            target=remove_old_views, args=(views,), kwargs={"keep": view}, name="cachemgr-views", daemon=True
+        ).start()
         code = launcher.wait_reaping(child, reaper=self._reaper)
         self._server_exited.set()
         self.state.phase("stopped", exit_code=code)
@@ -636,6 +659,8 @@ def _as_reported(
     error: BaseException, root: CacheRoot, key: CacheKey, *, given: int | None, written: int = 0
 ) -> CacheMgrError | None:
     """The documented error for a failed attempt; None for a signal (nothing to record)."""
+    from cachemgr.space import disk_report
+
     if isinstance(error, Interrupted):
         return None
     if isinstance(error, _DiskFullSeenError):

@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
-import yaml
-
 from cachemgr import vllm_flags
 from cachemgr.errors import ConfigError
 
@@ -316,6 +314,8 @@ def _config_file_args(path: str, own_options: frozenset[str]) -> list[str]:
     """load_config_file: YAML keys to tokens (a false is kept only as an exact --no-KEY option)."""
     if path.rsplit(".", maxsplit=1)[-1] not in ("yaml", "yml"):
         _refuse(f"--config {path} is not a .yaml/.yml file")
+    import yaml  # only argvs with --config pay for it
+
     try:
         with Path(path).open(encoding="utf-8") as stream:
             config = yaml.safe_load(stream)

@@ -18,16 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
-
 from cachemgr.errors import DiskFullError
 from cachemgr.key import CacheKey, digest_of
+from cachemgr.log import get_logger
 from cachemgr.records import failures
 from cachemgr.scan import Compat, EntryInfo, scan
 from cachemgr.store import CacheRoot
 from cachemgr.units import human_bytes, human_duration
 
-log = structlog.get_logger("cachemgr.space")
+log = get_logger("cachemgr.space")
 
 # Compiled RBLN models carry the weights plus graphs and metadata: a little more than the weights.
 WEIGHTS_FACTOR = 1.1

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +54,12 @@ from cachemgr.manifest import (
     write_manifest,
 )
 from cachemgr.records import PodIdentity
+
+
+def _token(nbytes: int) -> str:
+    """A random suffix for private names (os.urandom: secrets pulls in hashlib, ~10 ms at start-up)."""
+    return os.urandom(nbytes).hex()
+
 
 LAYOUT_VERSION = 1
 MARKER = "cachemgr-layout.json"
@@ -176,7 +181,7 @@ def _create_marker(path: Path) -> None:
     tag = path / "CACHEDIR.TAG"
     if not tag.exists():
         tag.write_text(_CACHEDIR_TAG, encoding="ascii")
-    tmp = path / f".{MARKER}.{os.getpid()}.{secrets.token_hex(4)}"
+    tmp = path / f".{MARKER}.{os.getpid()}.{_token(4)}"
     atomic_write_json(tmp, {"layout": LAYOUT_VERSION, "created_at": time.time(), "created_by": __version__})
     try:
         # link() fails if the marker exists: two pods initialising at once keep the first one's.
@@ -236,7 +241,7 @@ def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Look
 def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
     """Move a damaged entry aside for inspection; None if another pod already did."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = root.quarantine / f"{entry.name}.{stamp}.{secrets.token_hex(3)}"
+    target = root.quarantine / f"{entry.name}.{stamp}.{_token(3)}"
     try:
         root.quarantine.mkdir(exist_ok=True)
         os.rename(entry, target)
@@ -275,7 +280,7 @@ class Staging:
 
 def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
     """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
-    attempt = f"{identity.pod}.{identity.pid}.{secrets.token_hex(4)}"
+    attempt = f"{identity.pod}.{identity.pid}.{_token(4)}"
     parent = root.staging / key.digest
     parent.mkdir(parents=True, exist_ok=True)
     staging = Staging(path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -45,27 +46,45 @@ def render(argv: Sequence[str], **values: str) -> list[str]:
     return out
 
 
-def build_view(view_dir: Path, entry: Path, manifest: Manifest) -> Path:
-    """A pod-local tree mirroring ``entry/artifacts`` with a symlink per file.
+def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
+    """A fresh pod-local tree mirroring ``entry/artifacts`` with a symlink per file.
 
-    Uses the manifest's file list, so building it costs one mkdir per directory and one
-    symlink per file, with no walk of the shared volume.
+    Built from the manifest's file list (no walk of the shared volume): one mkdir per
+    directory and one symlink per file, with plain strings (this is on the hit path). Each
+    start gets a new directory under ``views``; earlier ones are removed after the server
+    started (:func:`remove_old_views`), since unlinking thousands of links costs as much as
+    making them.
     """
-    remove_tree(view_dir)
-    view_dir.mkdir(parents=True)
+    views.mkdir(parents=True, exist_ok=True)
+    view = Path(tempfile.mkdtemp(prefix=f"{entry.name[-16:]}.", dir=views))
     prefix = ARTIFACTS + "/"
-    made: set[str] = set()
-    source = entry / ARTIFACTS
+    cut = len(prefix)
+    target_base = os.path.join(os.fspath(entry), ARTIFACTS)
+    view_base = os.fspath(view)
+    join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
+    made: set[str] = {""}
     for record in manifest.files:
         if not record.path.startswith(prefix):
             continue
-        rel = record.path[len(prefix) :]
-        parent = os.path.dirname(rel)
-        if parent and parent not in made:
-            (view_dir / parent).mkdir(parents=True, exist_ok=True)
+        rel = record.path[cut:]
+        parent = dirname(rel)
+        if parent not in made:
+            os.makedirs(join(view_base, parent), exist_ok=True)
             made.add(parent)
-        os.symlink(source / rel, view_dir / rel)
-    return view_dir
+        symlink(join(target_base, rel), join(view_base, rel))
+    return view
+
+
+def remove_old_views(views: Path, *, keep: Path) -> None:
+    """Delete the views of earlier starts (a background thread calls this after launch)."""
+    try:
+        names = os.listdir(views)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = views / name
+        if path != keep:
+            remove_tree(path)
 
 
 def snapshot_tree(source: Path, target: Path) -> str:

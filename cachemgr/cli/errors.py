@@ -56,15 +56,14 @@ def report(error: BaseException, *, command: str, environ: Mapping[str, str], en
 def _log(error: BaseException, *, command: str, code: int, line: str) -> None:
     if "cachemgr.log" not in sys.modules:
         return
-    from cachemgr.log import configured_format
+    from cachemgr.log import configured_format, get_logger, release
 
+    release()  # events held by a run that failed early come first
     if configured_format() != "json":
         return  # on a console the plain line below says it all
-    import structlog  # already loaded by the command; probes never reach here
-
     fields = dict(error.fields) if isinstance(error, CacheMgrError) else {}
     reason = error.reason if isinstance(error, CacheMgrError) else "internal"
-    structlog.get_logger("cachemgr").error(
+    get_logger("cachemgr").error(
         "failed",
         command=command,
         exit_code=code,
