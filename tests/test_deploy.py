@@ -1,0 +1,841 @@
+"""The image recipe, the entrypoint scripts and the Kubernetes manifests, against the real code.
+
+Nothing here trusts the manifests' own comments: every command, subcommand and flag they name
+goes through cachemgr's real parser (``build_parser``), every ``CACHEMGR_*`` variable must be one
+the code reads, the warm Jobs' keys are computed by ``cachemgr key`` beside the Deployments', and
+the entrypoint scripts run for real (stand-in ``vllm`` on PATH, a temporary cache volume) to show
+that signals reach the server and exit codes come back. A pod's volumes become temporary
+directories, its ports free ones; everything else is run as the manifest says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from podlib import DEADLINE, free_port, read_jsonl, wait_for
+
+from cachemgr.cli.main import build_parser
+from cachemgr.probes import stale_after
+from cachemgr.standin.shim import write_vllm_shim
+from cachemgr.state import State
+from cachemgr.units import parse_duration
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy" / "kubernetes"
+ENTRYPOINT = ROOT / "entrypoint"
+ROLES = ("prefill", "decode")
+STANDIN_COMPILER_VERSION = "0.12.0"  # stands in for the image's rebel-compiler, absent here
+ENTRYPOINT_SUBCOMMAND = {"cachemgr-entrypoint": "run", "cachemgr-warm": "warm"}
+
+
+# --- rendering the manifests ---------------------------------------------------------------------
+
+
+def load_yaml(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def merge_patch(base: Any, patch: Any) -> Any:
+    """A strategic merge as these overlays use it: maps merge, null deletes, lists are replaced."""
+    if not isinstance(base, dict) or not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = dict(base)
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(base.get(key), value)
+    return merged
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    """What ``kubectl kustomize DIRECTORY`` yields for these kustomizations (resources, patches)."""
+    (kustomization,) = load_yaml(directory / "kustomization.yaml")
+    assert set(kustomization) <= {"apiVersion", "kind", "resources", "patches"}, kustomization
+    docs: list[dict[str, Any]] = []
+    for resource in kustomization.get("resources", []):
+        path = (directory / resource).resolve()
+        docs.extend(render(path) if path.is_dir() else load_yaml(path))
+    for patch in kustomization.get("patches", []):
+        (body,) = load_yaml(directory / patch["path"])
+        kind = patch["target"]["kind"]
+        docs = [merge_patch(doc, _without_name(body)) if doc["kind"] == kind else doc for doc in docs]
+    return docs
+
+
+def _without_name(patch: dict[str, Any]) -> dict[str, Any]:
+    body = copy.deepcopy(patch)
+    body.get("metadata", {}).pop("name", None)
+    return body
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def role_of(doc: dict[str, Any]) -> str:
+    role: str = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+    return role
+
+
+def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
+
+
+def container(doc: dict[str, Any]) -> dict[str, Any]:
+    (only,) = pod_spec(doc)["containers"]
+    return dict(only)
+
+
+def workload(docs: list[dict[str, Any]], kind: str, role: str) -> dict[str, Any]:
+    (found,) = [doc for doc in by_kind(docs, kind) if role_of(doc) == role]
+    return found
+
+
+@pytest.fixture(scope="module")
+def base() -> list[dict[str, Any]]:
+    return render(DEPLOY)
+
+
+@pytest.fixture(scope="module")
+def warm_jobs() -> list[dict[str, Any]]:
+    return render(DEPLOY / "warm")
+
+
+@pytest.fixture(scope="module")
+def rwo() -> list[dict[str, Any]]:
+    return render(DEPLOY / "overlays" / "readwriteonce")
+
+
+# --- what the code accepts -----------------------------------------------------------------------
+
+
+def code_env_names() -> set[str]:
+    """Every CACHEMGR_* name the package itself reads or sets."""
+    names: set[str] = set()
+    for path in (ROOT / "cachemgr").rglob("*.py"):
+        names |= set(re.findall(r"\bCACHEMGR_[A-Z][A-Z0-9_]*\b", path.read_text()))
+    return names
+
+
+def entrypoint_env_names() -> set[str]:
+    names: set[str] = set()
+    for path in ENTRYPOINT.iterdir():
+        names |= set(re.findall(r"\$\{?([A-Z][A-Z0-9_]*)", path.read_text()))
+    return names
+
+
+def subcommands() -> set[str]:
+    parser = build_parser()
+    (sub,) = [
+        a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"
+    ]  # argparse keeps its subcommands there
+    return set(sub.choices)  # type: ignore[attr-defined]
+
+
+def split_args(args: list[str]) -> tuple[list[str], list[str]]:
+    """cachemgr's options and the server argv, as the entrypoint scripts read a container's args."""
+    if args and args[0].startswith("-"):
+        cut = args.index("--")
+        return args[:cut], args[cut + 1 :]
+    return [], args
+
+
+def env_values(spec: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
+
+
+# --- the manifests parse and say what the chart page says ------------------------------------------
+
+
+def test_every_manifest_parses_and_every_kustomization_names_real_files() -> None:
+    files = sorted(DEPLOY.rglob("*.yaml"))
+    assert len(files) >= 10
+    for path in files:
+        docs = load_yaml(path)
+        assert docs, f"{path} is empty"
+        for doc in docs:
+            assert {"apiVersion", "kind"} <= set(doc), path
+            if doc["kind"] == "Kustomization":
+                for name in [*doc.get("resources", []), *(p["path"] for p in doc.get("patches", []))]:
+                    assert (path.parent / name).exists(), f"{path}: {name} does not exist"
+            else:
+                assert doc["metadata"].get("name"), path
+
+
+def test_each_role_has_one_compile_cache_pvc_as_the_chart_page_states(base: list[dict[str, Any]]) -> None:
+    claims = {doc["metadata"]["name"]: doc for doc in by_kind(base, "PersistentVolumeClaim")}
+    assert sorted(role_of(doc) for doc in claims.values()) == sorted(ROLES), "one PVC per role"
+    for role in ROLES:
+        deployment = workload(base, "Deployment", role)
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        claim = claims[volumes["compile-cache"]["persistentVolumeClaim"]["claimName"]]
+        assert role_of(claim) == role
+        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
+        assert deployment["spec"]["replicas"] == 2  # the page's reference: 2 prefill, 2 decode pods
+
+
+def test_no_pvc_without_pods_of_its_role(
+    base: list[dict[str, Any]], rwo: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> None:
+    """A role with 0 replicas gets no PVC: a PVC ships only beside a Deployment with pods that mount it."""
+    for docs in (base, rwo):
+        for claim in by_kind(docs, "PersistentVolumeClaim"):
+            users = [
+                d
+                for d in by_kind(docs, "Deployment")
+                for v in pod_spec(d)["volumes"]
+                if v.get("persistentVolumeClaim", {}).get("claimName") == claim["metadata"]["name"]
+            ]
+            assert len(users) == 1, claim["metadata"]["name"]
+            assert users[0]["spec"]["replicas"] >= 1, claim["metadata"]["name"]
+    # A role's directory carries both, so leaving a role out drops its PVC with its pods.
+    for role in ROLES:
+        kinds = sorted(doc["kind"] for doc in render(DEPLOY / role))
+        assert kinds == ["Deployment", "PersistentVolumeClaim"]
+    assert by_kind(warm_jobs, "PersistentVolumeClaim") == [], "the warm Jobs mount the roles' PVCs"
+
+
+def test_readwriteonce_variant_runs_one_pod_per_role(rwo: list[dict[str, Any]]) -> None:
+    claims = by_kind(rwo, "PersistentVolumeClaim")
+    assert len(claims) == len(ROLES)
+    for claim in claims:
+        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+        assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
+        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for role in ROLES:
+        deployment = workload(rwo, "Deployment", role)
+        assert deployment["spec"]["replicas"] == 1
+        # A rolling update would start the new pod while the old one holds the volume.
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+@pytest.mark.parametrize("directory", [".", "warm", "overlays/readwriteonce"])
+def test_rendering_agrees_with_kubectl_kustomize(directory: str) -> None:
+    """The renderer these tests use yields what kubectl does (where kubectl is installed)."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(DEPLOY / directory)], capture_output=True, text=True, check=True
+    ).stdout
+
+    def keyed(docs: list[dict[str, Any]]) -> dict[tuple[str, str], Any]:
+        return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+    assert keyed(render(DEPLOY / directory)) == keyed(list(yaml.safe_load_all(out)))
+
+
+def containers(
+    base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(workload, its container) for every Deployment and warm Job."""
+    for doc in [*by_kind(base, "Deployment"), *by_kind(warm_jobs, "Job")]:
+        yield doc, container(doc)
+
+
+def test_env_names_are_the_contract_and_wired_to_the_volumes(
+    base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> None:
+    known = code_env_names()
+    assert {
+        "CACHEMGR_CACHE_ROOT",
+        "CACHEMGR_ROLE",
+        "CACHEMGR_COMPILER_VERSION",
+        "CACHEMGR_NPU_TYPE",
+        "CACHEMGR_STATE_DIR",
+        "CACHEMGR_LOG_FORMAT",
+        "CACHEMGR_TERMINATION_LOG",
+    } <= known, "the README's environment contract is read by the code"
+    accepted = known | {"CACHEMGR_RUN_ARGS"}  # the entrypoint scripts' own
+    for doc, spec in containers(base, warm_jobs):
+        names = [e["name"] for e in spec["env"]]
+        assert len(names) == len(set(names)), names
+        values = env_values(spec)
+        assert {n for n in names if n.startswith("CACHEMGR_")} <= accepted, names
+        for required in ("CACHEMGR_ROLE", "CACHEMGR_CACHE_ROOT", "CACHEMGR_STATE_DIR", "CACHEMGR_NPU_TYPE"):
+            assert required in values, (doc["metadata"]["name"], required)
+        assert values["CACHEMGR_ROLE"] == role_of(doc)
+        assert values["CACHEMGR_LOG_FORMAT"] == "json"
+        # The key takes the image's compiler: a pinned version would survive an SDK upgrade.
+        assert "CACHEMGR_COMPILER_VERSION" not in names
+        refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in spec["env"] if "valueFrom" in e}
+        assert refs == {"POD_NAME": "metadata.name", "NODE_NAME": "spec.nodeName"}
+
+        mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        assert values["CACHEMGR_CACHE_ROOT"] == mounts["compile-cache"]
+        assert "persistentVolumeClaim" in volumes["compile-cache"]
+        assert values["CACHEMGR_STATE_DIR"] == mounts["cachemgr-state"]
+        assert volumes["cachemgr-state"] == {"name": "cachemgr-state", "emptyDir": {}}
+        # cachemgr writes its one-line reason where the kubelet reads the termination message.
+        assert spec["terminationMessagePath"] == values.get(
+            "CACHEMGR_TERMINATION_LOG", "/dev/termination-log"
+        )
+        assert spec["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_entrypoint_scripts_name_only_what_the_code_accepts() -> None:
+    known = code_env_names()
+    key_source = (ROOT / "cachemgr" / "key.py").read_text()
+    for name in entrypoint_env_names():
+        if name.startswith("CACHEMGR_"):
+            assert name in known | {"CACHEMGR_RUN_ARGS"}, name
+        else:
+            assert name in key_source, f"{name}: the key code must know what the scripts set"
+    for path in ENTRYPOINT.iterdir():
+        assert os.access(path, os.X_OK), f"{path} is not executable"
+        assert path.read_text().startswith("#!/bin/sh\n"), path
+        assert re.search(r"^set -eu$", path.read_text(), re.MULTILINE), path
+        execs = re.findall(r"^exec cachemgr (\S+)", path.read_text(), re.MULTILINE)
+        assert execs == [ENTRYPOINT_SUBCOMMAND[path.name]], path
+        assert set(execs) <= subcommands()
+        subprocess.run(["sh", "-n", str(path)], check=True)
+    if shutil.which("shellcheck"):
+        subprocess.run(["shellcheck", "-s", "sh", *sorted(map(str, ENTRYPOINT.iterdir()))], check=True)
+
+
+def test_commands_options_and_probes_parse_with_the_real_parser(
+    base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> None:
+    parser = build_parser()
+    for doc, spec in containers(base, warm_jobs):
+        (script,) = spec["command"]
+        assert (ENTRYPOINT / script).is_file(), script
+        assert (doc["kind"], script) in {("Deployment", "cachemgr-entrypoint"), ("Job", "cachemgr-warm")}
+        own, server = split_args(spec["args"])
+        assert server[:2] == ["vllm", "serve"]
+        run_args = shlex.split(env_values(spec).get("CACHEMGR_RUN_ARGS", ""))
+        args = parser.parse_args([ENTRYPOINT_SUBCOMMAND[script], *run_args, *own])
+        assert args.command == ENTRYPOINT_SUBCOMMAND[script]
+        if doc["kind"] == "Job":
+            continue
+        assert args.status_port == spec["ports"][1]["containerPort"]
+        assert server[server.index("--port") + 1] == str(spec["ports"][0]["containerPort"])
+        for probe, kind in (
+            ("startupProbe", "startup"),
+            ("livenessProbe", "live"),
+            ("readinessProbe", "ready"),
+        ):
+            command = spec[probe]["exec"]["command"]
+            assert command[:3] == ["cachemgr", "probe", kind]
+            parsed = parser.parse_args(command[1:])
+            assert (parsed.command, parsed.kind) == ("probe", kind)
+            assert parsed.state_dir in (None, env_values(spec)["CACHEMGR_STATE_DIR"])
+
+
+def test_probe_timings_fit_a_long_compile_and_catch_a_stall(base: list[dict[str, Any]]) -> None:
+    heartbeat_limit = stale_after(State._field_defaults["heartbeat_interval"])
+    stall_default = parse_duration(build_parser().parse_args(["run"]).stall_timeout)
+    for role in ROLES:
+        spec = container(workload(base, "Deployment", role))
+        startup, live, ready = spec["startupProbe"], spec["livenessProbe"], spec["readinessProbe"]
+        # Startup only waits for `cachemgr run` to write its first record; the compile never
+        # counts against it, since startup passes while a compile progresses (checked for real below).
+        assert 60 <= startup["periodSeconds"] * startup["failureThreshold"] <= 600
+        # One late heartbeat must not restart a pod; a frozen one must not serve for long.
+        assert live["periodSeconds"] * live["failureThreshold"] > heartbeat_limit
+        assert live["periodSeconds"] * live["failureThreshold"] <= 60
+        # A stall is declared after --stall-timeout, far past any quiet spell of a healthy compile.
+        run_args = shlex.split(env_values(spec).get("CACHEMGR_RUN_ARGS", ""))
+        assert "--stall-timeout" not in run_args
+        assert stall_default >= 15 * 60
+        # Exec probes start Python; a node busy compiling needs the slack.
+        for probe in (startup, live, ready):
+            assert probe["timeoutSeconds"] >= 5
+        assert float(ready["exec"]["command"][-1]) < ready["timeoutSeconds"]
+
+
+# --- running the containers as the manifests say ---------------------------------------------------
+
+
+@dataclass
+class Container:
+    """A manifest's container run as a real process: volumes in tmp, stand-in vllm on PATH."""
+
+    name: str
+    doc: dict[str, Any]
+    env: dict[str, str]  # as the kubelet gives it to the container, and to what it execs there
+    proc: subprocess.Popen[bytes]
+    pod_dir: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.env["CACHEMGR_STATE_DIR"])
+
+    @property
+    def termination_log(self) -> Path:
+        return Path(self.env["CACHEMGR_TERMINATION_LOG"])
+
+    @property
+    def log(self) -> Path:
+        return self.pod_dir / "log"
+
+    def phase(self) -> str | None:
+        try:
+            value: str | None = json.loads((self.state_dir / "state.json").read_text()).get("phase")
+        except (OSError, ValueError):
+            return None
+        return value
+
+    def wait_phase(self, *phases: str) -> None:
+        def reached() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode} before {phases}:\n{self.tail()}"
+                )
+            return self.phase() in phases
+
+        wait_for(reached, what=f"{self.name} to reach {'/'.join(phases)}")
+
+    def wait_exit(self) -> int:
+        try:
+            return self.proc.wait(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.name} did not exit:\n{self.tail()}") from None
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+    def stop(self) -> None:
+        """Kill the whole pod (cachemgr, server, compiler): it runs in a session of its own."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+class Node:
+    """Where the test's containers run: one compile cache volume per PVC, pod-local dirs per pod."""
+
+    def __init__(self, work: Path, *, volume: Callable[[str], Path] | None = None) -> None:
+        self.work = work
+        self.bin = work / "bin"
+        write_vllm_shim(self.bin)
+        self.record = work / "record.jsonl"
+        self.signals = work / "signals.log"
+        self.started: list[Container] = []
+        self.volumes: dict[str, Path] = {}
+        self._make_volume = volume
+        self.count = 0
+
+    def volume(self, claim: str) -> Path:
+        """The PVC ``claim``: a directory here, or what the ``volume`` factory mounts for it."""
+        if claim not in self.volumes:
+            if self._make_volume is not None:
+                self.volumes[claim] = self._make_volume(claim)
+            else:
+                self.volumes[claim] = self.work / "volumes" / claim
+                self.volumes[claim].mkdir(parents=True)
+        return self.volumes[claim]
+
+    def env(
+        self,
+        doc: dict[str, Any],
+        pod: Path,
+        *,
+        node_name: str = "node-a",
+        extra: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
+        """The container's environment as the kubelet builds it, with the pod's paths made local."""
+        spec = container(doc)
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        local = {}
+        for mount in spec["volumeMounts"]:
+            claim = volumes[mount["name"]].get("persistentVolumeClaim", {}).get("claimName")
+            local[mount["mountPath"]] = str(self.volume(claim) if claim else pod / mount["name"])
+            Path(local[mount["mountPath"]]).mkdir(parents=True, exist_ok=True)
+        fields = {"metadata.name": pod.name, "spec.nodeName": node_name}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CACHEMGR_", "VLLM_", "RBLN_", "STANDIN_"))
+        }
+        for entry in spec["env"]:
+            if "value" in entry:
+                env[entry["name"]] = local.get(entry["value"], entry["value"])
+            else:
+                env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        env.update(
+            PATH=os.pathsep.join(
+                [str(self.bin), str(ENTRYPOINT), str(Path(sys.executable).parent), env["PATH"]]
+            ),
+            CACHEMGR_COMPILER_VERSION=STANDIN_COMPILER_VERSION,
+            CACHEMGR_TERMINATION_LOG=str(pod / "termination-log"),
+            STANDIN_COMPILE_SECONDS="0.3",
+            STANDIN_RECORD=str(self.record),
+            STANDIN_SIGNAL_LOG=str(self.signals),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra or {})
+        if "CACHEMGR_RUN_ARGS" in env:  # the status port: any free one (runtime-only, not in the key)
+            env["CACHEMGR_RUN_ARGS"] = re.sub(
+                r"--status-port \d+", "--status-port 0", env["CACHEMGR_RUN_ARGS"]
+            )
+        return env
+
+    def start(
+        self,
+        doc: dict[str, Any],
+        *,
+        args: list[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        name: str | None = None,
+        node_name: str = "node-a",
+    ) -> Container:
+        """Start the workload's container as pod ``name``, with its command and args (or ``args``)."""
+        spec = container(doc)
+        self.count += 1
+        name = name or f"{doc['metadata']['name']}-{self.count}"
+        pod = self.work / "pods" / name
+        pod.mkdir(parents=True)
+        argv = list(spec["args"] if args is None else args)
+        if "--port" in argv:
+            argv[argv.index("--port") + 1] = str(free_port())
+        environ = self.env(doc, pod, node_name=node_name, extra=env or {})
+        with (pod / "log").open("wb") as out:
+            proc = subprocess.Popen(
+                [*spec["command"], *argv],
+                env=environ,
+                stdout=out,
+                stderr=out,
+                cwd=pod,
+                start_new_session=True,
+            )
+        started = Container(name, doc, environ, proc, pod)
+        self.started.append(started)
+        return started
+
+    def probe(self, which: str, running: Container) -> subprocess.CompletedProcess[str]:
+        """The manifest's exec probe, in the container's environment (as the kubelet execs it)."""
+        command = container(running.doc)[which]["exec"]["command"]
+        return subprocess.run(
+            command, env=running.env, capture_output=True, text=True, timeout=30, check=False
+        )
+
+    def compiles(self) -> int:
+        return sum(1 for e in read_jsonl(self.record) if e.get("event") == "compile")
+
+    def signals_seen(self) -> str:
+        return self.signals.read_text() if self.signals.exists() else ""
+
+    def stop_all(self) -> None:
+        for running in self.started:
+            running.stop()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    where = Node(tmp_path)
+    try:
+        yield where
+    finally:
+        where.stop_all()
+
+
+def key_of(node: Node, doc: dict[str, Any], *, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``cachemgr key -o json`` for the container's server argv, in the container's environment."""
+    spec = container(doc)
+    pod = node.work / "keys" / doc["metadata"]["name"]
+    pod.mkdir(parents=True, exist_ok=True)
+    env = node.env(doc, pod, extra=extra or {})
+    if doc["kind"] == "Job":  # what cachemgr-warm exports before it execs cachemgr
+        env.setdefault("VLLM_RBLN_COMPILE_ONLY", "1")
+        env.setdefault("RBLN_FORCE_NPU_NAME", env["CACHEMGR_NPU_TYPE"])
+    _own, server = split_args(spec["args"])
+    result = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "key", "-o", "json", "--", *server],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_warm_job_keys_exactly_like_its_role(
+    node: Node, base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> None:
+    keys = {}
+    for role in ROLES:
+        deployment, job = workload(base, "Deployment", role), workload(warm_jobs, "Job", role)
+        served, warmed = key_of(node, deployment), key_of(node, job)
+        assert warmed["key"] == served["key"], (served["inputs"], warmed["inputs"])
+        assert served["inputs"]["role"] == role
+        assert container(job)["image"] == container(deployment)["image"], "the compiler is in the key"
+        assert env_values(container(job))["VLLM_RBLN_COMPILE_ONLY"] == "1"
+        assert (
+            env_values(container(job))["RBLN_FORCE_NPU_NAME"]
+            == env_values(container(deployment))["CACHEMGR_NPU_TYPE"]
+        )
+        keys[role] = served["key"]
+    assert keys["prefill"] != keys["decode"]
+
+
+def test_warm_job_then_serving_pods_start_without_compiling(
+    node: Node, base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> None:
+    """The Job (cachemgr-warm) fills the role's volume; the role's pod (cachemgr-entrypoint) hits.
+
+    Both run with ``--on-miss fail`` added to the manifest's CACHEMGR_RUN_ARGS, as an operator who
+    relies on the Job sets it: the Job must compile all the same, and the pod must not need to.
+    """
+    for role in ROLES:
+        job, deployment = workload(warm_jobs, "Job", role), workload(base, "Deployment", role)
+        strict = {
+            "CACHEMGR_RUN_ARGS": f"{env_values(container(deployment))['CACHEMGR_RUN_ARGS']} --on-miss fail"
+        }
+        before = node.compiles()
+        warm = node.start(job, env=strict)
+        assert warm.wait_exit() == 0, warm.tail()
+        assert node.compiles() == before + 1
+        served = node.start(deployment, env=strict)
+        served.wait_phase("serving")
+        assert node.compiles() == before + 1, "the pod found the Job's entry"
+        ready = node.probe("readinessProbe", served)
+        assert ready.returncode == 0, ready.stdout
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.wait_exit() == 0
+    claims = sorted(node.volumes)
+    assert claims == sorted(f"modelserver-{role}-compile-cache" for role in ROLES)
+
+
+def test_probes_pass_through_a_compile_and_liveness_catches_a_stall(
+    node: Node, base: list[dict[str, Any]]
+) -> None:
+    deployment = workload(base, "Deployment", "prefill")
+    slow = node.start(deployment, env={"STANDIN_COMPILE_SECONDS": "120"})
+    slow.wait_phase("compiling")
+    for which, passes in (("startupProbe", True), ("livenessProbe", True), ("readinessProbe", False)):
+        result = node.probe(which, slow)
+        assert (result.returncode == 0) == passes, (which, result.stdout, result.stderr)
+    assert "compiling" in node.probe("livenessProbe", slow).stdout
+    slow.proc.send_signal(signal.SIGTERM)
+    slow.wait_exit()
+
+    run_args = f"{env_values(container(deployment))['CACHEMGR_RUN_ARGS']} --stall-timeout 2s"
+    hung = node.start(deployment, env={"STANDIN_HANG": "1", "CACHEMGR_RUN_ARGS": run_args})
+    hung.wait_phase("compiling")
+
+    def live_fails() -> str | None:
+        result = node.probe("livenessProbe", hung)
+        return result.stdout if result.returncode == 1 else None
+
+    assert "compile stalled" in wait_for(live_fails, timeout=30, what="liveness to fail on the stall")
+    hung.proc.send_signal(signal.SIGTERM)
+    hung.wait_exit()
+
+
+def test_entrypoint_execs_cachemgr_which_forwards_signals_and_returns_the_server_code(
+    node: Node, base: list[dict[str, Any]]
+) -> None:
+    deployment = workload(base, "Deployment", "decode")
+    pod = node.start(deployment, env={"STANDIN_EXIT_CODE": "7"})
+    pod.wait_phase("serving")
+    # exec: the process the kubelet signals is cachemgr itself, not a shell in front of it.
+    cmdline = Path(f"/proc/{pod.proc.pid}/cmdline").read_bytes().split(b"\0")
+    assert any(part.endswith(b"cachemgr") for part in cmdline[:2]), cmdline
+    assert b"run" in cmdline, cmdline
+    pod.proc.send_signal(signal.SIGHUP)
+    wait_for(lambda: "SIGHUP" in node.signals_seen(), what="the server to see SIGHUP")
+    assert pod.proc.poll() is None, "SIGHUP is passed on, not a reason to stop"
+    pod.proc.send_signal(signal.SIGTERM)
+    assert pod.wait_exit() == 7, pod.tail()
+    assert "SIGTERM" in node.signals_seen()
+
+    killed = node.start(deployment)
+    killed.wait_phase("serving")
+    killed.proc.send_signal(signal.SIGQUIT)  # the stand-in dies by it: 128+N comes back
+    assert killed.wait_exit() == 128 + signal.SIGQUIT
+
+
+def test_entrypoint_takes_options_from_the_environment_and_from_args(
+    node: Node, base: list[dict[str, Any]]
+) -> None:
+    deployment = workload(base, "Deployment", "prefill")
+    spec = container(deployment)
+    run_args = env_values(spec)["CACHEMGR_RUN_ARGS"]
+
+    from_env = node.start(deployment, env={"CACHEMGR_RUN_ARGS": f"{run_args} --on-miss fail"})
+    assert from_env.wait_exit() == 69
+    assert "--on-miss fail" in from_env.termination_log.read_text()
+
+    from_args = node.start(deployment, args=["--on-miss", "fail", "--", *spec["args"]])
+    assert from_args.wait_exit() == 69
+
+    # Options in args come after CACHEMGR_RUN_ARGS, so they win.
+    overridden = node.start(
+        deployment,
+        args=["--on-miss", "compile", "--", *spec["args"]],
+        env={"CACHEMGR_RUN_ARGS": f"{run_args} --on-miss fail"},
+    )
+    overridden.wait_phase("serving")
+    overridden.proc.send_signal(signal.SIGTERM)
+    assert overridden.wait_exit() == 0
+
+    nothing = node.start(deployment, args=[])
+    assert nothing.wait_exit() == 64
+    assert node.compiles() == 1
+
+
+# --- the image recipe ------------------------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined and comments dropped."""
+    logical, current = [], ""
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        if line.lstrip().startswith("#") and not current:
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        if current.strip():
+            logical.append(current.strip())
+        current = ""
+    pairs = []
+    for text in logical:
+        instruction, _, rest = text.partition(" ")
+        pairs.append((instruction.upper(), rest.strip()))
+    return pairs
+
+
+def install_calls(text: str) -> list[list[str]]:
+    """Each ``scripts/install ...`` command in a shell text, as argv (variables left as written)."""
+    calls = []
+    for line in text.splitlines():
+        words = shlex.split(line, comments=True)
+        for i, word in enumerate(words):
+            if word.endswith("scripts/install"):
+                calls.append(words[i:])
+    return calls
+
+
+def test_dockerfile_installs_with_the_command_ci_runs() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "exec scripts/test" in ci
+    ((ci_script, ci_venv, ci_extra),) = install_calls((ROOT / "scripts" / "test").read_text())
+    assert ci_script == "scripts/install"
+    assert ci_venv == ".venv"
+
+    instructions = dockerfile()
+    runs = [rest for instruction, rest in instructions if instruction == "RUN"]
+    image_calls = [call for run in runs for call in install_calls(run)]
+    ((script, venv, extra),) = image_calls  # one install, the same script, the same argument shape
+    (copy_src,) = [
+        rest.split() for instruction, rest in instructions if instruction == "COPY" and rest.startswith(". ")
+    ]
+    assert script == f"{copy_src[1]}/scripts/install", "the repository's own scripts/install"
+    assert venv.startswith("/")
+    assert not venv.startswith(copy_src[1])
+    for run in runs:  # nothing else installs Python packages
+        assert not re.search(r"\b(pip|pip3|uv|poetry)\b", run), run
+
+    extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    assert ci_extra in extras
+    # The extra comes from the flavor's stage: modelserver on the SDK base, none on the slim one.
+    assert extra == "$CACHEMGR_INSTALL_EXTRA"
+    stages: dict[str, str] = {}
+    stage = None
+    for instruction, rest in instructions:
+        if instruction == "FROM":
+            stage = rest.split(" AS ")[1] if " AS " in rest else None
+        elif instruction == "ENV" and stage and rest.startswith("CACHEMGR_INSTALL_EXTRA="):
+            stages[stage] = rest.partition("=")[2]
+    assert stages == {"modelserver": "modelserver", "slim": ""}
+    assert set(stages.values()) - {""} <= extras
+    global_args = [
+        rest for i, rest in instructions[: [i for i, _ in instructions].index("FROM")] if i == "ARG"
+    ]
+    assert "FLAVOR=modelserver" in global_args
+    assert ("FROM", "${FLAVOR}") in instructions
+
+
+def test_dockerfile_runs_the_entrypoint_as_a_non_root_user_with_labels(base: list[dict[str, Any]]) -> None:
+    instructions = dockerfile()
+    (entrypoint,) = [json.loads(rest) for i, rest in instructions if i == "ENTRYPOINT"]
+    assert entrypoint == ["cachemgr-entrypoint"]  # exec form: no shell between the kubelet and cachemgr
+    assert ("COPY", "entrypoint/ /usr/local/bin/") in instructions
+    assert not [rest for i, rest in instructions if i == "CMD"], "the server argv comes from the pod spec"
+
+    user = [rest for i, rest in instructions if i == "USER"][-1]
+    uid, gid = (int(x) for x in user.split(":"))
+    assert uid != 0
+    for role in ROLES:
+        security = pod_spec(workload(base, "Deployment", role))["securityContext"]
+        assert (security["runAsUser"], security["runAsGroup"], security["runAsNonRoot"]) == (uid, gid, True)
+
+    env = " ".join(rest for i, rest in instructions if i == "ENV")
+    state_dir = re.search(r"CACHEMGR_STATE_DIR=(\S+)", env)
+    assert state_dir is not None
+    assert any(
+        f"install -d -o {uid} -g {gid}" in rest and state_dir[1] in rest
+        for i, rest in instructions
+        if i == "RUN"
+    )
+    ((_script, venv, _extra),) = [c for i, rest in instructions if i == "RUN" for c in install_calls(rest)]
+    assert re.search(rf"PATH=\S*:{re.escape(venv)}/bin\b", env), "cachemgr on PATH, after the base's own"
+
+    labels = " ".join(rest for i, rest in instructions if i == "LABEL")
+    for field in (
+        "title",
+        "description",
+        "version",
+        "revision",
+        "created",
+        "licenses",
+        "source",
+        "base.name",
+    ):
+        assert f"org.opencontainers.image.{field}=" in labels, field
+    license_ = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]["text"]
+    assert f'org.opencontainers.image.licenses="{license_}"' in labels
+
+
+def test_dockerignore_keeps_what_the_install_needs() -> None:
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    for needed in ("pyproject.toml", "README.md", "cachemgr", "scripts", "entrypoint"):
+        assert needed not in patterns, needed
+    for excluded in (".git", ".venv", "tests"):
+        assert excluded in patterns, excluded
+
+
+def test_modelserver_install_sees_the_base_image_sdk_or_stops(tmp_path: Path) -> None:
+    """scripts/install VENV modelserver: a venv over the system site-packages, and a clear stop
+    when the SDK is not there (as here), before pip could fetch a second copy."""
+    venv = tmp_path / "venv"
+    result = subprocess.run(
+        [str(ROOT / "scripts" / "install"), str(venv), "modelserver"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert "rebel-compiler is not installed" in result.stderr
+    assert "include-system-site-packages = true" in (venv / "pyvenv.cfg").read_text()
+    assert not list(venv.glob("lib/python*/site-packages/cachemgr*")), "stopped before installing"

@@ -1,0 +1,440 @@
+"""docs/operator-guide.md, followed as a new operator would: every output it shows is re-made here.
+
+The guide's story runs for real: the Deployments and warm Jobs of deploy/kubernetes start as real
+processes (their entrypoint scripts, their environment, the stand-in ``vllm`` on PATH) on two
+200Gi volumes (tmpfs, so ``du`` reports the PVC's size), one per role. The guide marks where the
+story moves on with HTML comments, invisible when rendered:
+
+* ``<!-- guide: STEP -->`` runs STEP (a function below: pods start, an image is upgraded...);
+* a ``console`` block is a shell in the pod the story is in: each ``$ command`` runs there (the
+  container's environment, as ``kubectl exec`` gives it), and its output must match the lines
+  under it;
+* ``<!-- guide: exit N -->`` before a ``text`` block: a pod failing with exit code N; the block
+  is its termination message.
+
+What only a real cluster prints (kubectl) is shown as ``sh`` blocks, never with output.
+Output is compared after the volatile parts are blurred: ages and durations, timestamps, pids,
+column padding. ``CACHEMGR_GUIDE_WRITE=1 pytest tests/test_guide.py`` writes the fresh output
+into the guide instead (review the diff before committing it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from mounts import tmpfs_volume
+from podlib import wait_for
+from test_deploy import DEPLOY, ROOT, Container, Node, container, render, workload
+
+GUIDE = ROOT / "docs" / "operator-guide.md"
+WRITE = os.environ.get("CACHEMGR_GUIDE_WRITE") == "1"
+PVC_SIZE = 200 << 30  # the chart's default storage.compileCache.size
+OLD_SDK, NEW_SDK = "0.12.3", "0.13.0"  # rebel-compiler of the first image, and of the upgrade
+SERVER_PORT = "8000"
+
+# --- the guide's blocks ----------------------------------------------------------------------------
+
+
+@dataclass
+class Block:
+    """A fenced block the test re-makes: its place in the guide, what runs, what it shows."""
+
+    kind: str  # console | exit
+    start: int  # first line inside the fence
+    end: int  # the closing fence's line
+    steps: list[str]  # guide steps to run before it
+    text: str
+    code: int | None = None
+
+
+def parse(lines: list[str]) -> list[Block]:
+    blocks: list[Block] = []
+    pending: list[str] = []
+    exit_code: int | None = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        directive = re.fullmatch(r"<!-- guide: (.+?) -->", line.strip())
+        if directive:
+            words = directive[1].split()
+            if words[0] == "exit":
+                exit_code = int(words[1])
+            else:
+                pending.append(directive[1])
+        fence = re.fullmatch(r"```(\w*)", line.strip())
+        if fence and fence[1] in ("console", "text"):
+            end = lines.index("```", i + 1)
+            if fence[1] == "console" or exit_code is not None:
+                kind = "console" if fence[1] == "console" else "exit"
+                text = "\n".join(lines[i + 1 : end])
+                blocks.append(Block(kind, i + 1, end, pending, text, exit_code))
+                pending, exit_code = [], None
+            i = end
+        i += 1
+    assert not pending, f"steps with no block after them: {pending}"
+    return blocks
+
+
+def commands(text: str) -> list[tuple[str, str]]:
+    """A console block's ``$ command`` lines, each with the output lines under it."""
+    pairs: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            pairs.append((line[2:], []))
+        else:
+            assert pairs, f"output before any command: {line!r}"
+            pairs[-1][1].append(line)
+    return [(cmd, "\n".join(out)) for cmd, out in pairs]
+
+
+# --- the story's world ----------------------------------------------------------------------------
+
+
+@dataclass
+class World:
+    """The cluster of the guide's story: pods by name, the image's SDK, the pod a shell is in."""
+
+    node: Node
+    base: list[dict[str, Any]]
+    jobs: list[dict[str, Any]]
+    sdk: str = OLD_SDK
+    pods: dict[str, Container] = field(default_factory=dict)
+    shell: Container | None = None
+    frozen: list[psutil.Process] = field(default_factory=list)
+    serial: int = 0
+
+    def deployment(self, role: str) -> dict[str, Any]:
+        return workload(self.base, "Deployment", role)
+
+    def start(self, role: str, *, node: str, env: dict[str, str] | None = None) -> Container:
+        """A pod of the role's Deployment, named as a ReplicaSet names them, on the current image."""
+        self.serial += 1
+        template = {OLD_SDK: "7d9c6b5f48", NEW_SDK: "5b8f7c9d64"}[self.sdk]
+        name = f"modelserver-{role}-{template}-{POD_SUFFIXES[self.serial]}"
+        pod = self.node.start(
+            self.deployment(role),
+            name=name,
+            node_name=node,
+            env={"CACHEMGR_COMPILER_VERSION": self.sdk, "STANDIN_COMPILE_SECONDS": "0.5", **(env or {})},
+        )
+        self.pods[name] = pod
+        return pod
+
+    def warm(self, role: str) -> None:
+        job = workload(self.jobs, "Job", role)
+        self.serial += 1
+        name = f"{job['metadata']['name']}-{POD_SUFFIXES[self.serial]}"
+        run = self.node.start(
+            job, name=name, node_name="cpu-node-1", env={"CACHEMGR_COMPILER_VERSION": self.sdk}
+        )
+        assert run.wait_exit() == 0, run.tail()
+
+    def stop(self, pod: Container) -> None:
+        pod.proc.send_signal(signal.SIGTERM)
+        assert pod.wait_exit() == 0, pod.tail()
+        del self.pods[pod.name]
+
+    def running(self, role: str) -> list[Container]:
+        return [p for p in self.pods.values() if p.doc["metadata"]["name"] == f"modelserver-{role}"]
+
+    def sh(self, command: str) -> str:
+        """``command`` in the current pod, as ``kubectl exec POD -- sh -c COMMAND`` runs it."""
+        assert self.shell is not None, "a console block before any pod is running"
+        result = subprocess.run(
+            ["sh", "-c", command],
+            env=self.shell.env,
+            cwd=self.shell.pod_dir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return result.stdout.rstrip("\n")
+
+
+# Pods as a ReplicaSet names them: a stable template hash per image, a random-looking suffix.
+POD_SUFFIXES = [
+    "",
+    "x7kqp",
+    "m2v9d",
+    "c4hzt",
+    "r8wfn",
+    "q5jlb",
+    "t9gxs",
+    "h3npk",
+    "w6dzr",
+    "b2mcv",
+    "k8slq",
+    "p4fxm",
+    "d7rzn",
+    "g2kvw",
+    "s6hqt",
+    "v9cbl",
+    "n3wjd",
+    "f8mpx",
+    "j5tzq",
+    "l2rkv",
+    "y4dgs",
+]
+
+
+def server_child(pod: Container) -> psutil.Process:
+    """The stand-in server (compiling) under the pod's cachemgr."""
+
+    def find() -> psutil.Process | None:
+        for proc in psutil.Process(pod.proc.pid).children(recursive=True):
+            if "cachemgr.standin.server" in " ".join(proc.cmdline()):
+                return proc
+        return None
+
+    found: psutil.Process = wait_for(find, what=f"the server under {pod.name}")
+    return found
+
+
+STEPS: dict[str, Callable[[World], None]] = {}
+
+
+def step(name: str) -> Callable[[Callable[[World], None]], Callable[[World], None]]:
+    def register(func: Callable[[World], None]) -> Callable[[World], None]:
+        STEPS[name] = func
+        return func
+
+    return register
+
+
+@step("first-install-compiling")
+def _first_install_compiling(world: World) -> None:
+    """Two prefill pods start on an empty cache: one compiles (held mid-compile), one waits."""
+    first = world.start("prefill", node="npu-node-1", env={"STANDIN_COMPILE_SECONDS": "2"})
+    first.wait_phase("compiling")
+    server = server_child(first)
+    server.suspend()  # hold the compile here while the guide looks at it; resumed below
+    world.frozen.append(server)
+    second = world.start("prefill", node="npu-node-2")
+    second.wait_phase("waiting")
+    world.shell = second
+
+
+@step("first-install-done")
+def _first_install_done(world: World) -> None:
+    while world.frozen:
+        world.frozen.pop().resume()
+    for pod in world.running("prefill"):
+        pod.wait_phase("serving")
+    decode = [world.start("decode", node=f"npu-node-{n}") for n in (3, 4)]
+    for pod in decode:
+        pod.wait_phase("serving")
+    assert world.node.compiles() == 2, "one compile per role"
+    world.shell = world.running("prefill")[0]
+
+
+@step("scale-out")
+def _scale_out(world: World) -> None:
+    before = world.node.compiles()
+    third = world.start("prefill", node="npu-node-5")
+    third.wait_phase("serving")
+    assert world.node.compiles() == before, "scale-out starts with a model load only"
+    world.shell = third
+
+
+@step("upgrade-warm")
+def _upgrade_warm(world: World) -> None:
+    """The new SDK image: the warm Jobs compile its keys beside the old entries."""
+    world.sdk = NEW_SDK
+    before = world.node.compiles()
+    for role in ("prefill", "decode"):
+        world.warm(role)
+    assert world.node.compiles() == before + 2
+
+
+@step("upgrade-rollout")
+def _upgrade_rollout(world: World) -> None:
+    """The rollout's first new pods (surge): they hit the warm Jobs' entries; old pods still serve."""
+    before = world.node.compiles()
+    new = world.start("prefill", node="npu-node-6")
+    new.wait_phase("serving")
+    assert world.node.compiles() == before
+    world.shell = new
+
+
+@step("upgrade-done")
+def _upgrade_done(world: World) -> None:
+    """The rollout completes: the old pods are replaced by new ones (3 prefill, 2 decode)."""
+    old = [p for p in world.pods.values() if p.env["CACHEMGR_COMPILER_VERSION"] == OLD_SDK]
+    for pod in old:
+        pod.proc.send_signal(signal.SIGTERM)
+    for pod in old:
+        assert pod.wait_exit() == 0, pod.tail()
+        del world.pods[pod.name]
+    wanted = {"prefill": 3, "decode": 2}
+    new = [
+        world.start(role, node=f"npu-node-{7 + n}")
+        for role, count in wanted.items()
+        for n in range(count - len(world.running(role)))
+    ]
+    for pod in new:
+        pod.wait_phase("serving")
+
+
+@step("uninstall")
+def _uninstall(world: World) -> None:
+    for pod in list(world.pods.values()):
+        world.stop(pod)
+    world.shell = None
+
+
+@step("reinstall")
+def _reinstall(world: World) -> None:
+    before = world.node.compiles()
+    pods = [world.start(role, node=f"npu-node-{n}") for n, role in enumerate(["prefill", "decode"], 1)]
+    for pod in pods:
+        pod.wait_phase("serving")
+    assert world.node.compiles() == before, "the kept PVCs serve the reinstall"
+    world.shell = pods[0]
+
+
+# --- pods failing with each exit code ------------------------------------------------------------
+
+
+def failing_pod(work: Path, world: World, code: int, stack: ExitStack) -> tuple[Node, Container]:
+    """A prefill pod that ends with ``code``, on a volume of its own; the guide shows its message."""
+    small = code == 73  # a volume too small for a second compile: preflight stops it
+    node = Node(
+        work,
+        volume=(lambda claim: stack.enter_context(tmpfs_volume(work / claim, size_bytes=3 << 19)))
+        if small
+        else None,
+    )
+    stack.callback(node.stop_all)
+    deployment = workload(world.base, "Deployment", "prefill")
+    run_args = container(deployment)["env"]
+    run_args = next(e["value"] for e in run_args if e["name"] == "CACHEMGR_RUN_ARGS")
+    env: dict[str, str] = {"CACHEMGR_COMPILER_VERSION": NEW_SDK}
+    holder_env = {**env, "STANDIN_COMPILE_SECONDS": "60"}
+    holder = {"name": f"modelserver-prefill-5b8f7c9d64-{POD_SUFFIXES[1]}", "node_name": "npu-node-1"}
+    if code == 64:
+        env["CACHEMGR_RUN_ARGS"] = f"{run_args} --on-miss never"
+    elif code == 69:
+        env["CACHEMGR_RUN_ARGS"] = f"{run_args} --on-miss fail"
+    elif code == 70:
+        env["STANDIN_EXIT_BEFORE_HEALTHY"] = "1"
+    elif code == 73:  # the old SDK's entry fills the volume: the new SDK's compile cannot fit
+        job = workload(world.jobs, "Job", "prefill")
+        warm = node.start(
+            job, env={"CACHEMGR_COMPILER_VERSION": OLD_SDK}, name="modelserver-prefill-warm-6xq2d"
+        )
+        assert warm.wait_exit() == 0, warm.tail()
+    elif code == 74:
+        env["CACHEMGR_CACHE_ROOT"] = "/var/cache/cachemgr"  # the PVC is not mounted there
+    elif code == 75:
+        node.start(deployment, env=holder_env, **holder).wait_phase("compiling")
+        env["CACHEMGR_RUN_ARGS"] = f"{run_args} --wait-timeout 1s"
+    elif code == 78:
+        env["CACHEMGR_COMPILER_VERSION"] = ""  # as in an image without rebel-compiler
+    elif code == 143:
+        node.start(deployment, env=holder_env, **holder).wait_phase("compiling")
+    pod = node.start(
+        deployment, env=env, name=f"modelserver-prefill-5b8f7c9d64-{POD_SUFFIXES[2]}", node_name="npu-node-2"
+    )
+    if code == 143:
+        pod.wait_phase("waiting")
+        pod.proc.send_signal(signal.SIGTERM)
+    assert pod.wait_exit() == code, pod.tail()
+    return node, pod
+
+
+def termination_message(work: Path, world: World, code: int) -> str:
+    """What a pod failing with ``code`` leaves as its termination message, as the guide shows it."""
+    with ExitStack() as stack:
+        node, pod = failing_pod(work, world, code, stack)
+        return presentable(pod.termination_log.read_text(), node)
+
+
+# --- making output presentable, and comparing it ---------------------------------------------------
+
+
+def presentable(text: str, world: World | Node) -> str:
+    """Harness paths and ports as the pod sees them (/var/cache/cachemgr, /run/cachemgr, :8000)."""
+    node = world.node if isinstance(world, World) else world
+    for path in node.volumes.values():
+        text = text.replace(str(path), "/var/cache/cachemgr")
+    text = re.sub(re.escape(str(node.work / "pods")) + r"/[^/\s]+/cachemgr-state", "/run/cachemgr", text)
+    text = re.sub(
+        re.escape(str(node.work / "pods")) + r"/[^/\s]+/termination-log", "/dev/termination-log", text
+    )
+    text = re.sub(r"127\.0\.0\.1:\d+", f"127.0.0.1:{SERVER_PORT}", text)
+    assert str(node.work) not in text, f"a harness path leaks into the guide:\n{text}"
+    return text
+
+
+_DURATION = r"\d+(?:\.\d+)?(?:ms|s|m|h|d)(?: \d+(?:ms|s|m))?"
+
+
+def blur(text: str) -> str:
+    """What may differ between two runs of the same story."""
+    text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+Z?", "<time>", text)
+    text = re.sub(rf"\b{_DURATION}\b", "<dur>", text)
+    text = re.sub(r"\bpid \d+", "pid <pid>", text)
+    text = re.sub(r"\d+ ms\b", "<ms>", text)
+    text = re.sub(r"[ \t]+", " ", text)
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip()
+
+
+# --- the test ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def world(tmp_path: Path, tmpfs_small: Callable[[int], Path]) -> Iterator[World]:
+    with ExitStack() as stack:
+        node = Node(tmp_path / "cluster", volume=lambda _claim: tmpfs_small(PVC_SIZE))
+        story = World(node, render(DEPLOY), render(DEPLOY / "warm"))
+        stack.callback(node.stop_all)
+        stack.callback(lambda: [p.resume() for p in story.frozen if p.is_running()])
+        yield story
+
+
+def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: World, tmp_path: Path) -> None:
+    lines = GUIDE.read_text().splitlines()
+    blocks = parse(lines)
+    assert sum(b.kind == "console" for b in blocks) >= 7
+    assert {b.code for b in blocks if b.kind == "exit"} >= {64, 69, 70, 73, 74, 75, 78, 143}
+    made: dict[int, str] = {}
+    mismatches = []
+    # The failing pods are independent of the story and of each other: they run meanwhile.
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        messages = {
+            n: pool.submit(termination_message, tmp_path / f"exit{n}", world, block.code)
+            for n, block in enumerate(blocks)
+            if block.code is not None
+        }
+        for n, block in enumerate(blocks):
+            for name in block.steps:
+                STEPS[name](world)
+            if block.kind == "console":
+                outputs = [(cmd, presentable(world.sh(cmd), world)) for cmd, _ in commands(block.text)]
+                actual = "\n".join(f"$ {cmd}\n{out}" if out else f"$ {cmd}" for cmd, out in outputs)
+            else:
+                actual = messages[n].result()
+            made[n] = actual
+            if blur(actual) != blur(block.text):
+                mismatches.append(
+                    f"--- guide line {block.start}: shown\n{block.text}\n--- now prints\n{actual}"
+                )
+    if WRITE:
+        for n, block in reversed(list(enumerate(blocks))):
+            lines[block.start : block.end] = made[n].splitlines()
+        GUIDE.write_text("\n".join(lines) + "\n")
+        return
+    assert not mismatches, "\n\n".join(mismatches)
