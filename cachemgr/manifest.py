@@ -171,6 +171,15 @@ def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> lis
             continue
         if st.st_size != record.size:
             problems.append(Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}"))
-        elif mode == "full" and hash_file(Path(path)) != record.xxh3:
+            continue
+        if mode != "full":
+            continue
+        try:
+            digest = hash_file(Path(path))
+        except FileNotFoundError:
+            # Gone since its lstat: a peer quarantined the entry, or prune moved it to the trash.
+            problems.append(Problem(record.path, "missing"))
+            continue
+        if digest != record.xxh3:
             problems.append(Problem(record.path, "content differs from the manifest's xxh3-128"))
     return problems

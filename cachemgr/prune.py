@@ -3,39 +3,52 @@
 The plan is a frozen list of what would go and the bytes it frees; ``--dry-run`` prints it.
 Execution is safe while pods start and compile beside it:
 
-1. an entry with a fresh use record is skipped;
+1. an entry with a fresh use record is skipped, and so is one used since the plan was made;
 2. an entry is first *renamed* into ``trash/`` (atomic: a starting pod now sees a miss,
    never a half-deleted entry);
-3. its use records are checked again: a pod that registered in between gets the entry
-   renamed back (pods register before they check the entry, so one of the two sees the other);
-4. only then is the trashed copy deleted.
+3. its use records are checked again at once: a pod that registered in between gets the
+   entry renamed back (pods register before they check that the entry is still published,
+   so one of the two sees the other);
+4. only then is the trashed copy deleted. Use records are never deleted wholesale: a pod
+   registering for a republished entry while a large tree is being deleted keeps its record.
 
-Leases are never touched: a held lease is refreshed by its holder, a dead one is taken over
-by the next contender.
+Staging attempts go only when their pod is dead (same host and its pid gone, or silent for
+the stale window), judged again just before removal. Every item is claimed by one rename into
+``trash/`` before it is deleted, so two prunes never delete the same tree; what a killed prune
+left in ``trash/`` goes with ``--stale-staging`` an hour later. Leases are never touched: a
+held lease is refreshed by its holder, a dead one is taken over by the next contender.
+
+The one window left: a pod that passes its "still published?" check in the microseconds
+between step 1 and step 2 and whose server opens its files before step 3 puts the entry
+back. The pod has to build its view and start the server in between (milliseconds at
+least), so prune keeps steps 2 and 3 adjacent (the directory fsync comes after).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import structlog
-
-from cachemgr.fsutil import fsync_dir, remove_tree, tree_bytes
+from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
-from cachemgr.records import PodIdentity, users
-from cachemgr.scan import Compat, EntryInfo, Scan, scan
-from cachemgr.store import CacheRoot
+from cachemgr.log import get_logger
+from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
+from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, last_use, scan
+from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_bytes, human_duration
 
-log = structlog.get_logger("cachemgr.prune")
+log = get_logger("cachemgr.prune")
 
-ItemKind = Literal["entry", "staging", "quarantine"]
+ItemKind = Literal["entry", "staging", "quarantine", "trash"]
+# A trash item older than this was left by a prune that died mid-delete. Younger ones may
+# belong to a prune running now (which may still rename its entry back), so they stay.
+TRASH_GRACE = 3600.0
+_ORDER = {"trash": 0, "quarantine": 1, "staging": 2, "entry": 3}
 
 
 @dataclass(frozen=True)
@@ -46,6 +59,12 @@ class PruneItem:
     bytes: int
     reason: str
     key: str | None = None
+    # The entry's last use when planned: a use after that means someone wants it after all.
+    last_used_at: float | None = None
+
+    @property
+    def bytes_str(self) -> str:
+        return human_bytes(self.bytes)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +88,10 @@ class PrunePlan:
     def bytes(self) -> int:
         return sum(item.bytes for item in self.items)
 
+    @property
+    def bytes_str(self) -> str:
+        return human_bytes(self.bytes)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "bytes": self.bytes,
@@ -81,16 +104,23 @@ class PrunePlan:
 class PruneResult:
     removed: tuple[PruneItem, ...]
     skipped: tuple[tuple[PruneItem, str], ...]
+    # Items that could not be removed because the volume refused (read-only, permissions, I/O).
+    failed: tuple[tuple[PruneItem, str], ...] = ()
 
     @property
     def freed_bytes(self) -> int:
         return sum(item.bytes for item in self.removed)
+
+    @property
+    def freed_str(self) -> str:
+        return human_bytes(self.freed_bytes)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "freed_bytes": self.freed_bytes,
             "removed": [item.to_json() for item in self.removed],
             "skipped": [{**item.to_json(), "skipped_because": why} for item, why in self.skipped],
+            "failed": [{**item.to_json(), "error": why} for item, why in self.failed],
         }
 
 
@@ -101,7 +131,7 @@ class PruneRequest:
     keep_bytes: int | None = None
     stale_staging: bool = False
     damaged: bool = False
-    stale_after: float = 3600.0
+    stale_after: float = STALE_STAGING_AFTER
 
     @property
     def empty(self) -> bool:
@@ -117,25 +147,37 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
     if request.damaged:
         items += _quarantined(root)
     if request.stale_staging:
-        items += [
-            PruneItem(
-                "staging", info.path, info.path.name, tree_bytes(info.path), _stale_reason(info.heartbeat_age)
-            )
-            for info in found.staging
-            if info.is_stale(stale_after=request.stale_after, identity=identity)
-        ]
+        items += _trash_leftovers(root, kept)
+        items += _stale_attempts(found.staging, request, identity)
     chosen: dict[str, PruneItem] = {}
     for entry in found.entries:
         reason = _entry_reason(entry, request)
         if reason is None:
             continue
         if entry.in_use:
-            kept.append((entry.name, f"in use by {', '.join(u.pod for u in entry.users)}"))
+            kept.append((entry.name, f"in use by {_pods(entry.users)}"))
             continue
-        chosen[entry.name] = PruneItem("entry", entry.path, entry.name, entry.size_bytes, reason, entry.key)
+        chosen[entry.name] = _entry_item(entry, reason)
     if request.keep_bytes is not None:
         chosen.update(_over_budget(found.entries, chosen, request.keep_bytes, kept))
-    return PrunePlan(items=tuple(items) + tuple(chosen.values()), kept=tuple(kept))
+    ordered = sorted(chosen.values(), key=lambda i: i.last_used_at or 0.0)
+    return PrunePlan(items=tuple(items) + tuple(ordered), kept=tuple(kept))
+
+
+def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
+    return PruneItem(
+        "entry",
+        entry.path,
+        entry.name,
+        entry.size_bytes,
+        reason,
+        entry.key or None,
+        entry.last_used_at or entry.created_at,
+    )
+
+
+def _pods(found: Iterable[User]) -> str:
+    return ", ".join(u.pod for u in found)
 
 
 def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
@@ -143,7 +185,8 @@ def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
         return f"damaged: {entry.problem}"
     if request.incompatible and entry.status == "incompatible":
         return f"incompatible: {entry.problem}"
-    if request.unused_for is not None and entry.status == "ok" and entry.unused_for() >= request.unused_for:
+    if request.unused_for is not None and entry.unused_for() >= request.unused_for:
+        # Whatever its status: an entry nobody used for that long goes (space.Prunable agrees).
         return f"unused for {human_duration(entry.unused_for())}"
     return None
 
@@ -161,20 +204,71 @@ def _over_budget(
         if entry.in_use:
             kept.append((entry.name, "in use (over --keep-bytes, but never removed while used)"))
             continue
-        reason = f"least recently used, cache over {human_bytes(keep_bytes)}"
-        extra[entry.name] = PruneItem("entry", entry.path, entry.name, entry.size_bytes, reason, entry.key)
+        extra[entry.name] = _entry_item(entry, f"least recently used, cache over {human_bytes(keep_bytes)}")
         total -= entry.size_bytes
     return extra
 
 
 def _quarantined(root: CacheRoot) -> list[PruneItem]:
     items: list[PruneItem] = []
-    if not root.quarantine.is_dir():
-        return items
-    for path in sorted(root.quarantine.iterdir()):
-        if path.is_dir():
-            items.append(PruneItem("quarantine", path, path.name, tree_bytes(path), "moved aside as damaged"))
+    for path in _subdirs(root.quarantine):
+        items.append(PruneItem("quarantine", path, path.name, tree_bytes(path), "moved aside as damaged"))
     return items
+
+
+def _stale_attempts(
+    staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
+) -> list[PruneItem]:
+    return [
+        PruneItem(
+            "staging",
+            info.path,
+            f"{info.path.parent.name[:12]}/{info.path.name}",
+            tree_bytes(info.path),
+            _stale_reason(info.heartbeat_age),
+            info.path.parent.name,
+        )
+        for info in staging
+        if info.is_stale(stale_after=request.stale_after, identity=identity)
+    ]
+
+
+def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[PruneItem]:
+    """What a prune that died mid-delete left in ``trash/`` (never what one is deleting now)."""
+    items: list[PruneItem] = []
+    now = time.time()
+    for path in _subdirs(root.trash):
+        try:
+            # rename() updates ctime: this is when the item went to the trash.
+            age = now - path.stat().st_ctime
+        except FileNotFoundError:
+            continue
+        if age < TRASH_GRACE:
+            continue
+        key = _trashed_key(path)
+        if key and users(root, key):
+            kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
+            continue
+        reason = f"left by an interrupted prune {human_duration(age)} ago"
+        items.append(PruneItem("trash", path, f"trash/{path.name}", tree_bytes(path), reason, key))
+    return items
+
+
+def _trashed_key(path: Path) -> str | None:
+    for name in ("summary.json", "key.json"):
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(path / name)
+            if isinstance(data, dict) and isinstance(data.get("key"), str):
+                return str(data["key"])
+    return None
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        with os.scandir(path) as found:
+            return sorted(Path(e.path) for e in found if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []
 
 
 def _stale_reason(age: float | None) -> str:
@@ -185,55 +279,151 @@ def _stale_reason(age: float | None) -> str:
     )
 
 
-def execute(root: CacheRoot, plan: PrunePlan) -> PruneResult:
-    """Remove what the plan lists, in a safe order, re-checking use at each step."""
+# --- execution ------------------------------------------------------------------------------
+
+
+def execute(
+    root: CacheRoot,
+    plan: PrunePlan,
+    *,
+    stale_after: float = STALE_STAGING_AFTER,
+    identity: PodIdentity | None = None,
+) -> PruneResult:
+    """Remove what the plan lists, in a safe order, re-checking use at each step.
+
+    ``stale_after`` and ``identity`` must be the plan's, so an attempt is judged as it was.
+    """
+    identity = identity or PodIdentity.current()
     removed: list[PruneItem] = []
     skipped: list[tuple[PruneItem, str]] = []
-    for item in sorted(plan.items, key=lambda i: {"quarantine": 0, "staging": 1, "entry": 2}[i.kind]):
-        why_not = _remove(root, item)
+    failed: list[tuple[PruneItem, str]] = []
+    for item in sorted(plan.items, key=lambda i: _ORDER[i.kind]):
+        try:
+            why_not = _remove(root, item, stale_after=stale_after, identity=identity)
+        except OSError as error:
+            failed.append((item, f"{error.strerror or error} ({error.filename or item.path})"))
+            log.warning("prune_failed", kind=item.kind, name=item.name, error=str(error))
+            continue
         if why_not is None:
             removed.append(item)
             log.info("pruned", kind=item.kind, name=item.name, bytes=item.bytes, reason=item.reason)
         else:
             skipped.append((item, why_not))
             log.info("prune_skipped", kind=item.kind, name=item.name, because=why_not)
-    return PruneResult(tuple(removed), tuple(skipped))
+    return PruneResult(tuple(removed), tuple(skipped), tuple(failed))
 
 
-def _remove(root: CacheRoot, item: PruneItem) -> str | None:
-    if item.kind != "entry":
-        if not item.path.exists():
-            return "already gone"
-        remove_tree(item.path)
-        with contextlib.suppress(OSError):
-            item.path.with_name(item.path.name + ".json").unlink(missing_ok=True)
-            item.path.with_name(item.path.name + ".reason.json").unlink(missing_ok=True)
-        return None
-    return _remove_entry(root, item)
+def _remove(root: CacheRoot, item: PruneItem, *, stale_after: float, identity: PodIdentity) -> str | None:
+    if item.kind == "entry":
+        return _remove_entry(root, item)
+    if item.kind == "staging":
+        return _remove_attempt(root, item, stale_after=stale_after, identity=identity)
+    # Claimed by one rename first: a prune running beside this one then finds it gone instead
+    # of deleting the same tree at the same time (and failing on files the other removed).
+    claimed = _to_trash(root, item)
+    if claimed is None:
+        return "already gone"
+    if item.kind == "quarantine":
+        item.path.with_name(item.path.name + ".reason.json").unlink(missing_ok=True)
+    remove_tree(claimed)
+    return None
+
+
+def _remove_attempt(
+    root: CacheRoot, item: PruneItem, *, stale_after: float, identity: PodIdentity
+) -> str | None:
+    """A stale attempt, judged again as the plan judged it (its pod may have woken since),
+    then renamed away and deleted."""
+    now = [info for info in list_staging(root, item.path.parent.name) if info.path == item.path]
+    if not now:
+        return "already gone"
+    if not now[0].is_stale(stale_after=stale_after, identity=identity):
+        return "its pod refreshed it since the plan: alive"
+    trashed = _to_trash(root, item)
+    if trashed is None:
+        return "already gone"
+    now[0].owner_file.unlink(missing_ok=True)
+    remove_tree(trashed)
+    with contextlib.suppress(OSError):
+        item.path.parent.rmdir()  # the key's staging folder, if this was its last attempt
+    return None
 
 
 def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
-    if item.key and users(root, item.key):
+    if _in_use(root, item):
         return "in use now"
+    if item.key and item.last_used_at is not None:
+        latest = last_use(root, item.key)
+        if latest is not None and latest > item.last_used_at + 1.0:
+            return "used since the plan was made"
+    trashed = _to_trash(root, item)
+    if trashed is None:
+        return "already gone"
+    # Step 3 right after the rename, before any fsync: the window for a starting pod stays tiny.
+    if _in_use(root, item):
+        return _give_back(root, item, trashed)
+    fsync_dir(root.entries)
+    remove_tree(trashed)
+    if item.key:
+        _forget_usage(root, item)
+    return None
+
+
+def _to_trash(root: CacheRoot, item: PruneItem) -> Path | None:
+    """Rename the item to a name of its own in ``trash/`` (atomic); None if it is gone already."""
     root.trash.mkdir(exist_ok=True)
-    trashed = root.trash / f"{item.name}.{secrets.token_hex(4)}"
+    trashed = root.trash / f"{item.path.name}.{os.urandom(4).hex()}"
     try:
         os.rename(item.path, trashed)
     except FileNotFoundError:
-        return "already gone"
-    fsync_dir(root.entries)
-    if item.key and users(root, item.key):
-        # A pod registered between our check and the rename: give the entry back.
-        with contextlib.suppress(OSError):
-            os.rename(trashed, item.path)
-            return "in use now (restored)"
-        remove_tree(trashed)  # an identical entry was published meanwhile; ours is redundant
+        return None
+    return trashed
+
+
+def _give_back(root: CacheRoot, item: PruneItem, trashed: Path) -> str:
+    """A pod registered between the check and the rename: put the entry back where it was."""
+    try:
+        os.rename(trashed, item.path)
+    except OSError:
+        # The slot is taken: a pod published the same key meanwhile. Ours is a redundant copy.
+        remove_tree(trashed)
         return "in use now (a copy was published meanwhile)"
-    remove_tree(trashed)
+    fsync_dir(root.entries)
+    return "in use now (restored)"
+
+
+def _in_use(root: CacheRoot, item: PruneItem) -> bool:
     if item.key:
-        with contextlib.suppress(OSError):
-            remove_tree(root.usage / item.key)
-    return None
+        return bool(users(root, item.key))
+    # A damaged entry whose key is unknown: any fresh use record of a key with its 16 digits.
+    prefix = item.name.rsplit("__", 1)[-1]
+    with contextlib.suppress(FileNotFoundError):
+        for digest in os.listdir(root.usage):
+            if digest.startswith(prefix) and users(root, digest):
+                return True
+    return False
+
+
+def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
+    """Drop the removed entry's last use and its dead users' records, never a live record.
+
+    The folder itself stays: a pod may be creating its record in it right now (for a copy
+    published while we deleted), and removing the folder under it would lose that record.
+    """
+    assert item.key is not None  # callers check; mypy needs to know
+    if item.path.exists():
+        return  # republished meanwhile: its bookkeeping is live
+    folder = root.usage / item.key
+    now = time.time()
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(folder):
+            if name.startswith("."):
+                continue  # a record being written (tmp file, then rename): a live pod
+            path = folder / name
+            with contextlib.suppress(FileNotFoundError):
+                if name.endswith(".json") and now - path.stat().st_mtime <= IN_USE_WINDOW:
+                    continue
+                path.unlink()
 
 
 def prune_incompatible_for_space(root: CacheRoot, key: CacheKey, *, given: int | None) -> PruneResult:

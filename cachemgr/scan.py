@@ -1,31 +1,58 @@
 """A scan of the cache volume: entries, their status, users, and what could be pruned.
 
 The scan reads each entry's small ``summary.json`` and checks that its manifest exists; it
-never hashes (that is ``verify``). It survives damage: a broken entry becomes a status and
-a warning, never an abort. The hit path does not scan; inspection, space reports and
-``prune`` do.
+never hashes (that is ``verify``) and never reads a manifest's file list, so ``ls`` and
+``du`` stay well under a second on 10,000 entries. It survives damage: a broken entry
+becomes a status and a warning, never an abort. The hit path does not scan; inspection,
+space reports and ``prune`` do.
+
+Speed notes (a volume may be NFS, where every syscall is a round trip): one directory read
+of ``entries/`` and one of ``usage/``, then per entry one read of ``summary.json`` and one stat
+of ``manifest.json`` (both relative to an open ``entries/``), one directory read and one stat
+of its usage folder. No ``Path`` object is made per file, only per entry.
+
+Attempts in ``staging/``, failure histories and quarantined entries are few by nature (one per
+compile running or dead, per key that failed, per damage found): those read more per item.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
+import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import read_json, tree_bytes
 from cachemgr.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
-from cachemgr.records import IN_USE_WINDOW, User, last_used, users
+from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
+from cachemgr.units import human_age, human_bytes, human_duration
+
+if TYPE_CHECKING:
+    from cachemgr.lease import Holder
 
 EntryStatus = Literal["ok", "damaged", "incompatible"]
+AttemptStatus = Literal["compiling", "published", "active", "stale"]
+
+# An attempt whose owner record has not been refreshed for this long is dead. Its heartbeat
+# beats every 10 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
+STALE_STAGING_AFTER = 300.0
+_DIGEST = re.compile(r"[0-9a-f]{32}")
+_SUMMARY_MAX = 1 << 20
 
 
 @dataclass(frozen=True)
 class Compat:
-    """What this image can use: entries for another compiler or NPU can never hit here."""
+    """What this image can use: entries for another compiler or NPU can never hit here.
+
+    ``None`` means unknown: nothing is judged on that input.
+    """
 
     compiler: str | None
     npu: str | None
@@ -56,6 +83,9 @@ class EntryInfo:
     files: int
     pipeline_parallel_size: int
     created_at: float | None
+    # When a pod last started or stopped using it: the usage folder's mtime changes when a pod
+    # registers and when it leaves (the ``last-used`` mark alone is touched only at start, so an
+    # entry served for a month would look unused for a month the minute its pods stopped).
     last_used_at: float | None
     users: tuple[User, ...]
     status: EntryStatus
@@ -67,14 +97,32 @@ class EntryInfo:
 
     @property
     def short(self) -> str:
-        return self.key[:12]
+        return (self.key or self.name.rsplit("__", 1)[-1])[:12]
+
+    @property
+    def size_str(self) -> str:
+        return human_bytes(self.size_bytes)
+
+    @property
+    def created_str(self) -> str:
+        return human_age(self.created_at)
+
+    @property
+    def last_used_str(self) -> str:
+        return human_age(self.last_used_at)
+
+    @property
+    def users_str(self) -> str:
+        return ", ".join(user.pod for user in self.users) or "-"
 
     def unused_for(self, now: float | None = None) -> float:
-        ref = self.last_used_at or self.created_at or 0.0
+        # The usage folder may predate a republished entry (same key): count from the later.
+        ref = max(self.last_used_at or 0.0, self.created_at or 0.0)
         return max(0.0, (time.time() if now is None else now) - ref)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "kind": "entry",
             "key": self.key,
             "short": self.short,
             "entry": self.name,
@@ -102,88 +150,177 @@ class Scan:
     staging: tuple[StagingInfo, ...]
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
-    def by_key_prefix(self, prefix: str) -> list[EntryInfo]:
-        prefix = prefix.lower()
-        return [e for e in self.entries if e.key.startswith(prefix) or e.name == prefix]
-
 
 def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = True) -> Scan:
     """Read every entry's summary; damaged ones are reported, not fatal."""
-    warnings: list[str] = []
-    now = time.time()
-    entries = tuple(_entry_info(path, root, compat, now, warnings) for path in root.iter_entries())
+    names = entry_names(root)
+    with _directory(root.entries) as entries_fd:
+        ctx = _Context(root, compat, _names(root.usage), time.time(), [], entries_fd)
+        entries = tuple(info for name in names if (info := _entry_info(ctx, name)) is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
-    return Scan(entries=entries, staging=staging, warnings=tuple(warnings))
+    return Scan(entries=entries, staging=staging, warnings=tuple(ctx.warnings))
 
 
-def _entry_info(
-    path: Path, root: CacheRoot, compat: Compat | None, now: float, warnings: list[str]
-) -> EntryInfo:
-    summary, problem = _read_summary(path)
+def scan_entry(root: CacheRoot, name: str, *, compat: Compat | None = None) -> EntryInfo | None:
+    """One entry as ``scan`` sees it (None if it is not there), without scanning the rest."""
+    return _entry_info(_Context(root, compat, None, time.time(), [], None), name)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every entry of one scan shares."""
+
+    root: CacheRoot
+    compat: Compat | None
+    used: frozenset[str] | None  # the listing of usage/ (None: just look)
+    now: float
+    warnings: list[str]
+    # Opened entries/: names resolve from it, one path walk less per file on the hot path.
+    entries_fd: int | None
+    prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
+    entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
+    usage: str = field(init=False)  # usage/ as a string: the hot path joins strings, not Paths
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "entries", self.root.entries)
+        prefix = "" if self.entries_fd is not None else os.fspath(self.entries) + "/"
+        object.__setattr__(self, "prefix", prefix)
+        object.__setattr__(self, "usage", os.fspath(self.root.usage))
+
+
+@contextlib.contextmanager
+def _directory(path: Path) -> Iterator[int | None]:
+    try:
+        fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def entry_names(root: CacheRoot) -> list[str]:
+    """Names of published entry directories, sorted; temporary dot names are skipped."""
+    try:
+        with os.scandir(root.entries) as found:
+            names = [e.name for e in found if not e.name.startswith(".") and e.is_dir()]
+    except FileNotFoundError:
+        return []
+    return sorted(names)
+
+
+def _names(path: Path) -> frozenset[str]:
+    try:
+        return frozenset(os.listdir(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return frozenset()
+
+
+def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
+    summary, problem = _read_summary(ctx, name)
     if problem is not None:
-        warnings.append(f"{path.name}: {problem}")
-        return _damaged(path, root, problem, summary)
-    key = str(summary["key"])
-    compiler, npu = str(summary.get("compiler", "")), str(summary.get("npu", ""))
-    why = compat.why_incompatible(compiler, npu) if compat else None
+        path = ctx.entries / name
+        if not path.is_dir():
+            return None  # pruned or quarantined while we looked: not damage
+        ctx.warnings.append(f"{name}: {problem}")
+        return _damaged(ctx, path, problem, summary)
+    key = summary["key"]
+    compiler, npu = _text(summary.get("compiler")), _text(summary.get("npu"))
+    why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
+    last, pods = _usage(ctx, key)
     return EntryInfo(
-        name=path.name,
-        path=path,
+        name=name,
+        path=ctx.entries / name,
         key=key,
-        model=str(summary.get("model", "")),
-        model_id=str(summary.get("model_id", "")),
-        role=str(summary.get("role", "")),
+        model=_text(summary.get("model")),
+        model_id=_text(summary.get("model_id")),
+        role=_text(summary.get("role")),
         compiler=compiler,
         npu=npu,
-        strategy=str(summary.get("strategy", "")),
-        size_bytes=int(summary.get("size_bytes", 0)),
-        files=int(summary.get("files", 0)),
-        pipeline_parallel_size=int(summary.get("pipeline_parallel_size", 1) or 1),
-        created_at=_float(summary.get("created_at")),
-        last_used_at=last_used(root, key),
-        users=tuple(users(root, key, window=IN_USE_WINDOW, now=now)),
+        strategy=_text(summary.get("strategy")),
+        size_bytes=summary["size_bytes"],
+        files=summary["files"],
+        pipeline_parallel_size=summary["pipeline_parallel_size"],
+        created_at=number(summary.get("created_at")),
+        last_used_at=last,
+        users=pods,
         status="incompatible" if why else "ok",
         problem=why,
     )
 
 
-def _read_summary(path: Path) -> tuple[dict[str, Any], str | None]:
-    if not (path / MANIFEST_NAME).is_file():
-        return _key_json(
-            path
-        ), "no manifest.json: never committed or damaged (cachemgr verify --fix moves it aside)"
+def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]:
+    """The entry's summary, checked for shape, or what can be told of it and the problem."""
+    where = f"{ctx.prefix}{name}/"
     try:
-        data = read_json(path / SUMMARY_NAME)
+        fd = os.open(where + SUMMARY_NAME, os.O_RDONLY, dir_fd=ctx.entries_fd)
+        try:
+            # One read: a summary is a few hundred bytes; one of a MiB is damage, and fails to parse.
+            data = json.loads(os.read(fd, _SUMMARY_MAX).decode())
+        finally:
+            os.close(fd)
     except FileNotFoundError:
-        return _key_json(path), "summary.json is missing (cachemgr verify tells whether files are intact)"
+        problem = "summary.json is missing (cachemgr verify tells whether the files are intact)"
+        return _key_json(ctx, name), problem
     except (OSError, ValueError) as error:
-        return _key_json(path), f"summary.json is unreadable ({error})"
-    if not isinstance(data, dict) or "key" not in data:
-        return _key_json(path), "summary.json is not a cachemgr summary"
-    return data, None
+        return _key_json(ctx, name), f"summary.json is unreadable ({_short_error(error)})"
+    checked = _checked_summary(data, name)
+    if isinstance(checked, str):
+        return _key_json(ctx, name), checked
+    try:
+        committed = stat.S_ISREG(os.stat(where + MANIFEST_NAME, dir_fd=ctx.entries_fd).st_mode)
+    except FileNotFoundError:
+        committed = False
+    if not committed:
+        problem = "no manifest.json: never committed or damaged (cachemgr verify --fix moves it aside)"
+        return checked, problem
+    return checked, None
 
 
-def _key_json(path: Path) -> dict[str, Any]:
+def _checked_summary(data: Any, name: str) -> dict[str, Any] | str:
+    """The summary with its numbers as numbers, or why it is not one."""
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+        return "summary.json is not a cachemgr summary"
+    key = data["key"]
+    if not _DIGEST.fullmatch(key) or not name.endswith(key[:16]):
+        return f"summary.json names key {key[:16]!r}, not this entry's"
+    try:  # in place: the dict was just parsed and is ours
+        data["size_bytes"] = int(data.get("size_bytes") or 0)
+        data["files"] = int(data.get("files") or 0)
+        data["pipeline_parallel_size"] = int(data.get("pipeline_parallel_size") or 1)
+    except (TypeError, ValueError):
+        return "summary.json has fields of the wrong type"
+    return data
+
+
+def _key_json(ctx: _Context, name: str) -> dict[str, Any]:
     """What can still be told of a damaged entry from its key.json."""
     try:
-        data = read_json(path / KEY_NAME)
+        data = read_json(ctx.entries / name / KEY_NAME)
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
         return {}
     raw_inputs = data.get("inputs")
     inputs: dict[str, Any] = raw_inputs if isinstance(raw_inputs, dict) else {}
+    details = data.get("details")
+    key = data.get("key")
     return {
-        "key": data.get("key", ""),
+        "key": key if isinstance(key, str) and _DIGEST.fullmatch(key) else "",
         "role": inputs.get("role", ""),
         "compiler": inputs.get("compiler", ""),
         "npu": inputs.get("npu", ""),
-        "model": (data.get("details") or {}).get("model_name", ""),
+        "model": details.get("model_name", "") if isinstance(details, dict) else "",
     }
 
 
-def _damaged(path: Path, root: CacheRoot, problem: str, known: dict[str, Any]) -> EntryInfo:
+def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> EntryInfo:
     key = str(known.get("key") or "")
+    if key and not path.name.endswith(key[:16]):
+        key = ""  # key.json of another entry: trust only the name
+    last, pods = _usage(ctx, key) if key else (None, ())
     return EntryInfo(
         name=path.name,
         path=path,
@@ -198,18 +335,48 @@ def _damaged(path: Path, root: CacheRoot, problem: str, known: dict[str, Any]) -
         files=0,
         pipeline_parallel_size=1,
         created_at=_mtime(path),
-        last_used_at=last_used(root, key) if key else None,
-        users=tuple(users(root, key)) if key else (),
+        last_used_at=last,
+        users=pods,
         status="damaged",
         problem=problem,
     )
 
 
-def _float(value: Any) -> float | None:
+def _usage(ctx: _Context, key: str) -> tuple[float | None, tuple[User, ...]]:
+    """Last use and current users, from one directory read and one stat of ``usage/<key>``."""
+    if ctx.used is not None and key not in ctx.used:
+        return None, ()
+    return _usage_of(ctx.root, f"{ctx.usage}/{key}", key, ctx.now)
+
+
+def _usage_of(root: CacheRoot, folder: str, key: str, now: float) -> tuple[float | None, tuple[User, ...]]:
     try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+        names = os.listdir(folder)
+        last: float | None = os.stat(folder).st_mtime
+    except (FileNotFoundError, NotADirectoryError):
+        return None, ()
+    records = [n for n in names if n.endswith(".json") and not n.startswith(".")]
+    if not records:
+        return last, ()
+    for name in records:  # a pod that died without removing its record: its last heartbeat
+        with contextlib.suppress(FileNotFoundError):
+            last = max(last or 0.0, os.stat(f"{folder}/{name}").st_mtime)
+    return last, tuple(users(root, key, window=IN_USE_WINDOW, now=now))
+
+
+def last_use(root: CacheRoot, key: str) -> float | None:
+    """When a pod last started or stopped using the entry (see ``EntryInfo.last_used_at``)."""
+    return _usage_of(root, os.fspath(root.usage / key), key, time.time())[0]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _short_error(error: BaseException) -> str:
+    if isinstance(error, OSError):
+        return error.strerror or str(error)
+    return str(error).split("\n", 1)[0][:120]
 
 
 def _mtime(path: Path) -> float | None:
@@ -221,3 +388,275 @@ def _mtime(path: Path) -> float | None:
 
 def total_bytes(entries: Iterable[EntryInfo]) -> int:
     return sum(entry.size_bytes for entry in entries)
+
+
+# --- attempts, failures, quarantine ---------------------------------------------------------
+# Fewer than entries by far (one attempt per compile running or dead, one failure history per
+# key that failed), so these read more per item: key.json, owner, lease, a walk for sizes.
+
+
+def row(kind: str, **fields: Any) -> dict[str, Any]:
+    """One item of ``ls -o json``: every kind carries the entry fields (null when unknown)."""
+    base: dict[str, Any] = dict.fromkeys(
+        ("key", "short", "entry", "model", "role", "compiler", "npu", "created_at", "last_used_at", "problem")
+    )
+    return {"kind": kind, **base, "size_bytes": 0, "in_use": False, **fields}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A compile attempt in ``staging/``, with what its owner and the lease say of it."""
+
+    key: str
+    name: str
+    path: Path
+    entry: str
+    model: str
+    role: str
+    compiler: str
+    npu: str
+    pod: str
+    node: str
+    started_at: float | None
+    heartbeat_age: float | None
+    size_bytes: int
+    shared_bytes: int  # hard-linked with the published entry (the vllm strategy's copy)
+    status: AttemptStatus
+    holder: Holder | None = None
+
+    @property
+    def size_str(self) -> str:
+        return human_bytes(self.size_bytes)
+
+    @property
+    def detail(self) -> str:
+        if self.status == "compiling":
+            refreshed = self.holder.refreshed_age if self.holder else None
+            return f"holds the lease, refreshed {human_duration(refreshed)} ago"
+        if self.status == "published":
+            return "entry published; the pod's server still runs from its own copy"
+        if self.status == "active":
+            return "owner alive, lease not held (publishing, or its lease lapsed)"
+        silent = (
+            "no owner record"
+            if self.heartbeat_age is None
+            else f"silent for {human_duration(self.heartbeat_age)}"
+        )
+        return f"{silent}: 'cachemgr prune --stale-staging' removes it"
+
+    def to_json(self) -> dict[str, Any]:
+        return row(
+            "staging",
+            key=self.key,
+            short=self.key[:12],
+            entry=self.entry,
+            attempt=self.name,
+            model=self.model,
+            role=self.role,
+            compiler=self.compiler,
+            npu=self.npu,
+            size_bytes=self.size_bytes,
+            shared_bytes=self.shared_bytes,
+            created_at=self.started_at,
+            in_use=self.status != "stale",
+            pod=self.pod,
+            node=self.node,
+            heartbeat_age_seconds=self.heartbeat_age,
+            status=self.status,
+            problem=self.detail if self.status == "stale" else None,
+        )
+
+
+@dataclass(frozen=True)
+class FailureHistory:
+    """Failed compiles of one key (records are kept for inspection, never replayed)."""
+
+    key: str
+    records: tuple[Mapping[str, Any], ...]  # oldest first; only the last one for ``ls``
+    count: int
+
+    @property
+    def last(self) -> Mapping[str, Any]:
+        return self.records[-1]
+
+    @property
+    def entry(self) -> str:
+        return str(self.last.get("entry", ""))
+
+    def to_json(self) -> dict[str, Any]:
+        last = self.last
+        # The record names the entry it would have been: model__role__c<compiler>__npu__digest.
+        parts = self.entry.split("__") if self.entry.count("__") == 4 else ["", "", "", "", ""]
+        return row(
+            "failure",
+            key=self.key,
+            short=self.key[:12],
+            entry=self.entry,
+            model=parts[0].replace("--", "/"),  # the entry name writes a hub id's "/" as "--"
+            role=parts[1],
+            compiler=parts[2].removeprefix("c"),
+            npu=parts[3],
+            created_at=number(last.get("time")),
+            status="failed",
+            failures=self.count,
+            reason=last.get("reason"),
+            pod=last.get("pod"),
+            node=last.get("node"),
+            problem=last.get("message"),
+        )
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """An entry moved aside as damaged (by a pod's lookup or ``verify --fix``)."""
+
+    name: str
+    path: Path
+    size_bytes: int
+    reason: str
+    moved_at: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return row(
+            "quarantine",
+            entry=self.name,
+            size_bytes=self.size_bytes,
+            created_at=self.moved_at,
+            status="quarantined",
+            problem=self.reason,
+        )
+
+
+def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> Attempt:
+    from cachemgr.lease import read_holder  # lazy: listing entries needs no filelock
+
+    digest = info.path.parent.name
+    doc = read_dict(info.path / KEY_NAME)
+    inputs = as_dict(doc.get("inputs"))
+    own, shared = tree_usage(info.path)
+    holder = read_holder(root, digest)
+    owner = info.owner
+    status: AttemptStatus
+    if info.is_stale(stale_after=STALE_STAGING_AFTER, identity=PodIdentity.current()):
+        status = "stale"
+    elif holder is not None and not lease_stale(holder) and holder.pod == owner.get("pod"):
+        status = "compiling"
+    elif digest in published:
+        status = "published"
+    else:
+        status = "active"
+    return Attempt(
+        key=digest,
+        name=info.path.name,
+        path=info.path,
+        entry=str(owner.get("entry") or doc.get("entry") or ""),
+        model=str(as_dict(doc.get("details")).get("model_name", "")),
+        role=str(inputs.get("role", "")),
+        compiler=str(inputs.get("compiler", "")),
+        npu=str(inputs.get("npu", "")),
+        pod=str(owner.get("pod", "")),
+        node=str(owner.get("node", "")),
+        started_at=number(owner.get("since")),
+        heartbeat_age=info.heartbeat_age,
+        size_bytes=own,
+        shared_bytes=shared,
+        status=status,
+        holder=holder if status == "compiling" else None,
+    )
+
+
+def lease_stale(holder: Holder) -> bool:
+    """Not refreshed for its lease duration (the marker's; the default when the marker does not
+    say), so the next contender takes it over. Ages are by this node's clock."""
+    from cachemgr.lease import DEFAULT_DURATION  # lazy: listing entries needs no filelock
+
+    duration = holder.duration if holder.duration is not None else DEFAULT_DURATION
+    return holder.refreshed_age is not None and holder.refreshed_age > duration
+
+
+def failure_histories(
+    root: CacheRoot, *, warnings: list[str], last_only: bool = False
+) -> list[FailureHistory]:
+    """Failure records by key; ``last_only`` reads one record per key (``ls``)."""
+    found: list[FailureHistory] = []
+    for digest in listdir(root.failures):
+        names = sorted(n for n in listdir(root.failures / digest) if n.endswith(".json"))
+        records = [read_dict(root.failures / digest / name) for name in (names[-1:] if last_only else names)]
+        records = [r for r in records if r]
+        if not records:
+            if names:
+                warnings.append(f"failures/{digest}: records are unreadable")
+            continue
+        found.append(FailureHistory(digest, tuple(records), len(names)))
+    return found
+
+
+def quarantined(root: CacheRoot) -> list[Quarantined]:
+    found = []
+    for name in listdir(root.quarantine):
+        path = root.quarantine / name
+        if name.endswith(".reason.json") or not path.is_dir():
+            continue
+        note = read_dict(path.with_name(name + ".reason.json"))
+        own, shared = tree_usage(path)
+        found.append(
+            Quarantined(name, path, own + shared, str(note.get("reason", "")), number(note.get("at")))
+        )
+    return found
+
+
+def tree_usage(path: Path) -> tuple[int, int]:
+    """(own bytes, bytes shared by hard link) of a tree: the vllm strategy's staging copy and
+    its published entry share inodes, and counting both would double the figure."""
+    own = shared = 0
+    stack = [os.fspath(path)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as found:
+                for item in found:
+                    st = item.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(item.path)
+                    elif stat.S_ISREG(st.st_mode):
+                        if st.st_nlink > 1:
+                            shared += st.st_size
+                        else:
+                            own += st.st_size
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return own, shared
+
+
+def read_dict(path: Path) -> dict[str, Any]:
+    try:
+        data = read_json(path)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def listdir(path: Path) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(path) if not n.startswith("."))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def entry_digest(root: CacheRoot, name: str) -> str:
+    """An entry's full digest from its summary or key.json, else the 16 digits in its name."""
+    for file in (SUMMARY_NAME, KEY_NAME):
+        key = read_dict(root.entries / name / file).get("key")
+        if isinstance(key, str) and _DIGEST.fullmatch(key) and name.endswith(key[:16]):
+            return key
+    return name.rsplit("__", 1)[-1]
+
+
+def number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None

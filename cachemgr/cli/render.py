@@ -52,3 +52,25 @@ def flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
             yield from flatten(f"{prefix}.{key}" if prefix else str(key), value[key])
     else:
         yield prefix, json.dumps(value) if isinstance(value, dict | list) else value
+
+
+def emit_long_json(obj: list[Any] | dict[str, Any]) -> None:
+    """JSON with each item of a long list on one line: ``ls``/``du`` on 10,000 entries.
+
+    The same document ``emit_json`` writes, laid out so that json's C encoder does the work
+    (it runs only without ``indent``: ten times faster), and each entry stays one grep-able line.
+    """
+    if isinstance(obj, list):
+        emit(
+            "[\n" + ",\n".join("  " + json.dumps(item, default=str) for item in obj) + "\n]" if obj else "[]"
+        )
+        return
+    lines = []
+    for name, value in obj.items():
+        if isinstance(value, list) and value:
+            inner = ",\n".join("    " + json.dumps(item, default=str) for item in value)
+            text = f"[\n{inner}\n  ]"
+        else:
+            text = json.dumps(value, default=str)
+        lines.append(f"  {json.dumps(name)}: {text}")
+    emit("{\n" + ",\n".join(lines) + "\n}")
