@@ -268,8 +268,12 @@ def major_minor(raw: str) -> str:
     return f"{major}.{minor}"
 
 
-def resolve_npu(override: str | None, environ: Mapping[str, str]) -> tuple[str, str]:
-    """The NPU type: explicit settings first, then the device itself. Never "unknown"."""
+def resolve_npu(override: str | None, environ: Mapping[str, str], *, probe: bool = True) -> tuple[str, str]:
+    """The NPU type: explicit settings first, then (with ``probe``) the device. Never "unknown".
+
+    Inspection passes ``probe=False``: it must not wait on the driver's tools just to mark
+    entries for another NPU as incompatible.
+    """
     for name, value in (
         ("CACHEMGR_NPU_TYPE", override or environ.get("CACHEMGR_NPU_TYPE")),
         ("RBLN_FORCE_NPU_NAME", environ.get("RBLN_FORCE_NPU_NAME")),
@@ -278,7 +282,7 @@ def resolve_npu(override: str | None, environ: Mapping[str, str]) -> tuple[str, 
     ):
         if value and value.strip():
             return _valid_npu(value, name), name
-    found = _npu_from_device(environ)
+    found = _npu_from_device(environ) if probe else None
     if found is not None:
         return _valid_npu(found[0], found[1]), found[1]
     raise ConfigError(

@@ -106,13 +106,21 @@ def users(
         path = folder / name
         try:
             age = now - path.stat().st_mtime
+        except OSError:
+            continue
+        if age > window:
+            continue
+        try:
             data = read_json(path)
         except (OSError, ValueError):
+            data = None
+        if not isinstance(data, dict):
+            # Fresh but unreadable (half-written, damaged): someone is there; prune must not guess.
+            found.append(User(name.removesuffix(".json"), "", 0.0, age))
             continue
-        if age <= window and isinstance(data, dict):
-            found.append(
-                User(str(data.get("pod", "")), str(data.get("node", "")), float(data.get("since", 0)), age)
-            )
+        found.append(
+            User(str(data.get("pod", "")), str(data.get("node", "")), float(data.get("since", 0)), age)
+        )
     return found
 
 

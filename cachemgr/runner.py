@@ -177,7 +177,7 @@ class Runner:
             if found is None and self.options.on_miss == "fail":
                 found = self._wait_for_peer(root, key)
             if found is None:
-                root = open_root(self.options.cache_root, create=True)
+                root = self._open_for_writing(root, key)
                 outcome = self._compile_under_lease(root, key)
                 if isinstance(outcome, int):
                     return outcome
@@ -190,6 +190,17 @@ class Runner:
             f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} attempts",
             remedy="check the cache volume's health and whether something else deletes entries (cachemgr ls)",
         )
+
+    def _open_for_writing(self, root: CacheRoot, key: CacheKey) -> CacheRoot:
+        """The layout a miss needs; a volume too full even for that gets the full space report."""
+        from cachemgr.space import disk_report
+
+        try:
+            return open_root(self.options.cache_root, create=True)
+        except DiskFullError as error:
+            raise disk_report(
+                root, key, cause=error.what, given=self.options.expected_size
+            ).error() from error
 
     def _resolve(self) -> CacheKey:
         started = time.monotonic()

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cachemgr import __version__
-from cachemgr.errors import VolumeError
+from cachemgr.errors import DiskFullError, VolumeError
 from cachemgr.fsutil import (
     atomic_write_json,
     fsync_dir,
@@ -193,8 +193,15 @@ def _create_marker(path: Path) -> None:
     fsync_dir(path)
 
 
-def _volume_error(path: Path, error: OSError, doing: str) -> VolumeError:
+def _volume_error(path: Path, error: OSError, doing: str) -> VolumeError | DiskFullError:
     reason = os.strerror(error.errno) if error.errno else str(error)
+    if error.errno in {errno.ENOSPC, errno.EDQUOT}:
+        # The runner turns this into the full space report (it knows the key).
+        return DiskFullError(
+            f"cannot {doing} cache root {path}: {reason}",
+            remedy="free space on the volume ('cachemgr du', 'cachemgr prune') or raise storage.compileCache.size",
+            path=str(path),
+        )
     remedy = {
         errno.EROFS: "mount the compile cache PVC read-write",
         errno.EACCES: "make the volume writable by the pod's user (fsGroup in the pod securityContext)",

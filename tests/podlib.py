@@ -226,4 +226,5 @@ def run_cli(
         text=True,
         timeout=timeout,
         check=False,
+        stdin=subprocess.DEVNULL,  # no TTY: a command must never prompt
     )
