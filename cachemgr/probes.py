@@ -21,17 +21,17 @@ The rules, in the order they are checked:
   endpoint answers 200 now. The heartbeat is not consulted: a server that answers can take
   traffic even while ``run`` itself is frozen (liveness will restart the pod).
 
-Standard library only, and nothing from cachemgr beyond :mod:`cachemgr.state` and
-:mod:`cachemgr.units`: a probe runs in every pod every few seconds, and must start fast.
+Standard library only, and nothing from cachemgr beyond :mod:`cachemgr.state`,
+:mod:`cachemgr.procs` and :mod:`cachemgr.units`: a probe runs in every pod every few seconds, and must start fast.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from cachemgr.procs import pid_alive
 from cachemgr.state import STATE_FILE, State, heartbeat_age, read_state
 from cachemgr.units import human_bytes, human_duration
 
@@ -169,7 +169,7 @@ def _ended(state: State) -> str | None:
 
 
 def _dead(state: State) -> str | None:
-    if _pid_alive(state.pid):
+    if pid_alive(state.pid):
         return None
     return f"cachemgr run (pid {state.pid}) is not running; its last phase was {state.phase}"
 
@@ -211,23 +211,6 @@ def _stalled(state: State, now: float) -> str | None:
         f"{what} stalled: {who} has shown no progress (CPU time, writes, output) for "
         f"{human_duration(quiet)}{allowed}; it looks hung, a restart retries from the shared cache"
     )
-
-
-def _pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (an exited child nobody reaped yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            # "pid (comm) S ...": the state letter follows the last ')', comm may hold spaces.
-            fields = stat.read().rpartition(b")")[2].split()
-    except OSError:
-        return True  # no procfs: existence is all we can tell
-    return not fields or fields[0] not in {b"Z", b"X"}
 
 
 def _health(url: str, *, timeout: float) -> tuple[bool, str]:

@@ -53,6 +53,7 @@ from cachemgr.manifest import (
     read_manifest,
     write_manifest,
 )
+from cachemgr.procs import pid_alive
 from cachemgr.records import PodIdentity
 
 
@@ -336,13 +337,20 @@ def publish(
     write_manifest(staging.path, manifest)
     fsync_tree(staging.path)
     target = root.entry_path(key)
-    try:
-        os.rename(staging.path, target)
-    except OSError as error:
-        if error.errno not in {errno.ENOTEMPTY, errno.EEXIST}:
-            raise
-        staging.discard()
-        return PublishOutcome(False, target, read_manifest(target))
+    for attempt in (1, 2):
+        try:
+            os.rename(staging.path, target)
+            break
+        except OSError as error:
+            # NFS and FUSE filesystems (JuiceFS, in the fault campaign) may answer a rename that
+            # races a peer's publish or quarantine of the same name with ESTALE: a second try
+            # resolves both names afresh and gets the real answer.
+            if error.errno == errno.ESTALE and attempt == 1:
+                continue
+            if error.errno not in {errno.ENOTEMPTY, errno.EEXIST}:
+                raise
+            staging.discard()
+            return PublishOutcome(False, target, read_manifest(target))
     fsync_dir(root.entries)
     staging.owner_file.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
@@ -391,19 +399,9 @@ class StagingInfo:
     def is_stale(self, *, stale_after: float, identity: PodIdentity) -> bool:
         """Dead for sure (same host, pid gone) or silent for longer than ``stale_after``."""
         same_host = self.owner.get("host") == identity.host and self.owner.get("pid")
-        if same_host and not _pid_alive(int(self.owner["pid"])):
+        if same_host and not pid_alive(int(self.owner["pid"])):
             return True
         return self.heartbeat_age is None or self.heartbeat_age > stale_after
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def list_staging(root: CacheRoot, digest: str | None = None) -> list[StagingInfo]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from mounts import juicefs_volume, mount_unavailable_reason, tmpfs_volume
+from podlib import Cluster, cluster
 
 # --------------------------------------------------------------------------------------------------
 # Real filesystems (tests/mounts.py)
@@ -93,3 +94,21 @@ def tmpfs_small(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
             return stack.enter_context(tmpfs_volume(tmp_path / f"tmpfs{count}", size_bytes=size_bytes))
 
         yield make
+
+
+# --- real pods on a real volume (see podlib) ----------------------------------------------------
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A cache volume on the local disk: a directory that exists, as a mounted PVC does."""
+    path = tmp_path / "volume"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def pods(tmp_path: Path) -> Iterator[Cluster]:
+    """Real `cachemgr run` pods for one test; every one of them is killed at teardown."""
+    with cluster(tmp_path / "work") as group:
+        yield group

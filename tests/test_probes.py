@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from podlib import Cluster, Pod, cluster, free_port, run_cli, wait_for
+from podlib import Cluster, Pod, free_port, run_cli, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from scenarios import compile_cmd, server_argv, vllm_argv
 
@@ -34,19 +34,6 @@ from cachemgr.status_server import start_status_server
 # Straight to 127.0.0.1, whatever http_proxy the environment has.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 STATUS = ["--status-port", "0"]
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "volume"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def pods(tmp_path: Path) -> Iterator[Cluster]:
-    with cluster(tmp_path / "work") as group:
-        yield group
 
 
 # --- helpers -----------------------------------------------------------------------------------

@@ -33,13 +33,6 @@ STARTS_PER_REPLICA = 7
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "volume"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def pods(tmp_path: Path) -> Iterator[Cluster]:
     with cluster(tmp_path / "work", STANDIN_COMPILE_SECONDS="0.1") as group:
         yield group

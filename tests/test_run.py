@@ -11,8 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
-from podlib import STANDIN_COMPILER, Cluster, cluster, free_port, read_jsonl, run_cli, wait_for
+from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, run_cli, wait_for
 from scenarios import (
     assert_clean_after_failure,
     compile_cmd,
@@ -22,19 +21,6 @@ from scenarios import (
 )
 
 from cachemgr.manifest import read_manifest
-
-
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "volume"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def pods(tmp_path: Path) -> Cluster:
-    with cluster(tmp_path / "work") as group:
-        yield group
 
 
 def test_eight_concurrent_runs_compile_once_and_read_identical_artifacts(pods: Cluster, root: Path) -> None:

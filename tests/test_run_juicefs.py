@@ -6,11 +6,10 @@ failure here that does not happen there points at the shared filesystem.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from podlib import Cluster, cluster
+from podlib import Cluster
 from scenarios import (
     concurrent_runs_compile_once,
     entry_dirs,
@@ -20,12 +19,6 @@ from scenarios import (
 
 LEASE = 3.0
 TAKEOVER_SLACK = 2.5  # waiter polls every 0.2 s; the holder's last refresh can be up to lease/3 old
-
-
-@pytest.fixture
-def pods(tmp_path: Path) -> Iterator[Cluster]:
-    with cluster(tmp_path / "work") as group:
-        yield group
 
 
 @pytest.fixture(params=["local", "juicefs"])

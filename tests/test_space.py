@@ -11,12 +11,12 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, Pod, cluster, free_port, run_cli
+from podlib import Cluster, Pod, free_port, run_cli
 from scenarios import (
     assert_clean_after_failure,
     assert_entries_valid,
@@ -27,12 +27,6 @@ from scenarios import (
 )
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def pods(tmp_path: Path) -> Iterator[Cluster]:
-    with cluster(tmp_path / "work") as group:
-        yield group
 
 
 def _command(record: Path, *, size: str, extra: str = "") -> list[str]:
