@@ -1,4 +1,4 @@
-"""docs/operator-guide.md, followed as a new operator would: every output it shows is re-made here.
+"""The README's operator guide, followed as a new operator would: every output it shows is re-made here.
 
 The guide's story runs for real: the Deployments and warm Jobs of deploy/kubernetes start as real
 processes (their entrypoint scripts, their environment, the stand-in ``vllm`` on PATH) on two
@@ -37,7 +37,8 @@ from mounts import tmpfs_volume
 from podlib import wait_for
 from test_deploy import DEPLOY, ROOT, Container, Node, container, render, workload
 
-GUIDE = ROOT / "docs" / "operator-guide.md"
+GUIDE = ROOT / "README.md"
+SECTION = "## Operator guide"  # the guide runs from this heading to the next of its level
 WRITE = os.environ.get("CACHEMGR_GUIDE_WRITE") == "1"
 PVC_SIZE = 200 << 30  # the chart's default storage.compileCache.size
 OLD_SDK, NEW_SDK = "0.12.3", "0.13.0"  # rebel-compiler of the first image, and of the upgrade
@@ -56,6 +57,13 @@ class Block:
     steps: list[str]  # guide steps to run before it
     text: str
     code: int | None = None
+
+
+def guide_section(lines: list[str]) -> tuple[int, int]:
+    """Where the guide is in the README: its heading's line, and the next level-2 heading's."""
+    first = lines.index(SECTION)
+    rest = [i for i, line in enumerate(lines[first + 1 :], first + 1) if line.startswith("## ")]
+    return first, rest[0] if rest else len(lines)
 
 
 def parse(lines: list[str]) -> list[Block]:
@@ -406,7 +414,9 @@ def world(tmp_path: Path, tmpfs_small: Callable[[int], Path]) -> Iterator[World]
 
 
 def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: World, tmp_path: Path) -> None:
-    lines = GUIDE.read_text().splitlines()
+    everything = GUIDE.read_text().splitlines()
+    first, last = guide_section(everything)
+    lines = everything[first:last]
     blocks = parse(lines)
     assert sum(b.kind == "console" for b in blocks) >= 7
     assert {b.code for b in blocks if b.kind == "exit"} >= {64, 69, 70, 73, 74, 75, 78, 143}
@@ -435,6 +445,6 @@ def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: Wo
     if WRITE:
         for n, block in reversed(list(enumerate(blocks))):
             lines[block.start : block.end] = made[n].splitlines()
-        GUIDE.write_text("\n".join(lines) + "\n")
+        GUIDE.write_text("\n".join([*everything[:first], *lines, *everything[last:]]) + "\n")
         return
     assert not mismatches, "\n\n".join(mismatches)
