@@ -254,3 +254,25 @@ def test_compile_cmd_must_name_output_dir(pods: Cluster, root: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 64
     assert "{output_dir}" in result.stderr
+
+
+def test_a_later_holder_cleans_the_staging_of_a_dead_attempt(pods: Cluster, root: Path) -> None:
+    record = pods.work / "compiler.jsonl"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=None)]
+    dead = pods.start(
+        "dead",
+        server_argv(free_port()),
+        cache_root=root,
+        options=options,
+        env={"STANDIN_COMPILE_SECONDS": "120"},
+    )
+    dead.wait_phase("compiling")
+    wait_for(lambda: list((root / "staging").rglob("dead.*")), what="the dead pod's staging")
+    dead.signal_pod(signal.SIGKILL)
+    dead.wait_exit()
+    assert list((root / "staging").rglob("dead.*")), "a SIGKILLed pod leaves its attempt behind"
+
+    pod = pods.start("next", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("serving")
+    assert list((root / "staging").rglob("dead.*")) == [], "the next holder removed the dead attempt"
+    assert any(e["event"] == "stale_staging_removed" for e in pod.log_events())
