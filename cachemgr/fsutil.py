@@ -136,8 +136,12 @@ def make_read_only(root: Path) -> None:
     for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             full = os.path.join(dirpath, name)
-            if not os.path.islink(full):
-                os.chmod(full, 0o444)
+            try:
+                if not os.path.islink(full):
+                    os.chmod(full, 0o444)
+            except FileNotFoundError:
+                # A prune took the new entry away (no pod used it yet): nothing left to protect.
+                continue
 
 
 def remove_tree(path: Path) -> None:

@@ -294,6 +294,13 @@ class Runner:
             raise self._wait_timeout(root, key, time.monotonic() - started) from None
         except InterruptedError:
             raise Interrupted(self.relay.received or 15) from None
+        except OSError as error:
+            # Taking the lease writes its marker file: on a full volume that write fails first.
+            reported = _as_reported(error, root, key, given=self.options.expected_size)
+            if reported is None:
+                raise
+            self._record(root, key, reported, written=0, elapsed=0.0, tail=[])
+            raise reported from error
         self.metrics.lease_wait_seconds += time.monotonic() - started
         if outcome == "published":
             log.info("peer_published", key=key.short, waited_s=round(time.monotonic() - started, 2))
@@ -498,6 +505,8 @@ class Runner:
                 "publishing_after_lease_lost", key=key.short, note="first publisher wins; ours may be dropped"
             )
         self.state.phase("publishing")
+        # Use before publishing: a prune running now sees the new entry in use and leaves it.
+        self._register_use(root, key)
         outcome = publish(
             root,
             staging,
@@ -531,7 +540,6 @@ class Runner:
             raise
         finally:
             self._volume_beat.discard(snapshot.owner_file)
-        self._register_use(root, key)
 
     def _fail_attempt(
         self,

@@ -342,15 +342,19 @@ def publish(
             os.rename(staging.path, target)
             break
         except OSError as error:
-            # NFS and FUSE filesystems (JuiceFS, in the fault campaign) may answer a rename that
-            # races a peer's publish or quarantine of the same name with ESTALE: a second try
-            # resolves both names afresh and gets the real answer.
+            # A rename onto a peer's entry fails with ENOTEMPTY or EEXIST. NFS, and JuiceFS in the
+            # fault campaign, may answer ESTALE instead when a peer published (or quarantined) the
+            # name from another client: try once more, then go by what the name holds now.
             if error.errno == errno.ESTALE and attempt == 1:
                 continue
-            if error.errno not in {errno.ENOTEMPTY, errno.EEXIST}:
+            if error.errno not in {errno.ENOTEMPTY, errno.EEXIST, errno.ESTALE}:
                 raise
+            try:
+                theirs = read_manifest(target)
+            except ManifestError:
+                raise error from None
             staging.discard()
-            return PublishOutcome(False, target, read_manifest(target))
+            return PublishOutcome(False, target, theirs)
     fsync_dir(root.entries)
     staging.owner_file.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
