@@ -491,6 +491,15 @@ def tmpfs_volume(path: Path, *, size_bytes: int) -> Iterator[Path]:
 # Can we mount here at all?
 
 
+def unmount_on_sigterm() -> None:
+    """For scripts run by hand: SIGTERM unwinds (``finally`` runs, the volumes get unmounted)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def mount_unavailable_reason(kind: str) -> str | None:
     """Why a `kind` ('juicefs' or 'tmpfs') volume cannot be mounted here, or None if it can.
 
