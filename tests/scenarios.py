@@ -95,17 +95,22 @@ def concurrent_runs_compile_once(pods: Cluster, roots: list[Path], *, count: int
     assert_entries_valid(roots[0])
 
 
-def killed_holder_is_taken_over(pods: Cluster, roots: list[Path], *, lease: float) -> float:
-    """SIGKILL the compiling pod; a waiter on the other node takes over and publishes. Returns takeover s."""
-    record = pods.work / "compiler.jsonl"
-    options = [
+def leased_command_options(record: Path, *, lease: float, seconds: float | None) -> list[str]:
+    """``run`` options for the command strategy with the stand-in compiler and a given lease."""
+    return [
         "--strategy",
         "command",
         "--lease-duration",
         str(lease),
         "--compile-cmd",
-        compile_cmd(record, seconds=None),
+        compile_cmd(record, seconds=seconds),
     ]
+
+
+def killed_holder_is_taken_over(pods: Cluster, roots: list[Path], *, lease: float) -> float:
+    """SIGKILL the compiling pod; a waiter on the other node takes over and publishes. Returns takeover s."""
+    record = pods.work / "compiler.jsonl"
+    options = leased_command_options(record, lease=lease, seconds=None)
     holder = pods.start(
         "holder", server_argv(free_port()), cache_root=roots[0], options=options, node="node-a",
         env={"STANDIN_COMPILE_SECONDS": "120"},
@@ -129,14 +134,7 @@ def killed_holder_is_taken_over(pods: Cluster, roots: list[Path], *, lease: floa
 def frozen_holder_late_publish_is_discarded(pods: Cluster, roots: list[Path], *, lease: float) -> None:
     """SIGSTOP the compiling pod past its lease; a waiter takes over; after SIGCONT the late publish loses."""
     record = pods.work / "compiler.jsonl"
-    options = [
-        "--strategy",
-        "command",
-        "--lease-duration",
-        str(lease),
-        "--compile-cmd",
-        compile_cmd(record, seconds=3.0),
-    ]
+    options = leased_command_options(record, lease=lease, seconds=3.0)
     holder = pods.start(
         "holder", server_argv(free_port()), cache_root=roots[0], options=options, node="node-a"
     )

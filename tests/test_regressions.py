@@ -78,6 +78,17 @@ def _publish(root: CacheRoot, key: CacheKey, staging: Staging) -> tuple[bool, Pa
     return outcome.published, outcome.path
 
 
+PEER = PodIdentity(pod="peer", node="node-b", host="other", pid=1)
+
+
+def _two_attempts(tmp_path: Path) -> tuple[CacheRoot, CacheKey, Staging, Staging]:
+    """Our staged attempt and a peer's, for one key on a fresh volume."""
+    (tmp_path / "volume").mkdir()
+    root = open_root(tmp_path / "volume", create=True)
+    key = _key()
+    return root, key, _staged(root, key), _staged(root, key)
+
+
 def _published(tmp_path: Path) -> tuple[CacheRoot, CacheKey, Path]:
     (tmp_path / "volume").mkdir()
     root = open_root(tmp_path / "volume", create=True)
@@ -164,14 +175,10 @@ def test_publish_retries_a_rename_that_failed_with_estale(
 def test_publish_after_estale_finds_the_peers_entry_and_discards_its_own(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "volume").mkdir()
-    root = open_root(tmp_path / "volume", create=True)
-    key = _key()
-    ours, theirs = _staged(root, key), _staged(root, key)
-    peer = PodIdentity(pod="peer", node="node-b", host="other", pid=1)
+    root, key, ours, theirs = _two_attempts(tmp_path)
 
     def peer_publishes() -> None:
-        publish(root, theirs, key, identity=peer, compile_seconds=1.0, strategy="command")
+        publish(root, theirs, key, identity=PEER, compile_seconds=1.0, strategy="command")
 
     calls = _stale_once(monkeypatch, before=peer_publishes)
     published, entry = _publish(root, key, ours)  # raised OSError(ESTALE)
@@ -288,12 +295,8 @@ def test_a_prune_right_after_publish_leaves_the_entry_its_publisher_is_about_to_
 def test_publish_after_estale_twice_goes_by_the_peers_entry(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "volume").mkdir()
-    root = open_root(tmp_path / "volume", create=True)
-    key = _key()
-    ours, theirs = _staged(root, key), _staged(root, key)
-    peer = PodIdentity(pod="peer", node="node-b", host="other", pid=1)
-    publish(root, theirs, key, identity=peer, compile_seconds=1.0, strategy="command")
+    root, key, ours, theirs = _two_attempts(tmp_path)
+    publish(root, theirs, key, identity=PEER, compile_seconds=1.0, strategy="command")
     real_rename = os.rename
 
     def always_stale(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
