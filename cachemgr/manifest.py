@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from stat import S_ISREG
 from typing import Any, Literal
 
 from cachemgr import __version__
@@ -154,6 +155,33 @@ def _from_json(data: Any) -> Manifest:
     )
 
 
+def _listings(base: str, files: Sequence[FileRecord]) -> dict[str, os.DirEntry[str]]:
+    """The manifest's files as listed by their directories: one ``scandir`` per directory.
+
+    A listing brings each file's attributes along on network filesystems (FUSE READDIRPLUS, NFS
+    READDIRPLUS), so the size check that follows needs no round trip per file: on JuiceFS with
+    its default 1 s caches, 5x faster than an ``lstat`` per path for 2,000 files; the same on a
+    local disk (bench/bench_warm.py). A directory that is gone leaves its files out: missing.
+    """
+    listed: dict[str, os.DirEntry[str]] = {}
+    for folder in {record.path.rpartition("/")[0] for record in files}:
+        prefix = folder + "/" if folder else ""
+        try:
+            with os.scandir(os.path.join(base, folder) if folder else base) as entries:
+                for entry in entries:
+                    listed[prefix + entry.name] = entry
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return listed
+
+
+def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return entry.stat(follow_symlinks=False)
+    except FileNotFoundError:  # listed, then removed: a peer moved the entry away meanwhile
+        return None
+
+
 def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> list[Problem]:
     """Compare the files with the manifest: presence and size, and with ``full`` their hashes.
 
@@ -161,13 +189,15 @@ def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> lis
     """
     problems: list[Problem] = []
     base = os.fspath(entry_dir)
-    lstat, join = os.lstat, os.path.join  # the hit path runs this per file: plain strings, no Path objects
+    listed = _listings(base, manifest.files)
     for record in manifest.files:
-        path = join(base, record.path)
-        try:
-            st = lstat(path)
-        except FileNotFoundError:
+        found = listed.get(record.path)
+        st = _lstat(found) if found is not None else None
+        if found is None or st is None:
             problems.append(Problem(record.path, "missing"))
+            continue
+        if not S_ISREG(st.st_mode):
+            problems.append(Problem(record.path, "not a regular file"))
             continue
         if st.st_size != record.size:
             problems.append(Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}"))
@@ -175,7 +205,7 @@ def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> lis
         if mode != "full":
             continue
         try:
-            digest = hash_file(Path(path))
+            digest = hash_file(Path(found.path))
         except FileNotFoundError:
             # Gone since its lstat: a peer quarantined the entry, or prune moved it to the trash.
             problems.append(Problem(record.path, "missing"))
