@@ -81,18 +81,23 @@ def read_json(path: Path) -> Any:
 
 
 def hash_file(path: Path) -> str:
-    """xxh3-128 of a file's bytes, read in large chunks into one reused buffer."""
+    """xxh3-128 of a file's bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return hash_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_fd(fd: int) -> str:
+    """xxh3-128 of what remains to read from ``fd``, read in chunks into one reused buffer."""
     digest = xxhash.xxh3_128()
     buffer = bytearray(_READ_CHUNK)
     view = memoryview(buffer)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        with contextlib.suppress(OSError, AttributeError):  # advice only: larger readahead
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while count := os.readv(fd, (buffer,)):
-            digest.update(view[:count])
-    finally:
-        os.close(fd)
+    with contextlib.suppress(OSError, AttributeError):  # advice only: larger readahead
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    while count := os.readv(fd, (buffer,)):
+        digest.update(view[:count])
     return digest.hexdigest()
 
 

@@ -9,6 +9,7 @@ on every start (fast), hashes on request (full).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -18,7 +19,7 @@ from stat import S_ISREG
 from typing import Any, Literal
 
 from cachemgr import __version__
-from cachemgr.fsutil import atomic_write_json, hash_file, read_json, walk_files
+from cachemgr.fsutil import atomic_write_json, hash_fd, hash_file, read_json, walk_files
 
 MANIFEST_NAME = "manifest.json"
 KEY_NAME = "key.json"
@@ -155,6 +156,10 @@ def _from_json(data: Any) -> Manifest:
     )
 
 
+# O_NONBLOCK: a FIFO where a file should be must not block the check; reads of files ignore it.
+_OPEN_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def _listings(base: str, files: Sequence[FileRecord]) -> dict[str, os.DirEntry[str]]:
     """The manifest's files as listed by their directories: one ``scandir`` per directory.
 
@@ -183,33 +188,49 @@ def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:
 
 
 def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> list[Problem]:
-    """Compare the files with the manifest: presence and size, and with ``full`` their hashes.
+    """Compare the files with the manifest: presence, type and size, and with ``full`` their hashes.
 
     Raises ``OSError`` for I/O errors other than a missing file: a flaky volume is not damage.
     """
-    problems: list[Problem] = []
     base = os.fspath(entry_dir)
+    if mode == "full":
+        return [problem for record in manifest.files if (problem := _check_full(base, record))]
+    problems: list[Problem] = []
     listed = _listings(base, manifest.files)
     for record in manifest.files:
         found = listed.get(record.path)
         st = _lstat(found) if found is not None else None
-        if found is None or st is None:
-            problems.append(Problem(record.path, "missing"))
-            continue
-        if not S_ISREG(st.st_mode):
-            problems.append(Problem(record.path, "not a regular file"))
-            continue
-        if st.st_size != record.size:
-            problems.append(Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}"))
-            continue
-        if mode != "full":
-            continue
-        try:
-            digest = hash_file(Path(found.path))
-        except FileNotFoundError:
-            # Gone since its lstat: a peer quarantined the entry, or prune moved it to the trash.
-            problems.append(Problem(record.path, "missing"))
-            continue
-        if digest != record.xxh3:
-            problems.append(Problem(record.path, "content differs from the manifest's xxh3-128"))
+        problem = _check_stat(record, st)
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def _check_stat(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    if st is None:
+        return Problem(record.path, "missing")
+    if not S_ISREG(st.st_mode):
+        return Problem(record.path, "not a regular file")
+    if st.st_size != record.size:
+        return Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}")
+    return None
+
+
+def _check_full(base: str, record: FileRecord) -> Problem | None:
+    """One file as ``cat`` reads it: open (no symlink followed), fstat, hash what was opened."""
+    try:
+        fd = os.open(os.path.join(base, record.path), _OPEN_NOFOLLOW)
+    except (FileNotFoundError, NotADirectoryError):
+        # Also a file gone since the check began: a peer quarantined the entry, or prune took it.
+        return Problem(record.path, "missing")
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            return Problem(record.path, "not a regular file")
+        raise
+    try:
+        problem = _check_stat(record, os.fstat(fd))
+        if problem is None and hash_fd(fd) != record.xxh3:
+            problem = Problem(record.path, "content differs from the manifest's xxh3-128")
+    finally:
+        os.close(fd)
+    return problem
