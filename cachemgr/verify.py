@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cachemgr.errors import UsageError, VolumeError
-from cachemgr.fsutil import walk_files
+from cachemgr.fsutil import walk_names
 from cachemgr.key import digest_of
 from cachemgr.manifest import MANIFEST_NAME, Manifest, ManifestError, check_files, read_manifest
 from cachemgr.scan import entry_digest, entry_names, scan_entry
@@ -177,7 +177,7 @@ def _check_entry(path: Path, manifest: Manifest) -> tuple[VerifyStatus, list[str
     try:
         problems += [str(p) for p in check_files(path, manifest, mode="full")]
         listed = {record.path for record in manifest.files} | {MANIFEST_NAME}
-        extra = [rel for rel, _ in walk_files(path) if rel not in listed]
+        extra = [rel for rel in walk_names(path) if rel not in listed]
     except OSError as error:
         return "unreadable", [f"{error.filename or path}: {error.strerror}"], []
     warnings = [

@@ -363,6 +363,17 @@ def test_verify_by_key_checks_only_those(cache: Built) -> None:
     assert cli("verify", "0000000000000", env=cache.env).returncode == 64
 
 
+def test_verify_warns_of_files_written_into_a_published_entry_without_failing(cache: Built) -> None:
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    nested = entry / "artifacts" / "written-later"
+    os.chmod(entry / "artifacts", 0o755)
+    nested.mkdir()
+    (nested / "server.log").write_text("a server wrote here")
+    found = cli("verify", read_manifest(entry).key[:8], env=cache.env)
+    assert found.returncode == 0, found.stderr
+    assert "artifacts/written-later/server.log: not in the manifest" in found.stderr
+
+
 # --- cause mayhem ---------------------------------------------------------------------------
 
 
