@@ -22,7 +22,7 @@ from typing import Any
 import xxhash
 
 # 256 KiB reads: the buffer stays in the CPU cache between the read and the hash, which is what
-# keeps a full check near `cat`'s speed (bench/bench_verify.py: 8 MiB reads ran at 35-65% of cat).
+# keeps a full check near `cat`'s speed (bench/bench_verify.py: 8 MiB reads ran at 37-72% of cat).
 _READ_CHUNK = 256 << 10
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
