@@ -39,7 +39,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
+from bench_warm import volumes as warm_volumes  # noqa: E402
+from mounts import unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
 from podlib import STANDIN_COMPILER, Cluster, Pod, wait_for  # noqa: E402
 
 HANDOFF_TARGET_S = 1.0
@@ -69,22 +70,9 @@ class Volume:
 
 @contextlib.contextmanager
 def volumes(kinds: list[str], work: Path) -> Iterator[list[Volume]]:
-    with contextlib.ExitStack() as stack:
-        found = []
-        for kind in kinds:
-            if kind == "local":
-                (work / "local").mkdir()
-                found.append(Volume("local", work / "local", work / "local"))
-                continue
-            reason = mount_unavailable_reason("juicefs")
-            if reason is not None:
-                print(f"skipping {kind}: {reason}", file=sys.stderr)
-                continue
-            cache = 1.0 if kind == "juicefs-cached" else 0.0
-            label = "juicefs, 1 s metadata cache" if cache else "juicefs, no metadata cache"
-            mounts = stack.enter_context(juicefs_volume(work / kind, mounts=2, metadata_cache_s=cache))
-            found.append(Volume(label, mounts[0], mounts[1]))
-        yield found
+    """bench_warm's volumes: the holder uses the first root, waiters on the other node the second."""
+    with warm_volumes(kinds, work) as found:
+        yield [Volume(label, holder_root, other_root) for label, holder_root, other_root in found]
 
 
 def published_at(entry: Path, holder: Pod) -> tuple[float, str]:

@@ -81,18 +81,19 @@ def _publish(root: CacheRoot, key: CacheKey, staging: Staging) -> tuple[bool, Pa
 PEER = PodIdentity(pod="peer", node="node-b", host="other", pid=1)
 
 
+def _volume(tmp_path: Path) -> CacheRoot:
+    (tmp_path / "volume").mkdir()
+    return open_root(tmp_path / "volume", create=True)
+
+
 def _two_attempts(tmp_path: Path) -> tuple[CacheRoot, CacheKey, Staging, Staging]:
     """Our staged attempt and a peer's, for one key on a fresh volume."""
-    (tmp_path / "volume").mkdir()
-    root = open_root(tmp_path / "volume", create=True)
-    key = _key()
+    root, key = _volume(tmp_path), _key()
     return root, key, _staged(root, key), _staged(root, key)
 
 
 def _published(tmp_path: Path) -> tuple[CacheRoot, CacheKey, Path]:
-    (tmp_path / "volume").mkdir()
-    root = open_root(tmp_path / "volume", create=True)
-    key = _key()
+    root, key = _volume(tmp_path), _key()
     return root, key, _publish(root, key, _staged(root, key))[1]
 
 
@@ -161,9 +162,7 @@ def _stale_once(monkeypatch: pytest.MonkeyPatch, before: Callable[[], None] = la
 def test_publish_retries_a_rename_that_failed_with_estale(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "volume").mkdir()
-    root = open_root(tmp_path / "volume", create=True)
-    key = _key()
+    root, key = _volume(tmp_path), _key()
     staging = _staged(root, key)
     calls = _stale_once(monkeypatch)
     published, entry = _publish(root, key, staging)  # raised OSError(ESTALE): the pod exited 74
@@ -227,9 +226,7 @@ def test_a_full_volume_when_taking_the_lease_is_reported_as_disk_full(
 def test_publish_carries_on_when_a_prune_takes_the_new_entry_at_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    (tmp_path / "volume").mkdir()
-    root = open_root(tmp_path / "volume", create=True)
-    key = _key()
+    root, key = _volume(tmp_path), _key()
     staging = _staged(root, key)
     entry = root.entry_path(key)
     real_chmod = os.chmod
