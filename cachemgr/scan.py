@@ -156,9 +156,31 @@ def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = 
     names = entry_names(root)
     with _directory(root.entries) as entries_fd:
         ctx = _Context(root, compat, _names(root.usage), time.time(), [], entries_fd)
-        entries = tuple(info for name in names if (info := _entry_info(ctx, name)) is not None)
+        entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     return Scan(entries=entries, staging=staging, warnings=tuple(ctx.warnings))
+
+
+# Entries are read one by one first. Where that is slow, a network filesystem's round trips are
+# the cost (JuiceFS here: 2 to 6 ms an entry, against 0.05 ms on a local disk), and threads
+# overlap them (3x with 16 on JuiceFS); on a local disk threads only fight over the GIL (3x slower).
+_PROBE_ENTRIES = 64
+_SLOW_ENTRY_SECONDS = 0.0005
+_THREADS = 16
+
+
+def _entry_infos(ctx: _Context, names: list[str]) -> list[EntryInfo | None]:
+    head, rest = names[:_PROBE_ENTRIES], names[_PROBE_ENTRIES:]
+    started = time.monotonic()
+    infos = [_entry_info(ctx, name) for name in head]
+    if not rest:
+        return infos
+    if (time.monotonic() - started) / len(head) < _SLOW_ENTRY_SECONDS:
+        return infos + [_entry_info(ctx, name) for name in rest]
+    from concurrent.futures import ThreadPoolExecutor  # network filesystems only
+
+    with ThreadPoolExecutor(_THREADS, thread_name_prefix="cachemgr-scan") as pool:
+        return infos + list(pool.map(lambda name: _entry_info(ctx, name), rest))
 
 
 def scan_entry(root: CacheRoot, name: str, *, compat: Compat | None = None) -> EntryInfo | None:

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -372,6 +373,30 @@ def test_verify_warns_of_files_written_into_a_published_entry_without_failing(ca
     found = cli("verify", read_manifest(entry).key[:8], env=cache.env)
     assert found.returncode == 0, found.stderr
     assert "artifacts/written-later/server.log: not in the manifest" in found.stderr
+
+
+def test_a_slow_volume_is_scanned_with_threads_to_the_same_result(
+    cache: Built, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where reading entries one by one is slow (a network filesystem), the rest are read by threads."""
+    from cachemgr import scan as scanning
+    from cachemgr.store import open_root
+
+    root = open_root(cache.root, create=False)
+    damage(cache.root)  # damaged entries too: they take the other path through _entry_info
+    one_by_one = scanning.scan(root)
+    monkeypatch.setattr(scanning, "_PROBE_ENTRIES", 1)
+    monkeypatch.setattr(scanning, "_SLOW_ENTRY_SECONDS", 0.0)  # every volume counts as slow
+    started = threading.active_count()
+    threaded = scanning.scan(root)
+
+    def comparable(found: scanning.Scan) -> list[dict[str, object]]:
+        return [{**e.to_json(), "users": [u.pod for u in e.users]} for e in found.entries]
+
+    assert len(one_by_one.entries) > 2
+    assert comparable(threaded) == comparable(one_by_one)
+    assert sorted(threaded.warnings) == sorted(one_by_one.warnings)
+    assert threading.active_count() == started, "the pool's threads are gone"
 
 
 # --- cause mayhem ---------------------------------------------------------------------------
