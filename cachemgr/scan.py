@@ -158,7 +158,8 @@ def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = 
         ctx = _Context(root, compat, _names(root.usage), time.time(), [], entries_fd)
         entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
-    return Scan(entries=entries, staging=staging, warnings=tuple(ctx.warnings))
+    # Sorted: entries read by threads (a slow volume) add theirs in no set order.
+    return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
 
 
 # Entries are read one by one first. Where that is slow, a network filesystem's round trips are

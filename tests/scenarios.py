@@ -9,6 +9,7 @@ from pathlib import Path
 
 from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, wait_for
 
+from cachemgr.key import CacheKey, KeyRequest, compute_key
 from cachemgr.lease import read_marker
 from cachemgr.manifest import check_files, read_manifest
 
@@ -26,6 +27,21 @@ def compile_cmd(record: Path, *, seconds: float | None = 0.3, extra: str = "") -
         f"{STANDIN_COMPILER} --output-dir {{output_dir}} --model {MODEL} --files 6 --bytes 256k "
         f"{pace}--record {shlex.quote(str(record))} {extra}"
     ).strip()
+
+
+def command_key(role: str = "prefill") -> CacheKey:
+    """A key of the command strategy, computed in process, for tests that publish by library call."""
+    return compute_key(
+        KeyRequest(
+            argv=["vllm", "serve", "{artifact_dir}"],
+            role=role,
+            strategy="command",
+            compile_cmd="compiler --output-dir {output_dir}",
+            compiler_version="0.12.0",
+            npu_type="RBLN-CA25",
+            environ={},
+        )
+    )
 
 
 def server_argv(port: int) -> list[str]:

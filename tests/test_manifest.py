@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from scenarios import command_key
 
-from cachemgr.key import KeyRequest, compute_key
 from cachemgr.manifest import Problem, check_files, read_manifest
 from cachemgr.records import PodIdentity
 from cachemgr.store import create_staging, open_root, publish
@@ -27,17 +27,7 @@ def entry(tmp_path: Path) -> Path:
     """A published entry with nested directories, through the real publish path."""
     (tmp_path / "volume").mkdir()
     root = open_root(tmp_path / "volume", create=True)
-    key = compute_key(
-        KeyRequest(
-            argv=["vllm", "serve", "{artifact_dir}"],
-            role="decode",
-            strategy="command",
-            compile_cmd="compiler --output-dir {output_dir}",
-            compiler_version="0.12.0",
-            npu_type="RBLN-CA25",
-            environ={},
-        )
-    )
+    key = command_key("decode")
     identity = PodIdentity(pod="test", node="node-a", host="test", pid=os.getpid())
     staging = create_staging(root, key, identity)
     for rel, size in FILES.items():

@@ -41,29 +41,15 @@ from typing import Any
 
 import pytest
 from podlib import Cluster, free_port, read_jsonl
-from scenarios import compile_cmd, server_argv
+from scenarios import command_key, compile_cmd, server_argv
 
 import cachemgr.manifest
-from cachemgr.key import CacheKey, KeyRequest, compute_key
+from cachemgr.key import CacheKey
 from cachemgr.manifest import check_files, read_manifest
 from cachemgr.records import PodIdentity
 from cachemgr.store import CacheRoot, Staging, create_staging, lookup, open_root, publish
 
 IDENTITY = PodIdentity(pod="test", node="node-a", host="test", pid=os.getpid())
-
-
-def _key() -> CacheKey:
-    return compute_key(
-        KeyRequest(
-            argv=["vllm", "serve", "{artifact_dir}"],
-            role="prefill",
-            strategy="command",
-            compile_cmd="compiler --output-dir {output_dir}",
-            compiler_version="0.12.0",
-            npu_type="RBLN-CA25",
-            environ={},
-        )
-    )
 
 
 def _staged(root: CacheRoot, key: CacheKey) -> Staging:
@@ -88,12 +74,12 @@ def _volume(tmp_path: Path) -> CacheRoot:
 
 def _two_attempts(tmp_path: Path) -> tuple[CacheRoot, CacheKey, Staging, Staging]:
     """Our staged attempt and a peer's, for one key on a fresh volume."""
-    root, key = _volume(tmp_path), _key()
+    root, key = _volume(tmp_path), command_key()
     return root, key, _staged(root, key), _staged(root, key)
 
 
 def _published(tmp_path: Path) -> tuple[CacheRoot, CacheKey, Path]:
-    root, key = _volume(tmp_path), _key()
+    root, key = _volume(tmp_path), command_key()
     return root, key, _publish(root, key, _staged(root, key))[1]
 
 
@@ -162,7 +148,7 @@ def _stale_once(monkeypatch: pytest.MonkeyPatch, before: Callable[[], None] = la
 def test_publish_retries_a_rename_that_failed_with_estale(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    root, key = _volume(tmp_path), _key()
+    root, key = _volume(tmp_path), command_key()
     staging = _staged(root, key)
     calls = _stale_once(monkeypatch)
     published, entry = _publish(root, key, staging)  # raised OSError(ESTALE): the pod exited 74
@@ -226,7 +212,7 @@ def test_a_full_volume_when_taking_the_lease_is_reported_as_disk_full(
 def test_publish_carries_on_when_a_prune_takes_the_new_entry_at_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    root, key = _volume(tmp_path), _key()
+    root, key = _volume(tmp_path), command_key()
     staging = _staged(root, key)
     entry = root.entry_path(key)
     real_chmod = os.chmod
