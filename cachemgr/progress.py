@@ -325,6 +325,7 @@ class CompileProgress:
         self._every = min(interval, HEARTBEAT_SECONDS)
         self._log, self._write = Every(interval), Every(self._every)
         self._meter = meter  # a bar on a terminal (warm); None in a pod
+        self.peak_staged = 0  # a lower bound for what the compile writes, if it fails
         self._log.due()  # the first event comes one interval in: "compiling" was just logged
 
     def snapshot(self, *, cpu_seconds: float, staged_bytes: int) -> Snapshot:
@@ -347,6 +348,7 @@ class CompileProgress:
     def tick(self, *, cpu_seconds: float, staged_bytes: int) -> None:
         """Called on every monitor sample (twice a second); logs and writes at their own pace."""
         now = time.monotonic()
+        self.peak_staged = max(self.peak_staged, staged_bytes)
         snap = self.snapshot(cpu_seconds=cpu_seconds, staged_bytes=staged_bytes)
         if self._meter is not None:
             self._meter.set(staged_bytes)

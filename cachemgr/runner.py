@@ -129,6 +129,7 @@ class Runner:
         self._missed = False
         self._preflight_found: Preflight | None = None
         self._compile_progress: CompileProgress | None = None
+        self._peak_staged = 0  # the most the last attempt was seen to have staged
         self._wait_log: Every | None = None
 
     # --- the flow ---------------------------------------------------------------------
@@ -519,6 +520,7 @@ class Runner:
         reporter, self._compile_progress = self._compile_progress, None
         if reporter is not None:
             reporter.close()
+            self._peak_staged = reporter.peak_staged
 
     def _progress(self, monitor: launcher.ProgressMonitor) -> None:
         progress = monitor.sample()
@@ -596,7 +598,11 @@ class Runner:
         started: float,
     ) -> None:
         """Remove the attempt, then record why it failed (after freeing space, so the record fits)."""
-        written = tree_bytes(staging.artifacts)
+        # A compiler may remove its partial output before it exits (optimum-rbln 0.12.0 save_pretrained
+        # deletes its .tmp copy on any error, optimum/rbln/modeling_base.py:719-723): the most it was
+        # seen to have staged counts too.
+        self._stop_progress()
+        written = max(tree_bytes(staging.artifacts), self._peak_staged)
         staging.discard()
         self._volume_beat.discard(staging.owner_file)
         found = self._preflight_found

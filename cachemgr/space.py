@@ -124,14 +124,15 @@ def _failed_attempt(record: Mapping[str, Any]) -> tuple[int, str, bool] | None:
     report = report if isinstance(report, Mapping) else {}
     try:
         written = int(record.get("bytes_written") or 0)
-        free = int(report.get("free_at_start_bytes") or 0) if written else 0
+        free = int(report.get("free_at_start_bytes") or 0)
     except (TypeError, ValueError):
         return None
-    if not written:
+    if not (written or free):
         return None
-    source = f"an earlier attempt ran out of space after writing {human_bytes(written)}"
     if free > written:
-        source += f", with {human_bytes(free)} free when it started"
+        source = f"an earlier attempt filled the {human_bytes(free)} that were free when it started"
+    else:
+        source = f"an earlier attempt ran out of space after writing {human_bytes(written)}"
     return max(written, free), source, True
 
 
@@ -207,21 +208,28 @@ class DiskReport:
     free_at_start: int | None = None  # statvfs when the compile started (None: before it did)
 
     @property
+    def filled_bytes(self) -> int:
+        """What the volume proved too small for: mid-compile it filled all that was free at the
+        start (unless another writer took part of it), however much of its output the compiler
+        removed before it exited; always at least what the attempt was seen writing."""
+        return max(self.written_bytes, self.free_at_start or 0)
+
+    @property
     def needed_bytes(self) -> int | None:
-        """What this compile needs at least: the larger of the estimate and what was written."""
+        """What this compile needs at least: the larger of the estimate and what it filled."""
         if self.expected.bytes is None:
-            return self.written_bytes or None
-        return max(self.expected.bytes, self.written_bytes)
+            return self.filled_bytes or None
+        return max(self.expected.bytes, self.filled_bytes)
 
     @property
     def needed_source(self) -> str:
-        if self.written_bytes and self.written_bytes >= (self.expected.bytes or 0):
+        if self.filled_bytes and self.filled_bytes >= (self.expected.bytes or 0):
             estimate = (
                 f"; the estimate was {human_bytes(self.expected.bytes)}, {self.expected.source}"
                 if self.expected.bytes is not None
                 else ""
             )
-            return f"what the attempt wrote before the volume filled{estimate}"
+            return f"the space the attempt filled{estimate}"
         return self.expected.source
 
     def what(self) -> str:
@@ -232,12 +240,13 @@ class DiskReport:
                 + f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}; {self._need()}"
             )
         start = (
-            f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile started"
+            f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile "
+            "started and the volume filled during it"
             if self.free_at_start is not None
             else f"the volume has {human_bytes(self.total_bytes)}"
         )
         return (
-            head + f"{start}; the attempt wrote {human_bytes(self.written_bytes)} before the volume filled "
+            head + f"{start}; the attempt was seen writing {human_bytes(self.written_bytes)} "
             f"(removed since: {human_bytes(self.free_bytes)} free now); {self._need()}"
         )
 
@@ -245,22 +254,14 @@ class DiskReport:
         needed = self.needed_bytes
         if needed is None:
             return f"expected size {self.expected.source}"
-        if self.written_bytes or self.expected.lower_bound:
+        if self.filled_bytes or self.expected.lower_bound:
             return f"this compile needs more than {human_bytes(needed)} ({self.needed_source})"
         return f"this compile needs about {human_bytes(needed)} ({self.needed_source})"
 
-    def shortfall(self) -> int | None:
-        """How much more room the compile needs than the volume had for it."""
-        needed, free = self.needed_bytes, self.free_at_start
-        if needed is None or free is None:
-            return None
-        return max(0, needed - free)
-
     def remedy(self) -> str:
         steps = []
-        short = self.shortfall()
-        if self.written_bytes and short is not None:
-            steps.append(f"make room for more than {human_bytes(short)} beyond what was free when it started")
+        if self.filled_bytes and self.needed_bytes is not None:
+            steps.append(f"give it more than {human_bytes(self.needed_bytes)} of free space")
         pruning = []
         if self.prunable.incompatible:
             pruning.append(
@@ -288,6 +289,7 @@ class DiskReport:
             "expected_source": self.expected.source,
             "cause": self.cause,
             "written_bytes": self.written_bytes,
+            "filled_bytes": self.filled_bytes,
             "needed_bytes": self.needed_bytes,
             "needed_source": self.needed_source,
             "prunable_incompatible_bytes": self.prunable.incompatible_bytes,

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from podlib import Cluster, Pod, free_port, run_cli, wait_for
-from scenarios import compile_cmd, compiles, server_argv
+from scenarios import compile_cmd, compiles, server_argv, vllm_argv
 
 from cachemgr.lease import KeyLease
 from cachemgr.meter import interval_from
@@ -360,18 +360,23 @@ def test_disk_full_report_figures_agree_and_the_next_preflight_knows_the_size(
     assert (
         report["free_at_start_bytes"] - 256 * 1024 <= report["written_bytes"] <= report["free_at_start_bytes"]
     )
-    # The estimate (another configuration's entry) was lower: the advice uses what was written.
+    # The estimate (another configuration's entry) was lower: the advice uses the space filled.
     assert report["expected_bytes"] < report["written_bytes"]
     assert report["expected_source"].startswith("learned from entry")
-    assert report["needed_bytes"] == max(report["expected_bytes"], report["written_bytes"])
-    assert report["needed_source"].startswith("what the attempt wrote before the volume filled")
+    assert report["filled_bytes"] == max(report["written_bytes"], report["free_at_start_bytes"])
+    assert report["needed_bytes"] == max(report["expected_bytes"], report["filled_bytes"])
+    assert report["needed_source"].startswith("the space the attempt filled; the estimate was")
     # Free now: measured after the attempt was removed, so about what was free at the start.
     assert abs(report["free_bytes"] - report["free_at_start_bytes"]) <= 64 * 1024
     message = failure["message"]
     for figure in ("free_at_start_bytes", "written_bytes", "free_bytes", "total_bytes", "expected_bytes"):
         assert human_bytes(report[figure]) in message, (figure, message)
     assert f"needs more than {human_bytes(report['needed_bytes'])}" in message
-    assert "were free when the compile started" in message
+    assert (
+        f"were free when the compile started and the volume filled during it; the attempt was seen writing {human_bytes(report['written_bytes'])}"
+        in message
+    )
+    assert f"Give it more than {human_bytes(report['needed_bytes'])} of free space" in message
 
     # The next start learns the real size from the failed attempt and stops before compiling.
     before = compiles(record)
@@ -380,8 +385,36 @@ def test_disk_full_report_figures_agree_and_the_next_preflight_knows_the_size(
     assert compiles(record) == before, "the preflight stopped it"
     preflight = [e for e in pod.log_events() if e["event"] == "space_preflight"][-1]
     assert preflight["expected_bytes"] == max(report["written_bytes"], report["free_at_start_bytes"])
-    assert preflight["expected_source"].startswith(
-        f"an earlier attempt ran out of space after writing {human_bytes(report['written_bytes'])}"
+    assert preflight["expected_source"] == (
+        f"an earlier attempt filled the {human_bytes(report['free_at_start_bytes'])} that were free when it started"
     )
     message = (pod.state_dir / "termination-log").read_text()
     assert f"needs more than {human_bytes(preflight['expected_bytes'])}" in message, message
+
+
+def test_a_compiler_that_removes_its_partial_output_still_proves_the_volume_too_small(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    """optimum-rbln's save_pretrained deletes its .tmp copy when the copy fails for space
+    (optimum/rbln/modeling_base.py:719-723): staging is empty when the attempt ends, yet the
+    compile filled the volume. The report and the next preflight must not believe the estimate."""
+    root = tmpfs_small(30 * MiB)
+    earlier = pods.start(
+        "earlier", vllm_argv(free_port(), "--tensor-parallel-size", "8"), cache_root=root, command="warm",
+        env={"STANDIN_ARTIFACT_BYTES": str(8 * MiB), "STANDIN_COMPILE_SECONDS": "0.2"},
+    )  # fmt: skip
+    assert earlier.wait_exit() == 0, earlier.tail()
+    env = {"STANDIN_ARTIFACT_BYTES": str(64 * MiB), "STANDIN_COMPILE_SECONDS": "0.2"}
+    pod = pods.start("a", vllm_argv(free_port()), cache_root=root, env=env)
+    assert pod.wait_exit() == 73, pod.tail()
+    (failure,) = [json.loads(p.read_text()) for p in (root / "failures").rglob("*.json")]
+    report = failure["report"]
+    assert report["expected_bytes"] < 9 * MiB, "the estimate came from the 8 MiB entry"
+    assert report["needed_bytes"] == report["filled_bytes"] >= report["free_at_start_bytes"] > 20 * MiB
+    assert f"needs more than {human_bytes(report['needed_bytes'])}" in failure["message"]
+
+    pod = pods.start("b", vllm_argv(free_port()), cache_root=root, env=env)
+    assert pod.wait_exit() == 73, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "(checked before compiling)" in message, "the next start stops before compiling"
+    assert f"needs more than {human_bytes(report['filled_bytes'])} (an earlier attempt filled" in message
