@@ -114,40 +114,54 @@ def _size() -> tuple[int, int]:
 
 
 class _Bar:
-    """A tqdm bar on stderr; log lines written meanwhile appear above it, not through it."""
+    """A tqdm bar on stderr; log lines written meanwhile appear above it, not through it.
+
+    Drawn at the first figure, so a total learned a moment later (verify sums its entries
+    first) does not show as a bar without one.
+    """
 
     def __init__(self, what: str, total: int) -> None:
-        from tqdm import tqdm  # only on a terminal: see the module doc
+        self._what, self._total = what, total
+        self._bar: Any = None
 
-        columns, lines = _size()
-        self._bar = tqdm(
-            total=total or None,
-            desc=what,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
-            file=sys.stderr,
-            ncols=columns,
-            nrows=lines,
-            mininterval=0.2,
-            leave=True,
-        )
-        set_write_guard(lambda: tqdm.external_write_mode(file=sys.stderr))
+    def _draw(self) -> Any:
+        if self._bar is None:
+            from tqdm import tqdm  # only on a terminal: see the module doc
+
+            columns, lines = _size()
+            self._bar = tqdm(
+                total=self._total or None,
+                desc=self._what,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                file=sys.stderr,
+                ncols=columns,
+                nrows=lines,
+                mininterval=0.2,
+                leave=True,
+            )
+            set_write_guard(lambda: tqdm.external_write_mode(file=sys.stderr))
+        return self._bar
 
     def total(self, count: int) -> None:
-        self._bar.total = count or None
-        self._bar.refresh()
+        self._total = count
+        if self._bar is not None:
+            self._bar.total = count or None
+            self._bar.refresh()
 
     def advance(self, count: int) -> None:
-        self.set(int(self._bar.n) + count)
+        self.set(int(self._draw().n) + count)
 
     def set(self, done: int) -> None:
-        if self._bar.total is not None and done > self._bar.total:
+        bar = self._draw()
+        if bar.total is not None and done > bar.total:
             # The total was an estimate (summaries leave out key.json; a compile outgrows the
             # expected size): never show more than 100 %.
-            self._bar.total = done
-        self._bar.update(done - self._bar.n)
+            bar.total = done
+        bar.update(done - bar.n)
 
     def close(self) -> None:
-        set_write_guard(None)
-        self._bar.close()
+        if self._bar is not None:
+            set_write_guard(None)
+            self._bar.close()

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.fsutil import atomic_write_json
+from cachemgr.fsutil import atomic_write_json, tree_bytes
 from cachemgr.key import CacheKey, digest_of
 from cachemgr.log import get_logger
 from cachemgr.records import HEARTBEAT_SECONDS
@@ -142,11 +142,11 @@ class Snapshot:
     every_s: float
 
     def describe(self) -> str:
-        """``4m12s in, 310 CPU-s, 1.2 GiB staged of ~7.6 GiB, ETA ~6m (from entry ... in 10m52s)``."""
+        """``4m12s in, 5m10s CPU, 1.2 GiB staged of ~7.6 GiB, ETA ~6m (from entry ... in 10m52s)``."""
         staged = human_bytes(self.staged_bytes) + " staged"
         if self.expected_bytes:
             staged += f" of ~{human_bytes(self.expected_bytes)}"
-        text = f"{clock(self.elapsed_s)} in, {self.cpu_seconds:.0f} CPU-s, {staged}"
+        text = f"{clock(self.elapsed_s)} in, {clock(self.cpu_seconds)} CPU, {staged}"
         if self.eta_s is None:
             return f"{text}, no ETA ({self.eta_source})"
         if self.eta_s <= 0:
@@ -357,8 +357,11 @@ class CompileProgress:
         if self._write.due(now):
             write_record(self._root, snap)
 
-    def close(self) -> None:
+    def close(self, *, staged: Path | None = None) -> None:
+        """``staged``: a compile that succeeded; the bar ends at what it wrote, not at the last sample."""
         if self._meter is not None:
+            if staged is not None:
+                self._meter.set(tree_bytes(staged))
             self._meter.close()
         remove_record(self._root, self._key.digest, token=self._token)
 

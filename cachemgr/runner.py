@@ -399,7 +399,7 @@ class Runner:
                 launcher.terminate_tree(child)
             watch.join()
             self._check_compile_end(code, watch, what="compile command")
-            self._stop_progress()
+            self._stop_progress(staged=staging.artifacts)
             self._publish(root, key, staging, lease, seconds=time.monotonic() - started)
         except BaseException as error:
             self._fail_attempt(root, key, staging, error, watch=watch, started=started)
@@ -438,7 +438,7 @@ class Runner:
                 watch.join()
                 # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
                 self._check_compile_end(code, watch, what="server", compile_only_ok=True, staging=staging)
-            self._stop_progress()
+            self._stop_progress(staged=staging.artifacts)
             self._publish_snapshot(root, key, staging, lease, seconds=time.monotonic() - started)
         except BaseException as error:
             self._stop_progress()
@@ -516,10 +516,10 @@ class Runner:
             bar=self.options.warm,  # a Job run by hand on a terminal; pods log compile_progress
         )
 
-    def _stop_progress(self) -> None:
+    def _stop_progress(self, *, staged: Path | None = None) -> None:
         reporter, self._compile_progress = self._compile_progress, None
         if reporter is not None:
-            reporter.close()
+            reporter.close(staged=staged)
             self._peak_staged = reporter.peak_staged
 
     def _progress(self, monitor: launcher.ProgressMonitor) -> None:

@@ -192,10 +192,12 @@ def prunable_now(entries: tuple[EntryInfo, ...], *, unused_after: float = UNUSED
 class DiskReport:
     """The one report for a full volume: the same in the log, termination message and failure record.
 
-    Mid-compile it says what was free when the compile started, what the attempt wrote before
-    the volume filled (a lower bound for what it needs: it stopped because it could not write
-    more), and advises on the larger of that and the estimate: an estimate learned from another
-    configuration may be far too low, and the attempt's own writes just proved it so.
+    Mid-compile it says what was free when the compile started (the figure "free now" is
+    measured after the attempt was removed), what the attempt was seen writing, and advises on
+    the larger of the estimate and what the attempt filled (a lower bound: it stopped because it
+    could not write more). An estimate learned from another configuration may be far too low,
+    and the attempt just proved it so; the failure record keeps the figures for the next
+    preflight (``_failed_attempt``).
     """
 
     volume: str

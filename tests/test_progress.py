@@ -120,7 +120,7 @@ def test_compiling_and_waiting_pods_log_progress_with_what_the_eta_rests_on(
     reported = [w for w in waiting if w["holder_progress"] != "not reported yet"]
     assert reported, f"the waiter never saw the holder's progress:\n{waiter.tail()}"
     assert reported[-1]["holder_eta_source"] == last["eta_source"]
-    assert " CPU-s, " in reported[-1]["holder_progress"]
+    assert " CPU, " in reported[-1]["holder_progress"]
     assert not (root / "leases" / f"{summary['key']}.progress.json").exists()
     assert list((root / "leases").glob("*.progress.json")) == [], "the holder removes its record"
 
@@ -227,7 +227,7 @@ def test_a_waiter_never_breaks_on_a_missing_or_bad_record(
         lambda: [e for e in _events(waiter, "waiting_for_compile") if "ETA" in e["holder_progress"]],
         what="the good record in a waiting line",
     )[-1]
-    assert "1m05s in, 61 CPU-s, 3.0 MiB staged of ~8.0 MiB, ETA ~10m" in line["holder_progress"]
+    assert "1m05s in, 1m01s CPU, 3.0 MiB staged of ~8.0 MiB, ETA ~10m" in line["holder_progress"]
     assert line["holder_eta_source"] == "from entry 8f6aaebd05f3 compiled in 10m52s"
 
     locks = run_cli("locks", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(cache.path)})
@@ -235,7 +235,7 @@ def test_a_waiter_never_breaks_on_a_missing_or_bad_record(
     (lock,) = json.loads(locks.stdout)
     assert lock["progress"]["eta_source"] == line["holder_eta_source"]
     text = run_cli("locks", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(cache.path)}).stdout
-    assert f"{digest[:12]}  1m05s in, 61 CPU-s, 3.0 MiB staged of ~8.0 MiB, ETA ~10m" in text
+    assert f"{digest[:12]}  1m05s in, 1m01s CPU, 3.0 MiB staged of ~8.0 MiB, ETA ~10m" in text
 
     lease.release()  # the holder goes away without publishing: the waiter compiles, as it should
     waiter.wait_phase("serving")
@@ -418,3 +418,19 @@ def test_a_compiler_that_removes_its_partial_output_still_proves_the_volume_too_
     message = (pod.state_dir / "termination-log").read_text()
     assert "(checked before compiling)" in message, "the next start stops before compiling"
     assert f"needs more than {human_bytes(report['filled_bytes'])} (an earlier attempt filled" in message
+
+
+def test_warm_shows_a_bar_of_the_compile_on_a_terminal(pods: Cluster, root: Path) -> None:
+    record = pods.work / "compiler.jsonl"
+    _warm(pods, root, "earlier", _options(record, seconds=0.1, size="2M", extra="--tensor-parallel-size 8"))
+    env = {
+        **pods.base_env,
+        "CACHEMGR_CACHE_ROOT": str(root),
+        "CACHEMGR_STATE_DIR": str(pods.work / "warm-state"),
+    }
+    argv = [sys.executable, "-m", "cachemgr", "warm", *_options(record, seconds=1.0, size="2M")]
+    code, shown, _ = _run_on_pty([*argv, "--", *server_argv(8000)], env)
+    assert code == 0, shown
+    assert "compiling: " in shown, shown
+    assert "100%|" in shown, "the bar reaches the expected size, learned from the earlier entry"
+    assert '"event": "published"' in shown, "log lines still reach the terminal"

@@ -565,7 +565,9 @@ def _locks_text(found: list[LockInfo]) -> str:
     ]
     note = "\n\nages by this node's clock from the marker's mtime; a lease is stale when not refreshed for its duration"
     progress = [
-        f"{x.key[:12]}  {x.progress.describe() if x.progress is not None else 'no progress reported yet'}"
+        f"{x.key[:12]}  {x.progress.describe()}; reported {human_duration(x.progress.age_s)} ago"
+        if x.progress is not None
+        else f"{x.key[:12]}  no progress reported yet"
         for x in found
     ]
     return table(rows, cols) + _section("PROGRESS (as the holder reports it)", "\n".join(progress)) + note
