@@ -22,6 +22,7 @@ import json
 import math
 import os
 import stat
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -36,6 +37,7 @@ from cachemgr.store import CacheRoot
 from cachemgr.units import human_bytes
 
 if TYPE_CHECKING:
+    from cachemgr.meter import Meter
     from cachemgr.space import Preflight
 
 log = get_logger("cachemgr.progress")
@@ -316,7 +318,7 @@ class CompileProgress:
         expected_source: str,
         duration: Duration,
         interval: float = DEFAULT_INTERVAL,
-        meter: Any = None,
+        meter: Meter | None = None,
     ) -> None:
         self._root, self._key, self._token, self._pod = root, key, token, pod
         self._expected = (expected_bytes, expected_source)
@@ -377,8 +379,6 @@ def start_compile_progress(
     bar: bool,
 ) -> CompileProgress:
     """The reporter of one compile, with what the preflight learned; a bar only on a terminal."""
-    import sys
-
     expectation = preflight.expectation if preflight is not None else None
     meter = None
     if bar and sys.stderr.isatty():
