@@ -434,3 +434,19 @@ def test_warm_shows_a_bar_of_the_compile_on_a_terminal(pods: Cluster, root: Path
     assert "compiling: " in shown, shown
     assert "100%|" in shown, "the bar reaches the expected size, learned from the earlier entry"
     assert '"event": "published"' in shown, "log lines still reach the terminal"
+
+
+def test_a_record_not_refreshed_is_shown_as_of_when_it_was_written(
+    held: tuple[CacheRoot, str, KeyLease, list[str]],
+) -> None:
+    cache, digest, lease, _ = held
+    write_record(cache, _snapshot(digest, lease.token))
+    fresh = read_record(cache, digest, token=lease.token)
+    assert fresh is not None
+    assert not fresh.stale
+    past = time.time() - 120
+    os.utime(record_path(cache, digest), (past, past))
+    seen = read_record(cache, digest, token=lease.token)
+    assert seen is not None
+    assert seen.stale, "three of its 1 s periods (and 5 s of slack) went by without a rewrite"
+    assert seen.describe().endswith("[as of 2m00s ago: not refreshed since]")
