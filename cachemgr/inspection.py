@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.errors import ConfigError, UsageError, VolumeError
 from cachemgr.key import resolve_compiler, resolve_npu
 from cachemgr.manifest import KEY_NAME, ManifestError, check_files, read_manifest
+from cachemgr.progress import Seen, read_record
 from cachemgr.records import failures
 from cachemgr.scan import (
     Attempt,
@@ -328,6 +329,7 @@ class LockInfo:
     entry: str
     holder: Holder
     stale: bool
+    progress: Seen | None = None  # the holder's own progress record (cachemgr.progress)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -336,6 +338,7 @@ class LockInfo:
             "entry": self.entry,
             **(holder_json(self.holder) or {}),
             "stale": self.stale,
+            "progress": self.progress.to_json() if self.progress is not None else None,
         }
 
 
@@ -351,7 +354,8 @@ def list_locks(root: CacheRoot) -> list[LockInfo]:
         if holder is None:
             continue  # released while we looked
         entry = names.get(digest[:16]) or _staged_entry(root, digest)
-        found.append(LockInfo(digest, entry, holder, lease_stale(holder)))
+        seen = read_record(root, digest, token=holder.token) if holder.current else None
+        found.append(LockInfo(digest, entry, holder, lease_stale(holder), seen))
     return found
 
 

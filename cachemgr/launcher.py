@@ -30,6 +30,7 @@ from typing import IO, Any, Protocol
 
 from cachemgr.errors import ConfigError
 from cachemgr.fsutil import tree_bytes
+from cachemgr.log import terminal_guard
 
 # What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT).
 DISK_FULL_LINE = re.compile(
@@ -144,7 +145,7 @@ class OutputWatch:
     def _pump(self, stream: IO[bytes], sink: IO[str]) -> None:
         out = getattr(sink, "buffer", None)
         for raw in iter(stream.readline, b""):
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError), terminal_guard():
                 if out is not None:
                     out.write(raw)
                     out.flush()

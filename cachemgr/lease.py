@@ -172,6 +172,11 @@ class KeyLease:
         return self._lease.lease_duration
 
     @property
+    def token(self) -> str | None:
+        """This holder's marker token: its progress record carries it (cachemgr.progress)."""
+        return self._lease.token
+
+    @property
     def lost(self) -> bool:
         """True once another pod took the lease over (we were frozen or cut off).
 
@@ -194,6 +199,7 @@ class KeyLease:
         stop: Flag,
         wait_timeout: float | None,
         on_wait: Callable[[Holder | None, float], None] | None = None,
+        notify_every: float = _LOG_EVERY,
     ) -> WaitOutcome:
         """Take the lease, or return as soon as a peer publishes the entry.
 
@@ -201,7 +207,7 @@ class KeyLease:
         ``stop`` is set (a termination signal): the caller turns these into exit codes.
         """
         started = time.monotonic()
-        last_log = [started - _LOG_EVERY]
+        last_log = [started - notify_every]
         outcome: list[WaitOutcome] = []
 
         def should_stop() -> bool:
@@ -211,7 +217,7 @@ class KeyLease:
                 return True
             if stop.is_set() or (wait_timeout is not None and now - started >= wait_timeout):
                 return True
-            if now - last_log[0] >= _LOG_EVERY:
+            if now - last_log[0] >= notify_every:
                 last_log[0] = now
                 if on_wait is not None:
                     on_wait(read_holder(self._root, self._digest), now - started)

@@ -11,9 +11,12 @@ is launched or as soon as anything else happens (a miss, a failure, the exit).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from cachemgr.errors import ConfigError
@@ -49,7 +52,23 @@ class _Sink:
         if self.logger is None:
             self.logger = _structlog_logger(self.format or resolve_format(None), self.level)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
-        getattr(self.logger, level)(event, timestamp=stamp, **fields)
+        with terminal_guard():
+            getattr(self.logger, level)(event, timestamp=stamp, **fields)
+
+
+_GUARD: list[Callable[[], AbstractContextManager[Any]]] = []
+
+
+def set_write_guard(guard: Callable[[], AbstractContextManager[Any]] | None) -> None:
+    """While a progress bar is drawn on the terminal, writes to it go through ``guard()``,
+    which clears the bar first and redraws it after (see cachemgr.meter)."""
+    _GUARD[:] = [guard] if guard is not None else []
+
+
+def terminal_guard() -> AbstractContextManager[Any]:
+    """Wrap a write to stderr/stdout: log events here, a compiler's output in the launcher."""
+    guard = _GUARD[:1]
+    return guard[0]() if guard else contextlib.nullcontext()
 
 
 _SINK = _Sink()

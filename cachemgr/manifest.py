@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from stat import S_ISREG
@@ -188,14 +188,24 @@ def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:
         return None
 
 
-def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> list[Problem]:
+def check_files(
+    entry_dir: Path, manifest: Manifest, *, mode: VerifyMode, on_file: Callable[[int], None] | None = None
+) -> list[Problem]:
     """Compare the files with the manifest: presence, type and size, and with ``full`` their hashes.
 
     Raises ``OSError`` for I/O errors other than a missing file: a flaky volume is not damage.
+    ``on_file(size)`` follows each file of a full check (a progress bar's bytes).
     """
     base = os.fspath(entry_dir)
     if mode == "full":
-        return [problem for record in manifest.files if (problem := _check_full(base, record))]
+        hashed: list[Problem] = []
+        for record in manifest.files:
+            problem = _check_full(base, record)
+            if problem is not None:
+                hashed.append(problem)
+            if on_file is not None:
+                on_file(record.size)
+        return hashed
     problems: list[Problem] = []
     listed = _listings(base, manifest.files)
     for record in manifest.files:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
@@ -41,6 +41,9 @@ from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
 from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, last_use, scan
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_bytes, human_duration
+
+if TYPE_CHECKING:
+    from cachemgr.meter import Meter
 
 log = get_logger("cachemgr.prune")
 
@@ -288,11 +291,15 @@ def execute(
     *,
     stale_after: float = STALE_STAGING_AFTER,
     identity: PodIdentity | None = None,
+    meter: Meter | None = None,
 ) -> PruneResult:
     """Remove what the plan lists, in a safe order, re-checking use at each step.
 
     ``stale_after`` and ``identity`` must be the plan's, so an attempt is judged as it was.
+    ``meter`` hears each item's bytes once it is done with (removed, skipped or failed).
     """
+    if meter is not None:
+        meter.total(plan.bytes)
     identity = identity or PodIdentity.current()
     removed: list[PruneItem] = []
     skipped: list[tuple[PruneItem, str]] = []
@@ -304,6 +311,9 @@ def execute(
             failed.append((item, f"{error.strerror or error} ({error.filename or item.path})"))
             log.warning("prune_failed", kind=item.kind, name=item.name, error=str(error))
             continue
+        finally:
+            if meter is not None:
+                meter.advance(item.bytes)
         if why_not is None:
             removed.append(item)
             log.info("pruned", kind=item.kind, name=item.name, bytes=item.bytes, reason=item.reason)

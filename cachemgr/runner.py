@@ -71,8 +71,9 @@ from cachemgr.strategies import (
 )
 
 if TYPE_CHECKING:
-    from cachemgr.lease import KeyLease
-    from cachemgr.space import SpaceCheck
+    from cachemgr.lease import Holder, KeyLease
+    from cachemgr.progress import CompileProgress, Every
+    from cachemgr.space import Preflight, SpaceCheck
 
 log = get_logger("cachemgr.run")
 
@@ -98,6 +99,8 @@ class RunOptions:
     stall_timeout: float = 1800.0
     status_port: int | None = None
     warm: bool = False
+    # compile_progress and waiting_for_compile, at most once per this (cachemgr.progress.DEFAULT_INTERVAL)
+    progress_interval: float = 30.0
 
     @property
     def stale_staging_after(self) -> float:
@@ -124,6 +127,10 @@ class Runner:
         self._reaper = False
         self._server_exited = threading.Event()
         self._missed = False
+        self._preflight_found: Preflight | None = None
+        self._compile_progress: CompileProgress | None = None
+        self._peak_staged = 0  # the most the last attempt was seen to have staged
+        self._wait_log: Every | None = None
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -238,8 +245,10 @@ class Runner:
     def _wait_for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
         """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
         from cachemgr.lease import read_holder  # the miss path only: filelock stays off the hit path
+        from cachemgr.progress import Every
 
         started = time.monotonic()
+        notify = Every(min(5.0, self.options.progress_interval))
         while True:
             if self._published(root, key):
                 found = self._lookup(root, key)
@@ -253,8 +262,8 @@ class Runner:
                     remedy="run the cachemgr warm Job for this configuration, or use --on-miss compile; "
                     "'cachemgr explain -- ARGV' shows the nearest entries",
                 )
-            if self.state.current.phase != "waiting":
-                self.state.phase("waiting", holder=holder.pod, holder_node=holder.node)
+            if notify.due():
+                self._on_wait(holder, time.monotonic() - started, root=root, key=key)
             self._check_wait(started, key, root)
             self.relay.stop.wait(0.2)
 
@@ -288,7 +297,8 @@ class Runner:
                 published=lambda: self._published(root, key),
                 stop=self.relay.stop,
                 wait_timeout=self.options.wait_timeout,
-                on_wait=self._on_wait,
+                on_wait=lambda holder, waited: self._on_wait(holder, waited, root=root, key=key),
+                notify_every=min(5.0, self.options.progress_interval),
             )
         except TimeoutError:
             raise self._wait_timeout(root, key, time.monotonic() - started) from None
@@ -326,12 +336,18 @@ class Runner:
         finally:
             lease.release()
 
-    def _on_wait(self, holder: Any, waited: float) -> None:
-        """Called while the lease is taken by a peer: first to enter 'waiting', then every few seconds."""
+    def _on_wait(self, holder: Holder | None, waited: float, *, root: CacheRoot, key: CacheKey) -> None:
+        """Called while a peer compiles: the state every few seconds, a log line per progress interval."""
+        from cachemgr.progress import Every, holder_detail
+
         detail: dict[str, Any] = {"waited_s": round(waited)}
         if holder is not None and holder.current:
             detail.update(holder=holder.pod, holder_node=holder.node, held_for_s=round(holder.held_for))
-        log.info("waiting_for_compile", **detail)
+            detail.update(holder_detail(root, key.digest, token=holder.token))
+        if self._wait_log is None:
+            self._wait_log = Every(self.options.progress_interval)
+        if self._wait_log.due():
+            log.info("waiting_for_compile", **detail)
         if self.state.current.phase != "waiting":
             self.state.phase("waiting", **detail)
         else:
@@ -355,7 +371,9 @@ class Runner:
             prune_incompatible_for_space(root, key, given=self.options.expected_size)
         from cachemgr.space import preflight  # scans the volume: the miss path only
 
-        expectation = preflight(root, key, given=self.options.expected_size, check=self.options.space_check)
+        found = preflight(root, key, given=self.options.expected_size, check=self.options.space_check)
+        self._preflight_found = found
+        expectation = found.expectation
         self.state.update(detail={"expected_bytes": expectation.bytes, "expected_source": expectation.source})
 
     # --- compiling ----------------------------------------------------------------------
@@ -366,6 +384,7 @@ class Runner:
         self.state.phase("compiling", strategy="command", staging=str(staging.path))
         started = time.monotonic()
         watch: launcher.OutputWatch | None = None
+        self._start_progress(root, key, lease)
         try:
             child = launcher.start(argv, env=self.environ, capture=True, what="compile command")
             watch = launcher.OutputWatch(child)
@@ -380,11 +399,13 @@ class Runner:
                 launcher.terminate_tree(child)
             watch.join()
             self._check_compile_end(code, watch, what="compile command")
+            self._stop_progress(staged=staging.artifacts)
             self._publish(root, key, staging, lease, seconds=time.monotonic() - started)
         except BaseException as error:
             self._fail_attempt(root, key, staging, error, watch=watch, started=started)
             raise
         finally:
+            self._stop_progress()
             self._volume_beat.discard(staging.owner_file)
 
     def _compile_vllm(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> int:
@@ -397,6 +418,7 @@ class Runner:
         watch: launcher.OutputWatch | None = None
         child = None
         healthy = threading.Event()
+        self._start_progress(root, key, lease)
         try:
             child = launcher.start(key.server.argv, env=env, capture=True, what="server")
             self.relay.attach(child)
@@ -416,8 +438,10 @@ class Runner:
                 watch.join()
                 # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
                 self._check_compile_end(code, watch, what="server", compile_only_ok=True, staging=staging)
+            self._stop_progress(staged=staging.artifacts)
             self._publish_snapshot(root, key, staging, lease, seconds=time.monotonic() - started)
         except BaseException as error:
+            self._stop_progress()
             if child is not None:
                 launcher.terminate_tree(child)
             self._fail_attempt(root, key, staging, error, watch=watch, started=started)
@@ -478,8 +502,30 @@ class Runner:
             exit_status=status,
         )
 
+    def _start_progress(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> None:
+        """compile_progress events and the progress record beside the lease (cachemgr.progress)."""
+        from cachemgr.progress import start_compile_progress
+
+        self._compile_progress = start_compile_progress(
+            root,
+            key,
+            token=lease.token,
+            pod=self.identity.pod,
+            preflight=self._preflight_found,
+            interval=self.options.progress_interval,
+            bar=self.options.warm,  # a Job run by hand on a terminal; pods log compile_progress
+        )
+
+    def _stop_progress(self, *, staged: Path | None = None) -> None:
+        reporter, self._compile_progress = self._compile_progress, None
+        if reporter is not None:
+            reporter.close(staged=staged)
+            self._peak_staged = reporter.peak_staged
+
     def _progress(self, monitor: launcher.ProgressMonitor) -> None:
         progress = monitor.sample()
+        if self._compile_progress is not None:
+            self._compile_progress.tick(cpu_seconds=progress.cpu_seconds, staged_bytes=progress.staging_bytes)
         stalled = monitor.stalled_for()
         detail: dict[str, Any] = {
             "cpu_seconds": round(progress.cpu_seconds, 1),
@@ -552,10 +598,22 @@ class Runner:
         started: float,
     ) -> None:
         """Remove the attempt, then record why it failed (after freeing space, so the record fits)."""
-        written = tree_bytes(staging.artifacts)
+        # A compiler may remove its partial output before it exits (optimum-rbln 0.12.0 save_pretrained
+        # deletes its .tmp copy on any error, optimum/rbln/modeling_base.py:719-723): the most it was
+        # seen to have staged counts too.
+        self._stop_progress()
+        written = max(tree_bytes(staging.artifacts), self._peak_staged)
         staging.discard()
         self._volume_beat.discard(staging.owner_file)
-        reported = _as_reported(error, root, key, given=self.options.expected_size, written=written)
+        found = self._preflight_found
+        reported = _as_reported(
+            error,
+            root,
+            key,
+            given=self.options.expected_size,
+            written=written,
+            free_at_start=found.space.free_bytes if found is not None else None,
+        )
         if reported is None:
             return
         tail = watch.tail_text() if watch is not None else []
@@ -675,20 +733,27 @@ class _DiskFullSeenError(Exception):
 
 
 def _as_reported(
-    error: BaseException, root: CacheRoot, key: CacheKey, *, given: int | None, written: int = 0
+    error: BaseException,
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    given: int | None,
+    written: int = 0,
+    free_at_start: int | None = None,
 ) -> CacheMgrError | None:
     """The documented error for a failed attempt; None for a signal (nothing to record)."""
     from cachemgr.space import disk_report
 
     if isinstance(error, Interrupted):
         return None
+    figures: dict[str, Any] = {"given": given, "written": written, "free_at_start": free_at_start}
     if isinstance(error, _DiskFullSeenError):
-        return disk_report(root, key, cause=str(error), given=given, written=written).error()
+        return disk_report(root, key, cause=str(error), **figures).error()
     if isinstance(error, CacheMgrError):
         return error
     if isinstance(error, OSError) and is_disk_full(error):
         cause = f"writing {error.filename}: {error.strerror}" if error.filename else str(error.strerror)
-        return disk_report(root, key, cause=cause, given=given, written=written).error()
+        return disk_report(root, key, cause=cause, **figures).error()
     if isinstance(error, OSError):
         return VolumeError(
             f"cache volume I/O failed: {error}", remedy="check the compile cache PVC and the node's mount"

@@ -90,6 +90,7 @@ class EntryInfo:
     users: tuple[User, ...]
     status: EntryStatus
     problem: str | None = None
+    compile_seconds: float | None = None  # how long its compile took: what an ETA learns from
 
     @property
     def in_use(self) -> bool:
@@ -271,6 +272,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         users=pods,
         status="incompatible" if why else "ok",
         problem=why,
+        compile_seconds=number(summary.get("compile_seconds")),
     )
 
 

@@ -59,6 +59,13 @@ class Expectation:
 
     bytes: int | None
     source: str
+    # True when learned from an attempt that ran out of space: the compile needs more than this.
+    lower_bound: bool = False
+
+    def fits(self, free_bytes: int) -> bool:
+        if self.bytes is None:
+            return True
+        return free_bytes > self.bytes if self.lower_bound else free_bytes >= self.bytes
 
 
 def expected_size(
@@ -85,7 +92,7 @@ def expected_size(
 def _learned(root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...]) -> Expectation | None:
     model_id = digest_of(key.inputs["model"])[:16]
     pp = key.server.pipeline_parallel_size
-    best: tuple[int, str] | None = None
+    best: tuple[int, str, bool] | None = None
     for entry in entries:
         if entry.model_id != model_id or entry.status == "damaged" or not entry.size_bytes:
             continue
@@ -96,13 +103,37 @@ def _learned(root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...]) -> 
                 if entry.pipeline_parallel_size != pp
                 else ""
             )
-            best = (scaled, f"learned from entry {entry.short} ({human_bytes(entry.size_bytes)}{note})")
+            best = (
+                scaled,
+                f"learned from entry {entry.short} ({human_bytes(entry.size_bytes)}{note})",
+                False,
+            )
     for record in failures(root, key.digest):
-        # An attempt that ran out of space had written this much: the compile needs more.
+        failed = _failed_attempt(record)
+        if failed is not None and (best is None or failed[0] >= best[0]):
+            best = failed
+    return Expectation(*best) if best else None
+
+
+def _failed_attempt(record: Mapping[str, Any]) -> tuple[int, str, bool] | None:
+    """What an attempt that ran out of space proved: it needs more than it wrote, and more than
+    the volume had free when it started (it filled that). A lower bound, never an estimate."""
+    if record.get("reason") != "disk-full":
+        return None
+    report = record.get("report")
+    report = report if isinstance(report, Mapping) else {}
+    try:
         written = int(record.get("bytes_written") or 0)
-        if record.get("reason") == "disk-full" and written and (best is None or written > best[0]):
-            best = (written, f"an earlier attempt ran out of space after writing {human_bytes(written)}")
-    return Expectation(best[0], best[1]) if best else None
+        free = int(report.get("free_at_start_bytes") or 0)
+    except (TypeError, ValueError):
+        return None
+    if not (written or free):
+        return None
+    if free > written:
+        source = f"an earlier attempt filled the {human_bytes(free)} that were free when it started"
+    else:
+        source = f"an earlier attempt ran out of space after writing {human_bytes(written)}"
+    return max(written, free), source, True
 
 
 def _weight_bytes(key: CacheKey) -> int:
@@ -159,7 +190,15 @@ def prunable_now(entries: tuple[EntryInfo, ...], *, unused_after: float = UNUSED
 
 @dataclass(frozen=True)
 class DiskReport:
-    """The one report for a full volume: the same in the log, termination message and failure record."""
+    """The one report for a full volume: the same in the log, termination message and failure record.
+
+    Mid-compile it says what was free when the compile started (the figure "free now" is
+    measured after the attempt was removed), what the attempt was seen writing, and advises on
+    the larger of the estimate and what the attempt filled (a lower bound: it stopped because it
+    could not write more). An estimate learned from another configuration may be far too low,
+    and the attempt just proved it so; the failure record keeps the figures for the next
+    preflight (``_failed_attempt``).
+    """
 
     volume: str
     total_bytes: int
@@ -168,33 +207,75 @@ class DiskReport:
     cause: str
     prunable: Prunable
     written_bytes: int = 0
+    free_at_start: int | None = None  # statvfs when the compile started (None: before it did)
+
+    @property
+    def filled_bytes(self) -> int:
+        """What the volume proved too small for: mid-compile it filled all that was free at the
+        start (unless another writer took part of it), however much of its output the compiler
+        removed before it exited; always at least what the attempt was seen writing."""
+        return max(self.written_bytes, self.free_at_start or 0)
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """What this compile needs at least: the larger of the estimate and what it filled."""
+        if self.expected.bytes is None:
+            return self.filled_bytes or None
+        return max(self.expected.bytes, self.filled_bytes)
+
+    @property
+    def needed_source(self) -> str:
+        if self.filled_bytes and self.filled_bytes >= (self.expected.bytes or 0):
+            estimate = (
+                f"; the estimate was {human_bytes(self.expected.bytes)}, {self.expected.source}"
+                if self.expected.bytes is not None
+                else ""
+            )
+            return f"the space the attempt filled{estimate}"
+        return self.expected.source
 
     def what(self) -> str:
-        need = (
-            f"this compile needs about {human_bytes(self.expected.bytes)} ({self.expected.source})"
-            if (self.expected.bytes is not None)
-            else f"expected size {self.expected.source}"
+        head = f"compile cache volume {self.volume} is out of space ({self.cause}): "
+        if self.free_at_start is None and not self.written_bytes:
+            return (
+                head
+                + f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}; {self._need()}"
+            )
+        start = (
+            f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile "
+            "started and the volume filled during it"
+            if self.free_at_start is not None
+            else f"the volume has {human_bytes(self.total_bytes)}"
         )
-        wrote = f"; the attempt had written {human_bytes(self.written_bytes)}" if self.written_bytes else ""
         return (
-            f"compile cache volume {self.volume} is out of space ({self.cause}): "
-            f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}{wrote}; {need}"
+            head + f"{start}; the attempt was seen writing {human_bytes(self.written_bytes)} "
+            f"(removed since: {human_bytes(self.free_bytes)} free now); {self._need()}"
         )
+
+    def _need(self) -> str:
+        needed = self.needed_bytes
+        if needed is None:
+            return f"expected size {self.expected.source}"
+        if self.filled_bytes or self.expected.lower_bound:
+            return f"this compile needs more than {human_bytes(needed)} ({self.needed_source})"
+        return f"this compile needs about {human_bytes(needed)} ({self.needed_source})"
 
     def remedy(self) -> str:
         steps = []
+        if self.filled_bytes and self.needed_bytes is not None:
+            steps.append(f"give it more than {human_bytes(self.needed_bytes)} of free space")
+        pruning = []
         if self.prunable.incompatible:
-            steps.append(
+            pruning.append(
                 f"free {human_bytes(self.prunable.incompatible_bytes)} now with 'cachemgr prune --incompatible --yes' "
                 f"({_count(self.prunable.incompatible, 'entry', 'entries')} for another compiler version or NPU type)"
             )
         if self.prunable.unused:
-            steps.append(
+            pruning.append(
                 f"free {human_bytes(self.prunable.unused_bytes)} with 'cachemgr prune --unused-for 14d --yes' "
                 f"({_count(self.prunable.unused, 'entry', 'entries')} unused for {human_duration(UNUSED_AFTER)})"
             )
-        if not steps:
-            steps.append("nothing can be pruned now ('cachemgr du' shows what uses the space)")
+        steps += pruning or ["nothing can be pruned now ('cachemgr du' shows what uses the space)"]
         steps.append(
             f"or raise {CHART_KEY} (it can only grow, and only where the StorageClass allows volume expansion)"
         )
@@ -205,10 +286,14 @@ class DiskReport:
             "volume": self.volume,
             "total_bytes": self.total_bytes,
             "free_bytes": self.free_bytes,
+            "free_at_start_bytes": self.free_at_start,
             "expected_bytes": self.expected.bytes,
             "expected_source": self.expected.source,
             "cause": self.cause,
             "written_bytes": self.written_bytes,
+            "filled_bytes": self.filled_bytes,
+            "needed_bytes": self.needed_bytes,
+            "needed_source": self.needed_source,
             "prunable_incompatible_bytes": self.prunable.incompatible_bytes,
             "prunable_incompatible": [e.name for e in self.prunable.incompatible],
             "prunable_unused_bytes": self.prunable.unused_bytes,
@@ -225,9 +310,19 @@ def _count(items: tuple[EntryInfo, ...], one: str, many: str) -> str:
 
 
 def disk_report(
-    root: CacheRoot, key: CacheKey, *, cause: str, given: int | None, written: int = 0
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    cause: str,
+    given: int | None,
+    written: int = 0,
+    free_at_start: int | None = None,
 ) -> DiskReport:
-    """Measure the volume and the cache now and build the report."""
+    """Measure the volume and the cache now and build the report.
+
+    Called after the attempt was removed and before its failure record is written, so the
+    estimate here does not include this attempt yet; ``needed_bytes`` takes the larger of the two.
+    """
     entries = scan(root, compat=_compat(key), with_staging=False).entries
     space = VolumeSpace.measure(root.path)
     return DiskReport(
@@ -238,6 +333,7 @@ def disk_report(
         cause=cause,
         prunable=prunable_now(entries),
         written_bytes=written,
+        free_at_start=free_at_start,
     )
 
 
@@ -245,7 +341,16 @@ def _compat(key: CacheKey) -> Compat:
     return Compat(compiler=str(key.inputs["compiler"]), npu=str(key.inputs["npu"]))
 
 
-def preflight(root: CacheRoot, key: CacheKey, *, given: int | None, check: SpaceCheck) -> Expectation:
+@dataclass(frozen=True)
+class Preflight:
+    """What the check before compiling found: the expectation, the volume then, the entries."""
+
+    expectation: Expectation
+    space: VolumeSpace
+    entries: tuple[EntryInfo, ...]
+
+
+def preflight(root: CacheRoot, key: CacheKey, *, given: int | None, check: SpaceCheck) -> Preflight:
     """Stop before compiling when the volume cannot hold the expected output."""
     entries = scan(root, compat=_compat(key), with_staging=False).entries
     expectation = expected_size(root, key, given=given, entries=entries)
@@ -258,8 +363,9 @@ def preflight(root: CacheRoot, key: CacheKey, *, given: int | None, check: Space
         expected_bytes=expectation.bytes,
         expected_source=expectation.source,
     )
-    if expectation.bytes is None or space.free_bytes >= expectation.bytes:
-        return expectation
+    found = Preflight(expectation, space, entries)
+    if expectation.fits(space.free_bytes):
+        return found
     report = DiskReport(
         volume=str(root.path),
         total_bytes=space.total_bytes,
@@ -270,5 +376,5 @@ def preflight(root: CacheRoot, key: CacheKey, *, given: int | None, check: Space
     )
     if check == "warn":
         log.warning("space_preflight_short", message=report.what(), remedy=report.remedy())
-        return expectation
+        return found
     raise report.error()

@@ -12,9 +12,10 @@ are warnings: pods never see them (their views list the manifest's files only).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.errors import UsageError, VolumeError
 from cachemgr.fsutil import walk_names
@@ -23,6 +24,9 @@ from cachemgr.manifest import MANIFEST_NAME, Manifest, ManifestError, check_file
 from cachemgr.scan import entry_digest, entry_names, scan_entry
 from cachemgr.store import CacheRoot, quarantine
 from cachemgr.units import human_bytes
+
+if TYPE_CHECKING:
+    from cachemgr.meter import Meter
 
 VerifyStatus = Literal["ok", "damaged", "unreadable", "gone"]
 
@@ -105,16 +109,20 @@ class VerifyReport:
         }
 
 
-def verify(root: CacheRoot, queries: list[str], *, fix: bool) -> VerifyReport:
+def verify(root: CacheRoot, queries: list[str], *, fix: bool, meter: Meter | None = None) -> VerifyReport:
     """Hash-check the chosen entries (all by default); with ``fix``, quarantine damaged ones.
 
     Healthy entries are only read. A file that cannot be read (EIO, EACCES) is reported as
-    ``unreadable`` and never moved: a flaky volume is not damage.
+    ``unreadable`` and never moved: a flaky volume is not damage. ``meter`` hears the bytes
+    hashed, file by file (a bar on a terminal, progress events in a log).
     """
     started = time.monotonic()
     items = []
-    for name in _chosen(root, queries):
-        item = _verify_one(root, name)
+    names = _chosen(root, queries)
+    if meter is not None:
+        meter.total(sum(info.size_bytes for name in names if (info := scan_entry(root, name)) is not None))
+    for name in names:
+        item = _verify_one(root, name, meter=meter)
         if fix and item.status == "damaged":
             item = _move_aside(root, item)
         items.append(item)
@@ -139,7 +147,7 @@ def _chosen(root: CacheRoot, queries: list[str]) -> list[str]:
     return list(chosen)
 
 
-def _verify_one(root: CacheRoot, name: str) -> Verified:
+def _verify_one(root: CacheRoot, name: str, *, meter: Meter | None = None) -> Verified:
     path = root.entries / name
     started = time.monotonic()
     info = scan_entry(root, name)
@@ -152,7 +160,7 @@ def _verify_one(root: CacheRoot, name: str) -> Verified:
     except ManifestError as error:
         status, problems = "damaged", [str(error)]
     else:
-        status, problems, warnings = _check_entry(path, manifest)
+        status, problems, warnings = _check_entry(path, manifest, on_file=meter.advance if meter else None)
     if status != "ok" and not path.is_dir():
         status, problems = "gone", ["removed while being checked (pruned or quarantined)"]
     return Verified(
@@ -167,7 +175,9 @@ def _verify_one(root: CacheRoot, name: str) -> Verified:
     )
 
 
-def _check_entry(path: Path, manifest: Manifest) -> tuple[VerifyStatus, list[str], list[str]]:
+def _check_entry(
+    path: Path, manifest: Manifest, *, on_file: Callable[[int], None] | None = None
+) -> tuple[VerifyStatus, list[str], list[str]]:
     """Status, problems and warnings of one committed entry: its key, then every file's hash."""
     problems = []
     if not path.name.endswith(manifest.key[:16]):
@@ -175,7 +185,7 @@ def _check_entry(path: Path, manifest: Manifest) -> tuple[VerifyStatus, list[str
     elif digest_of(manifest.inputs) != manifest.key:
         problems.append("manifest.json's inputs do not hash to its key (edited after publishing?)")
     try:
-        problems += [str(p) for p in check_files(path, manifest, mode="full")]
+        problems += [str(p) for p in check_files(path, manifest, mode="full", on_file=on_file)]
         listed = {record.path for record in manifest.files} | {MANIFEST_NAME}
         extra = [rel for rel in walk_names(path) if rel not in listed]
     except OSError as error:

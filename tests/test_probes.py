@@ -436,6 +436,7 @@ _HEAVY = (
     "yaml",
     "filelock",
     "packaging",
+    "tqdm",
     "cachemgr.runner",
 )
 

@@ -31,6 +31,7 @@ from cachemgr.inspection import (
 )
 from cachemgr.inspection import show as show_key
 from cachemgr.key import compute_key
+from cachemgr.meter import interval_from, open_meter
 from cachemgr.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
 from cachemgr.records import PodIdentity
 from cachemgr.scan import as_dict, lease_stale, scan
@@ -396,8 +397,12 @@ def _du_text(u: DiskUsage) -> str:
 
 def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[str, str]) -> int:
     root = _root(args)
-    with volume_errors(root):
-        report = verify_entries(root, list(args.keys), fix=args.fix)
+    meter = open_meter(what="verify", event="verify_progress", interval=interval_from(args.progress_interval))
+    try:
+        with volume_errors(root):
+            report = verify_entries(root, list(args.keys), fix=args.fix, meter=meter)
+    finally:
+        meter.close()
     if args.output == "json":
         emit_json(report.to_json())
     else:
@@ -442,7 +447,11 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
         return 0
     if not args.yes and not _asked_yes(args, plan):
         return 0
-    result = execute(root, plan, stale_after=request.stale_after, identity=identity)
+    meter = open_meter(what="prune", event="prune_progress", interval=interval_from(args.progress_interval))
+    try:
+        result = execute(root, plan, stale_after=request.stale_after, identity=identity, meter=meter)
+    finally:
+        meter.close()
     _render_prune(args, plan, result)
     if result.failed:
         item, why = result.failed[0]
@@ -555,4 +564,10 @@ def _locks_text(found: list[LockInfo]) -> str:
         for c in ("key", "entry", "holder", "node", "held_for", "refreshed", "lease", "stale")
     ]
     note = "\n\nages by this node's clock from the marker's mtime; a lease is stale when not refreshed for its duration"
-    return table(rows, cols) + note
+    progress = [
+        f"{x.key[:12]}  {x.progress.describe()}; reported {human_duration(x.progress.age_s)} ago"
+        if x.progress is not None
+        else f"{x.key[:12]}  no progress reported yet"
+        for x in found
+    ]
+    return table(rows, cols) + _section("PROGRESS (as the holder reports it)", "\n".join(progress)) + note

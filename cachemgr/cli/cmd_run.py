@@ -52,6 +52,7 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
 
 
 def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
+    from cachemgr.meter import interval_from
     from cachemgr.runner import RunOptions  # heavy imports only for run/warm
 
     lease = _seconds(args.lease_duration, "--lease-duration") or 30.0
@@ -80,6 +81,7 @@ def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
         stall_timeout=_seconds(args.stall_timeout, "--stall-timeout") or 1800.0,
         status_port=args.status_port,
         warm=warm,
+        progress_interval=interval_from(args.progress_interval),
     )
 
 

@@ -54,6 +54,16 @@ def _add_log(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--progress-interval",
+        default=_env("CACHEMGR_PROGRESS_INTERVAL"),
+        metavar="DURATION",
+        help="log progress (compile_progress, waiting_for_compile, ...) at most this often "
+        "[env CACHEMGR_PROGRESS_INTERVAL; default 30s]",
+    )
+
+
 def _add_root(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-root",
@@ -144,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_root(cmd)
         _add_key(cmd)
         _add_run(cmd)
+        _add_progress(cmd)
         _add_log(cmd)
 
     cmd = sub.add_parser("key", help="print the cache key of -- SERVER ARGV and where each input came from")
@@ -193,6 +204,7 @@ def _add_inspection(sub: Any) -> None:
     cmd.add_argument("--fix", action="store_true")
     _add_root(cmd)
     _add_output(cmd)
+    _add_progress(cmd)
     _add_log(cmd)
     cmd = sub.add_parser("prune", help="plan, print, then remove entries (never one in use)")
     cmd.add_argument(
@@ -207,6 +219,7 @@ def _add_inspection(sub: Any) -> None:
     _add_root(cmd)
     _add_output(cmd)
     _add_compat(cmd)
+    _add_progress(cmd)
     _add_log(cmd)
 
 
