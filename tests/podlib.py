@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachemgr.standin import DECLARED_VERSIONS
 from cachemgr.standin.shim import write_vllm_shim
 
 DEADLINE = 60.0
@@ -143,6 +144,7 @@ class Cluster:
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
             "CACHEMGR_COMPILER_VERSION": "0.12.0",
             "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+            **DECLARED_VERSIONS,
             "CACHEMGR_ROLE": "prefill",
             "CACHEMGR_LOG_FORMAT": "json",
             "STANDIN_COMPILE_SECONDS": "0.5",

@@ -32,6 +32,7 @@ from podlib import DEADLINE, free_port, read_jsonl, wait_for
 
 from cachemgr.cli.main import build_parser
 from cachemgr.probes import stale_after
+from cachemgr.standin import DECLARED_VERSIONS
 from cachemgr.standin.shim import write_vllm_shim
 from cachemgr.state import State
 from cachemgr.units import parse_duration
@@ -477,6 +478,7 @@ class Node:
                 [str(self.bin), str(ENTRYPOINT), str(Path(sys.executable).parent), env["PATH"]]
             ),
             CACHEMGR_COMPILER_VERSION=STANDIN_COMPILER_VERSION,
+            **DECLARED_VERSIONS,
             CACHEMGR_TERMINATION_LOG=str(pod / "termination-log"),
             STANDIN_COMPILE_SECONDS="0.3",
             STANDIN_RECORD=str(self.record),

@@ -70,6 +70,7 @@ from cachemgr.standin.compiler import (
 )
 
 BANNER = "STAND-IN vllm server (cachemgr.standin, not vLLM)"
+DEFAULT_NPU = "RBLN-CA25"
 VERSION = "0.12.0+standin"  # what `vllm --version` prints; PEP 440, so it reduces to 0.12
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -408,6 +409,12 @@ def optimum_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
         _jsonable(args.compile_flags),
     )
     base = {"impl": "optimum", "cache_root": str(cache_root), "path": str(cached)}
+    if device_npu() is None:
+        # optimum-rbln creates runtimes and checks the devices before compiling, compile-only or
+        # not (configuration_utils.py 1133-1140, modeling_base.py 520-527; runtime_utils.py 164-167).
+        raise ValueError(
+            "Device 0 is not a valid NPU device. Please check your NPU status with 'rbln-smi' command."
+        )
     record_event(knobs.record, "compile", **base, digest=None, signature=signature)
     log("INFO", f"Compiling {args.model} via optimum-rbln (stand-in) into {cached}")
     # optimum-rbln compiles into a TemporaryDirectory (under TMPDIR), then save_pretrained copies.
@@ -431,18 +438,49 @@ def safe_name(model: str) -> str:
     return cleaned.strip("_") or "unknown"
 
 
+def vllm_version() -> str:
+    """The vLLM version this stand-in "has installed" (``vllm.__version__``)."""
+    from cachemgr.standin import VLLM_VERSION
+
+    return os.environ.get("STANDIN_VLLM_VERSION") or VLLM_VERSION
+
+
+def device_npu() -> str | None:
+    """``rebel.get_npu_name(0)``: what the fake ``rebel`` (standin/pymods) answers, None without a device."""
+    name = os.environ.get("STANDIN_NPU_NAME", DEFAULT_NPU).strip()
+    return None if name.lower() in {"", "none"} else name
+
+
+def npu_name() -> str | None:
+    """``RblnPlatform.get_device_name``: the device first, then the settings, the raw string
+    (vllm_rbln/platform/__init__.py 136-151)."""
+    return device_npu() or os.environ.get("RBLN_FORCE_NPU_NAME") or os.environ.get("RBLN_TARGET_SOC") or None
+
+
+def warmup_skip_reason(args: ServeArgs) -> str | None:
+    """``compile_and_warmup_skip_reason`` (vllm_rbln/v1/worker/utils.py 378-384): no warm-up, no bundle."""
+    if (
+        args.compile_flags.get("enforce-eager") is True
+        and args.compile_flags.get("no-enforce-eager") is not True
+    ):
+        return "enforce_eager is set"
+    if not _env_bool("VLLM_RBLN_ENABLE_WARM_UP", "True"):
+        return "VLLM_RBLN_ENABLE_WARM_UP is off"
+    return None
+
+
 def vllm_signature(args: ServeArgs) -> str:
     """``mega_cache.config_signature``: sha1 of config hash | compile env | npu | rebel major.minor."""
-    cfg = hashlib.sha256(
-        json.dumps({"model": args.model, "flags": _jsonable(args.compile_flags)}, sort_keys=True).encode()
-    ).hexdigest()
+    # VllmConfig.compute_hash() starts with vllm.__version__ (vLLM config/vllm.py 479-484).
+    config = {"vllm": vllm_version(), "model": args.model, "flags": _jsonable(args.compile_flags)}
+    cfg = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     env = {
         "VLLM_RBLN_USE_VLLM_MODEL": _env_bool("VLLM_RBLN_USE_VLLM_MODEL", "False"),
         "VLLM_RBLN_NUM_HIDDEN_LAYERS": os.environ.get("VLLM_RBLN_NUM_HIDDEN_LAYERS", "0"),
         "VLLM_RBLN_USE_DEVICE_TENSOR": _env_bool("VLLM_RBLN_USE_DEVICE_TENSOR", "True"),
     }
     env_hash = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
-    text = "|".join([cfg, env_hash, "npu=STANDIN", "rebel=0.12"])
+    text = "|".join([cfg, env_hash, f"npu={npu_name() or 'unknown'}", "rebel=0.12"])
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
@@ -573,6 +611,11 @@ def compile_graphs(
 def vllm_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
     signature = vllm_signature(args)
     engine = Engine("vllm", signature, cache_root)
+    skip = warmup_skip_reason(args)
+    if skip is not None:
+        # rbln_worker.compile_or_warm_up_model: neither mega_cache.load nor .save runs.
+        log("INFO", f"Skipping compile_or_warm_up_model ({skip}).")
+        return engine
     # vLLM's VLLM_DISABLE_COMPILE_CACHE turns mega_cache.load/save into no-ops.
     use_cache = not bool(int(os.environ.get("VLLM_DISABLE_COMPILE_CACHE", "0") or "0"))
     log("INFO", f"mega-cache config_signature={signature} (stand-in)")
