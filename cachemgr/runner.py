@@ -490,8 +490,8 @@ class Runner:
             raise _DiskFullSeenError(f"the {what} printed: {watch.disk_full_line}")
         if self.relay.stop.is_set():
             raise Interrupted(self.relay.received or 15)
-        if code == 0 and (not compile_only_ok or (staging is not None and tree_bytes(staging.artifacts) > 0)):
-            return
+        if code == 0:
+            return  # what it left is judged next: publish only what the server will load (loadable)
         status = launcher.exit_status(code if code is not None else -9)
         ended = "before its health endpoint answered" if compile_only_ok else "while compiling"
         raise CompileError(

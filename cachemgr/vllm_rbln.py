@@ -10,7 +10,7 @@ they are unpacked and fails when a fact moves, and tools/rbln_facts.py prints th
   dispatch.py`` 59-98, "FIXME ... should also include the versions"). So the key holds the
   installed vllm, vllm-rbln and optimum-rbln versions, exactly.
 - The model string: vLLM replaces the model by its ``VLLM_MODEL_REDIRECT_PATH`` entry
-  (``config/model.py`` 558, ``transformers_utils/utils.py`` 61-106) before vllm-rbln names its
+  (``config/model.py`` 558, ``transformers_utils/utils.py`` 61-108) before vllm-rbln names its
   directories after it.
 - The model path: ``--model-impl`` (``transformers`` is ``optimum``), else the deprecated
   ``VLLM_RBLN_USE_VLLM_MODEL``, else ``auto``, which reads the model's architectures
