@@ -14,6 +14,14 @@ to the compile cache, and nothing else:
   if readable, missing graphs are compiled, and after warm-up every rank's bundle is saved again
   (tmp file, flush, fsync, rename); a failed save is logged and serving goes on.
 
+As the real code does (tools/rbln_facts.py lists where): the signature hashes the vLLM version
+(``STANDIN_VLLM_VERSION``, default ``cachemgr.standin.VLLM_VERSION``) and the NPU name as
+``RblnPlatform.get_device_name`` gives it (the device, ``STANDIN_NPU_NAME``, then
+``RBLN_FORCE_NPU_NAME``, then ``RBLN_TARGET_SOC``, unchanged); ``--enforce-eager`` or
+``VLLM_RBLN_ENABLE_WARM_UP`` off skip warm-up, so nothing is compiled at start nor saved;
+``VLLM_RBLN_COMPILE_ONLY`` acts on the vLLM-model path only; the optimum path cannot compile without
+a device, and compiles into ``$TMPDIR`` before copying to the cache.
+
 HTTP (stdlib ``ThreadingHTTPServer``) binds only once the engine is warm, as uvicorn does:
 ``/health``, ``/v1/models``, ``/version``, ``/standin/artifacts``. Knobs are ``STANDIN_*``
 variables; see :mod:`cachemgr.standin`.
@@ -797,8 +805,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KnobError as exc:
         usage_error(str(exc))
     engine = start_engine(args, knobs)
-    if _env_bool("VLLM_RBLN_COMPILE_ONLY", "0"):
-        # vllm-rbln's compile-only mode (a CPU warm Job): compile, save, exit without serving.
+    if engine.impl == "vllm" and _env_bool("VLLM_RBLN_COMPILE_ONLY", "0"):
+        # vllm-rbln's compile-only mode (a CPU warm Job): compile, save, exit without serving. It
+        # acts on the vLLM-model path only (vllm_rbln/compilation/compiler.py 127); the optimum
+        # path compiles on a device and serves.
         log("INFO", "VLLM_RBLN_COMPILE_ONLY is set: artifacts saved, exiting without serving")
         return 0
     serve(args, engine)
