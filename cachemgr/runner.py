@@ -434,7 +434,7 @@ class Runner:
             if not healthy.is_set():
                 watch.join()
                 # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
-                self._check_compile_end(code, watch, what="server", compile_only_ok=True, staging=staging)
+                self._check_compile_end(code, watch, what="server", compile_only_ok=True)
             if self._check_loadable(key, staging, serving=healthy.is_set() and not self.options.warm):
                 self._publish_snapshot(root, key, staging, lease, seconds=time.monotonic() - started)
             else:
@@ -483,7 +483,6 @@ class Runner:
         *,
         what: str,
         compile_only_ok: bool = False,
-        staging: Staging | None = None,
     ) -> None:
         """Turn how a compile ended into the right error, or return when it succeeded."""
         if watch.disk_full_line is not None:
