@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -116,6 +114,7 @@ def device_nodes(environ: Mapping[str, str]) -> list[str]:
 
 def query_device(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """``rebel.get_npu_name(0)``, as vllm-rbln asks; the driver's tool where rebel is missing."""
+    import shutil  # only where a device node exists: a CPU node's key never needs it
     output = _run_quietly([sys.executable, "-c", _QUERY], environ)
     if output is not None:
         name = output.strip()
@@ -132,6 +131,8 @@ def query_device(environ: Mapping[str, str]) -> tuple[str, str] | None:
 
 
 def _run_quietly(argv: list[str], environ: Mapping[str, str]) -> str | None:
+    import subprocess
+
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=_DEVICE_TIMEOUT, env=dict(environ), check=False
