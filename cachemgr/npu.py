@@ -115,6 +115,7 @@ def device_nodes(environ: Mapping[str, str]) -> list[str]:
 def query_device(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """``rebel.get_npu_name(0)``, as vllm-rbln asks; the driver's tool where rebel is missing."""
     import shutil  # only where a device node exists: a CPU node's key never needs it
+
     output = _run_quietly([sys.executable, "-c", _QUERY], environ)
     if output is not None:
         name = output.strip()
