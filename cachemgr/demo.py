@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from cachemgr.standin import DECLARED_VERSIONS
 from cachemgr.standin.shim import write_vllm_shim
 
 MODEL = "rebellions/Demo-LLM-8B"
@@ -66,6 +67,7 @@ def _env(
         "CACHEMGR_CACHE_ROOT": str(work / f"{pod.role}-volume"),
         "CACHEMGR_STATE_DIR": str(pod.state_dir),
         "CACHEMGR_COMPILER_VERSION": "0.12.0",
+        **DECLARED_VERSIONS,
         "CACHEMGR_NPU_TYPE": "RBLN-CA25",
         "CACHEMGR_LOG_FORMAT": "json",
         "CACHEMGR_TERMINATION_LOG": str(pod.state_dir / "termination-log"),

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from cachemgr.drift import records as drift_records
 from cachemgr.inspection import holder_json, read_holder_of
 from cachemgr.key import CacheKey
 from cachemgr.manifest import KEY_NAME
@@ -29,7 +30,9 @@ if TYPE_CHECKING:
     from cachemgr.lease import Holder
 
 # The order fields are shown in: what operators change most, and the likeliest cause, first.
-_FIELD_ORDER = ("compiler", "npu", "model", "serving", "env", "strategy", "server", "compile_cmd", "schema")
+_FIELD_ORDER = (
+    "compiler", "versions", "npu", "model", "serving", "env", "strategy", "server", "compile_cmd", "schema",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class Explanation:
     other_roles: tuple[str, ...]
     advice: tuple[str, ...]
     warnings: tuple[str, ...] = ()
+    recompiled: tuple[Mapping[str, Any], ...] = ()  # recompiled_on_hit records of the key
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +88,7 @@ class Explanation:
             "other_roles": list(self.other_roles),
             "advice": list(self.advice),
             "warnings": list(self.warnings),
+            "recompiled_on_hit": [dict(r) for r in self.recompiled],
         }
 
 
@@ -113,6 +118,7 @@ def explain(root: CacheRoot, key: CacheKey, *, limit: int = 3) -> Explanation:
         other_roles=tuple(sorted({e.role for e in found_entries if e.role and e.role != role})),
         advice=(),
         warnings=tuple(warnings),
+        recompiled=tuple(drift_records(root, key.digest)),
     )
     return replace(partial, advice=tuple(_advice(partial, found_entries)))
 
@@ -165,6 +171,26 @@ def _value(value: Any) -> str:
 
 
 def _advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]:
+    return _cache_advice(ex) + _lookup_advice(ex, entries)
+
+
+def _cache_advice(ex: Explanation) -> list[str]:
+    """What no lookup changes: a configuration that cannot be cached, a hit that compiled anyway."""
+    advice = [
+        f"this configuration cannot be cached: {reason}" for reason in ex.key.details.get("uncacheable", ())
+    ]
+    if ex.recompiled:
+        last = ex.recompiled[-1]
+        advice.append(
+            f"recompiled_on_hit: {len(ex.recompiled)} pod start(s) found this entry and the server compiled anyway, "
+            f"the last {human_age(number(last.get('time')))} (pod {last.get('pod', '?')}, new files: "
+            f"{', '.join([str(p) for p in last.get('paths') or []][:3])}): the server keys on something cachemgr does not. "
+            "Report it with 'cachemgr show KEY -o json'; meanwhile such pods compile at every start"
+        )
+    return advice
+
+
+def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]:
     key = ex.key
     if ex.result == "hit":
         assert ex.entry is not None  # a hit has an entry
@@ -221,6 +247,12 @@ def _differences_advice(
             f"major.minor). Entries of other versions are never used by this image: once no pod runs the old "
             f"image, 'cachemgr prune --incompatible' frees them ({human_bytes(sum(e.size_bytes for e in old))} "
             f"in {len(old)} entries, {len(old) - len(idle)} in use now)"
+        )
+    if "versions" in by_top:
+        changes = ", ".join(map(str, by_top["versions"]))
+        advice.append(
+            f"the nearest entry was made by another server ({changes}): vllm-rbln keys its compile cache on the "
+            "vLLM version, so a server upgrade compiles again; once no pod runs the old image, prune its entries"
         )
     if "npu" in by_top:
         advice.append(

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr.drift import records as drift_records
 from cachemgr.errors import ConfigError, UsageError, VolumeError
 from cachemgr.key import resolve_compiler, resolve_npu
 from cachemgr.manifest import KEY_NAME, ManifestError, check_files, read_manifest
@@ -180,6 +181,8 @@ class EntryDetail:
     holder: Holder | None
     attempts: tuple[Attempt, ...]
     warnings: tuple[str, ...] = ()
+    # recompiled_on_hit records of this key (cachemgr.drift), oldest first.
+    recompiled: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def inputs(self) -> Mapping[str, Any]:
@@ -209,6 +212,7 @@ class EntryDetail:
             "lease": holder_json(self.holder),
             "attempts": [a.to_json() for a in self.attempts],
             "warnings": list(self.warnings),
+            "recompiled_on_hit": [dict(r) for r in self.recompiled],
         }
 
 
@@ -289,6 +293,7 @@ def show(root: CacheRoot, query: str, *, compat: Compat | None) -> EntryDetail:
         history=FailureHistory(match.digest, tuple(records), len(records)) if records else None,
         holder=read_holder_of(root, match.digest),
         attempts=attempts,
+        recompiled=tuple(drift_records(root, match.digest)),
         warnings=tuple(warnings),
     )
 

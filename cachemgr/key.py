@@ -13,9 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
-import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +21,8 @@ from typing import Any, Literal
 import xxhash
 from packaging.version import InvalidVersion, Version
 
+from cachemgr import npu as npu_type
+from cachemgr import vllm_rbln
 from cachemgr.errors import ConfigError, UsageError
 from cachemgr.serving import ServerCommand, parse_server_argv
 
@@ -58,10 +57,7 @@ _ENV_NOT_COMPILED = frozenset(
 _ENV_EXTRA = ("RBLN_USE_CUSTOM_KERNEL",)
 
 _ROLE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-_NPU = re.compile(r"[A-Z0-9][A-Z0-9_-]{0,31}")
-_NPU_IN_TEXT = re.compile(r"\bRBLN-[A-Z]{2}\d{2}\b")
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".rbln")
-_DEVICE_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +95,7 @@ class CacheKey:
             "sources": dict(self.sources),
             "dropped_runtime_flags": list(self.server.dropped),
             "unknown_flags": list(self.server.unknown),
+            "cannot_be_cached": list(self.details.get("uncacheable", ())),
         }
 
 
@@ -139,19 +136,27 @@ def compute_key(request: KeyRequest) -> CacheKey:
     inputs["role"], sources["role"] = resolve_role(request.role)
     # compiler: the chart page reuses a compile only within one RBLN Compiler major.minor.
     inputs["compiler"], sources["compiler"] = resolve_compiler(request.compiler_version, request.environ)
-    # npu: the compiled binary targets one NPU type (RBLN-CA25...).
-    inputs["npu"], sources["npu"] = resolve_npu(request.npu_type, request.environ)
+    # npu: the compiled binary targets one NPU type (RBLN-CA25...), named as the server names it:
+    # the device's answer first, as vllm-rbln asks (cachemgr.npu).
+    npu = npu_type.resolve(request.npu_type, request.environ)
+    inputs["npu"], sources["npu"] = npu.name, npu.source
     # server and strategy: they decide the layout of what is compiled and stored.
     inputs["server"], sources["server"] = server.kind, "argv[0]"
     inputs["strategy"], sources["strategy"] = strategy, "--strategy" if request.strategy else "default"
+    if strategy == "vllm":
+        # versions: vllm-rbln's bundle signature hashes vllm.__version__, and its optimum directory
+        # names hash no version at all; a server upgrade must miss, not "hit" and compile anyway.
+        inputs["versions"], sources["versions"] = vllm_rbln.resolve_versions(request.environ)
     # model: which weights are compiled; a local path by its content, not its mount path...
-    model, model_source, details = resolve_model(server)
+    model_string = _served_model(server, strategy, request.environ)
+    model, model_source, details = resolve_model(server, model=model_string)
     if strategy == "vllm" and model["kind"] == "local":
         # ...except for the vllm strategy: vllm-rbln names its compiled_models/ directory and its
         # mega-cache bundle after the model path string, so an entry made under another path
         # would be found by cachemgr yet missed by the server, which would compile again.
-        model = {**model, "path": str(server.model)}
+        model = {**model, "path": model_string}
     inputs["model"], sources["model"] = model, model_source
+    details = {**details, **_server_details(server, strategy, request.environ, npu)}
     # serving: the server's own settings that change what is compiled.
     inputs["serving"], sources["serving"] = dict(server.settings), "argv"
     # env: the compile-relevant environment vllm-rbln reads, and what the operator names.
@@ -247,12 +252,7 @@ def resolve_compiler(override: str | None, environ: Mapping[str, str]) -> tuple[
 
 def _installed_version(distribution: str) -> str:
     """A distribution's version from its metadata; ``LookupError`` when it is not installed."""
-    import importlib.metadata  # ~15 ms: only when no override names the version
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError as error:
-        raise LookupError(distribution) from error
+    return vllm_rbln.installed_version(distribution)
 
 
 def major_minor(raw: str) -> str:
@@ -269,99 +269,69 @@ def major_minor(raw: str) -> str:
 
 
 def resolve_npu(override: str | None, environ: Mapping[str, str], *, probe: bool = True) -> tuple[str, str]:
-    """The NPU type: explicit settings first, then (with ``probe``) the device. Never "unknown".
+    """The NPU type and its source (see :mod:`cachemgr.npu`). Never "unknown".
 
-    Inspection passes ``probe=False``: it must not wait on the driver's tools just to mark
-    entries for another NPU as incompatible.
+    Inspection passes ``probe=False``: it must not wait on the device just to mark entries for
+    another NPU as incompatible.
     """
-    for name, value in (
-        ("CACHEMGR_NPU_TYPE", override or environ.get("CACHEMGR_NPU_TYPE")),
-        ("RBLN_FORCE_NPU_NAME", environ.get("RBLN_FORCE_NPU_NAME")),
-        # The compiler's legacy name for the same setting; vllm-rbln still honours it.
-        ("RBLN_TARGET_SOC", environ.get("RBLN_TARGET_SOC")),
-    ):
-        if value and value.strip():
-            return _valid_npu(value, name), name
-    found = _npu_from_device(environ) if probe else None
-    if found is not None:
-        return _valid_npu(found[0], found[1]), found[1]
-    raise ConfigError(
-        "cannot tell the NPU type: CACHEMGR_NPU_TYPE and RBLN_FORCE_NPU_NAME are unset and no RBLN "
-        "device answered (rbln-smi not found or no NPU; rebel-compiler runtime not installed)",
-        remedy="set CACHEMGR_NPU_TYPE to the target NPU, e.g. CACHEMGR_NPU_TYPE=RBLN-CA25",
-    )
+    found = npu_type.resolve(override, environ, probe=probe)
+    return found.name, found.source
 
 
-def _valid_npu(value: str, source: str) -> str:
-    npu = value.strip().upper()
-    if not _NPU.fullmatch(npu):
-        raise ConfigError(
-            f"NPU type {value!r} from {source} is not an NPU name", remedy="use a name like RBLN-CA25"
-        )
-    return npu
+def _served_model(server: ServerCommand, strategy: Strategy, environ: Mapping[str, str]) -> str | None:
+    """The model string the server will use: vLLM applies VLLM_MODEL_REDIRECT_PATH to it first."""
+    if strategy != "vllm" or not server.model:
+        return server.model
+    return vllm_rbln.redirected_model(server.model, environ)
 
 
-def _npu_from_device(environ: Mapping[str, str]) -> tuple[str, str] | None:
-    """Ask the RBLN driver's tool, then the compiler's runtime, which NPU is mounted."""
-    path = environ.get("PATH")
-    for tool in ("rbln-smi", "rbln-stat"):
-        exe = shutil.which(tool, path=path)
-        if exe is None:
-            continue
-        output = _run_quietly([exe], environ)
-        names = sorted(set(_NPU_IN_TEXT.findall(output or "")))
-        if len(names) > 1:
-            raise ConfigError(
-                f"{tool} reports more than one NPU type ({', '.join(names)})",
-                remedy="set CACHEMGR_NPU_TYPE to the NPU this pod's server uses",
-            )
-        if names:
-            return names[0], tool
-    try:
-        _installed_version("rebel-compiler")
-    except LookupError:
-        return None
-    # In a child: the compiler's runtime is heavy and must not stay loaded in the supervisor.
-    probe = "import rebel; print(rebel.get_npu_name(0) or '')"
-    output = _run_quietly([sys.executable, "-c", probe], environ)
-    name = (output or "").strip()
-    return (name, "rebel.get_npu_name") if name else None
+def _server_details(
+    server: ServerCommand, strategy: Strategy, environ: Mapping[str, str], npu: npu_type.Npu
+) -> dict[str, Any]:
+    """Not hashed: what run, warm, key and explain say about this configuration."""
+    details: dict[str, Any] = {
+        "npu_from_device": npu.from_device,
+        "npu_query_seconds": round(npu.query_seconds, 3),
+    }
+    if strategy == "vllm":
+        details["model_impl"] = vllm_rbln.model_impl(server.settings, environ)
+        details["uncacheable"] = vllm_rbln.uncacheable(server.settings, environ)
+        redirected = _served_model(server, strategy, environ)
+        if redirected != server.model:
+            details["model_redirected_to"] = redirected
+    return details
 
 
-def _run_quietly(argv: list[str], environ: Mapping[str, str]) -> str | None:
-    try:
-        done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=_DEVICE_TIMEOUT, env=dict(environ), check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+def resolve_model(
+    server: ServerCommand, *, model: str | None = None
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The model input, its source, and details (not hashed) for names and space estimates.
 
-
-def resolve_model(server: ServerCommand) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """The model input, its source, and details (not hashed) for names and space estimates."""
+    ``model`` is the model string the server will use, if not the argv's (a redirect).
+    """
     if server.kind != "vllm":
         # Any other server carries its model in its argv, which is keyed whole.
         return {"kind": "argv"}, "argv", {"model_name": Path(server.argv[0]).name}
-    if not server.model:
+    model = model or server.model
+    if not model:
         raise ConfigError(
             "the vllm argv names no model",
             remedy="pass the model as 'vllm serve MODEL' or --model MODEL",
         )
-    if "{artifact_dir}" in server.model:
+    if "{artifact_dir}" in model:
         # The server loads what --compile-cmd produced: the compile command names the model.
         return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
-    path = Path(server.model).expanduser()
+    path = Path(model).expanduser()
     if path.exists():
         return _local_model(path)
-    if server.model.startswith(("/", "./", "../", "~")):
+    if model.startswith(("/", "./", "../", "~")):
         raise ConfigError(
-            f"model path {server.model} does not exist in this pod",
+            f"model path {model} does not exist in this pod",
             remedy="mount the model volume at that path, or pass a Hugging Face model id",
         )
-    model = {"kind": "hub", "id": server.model, "revision": server.revision}
+    hub = {"kind": "hub", "id": model, "revision": server.revision}
     source = "argv (--revision)" if server.revision else "argv (revision unpinned: the hub may change it)"
-    return model, source, {"model_name": server.model}
+    return hub, source, {"model_name": model}
 
 
 def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:

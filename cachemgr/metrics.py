@@ -58,6 +58,7 @@ class MetricsSnapshot:
     compile_seconds: float
     lease_wait_seconds: float
     damaged: int
+    recompiled_on_hit: int
     failures: dict[str, int]
     phase: str
     phase_seconds: dict[str, float]
@@ -70,6 +71,7 @@ class MetricsSnapshot:
             "compile_seconds": round(self.compile_seconds, 3),
             "lease_wait_seconds": round(self.lease_wait_seconds, 3),
             "damaged": self.damaged,
+            "recompiled_on_hit": self.recompiled_on_hit,
             "failures": dict(sorted(self.failures.items())),
             "phase": self.phase,
             "phase_seconds": {k: round(v, 3) for k, v in sorted(self.phase_seconds.items())},
@@ -84,6 +86,8 @@ class Metrics:
     compile_seconds: float = 0.0
     lease_wait_seconds: float = 0.0
     damaged: int = 0
+    # Hits after which the server compiled anyway (cachemgr.drift): the key missed an input.
+    recompiled_on_hit: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     phase: str = "resolving"
     # Seconds spent in each phase this run, counted when the phase ends.
@@ -131,6 +135,7 @@ class Metrics:
                 compile_seconds=self.compile_seconds,
                 lease_wait_seconds=self.lease_wait_seconds,
                 damaged=self.damaged,
+                recompiled_on_hit=self.recompiled_on_hit,
                 failures=dict(failures),
                 phase=self.phase,
                 phase_seconds=dict(self.phase_seconds),

@@ -71,6 +71,7 @@ from cachemgr.strategies import (
 )
 
 if TYPE_CHECKING:
+    from cachemgr.drift import DriftWatch
     from cachemgr.lease import Holder, KeyLease
     from cachemgr.progress import CompileProgress, Every
     from cachemgr.space import Preflight, SpaceCheck
@@ -184,6 +185,7 @@ class Runner:
             if found is None and self.options.on_miss == "fail":
                 found = self._wait_for_peer(root, key)
             if found is None:
+                self._check_can_compile(key)
                 root = self._open_for_writing(root, key)
                 outcome = self._compile_under_lease(root, key)
                 if isinstance(outcome, int):
@@ -197,6 +199,19 @@ class Runner:
             f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} attempts",
             remedy="check the cache volume's health and whether something else deletes entries (cachemgr ls)",
         )
+
+    def _check_can_compile(self, key: CacheKey) -> None:
+        """``warm`` on a node without an NPU: refuse a model that cannot compile there, up front."""
+        if self.options.warm and key.inputs["strategy"] == "vllm" and not key.details.get("npu_from_device"):
+            from cachemgr.vllm_rbln import cpu_compile_refusal
+
+            why = cpu_compile_refusal(key.server.settings, self.environ)
+            if why is not None:
+                raise ConfigError(
+                    f"this warm Job runs without an NPU and cannot compile key {key.short}: {why}",
+                    remedy="run the warm Job on an NPU node (node affinity rebellions.ai/npu.present), or pass "
+                    "--model-impl vllm if the model runs on vllm-rbln's vLLM-model path",
+                )
 
     def _open_for_writing(self, root: CacheRoot, key: CacheKey) -> CacheRoot:
         """The layout a miss needs; a volume too full even for that gets the full space report."""
@@ -222,6 +237,7 @@ class Runner:
             role=key.inputs["role"],
             strategy=key.inputs["strategy"],
             seconds=round(time.monotonic() - started, 3),
+            npu_query_s=key.details.get("npu_query_seconds"),
         )
         return key
 
@@ -371,7 +387,9 @@ class Runner:
             prune_incompatible_for_space(root, key, given=self.options.expected_size)
         from cachemgr.space import preflight  # scans the volume: the miss path only
 
-        found = preflight(root, key, given=self.options.expected_size, check=self.options.space_check)
+        found = preflight(
+            root, key, given=self.options.expected_size, check=self.options.space_check, environ=self.environ
+        )
         self._preflight_found = found
         expectation = found.expectation
         self.state.update(detail={"expected_bytes": expectation.bytes, "expected_source": expectation.source})
@@ -400,6 +418,7 @@ class Runner:
             watch.join()
             self._check_compile_end(code, watch, what="compile command")
             self._stop_progress(staged=staging.artifacts)
+            self._check_loadable(key, staging, serving=False)
             self._publish(root, key, staging, lease, seconds=time.monotonic() - started)
         except BaseException as error:
             self._fail_attempt(root, key, staging, error, watch=watch, started=started)
@@ -437,9 +456,12 @@ class Runner:
             if not healthy.is_set():
                 watch.join()
                 # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
-                self._check_compile_end(code, watch, what="server", compile_only_ok=True, staging=staging)
+                self._check_compile_end(code, watch, what="server", compile_only_ok=True)
             self._stop_progress(staged=staging.artifacts)
-            self._publish_snapshot(root, key, staging, lease, seconds=time.monotonic() - started)
+            if self._check_loadable(key, staging, serving=healthy.is_set() and not self.options.warm):
+                self._publish_snapshot(root, key, staging, lease, seconds=time.monotonic() - started)
+            else:
+                lease.release()  # nothing will be published: peers must not wait on this pod
         except BaseException as error:
             self._stop_progress()
             if child is not None:
@@ -485,15 +507,14 @@ class Runner:
         *,
         what: str,
         compile_only_ok: bool = False,
-        staging: Staging | None = None,
     ) -> None:
         """Turn how a compile ended into the right error, or return when it succeeded."""
         if watch.disk_full_line is not None:
             raise _DiskFullSeenError(f"the {what} printed: {watch.disk_full_line}")
         if self.relay.stop.is_set():
             raise Interrupted(self.relay.received or 15)
-        if code == 0 and (not compile_only_ok or (staging is not None and tree_bytes(staging.artifacts) > 0)):
-            return
+        if code == 0:
+            return  # what it left is judged next: publish only what the server will load (loadable)
         status = launcher.exit_status(code if code is not None else -9)
         ended = "before its health endpoint answered" if compile_only_ok else "while compiling"
         raise CompileError(
@@ -521,6 +542,25 @@ class Runner:
         if reporter is not None:
             reporter.close(staged=staged)
             self._peak_staged = reporter.peak_staged
+
+    def _check_loadable(self, key: CacheKey, staging: Staging, *, serving: bool) -> bool:
+        """Publish only what the server will load (cachemgr.loadable): a serving server keeps
+        serving unpublished; a compile that is all there is (warm, compile-only) has failed."""
+        from cachemgr.loadable import why_not_loadable
+
+        why = why_not_loadable(staging.artifacts, strategy=str(key.inputs["strategy"]))
+        if why is None:
+            return True
+        cannot = "; ".join(key.details.get("uncacheable", ())) or "see the server's output"
+        if serving:
+            log.warning(
+                "not_published", key=key.short, reason=why, cause=cannot, note="the server keeps serving"
+            )
+            return False
+        raise CompileError(
+            f"{why}; nothing was published ({cannot})",
+            remedy="'cachemgr explain -- ARGV' says whether this configuration can be cached at all",
+        )
 
     def _progress(self, monitor: launcher.ProgressMonitor) -> None:
         progress = monitor.sample()
@@ -683,13 +723,38 @@ class Runner:
         self.relay.attach(child)
         release_logs()
         self._watch_health(url, child)
+        drift = self._watch_drift(root, key, found, view)
         threading.Thread(
             target=remove_old_views, args=(views,), kwargs={"keep": view}, name="cachemgr-views", daemon=True
         ).start()
         code = launcher.wait_reaping(child, reaper=self._reaper)
         self._server_exited.set()
+        if drift is not None:
+            drift.check()  # a compile-only server exits without ever serving
         self.state.phase("stopped", exit_code=code)
         return code
+
+    def _watch_drift(self, root: CacheRoot, key: CacheKey, found: Lookup, view: Path) -> DriftWatch | None:
+        """vllm strategy: new compiled artifacts in the view mean the key missed something."""
+        if key.inputs["strategy"] != "vllm" or found.manifest is None:
+            return None
+        from cachemgr import drift
+
+        def report(paths: list[str]) -> None:
+            self.metrics.recompiled_on_hit += 1
+            log.warning(
+                drift.EVENT,
+                key=key.short,
+                entry=found.path.name,
+                new_paths=drift.shown(paths),
+                count=len(paths),
+                note="the server compiled although cachemgr found an entry: its key has an input cachemgr's lacks",
+            )
+            drift.record(root, key.digest, self.identity, entry=found.path.name, paths=paths)
+
+        watch = drift.DriftWatch(view, found.manifest, report=report)
+        watch.start(serving=lambda: self.state.current.phase == "serving", exited=self._server_exited)
+        return watch
 
     def _register_use(self, root: CacheRoot, key: CacheKey) -> None:
         try:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from cachemgr.drift import RECORD_PREFIX as RECOMPILED_PREFIX
 from cachemgr.fsutil import read_json, tree_bytes
 from cachemgr.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
@@ -91,6 +92,8 @@ class EntryInfo:
     status: EntryStatus
     problem: str | None = None
     compile_seconds: float | None = None  # how long its compile took: what an ETA learns from
+    # Pod starts that hit this entry and saw the server compile anyway (cachemgr.drift).
+    recompiled_on_hit: int = 0
 
     @property
     def in_use(self) -> bool:
@@ -140,6 +143,7 @@ class EntryInfo:
             "users": [user.to_json() for user in self.users],
             "status": self.status,
             "problem": self.problem,
+            "recompiled_on_hit": self.recompiled_on_hit,
         }
 
 
@@ -253,7 +257,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
     key = summary["key"]
     compiler, npu = _text(summary.get("compiler")), _text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
-    last, pods = _usage(ctx, key)
+    last, pods, drift = _usage(ctx, key)
     return EntryInfo(
         name=name,
         path=ctx.entries / name,
@@ -273,6 +277,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         status="incompatible" if why else "ok",
         problem=why,
         compile_seconds=number(summary.get("compile_seconds")),
+        recompiled_on_hit=drift,
     )
 
 
@@ -345,7 +350,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
     key = str(known.get("key") or "")
     if key and not path.name.endswith(key[:16]):
         key = ""  # key.json of another entry: trust only the name
-    last, pods = _usage(ctx, key) if key else (None, ())
+    last, pods, _drift = _usage(ctx, key) if key else (None, (), 0)
     return EntryInfo(
         name=path.name,
         path=path,
@@ -367,26 +372,29 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
     )
 
 
-def _usage(ctx: _Context, key: str) -> tuple[float | None, tuple[User, ...]]:
-    """Last use and current users, from one directory read and one stat of ``usage/<key>``."""
+def _usage(ctx: _Context, key: str) -> tuple[float | None, tuple[User, ...], int]:
+    """Last use, current users and recompiled_on_hit records, from one read and one stat of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
-        return None, ()
+        return None, (), 0
     return _usage_of(ctx.root, f"{ctx.usage}/{key}", key, ctx.now)
 
 
-def _usage_of(root: CacheRoot, folder: str, key: str, now: float) -> tuple[float | None, tuple[User, ...]]:
+def _usage_of(
+    root: CacheRoot, folder: str, key: str, now: float
+) -> tuple[float | None, tuple[User, ...], int]:
     try:
         names = os.listdir(folder)
         last: float | None = os.stat(folder).st_mtime
     except (FileNotFoundError, NotADirectoryError):
-        return None, ()
+        return None, (), 0
+    drift = sum(1 for n in names if n.startswith(RECOMPILED_PREFIX))
     records = [n for n in names if n.endswith(".json") and not n.startswith(".")]
     if not records:
-        return last, ()
+        return last, (), drift
     for name in records:  # a pod that died without removing its record: its last heartbeat
         with contextlib.suppress(FileNotFoundError):
             last = max(last or 0.0, os.stat(f"{folder}/{name}").st_mtime)
-    return last, tuple(users(root, key, window=IN_USE_WINDOW, now=now))
+    return last, tuple(users(root, key, window=IN_USE_WINDOW, now=now)), drift
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:

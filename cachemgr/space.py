@@ -350,11 +350,28 @@ class Preflight:
     entries: tuple[EntryInfo, ...]
 
 
-def preflight(root: CacheRoot, key: CacheKey, *, given: int | None, check: SpaceCheck) -> Preflight:
-    """Stop before compiling when the volume cannot hold the expected output."""
+def preflight(
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    given: int | None,
+    check: SpaceCheck,
+    environ: Mapping[str, str] | None = None,
+) -> Preflight:
+    """Stop before compiling when the volume (or the pod's $TMPDIR) cannot hold the expected output."""
     entries = scan(root, compat=_compat(key), with_staging=False).entries
     expectation = expected_size(root, key, given=given, entries=entries)
     space = VolumeSpace.measure(root.path)
+    tmp_shares_volume = False
+    if environ is not None and expectation.bytes is not None:
+        tmp_shares_volume = _tmpdir_preflight(root, key, expectation, environ=environ, check=check)
+    if tmp_shares_volume and expectation.bytes is not None:
+        # The $TMPDIR copy and the cache copy live side by side on one filesystem for a moment.
+        expectation = Expectation(
+            2 * expectation.bytes,
+            f"{expectation.source}, twice: $TMPDIR is on this volume",
+            lower_bound=expectation.lower_bound,
+        )
     log.info(
         "space_preflight",
         volume=str(root.path),
@@ -378,3 +395,45 @@ def preflight(root: CacheRoot, key: CacheKey, *, given: int | None, check: Space
         log.warning("space_preflight_short", message=report.what(), remedy=report.remedy())
         return found
     raise report.error()
+
+
+def _tmpdir_preflight(
+    root: CacheRoot, key: CacheKey, expectation: Expectation, *, environ: Mapping[str, str], check: SpaceCheck
+) -> bool:
+    """The optimum path compiles the whole model into ``$TMPDIR`` first (optimum-rbln modeling.py
+    145-147), then copies it to the cache (modeling_base.py 681-718): that copy needs room too.
+
+    Returns whether ``$TMPDIR`` is on the cache volume itself (then the volume needs both copies).
+    """
+    from cachemgr.vllm_rbln import model_impl  # the vllm strategy's facts, on the miss path only
+
+    if key.inputs.get("strategy") != "vllm" or model_impl(key.server.settings, environ) == "vllm":
+        return False
+    tmp = Path(environ.get("TMPDIR") or "/tmp")  # noqa: S108  # tempfile's own default on Linux
+    try:
+        space = VolumeSpace.measure(tmp)
+        same = os.stat(tmp).st_dev == os.stat(root.path).st_dev
+    except OSError:
+        return False  # no such TMPDIR: the server's tempfile falls back to another directory
+    need = expectation.bytes or 0
+    log.info(
+        "tmpdir_preflight", tmpdir=str(tmp), free_bytes=space.free_bytes, expected_bytes=need, on_volume=same
+    )
+    if same or space.free_bytes >= need:
+        return same
+    message = (
+        f"the pod's temporary directory {tmp} has {human_bytes(space.free_bytes)} free, and the optimum-rbln "
+        f"compile writes the whole compiled model there first (about {human_bytes(need)}, {expectation.source})"
+    )
+    remedy = (
+        f"give the pod a temporary directory of at least {human_bytes(need)}: an emptyDir mounted at {tmp} with "
+        "that sizeLimit (deploy/kubernetes: the 'tmp' volume), or set TMPDIR to a directory with room"
+    )
+    if check == "warn":
+        log.warning("tmpdir_preflight_short", message=message, remedy=remedy)
+        return False
+    raise DiskFullError(
+        message,
+        remedy=remedy,
+        report={"tmpdir": str(tmp), "free_bytes": space.free_bytes, "expected_bytes": need},
+    )

@@ -160,6 +160,11 @@ class RunCollector:
         yield _counter(
             "cachemgr_damaged_entries", "Damaged entries found and moved to quarantine", snap.damaged
         )
+        yield _counter(
+            "cachemgr_recompiled_on_hit",
+            "Hits after which the server compiled anyway: the key lacks an input the server hashes",
+            snap.recompiled_on_hit,
+        )
         failures = CounterMetricFamily(
             "cachemgr_failures",
             "Failed runs by reason (kept in the state dir across container restarts of this pod)",

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cachemgr import standin
+from cachemgr.standin import DECLARED_VERSIONS
 from cachemgr.standin.shim import write_vllm_shim
 
 DEADLINE = 60.0
@@ -125,6 +127,18 @@ class Pod:
         return events
 
 
+def npu_node(work: Path) -> dict[str, str]:
+    """The environment of a pod on a node with an RBLN NPU, as cachemgr sees it: a ``rbln0`` device
+    node, and the stand-in's fake ``rebel`` answering ``get_npu_name(0)`` (``STANDIN_NPU_NAME``,
+    RBLN-CA25 by default). Without it cachemgr sees a CPU node, as on this machine."""
+    dev = work / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    (dev / "rbln0").touch()
+    pymods = Path(standin.__file__).resolve().parent / "pymods"
+    path = os.pathsep.join(p for p in (str(pymods), os.environ.get("PYTHONPATH", "")) if p)
+    return {"CACHEMGR_RBLN_DEV_DIR": str(dev), "PYTHONPATH": path}
+
+
 @dataclass
 class Cluster:
     """Pods of one test: common environment, a stand-in ``vllm`` on PATH, and cleanup."""
@@ -143,6 +157,7 @@ class Cluster:
             "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
             "CACHEMGR_COMPILER_VERSION": "0.12.0",
             "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+            **DECLARED_VERSIONS,
             "CACHEMGR_ROLE": "prefill",
             "CACHEMGR_LOG_FORMAT": "json",
             "STANDIN_COMPILE_SECONDS": "0.5",

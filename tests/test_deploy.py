@@ -31,9 +31,10 @@ from podlib import DEADLINE, free_port, read_jsonl, wait_for
 
 from cachemgr.cli.main import build_parser
 from cachemgr.probes import stale_after
+from cachemgr.standin import DECLARED_VERSIONS
 from cachemgr.standin.shim import write_vllm_shim
 from cachemgr.state import State
-from cachemgr.units import parse_duration
+from cachemgr.units import parse_duration, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -263,8 +264,9 @@ def test_env_names_are_the_contract_and_wired_to_the_volumes(
             assert required in values, (doc["metadata"]["name"], required)
         assert values["CACHEMGR_ROLE"] == role_of(doc)
         assert values["CACHEMGR_LOG_FORMAT"] == "json"
-        # The key takes the image's compiler: a pinned version would survive an SDK upgrade.
-        assert "CACHEMGR_COMPILER_VERSION" not in names
+        # The key takes the image's compiler and server: a pinned version would survive an upgrade.
+        for pinned in ("CACHEMGR_COMPILER_VERSION", *DECLARED_VERSIONS):
+            assert pinned not in names, pinned
         refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in spec["env"] if "valueFrom" in e}
         assert refs == {"POD_NAME": "metadata.name", "NODE_NAME": "spec.nodeName"}
 
@@ -281,9 +283,27 @@ def test_env_names_are_the_contract_and_wired_to_the_volumes(
         assert spec["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
+def test_tmpdir_is_a_sized_emptydir_and_warm_jobs_name_the_vllm_model_path(
+    base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
+) -> None:
+    """The optimum path compiles into $TMPDIR first (optimum-rbln modeling.py 145-147); a CPU node
+    compiles the vLLM-model path only (cachemgr refuses the others there, exit 78)."""
+    for deployment in by_kind(base, "Deployment"):
+        spec = container(deployment)
+        mounts = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        assert env_values(spec)["TMPDIR"] == mounts["tmp"]
+        assert parse_size(volumes["tmp"]["emptyDir"]["sizeLimit"]) >= 100 << 30
+    for job in by_kind(warm_jobs, "Job"):
+        args = container(job)["args"]
+        assert args[args.index("--model-impl") + 1] == "vllm"
+
+
 def test_the_entrypoint_scripts_name_only_what_the_code_accepts() -> None:
     known = code_env_names()
-    key_source = (ROOT / "cachemgr" / "key.py").read_text()
+    key_source = "".join(
+        (ROOT / "cachemgr" / name).read_text() for name in ("key.py", "npu.py", "vllm_rbln.py")
+    )
     for name in entrypoint_env_names():
         if name.startswith("CACHEMGR_"):
             assert name in known | {"CACHEMGR_RUN_ARGS"}, name
@@ -466,6 +486,9 @@ class Node:
                 [str(self.bin), str(ENTRYPOINT), str(Path(sys.executable).parent), env["PATH"]]
             ),
             CACHEMGR_COMPILER_VERSION=STANDIN_COMPILER_VERSION,
+            **DECLARED_VERSIONS,
+            # A warm Job runs on a CPU node: the stand-in's rebel.get_npu_name(0) answers nothing.
+            **({"STANDIN_NPU_NAME": "none"} if doc["kind"] == "Job" else {}),
             CACHEMGR_TERMINATION_LOG=str(pod / "termination-log"),
             STANDIN_COMPILE_SECONDS="0.3",
             STANDIN_RECORD=str(self.record),
@@ -519,7 +542,8 @@ class Node:
         )
 
     def compiles(self) -> int:
-        return sum(1 for e in read_jsonl(self.record) if e.get("event") == "compile")
+        """Servers that compiled: the vLLM-model path records one compile per rank, in one process."""
+        return len({e["pid"] for e in read_jsonl(self.record) if e.get("event") == "compile"})
 
     def signals_seen(self) -> str:
         return self.signals.read_text() if self.signals.exists() else ""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import DEADLINE, Cluster, cluster, free_port, wait_for
+from podlib import DEADLINE, Cluster, cluster, free_port, npu_node, wait_for
 from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.manifest import read_manifest
@@ -64,7 +64,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     root = base / "volume"
     root.mkdir()
     with cluster(base / "work", STANDIN_COMPILE_SECONDS="0.1") as pods:
-        compile_only = {"VLLM_RBLN_COMPILE_ONLY": "1"}
+        # Warm Jobs on an NPU node: the optimum path (the stand-in's default) needs a device to compile.
+        compile_only = {"VLLM_RBLN_COMPILE_ONLY": "1", **npu_node(pods.work)}
         jobs = [
             pods.start(f"warm-{role}-{tp}", vllm(tp), cache_root=root, command="warm", env={**compile_only, "CACHEMGR_ROLE": role})
             for role in ("prefill", "decode")

@@ -15,10 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from podlib import run_cli
 
+from cachemgr import standin
 from cachemgr.errors import ConfigError, UsageError
 from cachemgr.key import KeyRequest, canonical_json, compute_key, major_minor
+from cachemgr.standin import DECLARED_VERSIONS
 
-BASE_ENV = {"CACHEMGR_COMPILER_VERSION": "0.12.3", "CACHEMGR_NPU_TYPE": "RBLN-CA25", "PATH": "/usr/bin:/bin"}
+BASE_ENV = {
+    "CACHEMGR_COMPILER_VERSION": "0.12.3",
+    "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+    "PATH": "/usr/bin:/bin",
+    **DECLARED_VERSIONS,
+}
 ARGV = ["vllm", "serve", "org/model", "--tensor-parallel-size", "4", "--port", "8000"]
 
 
@@ -31,16 +38,30 @@ def digest(
 
 # --- golden digests: changing the derivation by accident must fail here --------------------
 
+# The vllm strategy's digests changed on purpose when the server's versions entered the key
+# (issue 13): vllm-rbln's bundle signature hashes vllm.__version__. The command strategy's did not.
 GOLDEN = {
-    "hub model, tp 4": (ARGV, {}, "c74898ef20703223b0cf32e75d350003"),
+    "hub model, tp 4": (ARGV, {}, "d63bd573abd803135fa20c6ca6c547da"),
     "hub model with revision and JSON config": (
         ["vllm", "serve", "org/model", "--revision", "abc123", "-tp", "8",
          "--additional-config", '{"num_devices_per_local_rank": 2}'],
         {},
-        "9b315a08ac21f5bb83d6361e97d1607a",
+        "82f35abc9f5b6659562b01d0a4397ba0",
     ),
-    "decode role with compile env": (ARGV, {"role": "decode", "VLLM_RBLN_NUM_HIDDEN_LAYERS": "2"}, "bcd40665cbf0d916d430ee3209670ff7"),
+    "decode role with compile env": (ARGV, {"role": "decode", "VLLM_RBLN_NUM_HIDDEN_LAYERS": "2"}, "49512b69e54839c4ef368481f4e56848"),
 }  # fmt: skip
+
+
+def test_golden_digest_of_the_command_strategy_is_unchanged() -> None:
+    """The same digest as before the server versions entered the vllm strategy's key."""
+    command = {
+        "strategy": "command",
+        "compile_cmd": "optimum-rbln-cli --model org/model --output-dir {output_dir}",
+    }
+    assert (
+        digest(["vllm", "serve", "{artifact_dir}", "--port", "8000"], **command)
+        == "34ad2721666f47749e72bd1bd7698464"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -90,14 +111,70 @@ def test_patch_releases_share_the_cache(version: str) -> None:
     assert digest(env={"CACHEMGR_COMPILER_VERSION": version}) == digest()
 
 
-def test_npu_type_is_case_insensitive_and_sourced_in_order() -> None:
-    assert digest(env={"CACHEMGR_NPU_TYPE": "rbln-ca25"}) == digest()
+def test_npu_type_is_keyed_as_the_server_names_it() -> None:
+    """No device: RBLN_FORCE_NPU_NAME decides, raw, as vllm-rbln hashes it (mega_cache.py 143-146)."""
     only_force = {k: v for k, v in BASE_ENV.items() if k != "CACHEMGR_NPU_TYPE"}
     key = compute_key(
         KeyRequest(argv=ARGV, role="prefill", environ={**only_force, "RBLN_FORCE_NPU_NAME": "RBLN-CA25"})
     )
     assert key.digest == digest()
     assert key.sources["npu"] == "RBLN_FORCE_NPU_NAME"
+    # The server's setting wins over cachemgr's own when they agree (in any case)...
+    both = digest(env={"CACHEMGR_NPU_TYPE": "rbln-ca25", "RBLN_FORCE_NPU_NAME": "RBLN-CA25"})
+    assert both == digest()
+    # ...and the raw string is keyed: vllm-rbln's bundle signature does not upper-case it.
+    assert digest(env={"CACHEMGR_NPU_TYPE": "rbln-ca25"}) != digest()
+    legacy = {**only_force, "RBLN_TARGET_SOC": "RBLN-CA25"}
+    assert (
+        compute_key(KeyRequest(argv=ARGV, role="prefill", environ=legacy)).sources["npu"] == "RBLN_TARGET_SOC"
+    )
+
+
+def test_npu_settings_that_disagree_are_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"CACHEMGR_NPU_TYPE=RBLN-CA12 disagrees.*RBLN-CA25"):
+        digest(env={"CACHEMGR_NPU_TYPE": "RBLN-CA12", "RBLN_FORCE_NPU_NAME": "RBLN-CA25"})
+
+
+PYMODS = Path(standin.__file__).resolve().parent / "pymods"
+
+
+def _device_env(tmp_path: Path, *, answers: str, **extra: str) -> dict[str, str]:
+    """A node with one RBLN device: a ``rbln0`` node and the stand-in's fake ``rebel`` module."""
+    dev = tmp_path / "dev"
+    dev.mkdir(exist_ok=True)
+    (dev / "rbln0").touch()
+    env = {k: v for k, v in BASE_ENV.items() if k != "CACHEMGR_NPU_TYPE"}
+    return {
+        **env,
+        "CACHEMGR_RBLN_DEV_DIR": str(dev),
+        "PYTHONPATH": str(PYMODS),
+        "STANDIN_NPU_NAME": answers,
+        **extra,
+    }
+
+
+def test_the_device_decides_the_npu_type(tmp_path: Path) -> None:
+    """vllm-rbln asks rebel.get_npu_name(0) first (platform/__init__.py 136-151): so does the key."""
+    key = compute_key(
+        KeyRequest(argv=ARGV, role="prefill", environ=_device_env(tmp_path, answers="RBLN-CA25"))
+    )
+    assert (key.inputs["npu"], key.sources["npu"]) == ("RBLN-CA25", "rebel.get_npu_name(0)")
+    assert key.digest == digest()
+    assert key.details["npu_from_device"] is True
+    # A setting that disagrees with the device is refused, naming both.
+    env = _device_env(tmp_path, answers="RBLN-CA25", RBLN_FORCE_NPU_NAME="RBLN-CA12")
+    with pytest.raises(ConfigError, match=r"RBLN_FORCE_NPU_NAME=RBLN-CA12 disagrees.*\(RBLN-CA25\)"):
+        compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env))
+    # The device's raw name is keyed, even where a setting agrees with it in another case.
+    env = _device_env(tmp_path, answers="rbln-ca25", RBLN_FORCE_NPU_NAME="RBLN-CA25")
+    assert compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env)).inputs["npu"] == "rbln-ca25"
+
+
+def test_without_a_device_node_the_device_is_not_asked(tmp_path: Path) -> None:
+    env = _device_env(tmp_path, answers="RBLN-CA12", RBLN_FORCE_NPU_NAME="RBLN-CA25")
+    (tmp_path / "dev" / "rbln0").unlink()
+    key = compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env))
+    assert (key.inputs["npu"], key.details["npu_from_device"]) == ("RBLN-CA25", False)
 
 
 def test_runtime_only_vllm_rbln_env_does_not_count() -> None:
@@ -144,6 +221,10 @@ def test_runtime_flags_and_order_never_change_the_key(
         ("max model len", {"argv": [*ARGV, "--max-model-len", "8192"]}),
         ("an unknown flag", {"argv": [*ARGV, "--some-future-flag", "1"]}),
         ("key-env", {"key_env": ["MY_COMPILE_KNOB"], "env": {"MY_COMPILE_KNOB": "on"}}),
+        ("vLLM 0.30.1, same compiler", {"env": {"CACHEMGR_VLLM_VERSION": "0.30.1+cpu"}}),
+        ("vLLM without the +cpu label", {"env": {"CACHEMGR_VLLM_VERSION": "0.30.0"}}),
+        ("vllm-rbln 0.12.1", {"env": {"CACHEMGR_VLLM_RBLN_VERSION": "0.12.1"}}),
+        ("optimum-rbln 0.12.1", {"env": {"CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.1"}}),
     ],
 )
 def test_each_input_changes_the_key(change: str, kwargs: dict[str, Any]) -> None:
@@ -193,7 +274,9 @@ def _env_without_overrides(**extra: str) -> dict[str, str]:
 
 def test_compiler_version_comes_from_installed_package_metadata(tmp_path: Path) -> None:
     _fake_dist(tmp_path / "site", "rebel-compiler", "0.12.4")
-    env = _env_without_overrides(PYTHONPATH=str(tmp_path / "site"), CACHEMGR_NPU_TYPE="RBLN-CA25")
+    env = _env_without_overrides(
+        PYTHONPATH=str(tmp_path / "site"), CACHEMGR_NPU_TYPE="RBLN-CA25", **DECLARED_VERSIONS
+    )
     result = run_cli("key", "-o", "json", "--", *ARGV, env=env)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -230,7 +313,12 @@ def test_npu_type_is_read_from_the_rbln_driver_tool(tmp_path: Path) -> None:
         "EOF\n"
     )
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
-    environ = {"CACHEMGR_COMPILER_VERSION": "0.12.3", "PATH": f"{tool.parent}:/usr/bin:/bin"}
+    # A device node, and no rebel in this Python (its query exits 3): the driver's tool answers.
+    environ = {
+        **_device_env(tmp_path, answers="none"),
+        "PATH": f"{tool.parent}:/usr/bin:/bin",
+        "PYTHONPATH": "",
+    }
     key = compute_key(KeyRequest(argv=ARGV, role="prefill", environ=environ))
     assert key.inputs["npu"] == "RBLN-CA25"
     assert key.sources["npu"] == "rbln-smi"
@@ -307,3 +395,99 @@ def test_key_command_prints_key_and_inputs_as_json() -> None:
     table = run_cli("key", "--", *ARGV, env=env)
     assert data["key"] in table.stdout
     assert "serving.tensor_parallel_size" in table.stdout
+
+
+def test_server_versions_come_from_package_metadata_and_key_shows_them(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    _fake_dist(site, "rebel-compiler", "0.12.4")
+    _fake_dist(site, "vllm", "0.30.0+cpu")
+    _fake_dist(site, "vllm-rbln", "0.12.0")
+    _fake_dist(site, "optimum-rbln", "0.12.0")
+    env = _env_without_overrides(PYTHONPATH=str(site), CACHEMGR_NPU_TYPE="RBLN-CA25")
+    result = run_cli("key", "-o", "json", "--", *ARGV, env=env)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["inputs"]["versions"] == {
+        "vllm": "0.30.0+cpu",
+        "vllm_rbln": "0.12.0",
+        "optimum_rbln": "0.12.0",
+    }
+    assert "package vllm 0.30.0+cpu" in data["sources"]["versions"]
+    assert data["key"] == digest(), "the same versions as the stand-in declares: the same key"
+    table = run_cli("key", "--", *ARGV, env=env)
+    assert "versions.vllm" in table.stdout
+    assert "0.30.0+cpu" in table.stdout
+
+
+def test_without_the_server_versions_the_vllm_strategy_exits_78(tmp_path: Path) -> None:
+    env = _env_without_overrides(CACHEMGR_NPU_TYPE="RBLN-CA25", CACHEMGR_COMPILER_VERSION="0.12.0")
+    env = {**env, "CACHEMGR_VLLM_VERSION": "0.30.0+cpu"}
+    result = run_cli("key", "--", *ARGV, env=env)
+    assert result.returncode == 78, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("cachemgr key:")]
+    assert "vllm-rbln, optimum-rbln" in line
+    assert "CACHEMGR_VLLM_RBLN_VERSION, CACHEMGR_OPTIMUM_RBLN_VERSION" in line
+    bad = run_cli("key", "--", *ARGV, env={**env, **DECLARED_VERSIONS, "CACHEMGR_VLLM_VERSION": "thirty"})
+    assert bad.returncode == 78
+    assert "not a version number" in bad.stderr
+    # The command strategy runs a compiler of its own: it does not need them.
+    command = ["--strategy", "command", "--compile-cmd", "c --out {output_dir}"]
+    other = run_cli("key", *command, "--", "vllm", "serve", "{artifact_dir}", env=env)
+    assert other.returncode == 0, other.stderr
+
+
+def test_model_redirect_is_resolved_before_keying(tmp_path: Path) -> None:
+    """vLLM replaces the model by its VLLM_MODEL_REDIRECT_PATH entry (config/model.py 558)."""
+    local = _model_dir(tmp_path / "models" / "llm")
+    table = tmp_path / "redirect.txt"
+    table.write_text(f"org/model {local}\n")
+    redirected = compute_key(
+        KeyRequest(argv=ARGV, role="prefill", environ={**BASE_ENV, "VLLM_MODEL_REDIRECT_PATH": str(table)})
+    )
+    direct = compute_key(
+        KeyRequest(argv=["vllm", "serve", str(local), "-tp", "4"], role="prefill", environ=BASE_ENV)
+    )
+    assert redirected.inputs["model"] == direct.inputs["model"]
+    assert redirected.inputs["model"]["path"] == str(local)
+    assert redirected.digest == direct.digest
+    table.write_text(json.dumps({"org/model": str(local)}))
+    assert digest(env={"VLLM_MODEL_REDIRECT_PATH": str(table)}) == direct.digest
+    assert digest(env={"VLLM_MODEL_REDIRECT_PATH": str(tmp_path / "absent")}) == digest()
+    table.write_text(json.dumps({"org/other": str(local)}))
+    assert digest(env={"VLLM_MODEL_REDIRECT_PATH": str(table)}) == digest()
+
+
+@pytest.mark.parametrize(
+    ("argv_extra", "env", "says"),
+    [
+        (["--model-impl", "vllm", "--enforce-eager"], {}, "--enforce-eager"),
+        (["--model-impl", "vllm"], {"VLLM_RBLN_ENABLE_WARM_UP": "0"}, "VLLM_RBLN_ENABLE_WARM_UP is off"),
+        (
+            [],
+            {"VLLM_RBLN_USE_VLLM_MODEL": "1", "VLLM_DISABLE_COMPILE_CACHE": "1"},
+            "VLLM_DISABLE_COMPILE_CACHE=1",
+        ),
+        (["--enforce-eager"], {}, "if the model takes the vLLM-model path"),
+    ],
+)
+def test_key_says_when_a_configuration_cannot_be_cached(
+    argv_extra: list[str], env: dict[str, str], says: str
+) -> None:
+    key = compute_key(KeyRequest(argv=[*ARGV, *argv_extra], role="prefill", environ={**BASE_ENV, **env}))
+    assert any(says in reason for reason in key.to_json()["cannot_be_cached"])
+    optimum = (
+        compute_key(
+            KeyRequest(
+                argv=[*ARGV, *argv_extra, "--model-impl", "optimum"],
+                role="prefill",
+                environ={**BASE_ENV, **env},
+            )
+        )
+        if "VLLM_RBLN_USE_VLLM_MODEL" not in env
+        else None
+    )
+    assert optimum is None or optimum.to_json()["cannot_be_cached"] == []
+    assert (
+        compute_key(KeyRequest(argv=ARGV, role="prefill", environ=BASE_ENV)).to_json()["cannot_be_cached"]
+        == []
+    )

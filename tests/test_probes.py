@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from podlib import Cluster, Pod, free_port, run_cli, wait_for
+from podlib import Cluster, Pod, free_port, npu_node, run_cli, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from scenarios import compile_cmd, server_argv, vllm_argv
 
@@ -226,7 +226,9 @@ def test_live_fails_on_a_stalled_compile(pods: Cluster, root: Path, strategy: st
 
 
 def test_live_fails_on_a_model_load_that_hangs_after_a_hit(pods: Cluster, root: Path) -> None:
-    warm = pods.start("warm", vllm_argv(free_port()), cache_root=root, command="warm")
+    warm = pods.start(
+        "warm", vllm_argv(free_port()), cache_root=root, command="warm", env=npu_node(pods.work)
+    )
     assert warm.wait_exit() == 0
     # The stand-in sleeps through its load: no CPU, no I/O, no answer, like a hung device load.
     pod = pods.start(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import DEADLINE, Cluster, Pod, cluster, free_port
+from podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
 from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.manifest import check_files, read_manifest
@@ -74,7 +74,11 @@ def test_prune_running_beside_starting_pods_never_removes_an_entry_in_use(pods: 
     for tp in (2, 8):  # entries nobody uses: the first prune takes them
         other = ["vllm", "serve", MODEL, "--tensor-parallel-size", str(tp), "--port", str(free_port())]
         job = pods.start(
-            f"warm-{tp}", other, cache_root=root, command="warm", env={"VLLM_RBLN_COMPILE_ONLY": "1"}
+            f"warm-{tp}",
+            other,
+            cache_root=root,
+            command="warm",
+            env={"VLLM_RBLN_COMPILE_ONLY": "1", **npu_node(pods.work)},
         )
         assert job.wait_exit() == 0
     assert len(entry_dirs(root)) == 3

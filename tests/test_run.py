@@ -233,18 +233,20 @@ def test_vllm_server_killed_before_healthy_publishes_nothing(pods: Cluster, root
 
 
 def test_vllm_compile_only_warm_job_publishes(pods: Cluster, root: Path) -> None:
+    """A CPU node (no device: RBLN_FORCE_NPU_NAME) compiles the vLLM-model path only."""
+    cpu_node = {"VLLM_RBLN_COMPILE_ONLY": "1", "STANDIN_NPU_NAME": "none", "RBLN_FORCE_NPU_NAME": "RBLN-CA25"}
     job = pods.start(
         "warm-job",
-        vllm_argv(free_port()),
+        vllm_argv(free_port(), "--model-impl", "vllm"),
         cache_root=root,
         command="warm",
-        env={"VLLM_RBLN_COMPILE_ONLY": "1"},
+        env=cpu_node,
     )
     assert job.wait_exit() == 0
     assert len(entry_dirs(root)) == 1
-    pod = pods.start("a", vllm_argv(free_port()), cache_root=root)
+    pod = pods.start("a", vllm_argv(free_port(), "--model-impl", "vllm"), cache_root=root)
     pod.wait_phase("serving")
-    assert pods.compiles() == 1
+    assert len({e["pid"] for e in pods.record if e["event"] == "compile"}) == 1
 
 
 def test_compile_cmd_must_name_output_dir(pods: Cluster, root: Path) -> None:

@@ -455,3 +455,52 @@ def test_enospc_fails_the_compiler(spawn: Spawn, small_fs: Path) -> None:
     proc = spawn([*COMPILER, "--output-dir", str(small_fs / "out"), "--seconds", "0", "--bytes", "1M"])
     assert proc.wait() == 1
     assert last_line(proc.stderr()).startswith("OSError: [Errno 28] No space left on device")
+
+
+# --- honest to vllm-rbln 0.12 on what the key rests on (issue 13; tools/rbln_facts.py) ---------
+
+
+def _signature(spawn: Spawn, *flags: str, **env: str) -> str:
+    proc, port = serve(spawn, "m", "--model-impl", "vllm", *flags, **env)
+    wait_healthy(proc, port)
+    signature = str(artifacts(port)["signature"])
+    assert stop(proc) == 0
+    return signature
+
+
+def test_vllm_path_signature_hashes_the_vllm_version_and_the_raw_npu_name(spawn: Spawn) -> None:
+    base = _signature(spawn)
+    assert _signature(spawn, STANDIN_VLLM_VERSION="0.30.1") != base, "vllm.__version__ is in compute_hash()"
+    # The device answers first; the settings only without one (platform/__init__.py 136-151).
+    assert _signature(spawn, RBLN_FORCE_NPU_NAME="RBLN-CA12") == base
+    assert _signature(spawn, STANDIN_NPU_NAME="none", RBLN_FORCE_NPU_NAME="RBLN-CA25") == base
+    assert _signature(spawn, STANDIN_NPU_NAME="none", RBLN_FORCE_NPU_NAME="rbln-ca25") != base, "hashed raw"
+    assert _signature(spawn, STANDIN_NPU_NAME="none", RBLN_TARGET_SOC="RBLN-CA25") == base
+    assert _signature(spawn, STANDIN_NPU_NAME="RBLN-CA12") != base
+
+
+@pytest.mark.parametrize(
+    ("flags", "env"), [(("--enforce-eager",), {}), ((), {"VLLM_RBLN_ENABLE_WARM_UP": "0"})]
+)
+def test_vllm_path_without_warm_up_compiles_and_saves_nothing(
+    tmp_path: Path, spawn: Spawn, flags: tuple[str, ...], env: dict[str, str]
+) -> None:
+    proc, port = serve(spawn, "m", "--model-impl", "vllm", *flags, **env)
+    wait_healthy(proc, port)
+    assert "Skipping compile_or_warm_up_model" in proc.stdout()
+    assert events(tmp_path, proc.pid) == []
+    assert not list((tmp_path / "cache").rglob("mega_cache.bin"))
+    assert stop(proc) == 0
+
+
+def test_optimum_path_compiles_in_tmpdir_and_needs_a_device(tmp_path: Path, spawn: Spawn) -> None:
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    proc, port = serve(spawn, "m", TMPDIR=str(tmp))
+    wait_healthy(proc, port)
+    (compiled,) = [e for e in records(tmp_path, proc.pid) if e["event"] == "compiled"]
+    assert Path(compiled["path"]).parent == tmp, "optimum-rbln compiles into a TemporaryDirectory()"
+    assert stop(proc) == 0
+    cpu, _port = serve(spawn, "other", STANDIN_NPU_NAME="none", VLLM_RBLN_COMPILE_ONLY="1")
+    assert cpu.wait() == 1
+    assert "not a valid NPU device" in cpu.stderr()

@@ -130,6 +130,12 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
         )
     if listing.count("damaged"):
         text += f"; {listing.count('damaged')} damaged: 'cachemgr verify --fix' moves them aside"
+    drifted = [e.short for e in listing.entries if e.recompiled_on_hit]
+    if drifted:
+        text += (
+            f"\nRECOMPILED ON HIT: the server compiled anyway after loading {', '.join(drifted)}: the key lacks an "
+            "input the server hashes ('cachemgr show KEY' names the new files)"
+        )
     return text + _side_sections(listing)
 
 
@@ -268,7 +274,22 @@ def _show_text(d: EntryDetail) -> str:
         text += _section(
             f"FAILED COMPILES ({d.history.count})", "\n".join(_failure_text(r) for r in d.history.records)
         )
+    if d.recompiled:
+        text += _section(
+            f"RECOMPILED ON HIT ({len(d.recompiled)}): the server compiled anyway; the key lacks an input it hashes",
+            "\n".join(_recompiled_text(r) for r in d.recompiled),
+        )
     return text
+
+
+def _recompiled_text(record: Mapping[str, Any]) -> str:
+    paths = record.get("paths")
+    shown = [str(p) for p in paths] if isinstance(paths, list) else []
+    head = (
+        f"{human_age(_float(record.get('time')))}  pod {record.get('pod', '?')} on node {record.get('node') or '?'}: "
+        f"{record.get('count', len(shown))} new file(s)"
+    )
+    return "\n".join([head, *(f"    {p}" for p in shown)])
 
 
 def _failure_text(record: Mapping[str, Any]) -> str:
@@ -310,6 +331,8 @@ def _explain_text(x: Explanation) -> str:
     ]
     if x.key.server.dropped:
         pairs.append(("runtime-only", " ".join("--" + f for f in x.key.server.dropped) + " (not in the key)"))
+    for reason in x.key.details.get("uncacheable", ()):
+        pairs.append(("cannot cache", reason))
     text = _kv(pairs)
     if x.nearest:
         blocks = []

@@ -115,6 +115,8 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
         emit(
             f"not known to vLLM {('0.30')}, keyed as given: {', '.join('--' + u for u in computed.server.unknown)}"
         )
+    for reason in computed.details.get("uncacheable", ()):
+        emit(f"this configuration cannot be cached: {reason}")
     return 0
 
 

@@ -23,6 +23,22 @@ Environment knobs (both programs; compiler flags override them):
   ``STANDIN_ARTIFACT_FILES`` (4), ``STANDIN_ARTIFACT_BYTES`` (1M; ``64k``/``1M``/``2G`` accepted).
 * ``STANDIN_RECORD``: file to append JSON event lines to (``compile`` when a compile starts,
   ``compiled`` when it ends, ``load``, ``save``, ``save-failed``).
+* ``STANDIN_VLLM_VERSION`` (server only): the vLLM version the stand-in "has installed" (default
+  :data:`VLLM_VERSION`); it enters the vLLM-model path's bundle signature, as ``vllm.__version__``
+  enters vllm-rbln's. Change it alone to make the stand-in drift from what cachemgr was told.
+* ``STANDIN_NPU_NAME``: what the fake ``rebel.get_npu_name(0)`` answers (see ``pymods/``); unset,
+  there is no device.
 * Server faults: ``STANDIN_EXIT_BEFORE_HEALTHY=<code>`` (negative: die by that signal),
   ``STANDIN_QUOTA_EXCEEDED=1``, ``STANDIN_HANG=1``; ``STANDIN_SIGNAL_LOG``, ``STANDIN_EXIT_CODE``.
 """
+
+# What the stand-in "has installed", declared the way an image without the real packages declares
+# them to cachemgr (DESIGN: the server versions are read from package metadata, else these).
+VLLM_VERSION = "0.30.0+cpu"  # vllm-rbln 0.12.0 pins vllm==0.30.0+cpu
+VLLM_RBLN_VERSION = "0.12.0"
+OPTIMUM_RBLN_VERSION = "0.12.0"
+DECLARED_VERSIONS = {
+    "CACHEMGR_VLLM_VERSION": VLLM_VERSION,
+    "CACHEMGR_VLLM_RBLN_VERSION": VLLM_RBLN_VERSION,
+    "CACHEMGR_OPTIMUM_RBLN_VERSION": OPTIMUM_RBLN_VERSION,
+}

@@ -14,6 +14,14 @@ to the compile cache, and nothing else:
   if readable, missing graphs are compiled, and after warm-up every rank's bundle is saved again
   (tmp file, flush, fsync, rename); a failed save is logged and serving goes on.
 
+As the real code does (tools/rbln_facts.py lists where): the signature hashes the vLLM version
+(``STANDIN_VLLM_VERSION``, default ``cachemgr.standin.VLLM_VERSION``) and the NPU name as
+``RblnPlatform.get_device_name`` gives it (the device, ``STANDIN_NPU_NAME``, then
+``RBLN_FORCE_NPU_NAME``, then ``RBLN_TARGET_SOC``, unchanged); ``--enforce-eager`` or
+``VLLM_RBLN_ENABLE_WARM_UP`` off skip warm-up, so nothing is compiled at start nor saved;
+``VLLM_RBLN_COMPILE_ONLY`` acts on the vLLM-model path only; the optimum path cannot compile without
+a device, and compiles into ``$TMPDIR`` before copying to the cache.
+
 HTTP (stdlib ``ThreadingHTTPServer``) binds only once the engine is warm, as uvicorn does:
 ``/health``, ``/v1/models``, ``/version``, ``/standin/artifacts``. Knobs are ``STANDIN_*``
 variables; see :mod:`cachemgr.standin`.
@@ -70,6 +78,7 @@ from cachemgr.standin.compiler import (
 )
 
 BANNER = "STAND-IN vllm server (cachemgr.standin, not vLLM)"
+DEFAULT_NPU = "RBLN-CA25"
 VERSION = "0.12.0+standin"  # what `vllm --version` prints; PEP 440, so it reduces to 0.12
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -408,6 +417,12 @@ def optimum_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
         _jsonable(args.compile_flags),
     )
     base = {"impl": "optimum", "cache_root": str(cache_root), "path": str(cached)}
+    if device_npu() is None:
+        # optimum-rbln creates runtimes and checks the devices before compiling, compile-only or
+        # not (configuration_utils.py 1133-1140, modeling_base.py 520-527; runtime_utils.py 164-167).
+        raise ValueError(
+            "Device 0 is not a valid NPU device. Please check your NPU status with 'rbln-smi' command."
+        )
     record_event(knobs.record, "compile", **base, digest=None, signature=signature)
     log("INFO", f"Compiling {args.model} via optimum-rbln (stand-in) into {cached}")
     # optimum-rbln compiles into a TemporaryDirectory (under TMPDIR), then save_pretrained copies.
@@ -431,18 +446,49 @@ def safe_name(model: str) -> str:
     return cleaned.strip("_") or "unknown"
 
 
+def vllm_version() -> str:
+    """The vLLM version this stand-in "has installed" (``vllm.__version__``)."""
+    from cachemgr.standin import VLLM_VERSION
+
+    return os.environ.get("STANDIN_VLLM_VERSION") or VLLM_VERSION
+
+
+def device_npu() -> str | None:
+    """``rebel.get_npu_name(0)``: what the fake ``rebel`` (standin/pymods) answers, None without a device."""
+    name = os.environ.get("STANDIN_NPU_NAME", DEFAULT_NPU).strip()
+    return None if name.lower() in {"", "none"} else name
+
+
+def npu_name() -> str | None:
+    """``RblnPlatform.get_device_name``: the device first, then the settings, the raw string
+    (vllm_rbln/platform/__init__.py 136-151)."""
+    return device_npu() or os.environ.get("RBLN_FORCE_NPU_NAME") or os.environ.get("RBLN_TARGET_SOC") or None
+
+
+def warmup_skip_reason(args: ServeArgs) -> str | None:
+    """``compile_and_warmup_skip_reason`` (vllm_rbln/v1/worker/utils.py 378-384): no warm-up, no bundle."""
+    if (
+        args.compile_flags.get("enforce-eager") is True
+        and args.compile_flags.get("no-enforce-eager") is not True
+    ):
+        return "enforce_eager is set"
+    if not _env_bool("VLLM_RBLN_ENABLE_WARM_UP", "True"):
+        return "VLLM_RBLN_ENABLE_WARM_UP is off"
+    return None
+
+
 def vllm_signature(args: ServeArgs) -> str:
     """``mega_cache.config_signature``: sha1 of config hash | compile env | npu | rebel major.minor."""
-    cfg = hashlib.sha256(
-        json.dumps({"model": args.model, "flags": _jsonable(args.compile_flags)}, sort_keys=True).encode()
-    ).hexdigest()
+    # VllmConfig.compute_hash() starts with vllm.__version__ (vLLM config/vllm.py 479-484).
+    config = {"vllm": vllm_version(), "model": args.model, "flags": _jsonable(args.compile_flags)}
+    cfg = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     env = {
         "VLLM_RBLN_USE_VLLM_MODEL": _env_bool("VLLM_RBLN_USE_VLLM_MODEL", "False"),
         "VLLM_RBLN_NUM_HIDDEN_LAYERS": os.environ.get("VLLM_RBLN_NUM_HIDDEN_LAYERS", "0"),
         "VLLM_RBLN_USE_DEVICE_TENSOR": _env_bool("VLLM_RBLN_USE_DEVICE_TENSOR", "True"),
     }
     env_hash = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
-    text = "|".join([cfg, env_hash, "npu=STANDIN", "rebel=0.12"])
+    text = "|".join([cfg, env_hash, f"npu={npu_name() or 'unknown'}", "rebel=0.12"])
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
@@ -573,6 +619,11 @@ def compile_graphs(
 def vllm_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
     signature = vllm_signature(args)
     engine = Engine("vllm", signature, cache_root)
+    skip = warmup_skip_reason(args)
+    if skip is not None:
+        # rbln_worker.compile_or_warm_up_model: neither mega_cache.load nor .save runs.
+        log("INFO", f"Skipping compile_or_warm_up_model ({skip}).")
+        return engine
     # vLLM's VLLM_DISABLE_COMPILE_CACHE turns mega_cache.load/save into no-ops.
     use_cache = not bool(int(os.environ.get("VLLM_DISABLE_COMPILE_CACHE", "0") or "0"))
     log("INFO", f"mega-cache config_signature={signature} (stand-in)")
@@ -754,8 +805,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KnobError as exc:
         usage_error(str(exc))
     engine = start_engine(args, knobs)
-    if _env_bool("VLLM_RBLN_COMPILE_ONLY", "0"):
-        # vllm-rbln's compile-only mode (a CPU warm Job): compile, save, exit without serving.
+    if engine.impl == "vllm" and _env_bool("VLLM_RBLN_COMPILE_ONLY", "0"):
+        # vllm-rbln's compile-only mode (a CPU warm Job): compile, save, exit without serving. It
+        # acts on the vLLM-model path only (vllm_rbln/compilation/compiler.py 127); the optimum
+        # path compiles on a device and serves.
         log("INFO", "VLLM_RBLN_COMPILE_ONLY is set: artifacts saved, exiting without serving")
         return 0
     serve(args, engine)
