@@ -400,7 +400,9 @@ def test_a_compiler_that_removes_its_partial_output_still_proves_the_volume_too_
     compile filled the volume. The report and the next preflight must not believe the estimate."""
     root = tmpfs_small(30 * MiB)
     earlier = pods.start(
-        "earlier", vllm_argv(free_port(), "--tensor-parallel-size", "8"), cache_root=root, command="warm",
+        # A warm Job on a CPU node compiles only on vllm-rbln's vLLM-model path (cachemgr.vllm_rbln).
+        "earlier", vllm_argv(free_port(), "--tensor-parallel-size", "8", "--model-impl", "vllm"),
+        cache_root=root, command="warm",
         env={"STANDIN_ARTIFACT_BYTES": str(8 * MiB), "STANDIN_COMPILE_SECONDS": "0.2"},
     )  # fmt: skip
     assert earlier.wait_exit() == 0, earlier.tail()
