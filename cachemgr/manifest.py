@@ -36,6 +36,9 @@ class FileRecord:
     path: str
     size: int
     xxh3: str
+    # Nanoseconds, as published: a write into the entry (root, or its owner after a chmod) moves
+    # it, and the fast check compares it from the lstat it makes anyway. None in older manifests.
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def build_manifest(
 ) -> Manifest:
     """Hash every file under ``entry_dir`` (key.json and artifacts/) into a manifest."""
     files = tuple(
-        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel))
+        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel), mtime_ns=st.st_mtime_ns)
         for rel, st in walk_files(entry_dir)
         if rel != MANIFEST_NAME
     )
@@ -124,7 +127,7 @@ def read_manifest(entry_dir: Path) -> Manifest:
         raise ManifestError(f"{path} is not valid JSON ({error})") from None
     try:
         return _from_json(data)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ManifestError(f"{path} is not a cachemgr manifest ({error!r})") from None
 
 
@@ -134,7 +137,12 @@ def _from_json(data: Any) -> Manifest:
     if int(data["format"]) > MANIFEST_FORMAT:
         raise ValueError(f"manifest format {data['format']} is newer than this cachemgr reads")
     files = tuple(
-        FileRecord(path=str(item["path"]), size=int(item["size"]), xxh3=str(item["xxh3"]))
+        FileRecord(
+            path=str(item["path"]),
+            size=int(item["size"]),
+            xxh3=str(item["xxh3"]),
+            mtime_ns=None if item.get("mtime_ns") is None else int(item["mtime_ns"]),
+        )
         for item in data["files"]
     )
     for record in files:
@@ -214,6 +222,8 @@ def _check_stat(record: FileRecord, st: os.stat_result | None) -> Problem | None
         return Problem(record.path, "not a regular file")
     if st.st_size != record.size:
         return Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}")
+    if record.mtime_ns is not None and st.st_mtime_ns != record.mtime_ns:
+        return Problem(record.path, "modified after it was published (its mtime changed)")
     return None
 
 
