@@ -352,7 +352,7 @@ def resolve_model(server: ServerCommand) -> tuple[dict[str, Any], str, dict[str,
         # The server loads what --compile-cmd produced: the compile command names the model.
         return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
     path = Path(server.model).expanduser()
-    if path.exists():
+    if _exists(path):
         return _local_model(path)
     if server.model.startswith(("/", "./", "../", "~")):
         raise ConfigError(
@@ -362,6 +362,17 @@ def resolve_model(server: ServerCommand) -> tuple[dict[str, Any], str, dict[str,
     model = {"kind": "hub", "id": server.model, "revision": server.revision}
     source = "argv (--revision)" if server.revision else "argv (revision unpinned: the hub may change it)"
     return model, source, {"model_name": server.model}
+
+
+def _exists(path: Path) -> bool:
+    """Does the model path exist? A name no path can have (ENAMETOOLONG) is bad input, not a bug."""
+    try:
+        return path.exists()
+    except OSError as error:
+        raise ConfigError(
+            f"the model {str(path)[:80]!r}... ({len(str(path))} characters) cannot be a path here: {error.strerror}",
+            remedy="pass a Hugging Face model id or a model directory that exists in this pod",
+        ) from None
 
 
 def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
