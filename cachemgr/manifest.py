@@ -216,13 +216,21 @@ def check_files(entry_dir: Path, manifest: Manifest, *, mode: VerifyMode) -> lis
 
 
 def _check_stat(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    return _check_shape(record, st) or _check_mtime(record, st)
+
+
+def _check_shape(record: FileRecord, st: os.stat_result | None) -> Problem | None:
     if st is None:
         return Problem(record.path, "missing")
     if not S_ISREG(st.st_mode):
         return Problem(record.path, "not a regular file")
     if st.st_size != record.size:
         return Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}")
-    if record.mtime_ns is not None and st.st_mtime_ns != record.mtime_ns:
+    return None
+
+
+def _check_mtime(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    if st is not None and record.mtime_ns is not None and st.st_mtime_ns != record.mtime_ns:
         return Problem(record.path, "modified after it was published (its mtime changed)")
     return None
 
@@ -239,9 +247,12 @@ def _check_full(base: str, record: FileRecord) -> Problem | None:
             return Problem(record.path, "not a regular file")
         raise
     try:
-        problem = _check_stat(record, os.fstat(fd))
+        st = os.fstat(fd)
+        problem = _check_shape(record, st)
         if problem is None and hash_fd(fd) != record.xxh3:
             problem = Problem(record.path, "content differs from the manifest's xxh3-128")
+        # A changed mtime with the same bytes is still a write into a published entry.
+        problem = problem or _check_mtime(record, st)
     finally:
         os.close(fd)
     return problem

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
+from cachemgr.procs import same_process, start_ticks  # stdlib only, like this module
+
 Phase = Literal[
     "resolving", "waiting", "compiling", "publishing", "launching", "serving", "failed", "stopped"
 ]
@@ -70,6 +72,9 @@ class State(NamedTuple):
     # When the record was last written: during a compile the runner reports progress every
     # tick, so a record that stops changing means its progress watch itself is stuck.
     updated_at: float = 0.0
+    # When ``pid`` started (procs.start_ticks): the next container's run is pid 1 again, and a
+    # record it has not replaced yet must not pass for its own.
+    pid_start_ticks: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -84,6 +89,7 @@ class State(NamedTuple):
             "heartbeat_interval": self.heartbeat_interval,
             "detail": dict(self.detail),
             "updated_at": self.updated_at,
+            "pid_start_ticks": self.pid_start_ticks,
         }
 
     @classmethod
@@ -103,7 +109,12 @@ class State(NamedTuple):
             heartbeat_interval=float(data.get("heartbeat_interval", 2.0)),
             detail=dict(data.get("detail") or {}),
             updated_at=float(data.get("updated_at") or data["since"]),
+            pid_start_ticks=_int_or_none(data.get("pid_start_ticks")),
         )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def read_state(state_dir: Path) -> State:
@@ -153,8 +164,6 @@ def claim_state_dir(state_dir: Path) -> int:
     record decides: pid plus start time, so a reused pid is not taken for the owner. Raises
     :class:`StateDirBusy` while a live process owns it, ``OSError`` when it cannot be written.
     """
-    from cachemgr.procs import same_process, start_ticks  # stdlib only, like this module
-
     state_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
@@ -216,6 +225,7 @@ class StateWriter:
             since=self._started,
             started_at=self._started,
             pid=os.getpid(),
+            pid_start_ticks=start_ticks(os.getpid()),
             heartbeat_interval=heartbeat_interval,
             stall_timeout=stall_timeout,
             updated_at=self._started,

@@ -6,6 +6,7 @@ into them as ``kubectl exec`` would: the same environment, so the same CACHEMGR_
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -291,3 +292,27 @@ def test_an_unprivileged_owner_is_refused_writes_and_still_quarantines_and_prune
     assert pruned.returncode == 0, pruned.stdout + pruned.stderr
     assert entry_dirs(root) == []
     assert list((root / "trash").iterdir()) == []
+
+
+def test_a_state_record_whose_pid_now_belongs_to_another_process_fails_the_probes(
+    pods: Cluster, root: Path
+) -> None:
+    """The next container's processes reuse pids: the record names its process by pid and start."""
+    record = pods.work / "compiler.jsonl"
+    pod, _entry, _view = _serving(pods, root, record)
+    _probes_pass(pod)
+    pod.signal_pod(9)
+    pod.wait_exit()
+    with subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    ) as other:
+        state = pod.state()
+        assert state["pid_start_ticks"]
+        state["pid"] = other.pid  # as if the dead run's pid now belonged to another process
+        (pod.state_dir / "state.json").write_text(json.dumps(state))
+        os.utime(pod.state_dir / "heartbeat")
+        for kind in ("startup", "live", "ready"):
+            done = run_cli("probe", kind, env=pod.env)
+            assert done.returncode == 1, done.stdout
+            assert f"(pid {other.pid}) is not running" in done.stdout
+        other.communicate(timeout=30)
