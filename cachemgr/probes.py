@@ -152,7 +152,7 @@ def _load(state_dir: Path) -> tuple[State | None, str]:
             f"no state record at {state_dir / STATE_FILE}: cachemgr run has not started yet, "
             "or it uses another --state-dir (CACHEMGR_STATE_DIR)"
         )
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as error:
         return None, f"cannot read {state_dir / STATE_FILE}: {error}"
 
 

@@ -246,3 +246,23 @@ def test_a_huge_config_is_refused(env: dict[str, str], tmp_path: Path) -> None:
     code, line = cli(["key", "--", "vllm", "serve", "org/model", "--config", str(config)], env)
     assert code == 78
     assert "bytes" in line
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"phase": "serving", "since": 1, "started_at": 1, "pid": 1e400}', "[" * 5000 + "]" * 5000],
+    ids=["pid-inf", "nested-5000"],
+)
+def test_a_probe_reading_a_damaged_state_record_fails_with_its_one_line(
+    env: dict[str, str], tmp_path: Path, text: str
+) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    (state_dir / "state.json").write_text(text)
+    done = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "probe", "live", "--state-dir", str(state_dir)],
+        env=env, capture_output=True, text=True, timeout=20, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.startswith("live failed: cannot read")
