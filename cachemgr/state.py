@@ -167,8 +167,8 @@ def claim_state_dir(state_dir: Path) -> int:
     state_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(state_dir / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
-        owner = _read_owner(fd)
         locked = _lock(fd)
+        owner = _read_owner(fd)  # after the lock: a winner writes its record while holding it
         busy = locked is False or (locked is None and owner is not None and same_process(*owner))
         if not busy:
             mine = os.getpid()
