@@ -1,10 +1,10 @@
 """The manifest: an entry's commit record, written last, checked on every hit.
 
 An entry is ``key.json`` (its full key inputs, for explaining misses), ``artifacts/`` (what
-the compiler produced) and ``manifest.json``: every file's path, size and xxh3-128, and the
-key it was compiled for. The manifest is written last in private staging, so a directory
+the compiler produced) and ``manifest.json``: every file's path, size, mtime and xxh3-128, and
+the key it was compiled for. The manifest is written last in private staging, so a directory
 without a valid one was never committed. A hit checks the manifest against the files: sizes
-on every start (fast), hashes on request (full).
+and mtimes on every start (fast), hashes on request (full).
 """
 
 from __future__ import annotations
