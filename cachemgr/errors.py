@@ -25,6 +25,18 @@ class ExitCode(enum.IntEnum):
     CONFIG = 78  # EX_CONFIG: key inputs undeterminable, or configuration invalid
 
 
+MESSAGE_LIMIT = 600  # characters of a message's "what" (the remedy gets half): one readable line
+
+
+def shorten(text: str, limit: int) -> str:
+    """One line of at most about ``limit`` characters: whitespace folded, the middle elided."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    keep = (limit - 5) // 2
+    return f"{text[:keep]} ... {text[-keep:]}"
+
+
 class CacheMgrError(Exception):
     """Base of every reported failure.
 
@@ -42,10 +54,13 @@ class CacheMgrError(Exception):
         super().__init__(self.one_line())
 
     def one_line(self) -> str:
-        """The message for logs, stderr and the Kubernetes termination message."""
+        """The message for logs, stderr and the Kubernetes termination message.
+
+        Capped: a message quotes its input (a path, a model name, a flag's value), and a 100 KB
+        input must not make a 100 KB line.
+        """
         remedy = self.remedy[:1].upper() + self.remedy[1:]
-        text = f"{self.what}. {remedy}."
-        return " ".join(text.split())
+        return f"{shorten(self.what, MESSAGE_LIMIT)}. {shorten(remedy, MESSAGE_LIMIT // 2)}."
 
     def __str__(self) -> str:
         return self.one_line()
@@ -64,6 +79,18 @@ class UsageError(CacheMgrError, ValueError):
 
     exit_code = ExitCode.USAGE
     reason = "usage"
+
+
+class StateDirInUseError(CacheMgrError, RuntimeError):
+    """A second ``run`` met a state dir owned by a live ``run`` (``kubectl exec`` inherits it).
+
+    Exit 64 (usage), not 75: waiting or retrying cannot help while the pod serves, and the
+    remedy is to invoke it differently (``cachemgr warm``, or another ``--state-dir``). The
+    live ``run`` keeps its state record, views and probes untouched.
+    """
+
+    exit_code = ExitCode.USAGE
+    reason = "state-dir-in-use"
 
 
 class ConfigError(CacheMgrError, ValueError):

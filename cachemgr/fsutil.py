@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import shutil
 import stat
@@ -77,7 +78,37 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def read_json(path: Path) -> Any:
     """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable."""
-    return json.loads(path.read_bytes())
+    return loads_json(path.read_bytes())
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 20:  # cachemgr writes none past 2**64 (sizes, ns times, pids)
+        raise ValueError(f"number {text[:20]}... is out of range")
+    return int(text)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_json(data: bytes | str) -> Any:
+    """``json.loads`` for what others wrote on the volume: damage is a ``ValueError``, never a crash.
+
+    Records are written by cachemgr (finite numbers below 2**64, a few levels deep); ``1e400`` (an
+    infinity that ``int()`` refuses), a 400-digit integer (which ``float()`` refuses) and nesting
+    deep enough to exhaust the parser's recursion are damage.
+    """
+    try:
+        return json.loads(data, parse_float=_finite, parse_int=_bounded_int, parse_constant=_no_constant)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
 
 
 def hash_file(path: Path) -> str:
@@ -162,16 +193,30 @@ def fsync_tree(root: Path) -> None:
 
 
 def make_read_only(root: Path) -> None:
-    """Files of a published entry become 0444: a server writing through a view fails instead of corrupting."""
-    for dirpath, _dirnames, filenames in os.walk(root):
+    """Files of a published entry become 0444 and the directories below it 0555.
+
+    A server writing through a view (``open(path, "r+b")``) then fails with EACCES instead of
+    changing the shared bytes, and nothing can be added, renamed or removed inside. ``root``
+    itself stays writable by its owner: moving a directory to another parent (quarantine,
+    prune's move to trash) needs write access to the directory itself, for its "..". The owner
+    can chmod back, and root ignores modes: the manifest's size and mtime catch what they can.
+    """
+    directories = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        directories += [os.path.join(dirpath, name) for name in dirnames]
         for name in filenames:
-            full = os.path.join(dirpath, name)
-            try:
-                if not os.path.islink(full):
-                    os.chmod(full, 0o444)
-            except FileNotFoundError:
-                # A prune took the new entry away (no pod used it yet): nothing left to protect.
-                continue
+            _chmod(os.path.join(dirpath, name), 0o444)
+    for directory in reversed(directories):  # deepest first, though order does not matter to chmod
+        _chmod(directory, 0o555)
+
+
+def _chmod(path: str, mode: int) -> None:
+    try:
+        if not os.path.islink(path):
+            os.chmod(path, mode)
+    except FileNotFoundError:
+        # A prune took the new entry away (no pod used it yet): nothing left to protect.
+        return
 
 
 def remove_tree(path: Path) -> None:

@@ -299,7 +299,7 @@ def show(root: CacheRoot, query: str, *, compat: Compat | None) -> EntryDetail:
 
 
 def _manifest_summary(path: Path) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
-    """The manifest without its file list, and a fast check (sizes) of the files against it."""
+    """The manifest without its file list, and a fast check (sizes, mtimes) of the files against it."""
     try:
         manifest = read_manifest(path)
     except ManifestError as error:

@@ -322,7 +322,7 @@ def resolve_model(
         # The server loads what --compile-cmd produced: the compile command names the model.
         return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
     path = Path(model).expanduser()
-    if path.exists():
+    if _exists(path):
         return _local_model(path)
     if model.startswith(("/", "./", "../", "~")):
         raise ConfigError(
@@ -332,6 +332,17 @@ def resolve_model(
     hub = {"kind": "hub", "id": model, "revision": server.revision}
     source = "argv (--revision)" if server.revision else "argv (revision unpinned: the hub may change it)"
     return hub, source, {"model_name": model}
+
+
+def _exists(path: Path) -> bool:
+    """Does the model path exist? A name no path can have (ENAMETOOLONG) is bad input, not a bug."""
+    try:
+        return path.exists()
+    except OSError as error:
+        raise ConfigError(
+            f"the model {str(path)[:80]!r}... ({len(str(path))} characters) cannot be a path here: {error.strerror}",
+            remedy="pass a Hugging Face model id or a model directory that exists in this pod",
+        ) from None
 
 
 def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:

@@ -1,10 +1,10 @@
 """The manifest: an entry's commit record, written last, checked on every hit.
 
 An entry is ``key.json`` (its full key inputs, for explaining misses), ``artifacts/`` (what
-the compiler produced) and ``manifest.json``: every file's path, size and xxh3-128, and the
-key it was compiled for. The manifest is written last in private staging, so a directory
+the compiler produced) and ``manifest.json``: every file's path, size, mtime and xxh3-128, and
+the key it was compiled for. The manifest is written last in private staging, so a directory
 without a valid one was never committed. A hit checks the manifest against the files: sizes
-on every start (fast), hashes on request (full).
+and mtimes on every start (fast), hashes on request (full).
 """
 
 from __future__ import annotations
@@ -36,6 +36,9 @@ class FileRecord:
     path: str
     size: int
     xxh3: str
+    # Nanoseconds, as published: a write into the entry (root, or its owner after a chmod) moves
+    # it, and the fast check compares it from the lstat it makes anyway. None in older manifests.
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ def build_manifest(
 ) -> Manifest:
     """Hash every file under ``entry_dir`` (key.json and artifacts/) into a manifest."""
     files = tuple(
-        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel))
+        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel), mtime_ns=st.st_mtime_ns)
         for rel, st in walk_files(entry_dir)
         if rel != MANIFEST_NAME
     )
@@ -124,7 +127,7 @@ def read_manifest(entry_dir: Path) -> Manifest:
         raise ManifestError(f"{path} is not valid JSON ({error})") from None
     try:
         return _from_json(data)
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ManifestError(f"{path} is not a cachemgr manifest ({error!r})") from None
 
 
@@ -134,7 +137,12 @@ def _from_json(data: Any) -> Manifest:
     if int(data["format"]) > MANIFEST_FORMAT:
         raise ValueError(f"manifest format {data['format']} is newer than this cachemgr reads")
     files = tuple(
-        FileRecord(path=str(item["path"]), size=int(item["size"]), xxh3=str(item["xxh3"]))
+        FileRecord(
+            path=str(item["path"]),
+            size=int(item["size"]),
+            xxh3=str(item["xxh3"]),
+            mtime_ns=None if item.get("mtime_ns") is None else int(item["mtime_ns"]),
+        )
         for item in data["files"]
     )
     for record in files:
@@ -218,12 +226,22 @@ def check_files(
 
 
 def _check_stat(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    return _check_shape(record, st) or _check_mtime(record, st)
+
+
+def _check_shape(record: FileRecord, st: os.stat_result | None) -> Problem | None:
     if st is None:
         return Problem(record.path, "missing")
     if not S_ISREG(st.st_mode):
         return Problem(record.path, "not a regular file")
     if st.st_size != record.size:
         return Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}")
+    return None
+
+
+def _check_mtime(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    if st is not None and record.mtime_ns is not None and st.st_mtime_ns != record.mtime_ns:
+        return Problem(record.path, "modified after it was published (its mtime changed)")
     return None
 
 
@@ -239,9 +257,12 @@ def _check_full(base: str, record: FileRecord) -> Problem | None:
             return Problem(record.path, "not a regular file")
         raise
     try:
-        problem = _check_stat(record, os.fstat(fd))
+        st = os.fstat(fd)
+        problem = _check_shape(record, st)
         if problem is None and hash_fd(fd) != record.xxh3:
             problem = Problem(record.path, "content differs from the manifest's xxh3-128")
+        # A changed mtime with the same bytes is still a write into a published entry.
+        problem = problem or _check_mtime(record, st)
     finally:
         os.close(fd)
     return problem

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from cachemgr.procs import pid_alive
+from cachemgr.procs import same_process
 from cachemgr.state import STATE_FILE, State, heartbeat_age, read_state
 from cachemgr.units import human_bytes, human_duration
 
@@ -152,7 +152,7 @@ def _load(state_dir: Path) -> tuple[State | None, str]:
             f"no state record at {state_dir / STATE_FILE}: cachemgr run has not started yet, "
             "or it uses another --state-dir (CACHEMGR_STATE_DIR)"
         )
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as error:
         return None, f"cannot read {state_dir / STATE_FILE}: {error}"
 
 
@@ -169,7 +169,7 @@ def _ended(state: State) -> str | None:
 
 
 def _dead(state: State) -> str | None:
-    if pid_alive(state.pid):
+    if same_process(state.pid, state.pid_start_ticks):
         return None
     return f"cachemgr run (pid {state.pid}) is not running; its last phase was {state.phase}"
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+_PID_MAX = 1 << 22  # the kernel's highest pid_max (PID_MAX_LIMIT on 64-bit)
+
 
 def pid_alive(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (an exited child nobody reaped yet).
@@ -11,6 +13,8 @@ def pid_alive(pid: int) -> bool:
     Only meaningful on the host that owns the pid: pids of other nodes (or pod PID
     namespaces) say nothing here, so callers compare hosts first.
     """
+    if not 0 < pid <= _PID_MAX:
+        return False  # 0 and negatives signal process groups; a huge one (a damaged record) overflows
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -24,3 +28,25 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return True  # no procfs: existence is all we can tell
     return not fields or fields[0] not in {b"Z", b"X"}
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (/proc/PID/stat field 22); None if unknown.
+
+    A pid with the same start time is the same process: a pod's emptyDir outlives its
+    container, and the next container's ``run`` is pid 1 again, so a pid alone cannot tell
+    the live owner of a state record or a view from a dead one.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return int(fields[19])  # field 22 overall; the first after "(comm)" is field 3
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def same_process(pid: int, started: int | None) -> bool:
+    """True while the process ``pid`` that started at ``started`` (see start_ticks) still runs."""
+    if not pid_alive(pid):
+        return False
+    return started is None or start_ticks(pid) in (None, started)

@@ -31,6 +31,7 @@ from cachemgr.errors import (
     DiskFullError,
     Interrupted,
     MissError,
+    StateDirInUseError,
     VolumeError,
     WaitTimeoutError,
 )
@@ -49,7 +50,7 @@ from cachemgr.records import (
     register_use,
     release_use,
 )
-from cachemgr.state import StateWriter
+from cachemgr.state import StateDirBusy, StateWriter, claim_state_dir
 from cachemgr.store import (
     CacheRoot,
     Lookup,
@@ -118,7 +119,11 @@ class Runner:
         self.environ = dict(environ)
         self.identity = PodIdentity.current(environ)
         self.relay = launcher.SignalRelay()
-        self.state = StateWriter(options.state_dir, stall_timeout=options.stall_timeout)
+        # warm writes no probe state: typed into a serving pod it must not replace the live record.
+        self._claim = None if options.warm else _claim_state_dir(options.state_dir)
+        self.state = StateWriter(
+            None if options.warm else options.state_dir, stall_timeout=options.stall_timeout
+        )
         self.metrics = Metrics()
         self.state.on_change(self.metrics.on_phase)
         self._volume_beat = Heartbeat(interval=HEARTBEAT_SECONDS)
@@ -159,10 +164,17 @@ class Runner:
             self._state_beat.stop()
             release_use(self._use_record)
             self.relay.restore()
+            if self._claim is not None:
+                os.close(self._claim)
 
     def _start_status_server(self) -> Any:
         """``--status-port``: the probes and /metrics over HTTP, from this process."""
         if self.options.status_port is None:
+            return None
+        if self.options.warm:
+            # The endpoints read the state dir, which warm leaves alone (a shared CACHEMGR_RUN_ARGS
+            # may carry the serving pods' --status-port into a warm Job).
+            log.info("status_port_ignored", reason="warm writes no probe state")
             return None
         from cachemgr.status_server import start_status_server
 
@@ -791,6 +803,26 @@ class Runner:
                 self._server_exited.wait(0.25)
 
         threading.Thread(target=watch, name="cachemgr-health", daemon=True).start()
+
+
+def _claim_state_dir(state_dir: Path) -> int:
+    """Own the pod-local state dir, or refuse: another live run's record and views stay its own."""
+    try:
+        return claim_state_dir(state_dir)
+    except StateDirBusy as busy:
+        raise StateDirInUseError(
+            f"another cachemgr run (pid {busy.pid}) owns the state dir {state_dir} and serves this pod",
+            remedy="use 'cachemgr warm' to fill the cache, or give this run its own --state-dir "
+            "(CACHEMGR_STATE_DIR); the running server is left alone",
+            state_dir=str(state_dir),
+            owner_pid=busy.pid,
+        ) from None
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use the state dir {state_dir}: {error.strerror or error}",
+            remedy="point --state-dir (CACHEMGR_STATE_DIR) at a writable pod-local directory (an emptyDir)",
+            state_dir=str(state_dir),
+        ) from None
 
 
 class _DiskFullSeenError(Exception):

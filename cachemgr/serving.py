@@ -28,7 +28,9 @@ import argparse
 import functools
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,19 +318,73 @@ def _config_file_args(path: str, own_options: frozenset[str]) -> list[str]:
         _refuse(f"--config {path} is not a .yaml/.yml file")
     import yaml  # only argvs with --config pay for it
 
+    text = _read_config_file(path)
     try:
-        with Path(path).open(encoding="utf-8") as stream:
-            config = yaml.safe_load(stream)
+        config = yaml.safe_load(text)  # vllm/utils/argparse_utils.py:583 (load_config_file)
+    except (yaml.YAMLError, RecursionError) as error:
+        what = f"vllm --config {path} is not valid YAML ({error})"
+        raise ConfigError(what, remedy="fix the YAML") from error
+    if _expanded_size(config) > _CONFIG_MAX_NODES:
+        # Aliases share one object when loaded, but every use is a copy in the argv (and in the
+        # key): nine aliases of nine aliases of ... ("billion laughs") would never finish.
+        raise ConfigError(
+            f"vllm --config {path} expands to more than {_CONFIG_MAX_NODES} values (YAML aliases "
+            f"or nesting over {_MAX_DEPTH} levels)",
+            remedy="write the config without nested aliases",
+        )
+    if not isinstance(config, dict):  # vLLM: AttributeError on config.items()
+        _refuse(f"--config {path} is not a mapping of flag names to values")
+    return [token for key, value in config.items() for token in _config_entry(path, key, value, own_options)]
+
+
+_CONFIG_MAX_BYTES = 1 << 20  # a serving config is a few KB
+_CONFIG_MAX_NODES = 100_000
+
+
+def _read_config_file(path: str) -> str:
+    """The config's text: a regular file only (a FIFO would block here forever), capped in size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         raise ConfigError(
             f"cannot read vllm --config {path}: {error.strerror}", remedy="mount the config file in the pod"
         ) from error
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        what = f"vllm --config {path} is not valid YAML ({error})"
-        raise ConfigError(what, remedy="fix the YAML") from error
-    if not isinstance(config, dict):  # vLLM: AttributeError on config.items()
-        _refuse(f"--config {path} is not a mapping of flag names to values")
-    return [token for key, value in config.items() for token in _config_entry(path, key, value, own_options)]
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _CONFIG_MAX_BYTES:
+            what = "is not a regular file" if not stat.S_ISREG(st.st_mode) else f"is {st.st_size} bytes"
+            raise ConfigError(
+                f"vllm --config {path} {what}",
+                remedy=f"give --config a YAML file of at most {_CONFIG_MAX_BYTES >> 10} KiB",
+            )
+        data = os.read(fd, _CONFIG_MAX_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(
+            f"cannot read vllm --config {path}: {error.strerror}", remedy="mount the config file in the pod"
+        ) from error
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"vllm --config {path} is not UTF-8 text ({error})", remedy="fix the YAML"
+        ) from None
+
+
+def _expanded_size(value: Any) -> int:
+    """Values in ``value`` with every alias copied out, counted up to just past the limit."""
+    count, stack = 0, [(value, 1)]
+    while stack and count <= _CONFIG_MAX_NODES:
+        item, level = stack.pop()
+        count += 1
+        if level > _MAX_DEPTH:
+            return _CONFIG_MAX_NODES + 1
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for pair in item.items() for child in pair)
+        elif isinstance(item, list):
+            stack.extend((child, level + 1) for child in item)
+    return count
 
 
 def _config_entry(path: str, key: Any, value: Any, own_options: frozenset[str]) -> list[str]:
@@ -399,12 +455,50 @@ def _collect_dotted(args: list[str]) -> list[str]:
 
 def _dotted_value(text: str) -> Any:
     try:
-        return json.loads(text)
+        return loads(text)
     except json.JSONDecodeError:
         try:
             return human_readable_int(text)
         except (ValueError, argparse.ArgumentTypeError):
             return text
+
+
+_MAX_DEPTH = 64  # vLLM's JSON configs nest a few levels; the key's canonical form recurses per level
+
+
+class _TooDeepError(ConfigError, argparse.ArgumentTypeError):
+    """A ConfigError (exit 78) that argparse, refusing the flag, quotes as it is."""
+
+
+def loads(text: str) -> Any:
+    """``json.loads`` for a flag's value, bounded: deep nesting is a config error, not a crash.
+
+    Named ``loads``: argparse names the type function in its refusals, as vLLM's own json.loads.
+    """
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        value = None
+        depth = _MAX_DEPTH + 1
+    else:
+        depth = _depth(value)
+    if depth > _MAX_DEPTH:
+        raise _TooDeepError(
+            f"a JSON value in the server argv is nested more than {_MAX_DEPTH} levels deep",
+            remedy="pass the server's JSON options as vLLM documents them",
+        )
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply ``value`` nests (iterative: the point is not to recurse without bound)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if level <= _MAX_DEPTH and isinstance(item, dict | list):
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _merge_into(original: dict[str, Any], update: dict[str, Any]) -> None:
@@ -447,7 +541,7 @@ def _human_readable_int_or_auto(value: str) -> int:
 
 def _json_or_str(value: str) -> Any:
     """union_dict_and_str: JSON only when shaped like {...}."""
-    return json.loads(value) if re.match(r"(?s)^\s*{.*}\s*$", value) else value
+    return loads(value) if re.match(r"(?s)^\s*{.*}\s*$", value) else value
 
 
 def _dataclass_json(value: str) -> Any:
@@ -455,7 +549,7 @@ def _dataclass_json(value: str) -> Any:
     parts = re.split(r'("(?:[^"\\]|\\.)*")', value)
     for i in range(0, len(parts), 2):  # outside string literals only
         parts[i] = _BARE_HUMAN_INT.sub(lambda m: str(human_readable_int(m.group())), parts[i])
-    return json.loads("".join(parts))
+    return loads("".join(parts))
 
 
 def _device_ids(value: str) -> list[int | str]:
@@ -467,7 +561,7 @@ def _value_type(name: str) -> Callable[[str], Any] | None:
     kinds: list[tuple[frozenset[str], Callable[[str], Any]]] = [
         (_INT, int), (_FLOAT, float), (_HUMAN_INT, human_readable_int),
         (_HUMAN_INT_OR_AUTO, _human_readable_int_or_auto), (vllm_flags.JSON_OR_STR_FLAGS, _json_or_str),
-        (_DATACLASS_JSON, _dataclass_json), (vllm_flags.JSON_FLAGS, json.loads),
+        (_DATACLASS_JSON, _dataclass_json), (vllm_flags.JSON_FLAGS, loads),
         (_LOWER_UNDERSCORED, lambda s: s.lower().replace("-", "_")), (_DEVICE_IDS, _device_ids),
     ]  # fmt: skip
     convert = next((fn for names, fn in kinds if name in names), None)
@@ -536,7 +630,7 @@ class _LoRAModules(argparse.Action):
                 modules.append({**_LORA, "name": name, "path": path})
                 continue
             try:
-                loaded = json.loads(item)
+                loaded = loads(item)
             except json.JSONDecodeError:
                 parser.error(f"Invalid JSON format for --lora-modules: {item}")
             if not isinstance(loaded, dict) or not {"name", "path"} <= set(loaded) <= set(_LORA):

@@ -158,7 +158,7 @@ def _read_marker(marker: Path) -> int:
         raise
     except PermissionError as error:
         raise _volume_error(marker.parent, error, "read") from error
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, OverflowError):
         raise VolumeError(
             f"cache root marker {marker} is damaged (not a cachemgr layout record)",
             remedy=f"if this volume is a cachemgr cache, delete {marker} and cachemgr recreates it",

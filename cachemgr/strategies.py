@@ -29,6 +29,7 @@ from pathlib import Path
 
 from cachemgr.fsutil import remove_tree
 from cachemgr.manifest import ARTIFACTS, Manifest
+from cachemgr.procs import same_process, start_ticks
 
 ARTIFACT_DIR = "{artifact_dir}"
 OUTPUT_DIR = "{output_dir}"
@@ -56,10 +57,11 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
     making them.
     """
     views.mkdir(parents=True, exist_ok=True)
-    view = Path(tempfile.mkdtemp(prefix=f"{entry.name[-16:]}.", dir=views))
+    view = Path(tempfile.mkdtemp(prefix=f"{entry.name[-16:]}.{_owner_tag()}.", dir=views))
     prefix = ARTIFACTS + "/"
     cut = len(prefix)
-    target_base = os.path.join(os.fspath(entry), ARTIFACTS)
+    # Absolute: the links are read from the view, so a relative --cache-root would dangle.
+    target_base = os.path.join(os.path.abspath(entry), ARTIFACTS)
     view_base = os.fspath(view)
     join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
     made: set[str] = {""}
@@ -76,15 +78,39 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
 
 
 def remove_old_views(views: Path, *, keep: Path) -> None:
-    """Delete the views of earlier starts (a background thread calls this after launch)."""
+    """Delete the views of earlier starts (a background thread calls this after launch).
+
+    Only views whose owner is gone: a second ``run`` in the same pod (``kubectl exec``
+    inherits the state dir) must never pull the files from under the live server.
+    """
     try:
         names = os.listdir(views)
     except FileNotFoundError:
         return
     for name in names:
         path = views / name
-        if path != keep:
+        if path != keep and not _owner_alive(name):
             remove_tree(path)
+
+
+def _owner_tag() -> str:
+    """``PID-STARTTICKS`` of this process: who a view belongs to, safe against pid reuse."""
+    pid = os.getpid()
+    return f"{pid}-{start_ticks(pid) or 0}"
+
+
+def _owner_alive(name: str) -> bool:
+    """Is the process that built view ``name`` (``ENTRY16.PID-TICKS.RANDOM``) still running?
+
+    Our own other views count as dead (a start makes one); a name without an owner tag comes
+    from a cachemgr before owners were recorded, whose container is gone.
+    """
+    parts = name.split(".")
+    pid_text, _, ticks_text = parts[1].partition("-") if len(parts) == 3 else ("", "", "")
+    if not (pid_text.isdigit() and ticks_text.isdigit()):
+        return False
+    pid, ticks = int(pid_text), int(ticks_text)
+    return pid != os.getpid() and same_process(pid, ticks or None)
 
 
 def snapshot_tree(source: Path, target: Path) -> str:

@@ -9,6 +9,8 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]i?B?|[kmgtp]B?|B)?\s*", re.IGN
 _BINARY = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 _DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+MAX_BYTES = float(1 << 63)  # sizes are compared with statvfs figures: 8 EiB is beyond any volume
+MAX_SECONDS = 10 * 365 * 86400.0  # a longer duration means "never"; threading waits overflow past ~292 years
 _SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
@@ -16,24 +18,38 @@ def parse_size(text: str) -> int:
     """``1234``, ``200Gi``, ``200GiB``, ``1.5G`` (decimal, as Kubernetes), ``512Mi`` -> bytes."""
     match = _SIZE.fullmatch(text)
     if not match:
-        raise ValueError(f"{text!r} is not a size (try 200Gi, 512Mi or a number of bytes)")
+        raise ValueError(f"{_quoted(text)} is not a size (try 200Gi, 512Mi or a number of bytes)")
     number, unit = float(match.group(1)), (match.group(2) or "")
     letter = unit[:1].upper()
-    if letter in ("", "B"):
-        return int(number)
-    binary = len(unit) > 1 and unit[1].lower() == "i"
-    return int(number * (_BINARY[letter] if binary else _DECIMAL[letter]))
+    scale = (
+        1
+        if letter in ("", "B")
+        else (_BINARY if len(unit) > 1 and unit[1].lower() == "i" else _DECIMAL)[letter]
+    )
+    size = number * scale
+    if not size < MAX_BYTES:  # also inf: float() of 400 digits overflows
+        raise ValueError(f"{_quoted(text)} is too large (at most 8 EiB)")
+    return int(size)
 
 
 def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``14d``, ``1h30m`` -> seconds."""
     text = text.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
-    parts = _DURATION.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise ValueError(f"{text!r} is not a duration (try 30s, 15m, 14d)")
-    return sum(float(n) * _SECONDS[u] for n, u in parts)
+        seconds = float(text)
+    else:
+        parts = _DURATION.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"{_quoted(text)} is not a duration (try 30s, 15m, 14d)")
+        seconds = sum(float(n) * _SECONDS[u] for n, u in parts)
+    if not seconds <= MAX_SECONDS:  # also inf: float() of 400 digits overflows
+        raise ValueError(f"{_quoted(text)} is too long (at most 10 years)")
+    return seconds
+
+
+def _quoted(text: str) -> str:
+    """A value for an error message: repr, long ones cut (a 100 KB flag makes no 100 KB line)."""
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
 
 
 def human_bytes(count: int | None) -> str:

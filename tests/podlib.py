@@ -185,8 +185,9 @@ class Cluster:
         options: Sequence[str] = (),
         node: str | None = None,
         env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
     ) -> Pod:
-        """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name``."""
+        """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name`` (in ``cwd``)."""
         state_dir = self.work / "pods" / name
         shutil.rmtree(state_dir, ignore_errors=True)
         state_dir.mkdir(parents=True)
@@ -206,7 +207,9 @@ class Cluster:
             # Another node: its own hostname, so the lease sees a peer it cannot probe by pid.
             argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node, *argv]
         with log.open("ab") as out:
-            proc = subprocess.Popen(argv, env=pod_env, stdout=out, stderr=out, start_new_session=True)
+            proc = subprocess.Popen(
+                argv, env=pod_env, stdout=out, stderr=out, start_new_session=True, cwd=cwd
+            )
         pod = Pod(name=name, proc=proc, state_dir=state_dir, log=log, env=pod_env)
         self.pods.append(pod)
         return pod

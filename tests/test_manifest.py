@@ -35,9 +35,11 @@ def entry(tmp_path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(os.urandom(size))
     outcome = publish(root, staging, key, identity=identity, compile_seconds=1.0, strategy="command")
-    for dirpath, _dirs, files in os.walk(outcome.path):  # published read-only: let the tests damage it
+    for dirpath, dirs, files in os.walk(outcome.path):  # published read-only: let the tests damage it
         for name in files:
             os.chmod(os.path.join(dirpath, name), 0o644)
+        for name in dirs:
+            os.chmod(os.path.join(dirpath, name), 0o755)
     return outcome.path
 
 
@@ -67,11 +69,25 @@ def test_a_truncated_file_fails_the_fast_check(entry: Path) -> None:
     assert _what(_check(entry)) == {"layers/0/attn.rbln": "size 100 bytes, manifest says 3000"}
 
 
-def test_a_flipped_byte_passes_the_fast_check_and_fails_the_full_one(entry: Path) -> None:
+def test_a_flipped_byte_fails_the_fast_check_by_its_mtime(entry: Path) -> None:
     path = entry / "artifacts" / "layers" / "1" / "deep" / "er" / "weights.bin"
     data = bytearray(path.read_bytes())
     data[12345] ^= 0xFF
     path.write_bytes(bytes(data))
+    assert _what(_check(entry, "fast")) == {
+        "layers/1/deep/er/weights.bin": "modified after it was published (its mtime changed)"
+    }
+
+
+def test_a_flipped_byte_with_its_mtime_put_back_passes_the_fast_check_and_fails_the_full_one(
+    entry: Path,
+) -> None:
+    path = entry / "artifacts" / "layers" / "1" / "deep" / "er" / "weights.bin"
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[12345] ^= 0xFF
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))  # as a careful tamperer would
     assert _check(entry, "fast") == []
     assert _what(_check(entry, "full")) == {
         "layers/1/deep/er/weights.bin": "content differs from the manifest's xxh3-128"

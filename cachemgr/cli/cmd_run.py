@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ def cache_root(args: argparse.Namespace) -> Path:
             "no cache volume was given",
             remedy="set CACHEMGR_CACHE_ROOT (or --cache-root) to where the compile cache PVC is mounted",
         )
-    return Path(args.cache_root)
+    # Absolute once, here: view links and records made from it must not depend on the cwd.
+    return Path(os.path.abspath(args.cache_root))
 
 
 def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | None:
@@ -43,11 +45,9 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
     try:
         seconds = parse_duration(value)
     except ValueError as error:
-        raise UsageError(
-            f"{flag} {value!r}: {error}", remedy=f"pass {flag} as seconds or 30s / 15m / 2h"
-        ) from None
+        raise UsageError(f"{flag} {error}", remedy=f"pass {flag} as seconds or 30s / 15m / 2h") from None
     if positive and seconds <= 0:
-        raise UsageError(f"{flag} must be positive, not {value!r}", remedy=f"pass a positive {flag}")
+        raise UsageError(f"{flag} must be positive, not {value}", remedy=f"pass a positive {flag}")
     return seconds
 
 
@@ -68,7 +68,7 @@ def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
         raise UsageError(f"--expected-size: {error}", remedy="pass bytes or a size such as 150Gi") from None
     return RunOptions(
         cache_root=cache_root(args),
-        state_dir=Path(args.state_dir or DEFAULT_STATE_DIR),
+        state_dir=Path(os.path.abspath(args.state_dir or DEFAULT_STATE_DIR)),
         on_miss=args.on_miss,
         lease_duration=lease,
         lease_heartbeat=heartbeat,

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from cachemgr.errors import CacheMgrError, ExitCode, Interrupted
+from cachemgr.errors import MESSAGE_LIMIT, CacheMgrError, ExitCode, Interrupted, StateDirInUseError, shorten
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message
@@ -35,7 +35,7 @@ def message_for(error: BaseException) -> str:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
     return (
-        f"internal error: {type(error).__name__}: {error}. This is a cachemgr bug: report it with the log above; "
+        f"internal error: {type(error).__name__}: {shorten(str(error), MESSAGE_LIMIT)}. This is a cachemgr bug: report it with the log above; "
         "the cache itself is unharmed (published entries are never modified)"
     )
 
@@ -48,7 +48,8 @@ def report(error: BaseException, *, command: str, environ: Mapping[str, str], en
         traceback.print_exception(error, file=sys.stderr)
     _log(error, command=command, code=code, line=line)
     print(f"cachemgr {command}: {line}", file=sys.stderr, flush=True)
-    if entrypoint:
+    # Not for a second run refused in a live pod: the termination message is the live one's.
+    if entrypoint and not isinstance(error, StateDirInUseError):
         write_termination_message(line, environ=environ)
     return code
 

@@ -135,8 +135,19 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         "--stall-timeout", default="30m", metavar="DURATION", help="no compile progress this long is a stall"
     )
     group.add_argument(
-        "--status-port", type=int, default=None, help="serve /livez /readyz /startupz /status /metrics"
+        "--status-port",
+        type=_port,
+        default=None,
+        help="serve /livez /readyz /startupz /status /metrics (0: any free port)",
     )
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0-65535 (argparse turns the error into a usage error, exit 64)."""
+    port = int(text) if text.isascii() and text.isdigit() and len(text) <= 5 else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a port number (0-65535)")
+    return port
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -238,6 +249,25 @@ def split_server_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _check_text(own: Sequence[str], server_argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Refuse bytes that are not UTF-8: Python keeps them as lone surrogates, which no key,
+    record or log line can encode (a path made of such bytes cannot be keyed either)."""
+    for where, words in (("argument", [*own, *server_argv]), ("environment variable", environ)):
+        for word in words:
+            value = word if where == "argument" else environ[word]
+            if where != "argument" and not word.startswith(("CACHEMGR_", "VLLM_", "RBLN_")):
+                continue
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = repr(value.encode("utf-8", "surrogateescape"))[2:-1]  # the bytes as given
+                name = f" {word}" if where != "argument" else ""
+                raise UsageError(
+                    f"{where}{name} '{shown[:60]}' is not valid UTF-8",
+                    remedy="pass names, paths and values as UTF-8 text",
+                ) from None
+
+
 def _check_server_argv(command: str, server_argv: list[str]) -> None:
     if command in _NEEDS_SERVER_ARGV and not server_argv:
         raise UsageError(
@@ -261,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     command = own[0] if own and own[0] in _HANDLERS else "cachemgr"
     try:
+        _check_text(own, server_argv, environ)
         args = build_parser().parse_args(own)
         command = args.command
         _check_server_argv(command, server_argv)
