@@ -3,12 +3,15 @@
 The plan is a frozen list of what would go and the bytes it frees; ``--dry-run`` prints it.
 Execution is safe while pods start and compile beside it:
 
-1. an entry with a fresh use record is skipped, and so is one used since the plan was made;
+1. an entry with a live use record is never planned (a record that looks old by this node's
+   clock is watched for a heartbeat first: cachemgr.records), and one whose usage folder
+   changed since the plan (a pod came, beat or left) is skipped;
 2. an entry is first *renamed* into ``trash/`` (atomic: a starting pod now sees a miss,
    never a half-deleted entry);
-3. its use records are checked again at once: a pod that registered in between gets the
-   entry renamed back (pods register before they check that the entry is still published,
-   so one of the two sees the other);
+3. its usage folder is compared with the plan's again at once: a pod that registered in
+   between gets the entry renamed back (pods register before they check that the entry is
+   still published, so one of the two sees the other). Comparing with what the plan saw, not
+   with a clock, makes this hold whatever the registering node's clock says;
 4. only then is the trashed copy deleted. Use records are never deleted wholesale: a pod
    registering for a republished entry while a large tree is being deleted keeps its record.
 
@@ -30,15 +33,15 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
 from cachemgr.log import get_logger
-from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
-from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, last_use, scan
+from cachemgr.records import Mark, PodIdentity, User, observe, read_usage, record_mark
+from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, scan
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_bytes, human_duration
 
@@ -59,8 +62,10 @@ class PruneItem:
     bytes: int
     reason: str
     key: str | None = None
-    # The entry's last use when planned: a use after that means someone wants it after all.
+    # The entry's last use when planned (the order of removal).
     last_used_at: float | None = None
+    # Its usage folder as the plan judged it: any change since means a pod came (records.Usage).
+    usage_seen: frozenset[tuple[str, Mark]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def bytes_str(self) -> str:
@@ -132,11 +137,14 @@ class PruneRequest:
     stale_staging: bool = False
     damaged: bool = False
     stale_after: float = STALE_STAGING_AFTER
+    # Entries for these NPU types (upper case), named by the operator: another NPU's entries are
+    # not incompatible (that hardware's pods may share the volume), so they go only when asked.
+    npu: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
         return not (self.incompatible or self.unused_for is not None or self.keep_bytes is not None) and not (
-            self.stale_staging or self.damaged
+            self.stale_staging or self.damaged or self.npu
         )
 
 
@@ -150,7 +158,8 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
         items += _trash_leftovers(root, kept)
         items += _stale_attempts(found.staging, request, identity)
     chosen: dict[str, PruneItem] = {}
-    for entry in found.entries:
+    entries = _settled(found.entries, request)
+    for entry in entries:
         reason = _entry_reason(entry, request)
         if reason is None:
             continue
@@ -159,9 +168,30 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
             continue
         chosen[entry.name] = _entry_item(entry, reason)
     if request.keep_bytes is not None:
-        chosen.update(_over_budget(found.entries, chosen, request.keep_bytes, kept))
+        chosen.update(_over_budget(entries, chosen, request.keep_bytes, kept))
     ordered = sorted(chosen.values(), key=lambda i: i.last_used_at or 0.0)
     return PrunePlan(items=tuple(items) + tuple(ordered), kept=tuple(kept))
+
+
+def _settled(entries: tuple[EntryInfo, ...], request: PruneRequest) -> tuple[EntryInfo, ...]:
+    """The entries, with the silent users of those the request could remove told alive or dead.
+
+    One observation for all of them (records.observe: up to OBSERVE_SECONDS, and only when some
+    record is silent by this node's clock), so no entry is removed on a clock's word.
+    """
+    unsure = [
+        e
+        for e in entries
+        if e.silent_users and not e.in_use and (request.keep_bytes is not None or _entry_reason(e, request))
+    ]
+    if not unsure:
+        return entries
+    alive = observe(u for e in unsure for u in e.silent_users)
+    told = {
+        e.name: replace(e, users=tuple(u for u in e.silent_users if u.path in alive), silent_users=())
+        for e in unsure
+    }
+    return tuple(told.get(e.name, e) for e in entries)
 
 
 def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
@@ -173,11 +203,15 @@ def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
         reason,
         entry.key or None,
         entry.last_used_at or entry.created_at,
+        entry.usage_seen,
     )
 
 
 def _pods(found: Iterable[User]) -> str:
-    return ", ".join(u.pod for u in found)
+    # A user seen beating although its record looked old: its node's clock differs from ours.
+    return ", ".join(
+        u.pod + (" (alive, its clock differs from this node's)" if u.silent else "") for u in found
+    )
 
 
 def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
@@ -185,6 +219,8 @@ def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
         return f"damaged: {entry.problem}"
     if request.incompatible and entry.status == "incompatible":
         return f"incompatible: {entry.problem}"
+    if entry.npu.upper() in request.npu:
+        return f"for NPU {entry.npu} (--npu)"
     if request.unused_for is not None and entry.unused_for() >= request.unused_for:
         # Whatever its status: an entry nobody used for that long goes (space.Prunable agrees).
         return f"unused for {human_duration(entry.unused_for())}"
@@ -246,12 +282,17 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
         if age < TRASH_GRACE:
             continue
         key = _trashed_key(path)
-        if key and users(root, key):
+        if key and _has_users(root, key):
             kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
             continue
         reason = f"left by an interrupted prune {human_duration(age)} ago"
         items.append(PruneItem("trash", path, f"trash/{path.name}", tree_bytes(path), reason, key))
     return items
+
+
+def _has_users(root: CacheRoot, key: str) -> bool:
+    usage = read_usage(os.fspath(root.usage / key))
+    return bool(usage.live or observe(usage.silent))
 
 
 def _trashed_key(path: Path) -> str | None:
@@ -350,17 +391,14 @@ def _remove_attempt(
 
 
 def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
-    if _in_use(root, item):
-        return "in use now"
-    if item.key and item.last_used_at is not None:
-        latest = last_use(root, item.key)
-        if latest is not None and latest > item.last_used_at + 1.0:
-            return "used since the plan was made"
+    why_not = _come_since_plan(root, item)
+    if why_not is not None:
+        return why_not
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
     # Step 3 right after the rename, before any fsync: the window for a starting pod stays tiny.
-    if _in_use(root, item):
+    if _come_since_plan(root, item) is not None:
         return _give_back(root, item, trashed)
     fsync_dir(root.entries)
     remove_tree(trashed)
@@ -392,37 +430,51 @@ def _give_back(root: CacheRoot, item: PruneItem, trashed: Path) -> str:
     return "in use now (restored)"
 
 
-def _in_use(root: CacheRoot, item: PruneItem) -> bool:
-    if item.key:
-        return bool(users(root, item.key))
-    # A damaged entry whose key is unknown: any fresh use record of a key with its 16 digits.
+def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
+    """Why not to remove the entry now: its usage folder changed since the plan judged it.
+
+    Compared with what the plan saw, not with a clock: a pod that registers or beats meanwhile
+    changes the folder whatever its node's clock says (see cachemgr.records).
+    """
+    if not item.key or item.usage_seen is None:
+        return "in use now" if _in_use_by_prefix(root, item) else None
+    now = read_usage(os.fspath(root.usage / item.key))
+    if now.seen == item.usage_seen:
+        return None
+    planned = frozenset(x for x in item.usage_seen if x[0] != ".")
+    return "in use now" if now.records - planned else "used since the plan was made"
+
+
+def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
+    """A damaged entry whose key is unknown: any record not known dead, of a key with its 16 digits."""
     prefix = item.name.rsplit("__", 1)[-1]
     with contextlib.suppress(FileNotFoundError):
         for digest in os.listdir(root.usage):
-            if digest.startswith(prefix) and users(root, digest):
+            if digest.startswith(prefix) and _has_users(root, digest):
                 return True
     return False
 
 
 def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
-    """Drop the removed entry's last use and its dead users' records, never a live record.
+    """Drop the removed entry's last use and the records the plan judged dead, never another.
 
     The folder itself stays: a pod may be creating its record in it right now (for a copy
     published while we deleted), and removing the folder under it would lose that record.
+    A record is removed only while it is exactly as the plan saw it (no clock involved).
     """
     assert item.key is not None  # callers check; mypy needs to know
     if item.path.exists():
         return  # republished meanwhile: its bookkeeping is live
     folder = root.usage / item.key
-    now = time.time()
+    dead = dict(x for x in (item.usage_seen or ()) if x[0] != ".")
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(folder):
             if name.startswith("."):
                 continue  # a record being written (tmp file, then rename): a live pod
             path = folder / name
+            if name.endswith(".json") and (name not in dead or record_mark(os.fspath(path)) != dead[name]):
+                continue
             with contextlib.suppress(FileNotFoundError):
-                if name.endswith(".json") and now - path.stat().st_mtime <= IN_USE_WINDOW:
-                    continue
                 path.unlink()
 
 

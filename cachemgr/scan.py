@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import read_json, tree_bytes
 from cachemgr.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
-from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
+from cachemgr.records import Mark, PodIdentity, Usage, User, read_usage
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_age, human_bytes, human_duration
 
@@ -49,8 +49,13 @@ _SUMMARY_MAX = 1 << 20
 
 @dataclass(frozen=True)
 class Compat:
-    """What this image can use: entries for another compiler or NPU can never hit here.
+    """What this image can use.
 
+    An entry is incompatible when no pod of this image can ever use it: another compiler
+    major.minor (the key's ``compiler``). An entry for another NPU type is not: a role's
+    Deployment may land on nodes of two NPU types sharing one volume, and those pods use it;
+    treating it as dead made each type prune the other's entries and recompile in turn (11
+    minutes each). Such entries go only when named (``prune --npu``) or by age or LRU.
     ``None`` means unknown: nothing is judged on that input.
     """
 
@@ -58,12 +63,14 @@ class Compat:
     npu: str | None
 
     def why_incompatible(self, compiler: str, npu: str) -> str | None:
-        reasons = []
+        del npu  # another NPU's entries are another hardware's, not dead (see above)
         if self.compiler and compiler and compiler != self.compiler:
-            reasons.append(f"compiler {compiler}, this image has {self.compiler}")
-        if self.npu and npu and npu != self.npu:
-            reasons.append(f"NPU {npu}, this pod has {self.npu}")
-        return "; ".join(reasons) or None
+            return f"compiler {compiler}, this image has {self.compiler}"
+        return None
+
+    def other_npu(self, npu: str) -> bool:
+        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--npu``."""
+        return bool(self.npu and npu and npu != self.npu)
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,15 @@ class EntryInfo:
     # registers and when it leaves (the ``last-used`` mark alone is touched only at start, so an
     # entry served for a month would look unused for a month the minute its pods stopped).
     last_used_at: float | None
-    users: tuple[User, ...]
+    users: tuple[User, ...]  # live: fresh by this node's clock, or seen to beat
     status: EntryStatus
     problem: str | None = None
+    # Records silent by this node's clock: a dead pod's, or a live one on a node whose clock
+    # differs from ours. Not "in use" for ``ls``; ``prune`` observes them before removing.
+    silent_users: tuple[User, ...] = ()
+    # The usage folder as this scan read it (None: not read): prune removes the entry only
+    # while the folder still looks exactly like this (records.Usage.seen).
+    usage_seen: frozenset[tuple[str, Mark]] | None = None
 
     @property
     def in_use(self) -> bool:
@@ -137,6 +150,7 @@ class EntryInfo:
             "last_used_at": self.last_used_at,
             "in_use": self.in_use,
             "users": [user.to_json() for user in self.users],
+            "silent_users": [user.to_json() for user in self.silent_users],
             "status": self.status,
             "problem": self.problem,
         }
@@ -252,7 +266,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
     key = summary["key"]
     compiler, npu = _text(summary.get("compiler")), _text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
-    last, pods = _usage(ctx, key)
+    usage = _usage(ctx, key)
     return EntryInfo(
         name=name,
         path=ctx.entries / name,
@@ -267,10 +281,12 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         files=summary["files"],
         pipeline_parallel_size=summary["pipeline_parallel_size"],
         created_at=number(summary.get("created_at")),
-        last_used_at=last,
-        users=pods,
+        last_used_at=usage.last,
+        users=usage.live,
         status="incompatible" if why else "ok",
         problem=why,
+        silent_users=usage.silent,
+        usage_seen=usage.seen,
     )
 
 
@@ -343,7 +359,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
     key = str(known.get("key") or "")
     if key and not path.name.endswith(key[:16]):
         key = ""  # key.json of another entry: trust only the name
-    last, pods = _usage(ctx, key) if key else (None, ())
+    usage = _usage(ctx, key) if key else None
     return EntryInfo(
         name=path.name,
         path=path,
@@ -358,38 +374,25 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         files=0,
         pipeline_parallel_size=1,
         created_at=_mtime(path),
-        last_used_at=last,
-        users=pods,
+        last_used_at=usage.last if usage else None,
+        users=usage.live if usage else (),
         status="damaged",
         problem=problem,
+        silent_users=usage.silent if usage else (),
+        usage_seen=usage.seen if usage else None,
     )
 
 
-def _usage(ctx: _Context, key: str) -> tuple[float | None, tuple[User, ...]]:
-    """Last use and current users, from one directory read and one stat of ``usage/<key>``."""
+def _usage(ctx: _Context, key: str) -> Usage:
+    """Last use and current users, from one directory read and a stat per file of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
-        return None, ()
-    return _usage_of(ctx.root, f"{ctx.usage}/{key}", key, ctx.now)
-
-
-def _usage_of(root: CacheRoot, folder: str, key: str, now: float) -> tuple[float | None, tuple[User, ...]]:
-    try:
-        names = os.listdir(folder)
-        last: float | None = os.stat(folder).st_mtime
-    except (FileNotFoundError, NotADirectoryError):
-        return None, ()
-    records = [n for n in names if n.endswith(".json") and not n.startswith(".")]
-    if not records:
-        return last, ()
-    for name in records:  # a pod that died without removing its record: its last heartbeat
-        with contextlib.suppress(FileNotFoundError):
-            last = max(last or 0.0, os.stat(f"{folder}/{name}").st_mtime)
-    return last, tuple(users(root, key, window=IN_USE_WINDOW, now=now))
+        return Usage()
+    return read_usage(f"{ctx.usage}/{key}", now=ctx.now)
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:
     """When a pod last started or stopped using the entry (see ``EntryInfo.last_used_at``)."""
-    return _usage_of(root, os.fspath(root.usage / key), key, time.time())[0]
+    return read_usage(os.fspath(root.usage / key)).last
 
 
 def _text(value: Any) -> str:
