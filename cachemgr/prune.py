@@ -238,7 +238,12 @@ def _over_budget(
         if total <= keep_bytes:
             break
         if entry.in_use:
-            kept.append((entry.name, "in use (over --keep-bytes, but never removed while used)"))
+            kept.append(
+                (
+                    entry.name,
+                    f"in use by {_pods(entry.users)} (over --keep-bytes, but never removed while used)",
+                )
+            )
             continue
         extra[entry.name] = _entry_item(entry, f"least recently used, cache over {human_bytes(keep_bytes)}")
         total -= entry.size_bytes
