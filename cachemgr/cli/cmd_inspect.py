@@ -515,7 +515,7 @@ def _npu_name(name: str) -> str:
     """An NPU type as keys spell it (upper case, as ``key`` resolves it)."""
     clean = name.strip().upper()
     if not clean or len(clean) > 64 or not clean.replace("-", "").replace("_", "").isalnum():
-        raise UsageError(f"--npu {name[:64]!r} is not an NPU type", remedy="pass e.g. --npu RBLN-CA12")
+        raise UsageError(f"--npu {name[:32]!r} is not an NPU type", remedy="pass e.g. --npu RBLN-CA12")
     return clean
 
 
