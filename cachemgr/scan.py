@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import read_json, tree_bytes
 from cachemgr.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
-from cachemgr.records import Mark, PodIdentity, Usage, User, read_usage
+from cachemgr.records import OBSERVE_SECONDS, Mark, PodIdentity, Usage, User, read_usage
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_age, human_bytes, human_duration
 
@@ -38,11 +38,14 @@ if TYPE_CHECKING:
     from cachemgr.lease import Holder
 
 EntryStatus = Literal["ok", "damaged", "incompatible"]
-AttemptStatus = Literal["compiling", "published", "active", "stale"]
+AttemptStatus = Literal["compiling", "published", "active", "silent", "stale"]
 
 # An attempt whose owner record has not been refreshed for this long is dead. Its heartbeat
 # beats every 10 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
 STALE_STAGING_AFTER = 300.0
+# An attempt whose owner record has not beaten for this long runs nothing that ``ls`` should
+# vouch for: its pod was killed (or its node's clock is off: only a label depends on this).
+SILENT_ATTEMPT_AFTER = OBSERVE_SECONDS
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _SUMMARY_MAX = 1 << 20
 
@@ -468,6 +471,11 @@ class Attempt:
             if self.heartbeat_age is None
             else f"silent for {human_duration(self.heartbeat_age)}"
         )
+        if self.status == "silent":
+            return (
+                f"owner {silent}: its pod is gone (or its node's clock is off) and runs nothing here; "
+                f"'cachemgr prune --stale-staging' removes it once silent for {human_duration(STALE_STAGING_AFTER)}"
+            )
         return f"{silent}: 'cachemgr prune --stale-staging' removes it"
 
     def to_json(self) -> dict[str, Any]:
@@ -484,12 +492,12 @@ class Attempt:
             size_bytes=self.size_bytes,
             shared_bytes=self.shared_bytes,
             created_at=self.started_at,
-            in_use=self.status != "stale",
+            in_use=self.status not in ("silent", "stale"),
             pod=self.pod,
             node=self.node,
             heartbeat_age_seconds=self.heartbeat_age,
             status=self.status,
-            problem=self.detail if self.status == "stale" else None,
+            problem=self.detail if self.status in ("silent", "stale") else None,
         )
 
 
@@ -565,6 +573,11 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
     status: AttemptStatus
     if info.is_stale(stale_after=STALE_STAGING_AFTER, identity=PodIdentity.current()):
         status = "stale"
+    elif info.heartbeat_age is None or info.heartbeat_age > SILENT_ATTEMPT_AFTER:
+        # Checked before the lease and the entry: a killed pod's lease stays fresh for its
+        # duration, and its key may be published (by it, or by the pod that took over), but a
+        # pod whose heartbeat stopped is compiling nothing and serving nothing from here.
+        status = "silent"
     elif holder is not None and not lease_stale(holder) and holder.pod == owner.get("pod"):
         status = "compiling"
     elif digest in published:
