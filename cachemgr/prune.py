@@ -40,7 +40,8 @@ from typing import Any, Literal
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
 from cachemgr.log import get_logger
-from cachemgr.records import Mark, PodIdentity, User, observe, read_usage, record_mark
+from cachemgr.procs import pid_alive
+from cachemgr.records import Mark, PodIdentity, User, observe, observe_marks, read_usage, record_mark
 from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, scan
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_bytes, human_duration
@@ -64,8 +65,9 @@ class PruneItem:
     key: str | None = None
     # The entry's last use when planned (the order of removal).
     last_used_at: float | None = None
-    # Its usage folder as the plan judged it: any change since means a pod came (records.Usage).
-    usage_seen: frozenset[tuple[str, Mark]] | None = field(default=None, repr=False, compare=False)
+    # What the plan judged on, by name and mark (records.Mark): an entry's usage folder
+    # (records.Usage.seen), an attempt's owner record. Any change since means a pod is there.
+    seen: frozenset[tuple[str, Mark]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def bytes_str(self) -> str:
@@ -260,6 +262,16 @@ def _quarantined(root: CacheRoot) -> list[PruneItem]:
 def _stale_attempts(
     staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
 ) -> list[PruneItem]:
+    """Attempts of dead pods. Silent by this node's clock is not enough (a node whose clock is
+    ahead sees every live attempt silent): the owner record must also not beat while watched
+    (records.observe), unless its pod is known dead on this very host."""
+    stale = [info for info in staging if info.is_stale(stale_after=request.stale_after, identity=identity)]
+    marks = {os.fspath(info.owner_file): record_mark(os.fspath(info.owner_file)) for info in stale}
+    unsure = {path: mark for path, mark in marks.items() if mark is not None}
+    for info in stale:
+        if _died_here(info, identity):
+            unsure.pop(os.fspath(info.owner_file), None)
+    alive = observe_marks(unsure) if unsure else frozenset()
     return [
         PruneItem(
             "staging",
@@ -268,10 +280,20 @@ def _stale_attempts(
             tree_bytes(info.path),
             _stale_reason(info.heartbeat_age),
             info.path.parent.name,
+            seen=_owner_seen(info, marks[os.fspath(info.owner_file)]),
         )
-        for info in staging
-        if info.is_stale(stale_after=request.stale_after, identity=identity)
+        for info in stale
+        if os.fspath(info.owner_file) not in alive
     ]
+
+
+def _died_here(info: StagingInfo, identity: PodIdentity) -> bool:
+    pid = info.owner.get("pid")
+    return info.owner.get("host") == identity.host and isinstance(pid, int) and not pid_alive(pid)
+
+
+def _owner_seen(info: StagingInfo, mark: Mark | None) -> frozenset[tuple[str, Mark]]:
+    return frozenset({(info.owner_file.name, mark)}) if mark is not None else frozenset()
 
 
 def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[PruneItem]:
@@ -383,7 +405,7 @@ def _remove_attempt(
     now = [info for info in list_staging(root, item.path.parent.name) if info.path == item.path]
     if not now:
         return "already gone"
-    if not now[0].is_stale(stale_after=stale_after, identity=identity):
+    if not now[0].is_stale(stale_after=stale_after, identity=identity) or _owner_changed(now[0], item):
         return "its pod refreshed it since the plan: alive"
     trashed = _to_trash(root, item)
     if trashed is None:
@@ -393,6 +415,14 @@ def _remove_attempt(
     with contextlib.suppress(OSError):
         item.path.parent.rmdir()  # the key's staging folder, if this was its last attempt
     return None
+
+
+def _owner_changed(info: StagingInfo, item: PruneItem) -> bool:
+    """The owner record differs from the plan's look at it: its pod beat (no clock involved)."""
+    if item.seen is None:
+        return False
+    mark = record_mark(os.fspath(info.owner_file))
+    return _owner_seen(info, mark) != item.seen
 
 
 def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
@@ -441,12 +471,12 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
     Compared with what the plan saw, not with a clock: a pod that registers or beats meanwhile
     changes the folder whatever its node's clock says (see cachemgr.records).
     """
-    if not item.key or item.usage_seen is None:
+    if not item.key or item.seen is None:
         return "in use now" if _in_use_by_prefix(root, item) else None
     now = read_usage(os.fspath(root.usage / item.key))
-    if now.seen == item.usage_seen:
+    if now.seen == item.seen:
         return None
-    planned = frozenset(x for x in item.usage_seen if x[0] != ".")
+    planned = frozenset(x for x in item.seen if x[0] != ".")
     return "in use now" if now.records - planned else "used since the plan was made"
 
 
@@ -471,7 +501,7 @@ def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
     if item.path.exists():
         return  # republished meanwhile: its bookkeeping is live
     folder = root.usage / item.key
-    dead = dict(x for x in (item.usage_seen or ()) if x[0] != ".")
+    dead = dict(x for x in (item.seen or ()) if x[0] != ".")
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(folder):
             if name.startswith("."):

@@ -234,7 +234,12 @@ def observe(silent: Iterable[User], *, seconds: float = OBSERVE_SECONDS) -> froz
     is not (its pod left); one unchanged for ``seconds`` of this node's monotonic clock is a
     dead pod's. Ends as soon as every record has been told, so live ones cost one beat.
     """
-    pending = {user.path: user.mark for user in silent if user.path}
+    return observe_marks({user.path: user.mark for user in silent if user.path}, seconds=seconds)
+
+
+def observe_marks(marks: Mapping[str, Mark | None], *, seconds: float = OBSERVE_SECONDS) -> frozenset[str]:
+    """``observe`` for any heartbeat files (a staging attempt's owner record): path -> mark seen."""
+    pending = dict(marks)
     alive: set[str] = set()
     deadline = time.monotonic() + seconds
     while pending:

@@ -191,3 +191,24 @@ def test_prune_with_only_fresh_records_does_not_wait(pods: Cluster, root: Path) 
     assert plan.items == ()
     assert [name for name, _ in plan.kept] == [entry.name]
     assert pod.proc.poll() is None
+
+
+def test_prune_stale_staging_with_a_skewed_clock_never_removes_a_live_compile(
+    pods: Cluster, nodes: tuple[Path, Path], faketime: str
+) -> None:
+    served_root, prune_root = nodes
+    record = pods.work / "compiler.jsonl"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=60)]
+    pod = pods.start(
+        "compiling", server_argv(free_port()), cache_root=served_root, options=options, node="node-b"
+    )
+    pod.wait_phase("compiling")
+    done = cachemgr_at("+10m", faketime, prune_root, pods.base_env, "prune", "--stale-staging", "--yes")
+    assert done["plan"]["items"] == [], "ten minutes silent by prune's clock, but its heartbeat beats"
+    assert list((served_root / "staging").glob("*/*/")), "the attempt is still there"
+    assert pod.phase == "compiling"
+
+    pod.signal_pod(signal.SIGKILL)
+    pod.wait_exit()
+    done = cachemgr_at("+10m", faketime, prune_root, pods.base_env, "prune", "--stale-staging", "--yes")
+    assert [i["kind"] for i in done["result"]["removed"]] == ["staging"], "a dead pod's attempt still goes"
