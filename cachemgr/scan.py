@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 EntryStatus = Literal["ok", "damaged", "incompatible"]
 AttemptStatus = Literal["compiling", "published", "active", "silent", "stale"]
 
-# An attempt whose owner record has not been refreshed for this long is dead. Its heartbeat
-# beats every 10 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
+# An attempt whose owner record has not been refreshed for this long (by this node's clock) is
+# a candidate for --stale-staging; prune then watches it for a beat before removing it (skew).
+# Its heartbeat beats every 2 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
 STALE_STAGING_AFTER = 300.0
 # An attempt whose owner record has not beaten for this long runs nothing that ``ls`` should
 # vouch for: its pod was killed (or its node's clock is off: only a label depends on this).
