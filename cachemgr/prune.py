@@ -210,9 +210,9 @@ def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
 
 
 def _pods(found: Iterable[User]) -> str:
-    # A user seen beating although its record looked old: its node's clock differs from ours.
+    # A user seen beating although its record looked old by our clock: skew, or a pod that stalled.
     return ", ".join(
-        u.pod + (" (alive, its clock differs from this node's)" if u.silent else "") for u in found
+        u.pod + (" (beating, though its record looked old here)" if u.silent else "") for u in found
     )
 
 
@@ -426,6 +426,12 @@ def _owner_changed(info: StagingInfo, item: PruneItem) -> bool:
 
 
 def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
+    if not item.key or item.seen is None:
+        # A damaged entry whose key is unknown: the plan read no usage for it, so judge any
+        # key with its 16 digits now (watching silent records), and compare with that after.
+        if _in_use_by_prefix(root, item):
+            return "in use now"
+        item = replace(item, seen=_prefix_seen(root, item))
     why_not = _come_since_plan(root, item)
     if why_not is not None:
         return why_not
@@ -471,23 +477,33 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
     Compared with what the plan saw, not with a clock: a pod that registers or beats meanwhile
     changes the folder whatever its node's clock says (see cachemgr.records).
     """
-    if not item.key or item.seen is None:
-        return "in use now" if _in_use_by_prefix(root, item) else None
-    now = read_usage(os.fspath(root.usage / item.key))
-    if now.seen == item.seen:
+    assert item.seen is not None  # _remove_entry sees to it
+    now = read_usage(os.fspath(root.usage / item.key)).seen if item.key else _prefix_seen(root, item)
+    if now == item.seen:
         return None
-    planned = frozenset(x for x in item.seen if x[0] != ".")
-    return "in use now" if now.records - planned else "used since the plan was made"
+    came = {x for x in now if x[0].endswith(".json")} - item.seen  # a record new or beating since
+    return "in use now" if came else "used since the plan was made"
+
+
+def _prefix_digests(root: CacheRoot, item: PruneItem) -> list[str]:
+    prefix = item.name.rsplit("__", 1)[-1]
+    try:
+        return sorted(d for d in os.listdir(root.usage) if d.startswith(prefix))
+    except FileNotFoundError:
+        return []
 
 
 def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
-    """A damaged entry whose key is unknown: any record not known dead, of a key with its 16 digits."""
-    prefix = item.name.rsplit("__", 1)[-1]
-    with contextlib.suppress(FileNotFoundError):
-        for digest in os.listdir(root.usage):
-            if digest.startswith(prefix) and _has_users(root, digest):
-                return True
-    return False
+    return any(_has_users(root, digest) for digest in _prefix_digests(root, item))
+
+
+def _prefix_seen(root: CacheRoot, item: PruneItem) -> frozenset[tuple[str, Mark]]:
+    """The usage folders of every key with the entry's 16 digits, as one ``seen``."""
+    seen: set[tuple[str, Mark]] = set()
+    for digest in _prefix_digests(root, item):
+        usage = read_usage(os.fspath(root.usage / digest))
+        seen.update((f"{digest}/{name}", mark) for name, mark in usage.seen)
+    return frozenset(seen)
 
 
 def _forget_usage(root: CacheRoot, item: PruneItem) -> None:

@@ -212,3 +212,18 @@ def test_prune_stale_staging_with_a_skewed_clock_never_removes_a_live_compile(
     pod.wait_exit()
     done = cachemgr_at("+10m", faketime, prune_root, pods.base_env, "prune", "--stale-staging", "--yes")
     assert [i["kind"] for i in done["result"]["removed"]] == ["staging"], "a dead pod's attempt still goes"
+
+
+def test_a_damaged_entry_of_unknown_key_in_use_survives_prune_damaged_under_skew(
+    pods: Cluster, root: Path, faketime: str
+) -> None:
+    """With summary.json and key.json gone, the key is known only by the 16 digits in the name."""
+    pod, entry = serve(pods, root, pods.work / "compiler.jsonl")
+    entry.chmod(0o755)
+    for name in ("summary.json", "key.json"):
+        (entry / name).unlink()
+    done = cachemgr_at("+10m", faketime, root, pods.base_env, "prune", "--damaged", "--yes")
+    assert removed(done) == []
+    assert [s["skipped_because"] for s in done["result"]["skipped"]] == ["in use now"]
+    assert entry.is_dir()
+    assert pod.proc.poll() is None
