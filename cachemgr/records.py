@@ -8,8 +8,9 @@ and a ``last-used`` file touched at each start. Failed compiles are recorded und
 Whether a use record belongs to a live pod (DESIGN.md principle 6: no decision depends on
 clocks agreeing across nodes). A record's mtime is set by whoever wrote it last, and that
 clock is not ours: on a local disk and NFS (``utime(NULL)`` is SET_TO_SERVER_TIME) it is the
-kernel's or the server's, but on JuiceFS and CephFS it is the writing client's: JuiceFS's
-client stamps ``time.Now()`` into the metadata engine for a write or a ``utime(NULL)``. So
+kernel's or the server's, but on JuiceFS and CephFS it is the writing client's: for a
+``utime(NULL)`` FUSE sends MTIME_NOW and JuiceFS's client sets ``cur.Mtime = now`` from its own
+``time.Now()`` (juicedata/juicefs pkg/meta/redis.go and tkv.go, ``SetAttr``). So
 "now minus mtime" on a node whose clock is ten minutes ahead makes every live record look ten
 minutes old, and a probe file touched on the volume would only move the problem (on JuiceFS
 the probe gets *our* client's clock, not the writer's). What no clock can fake is change:
@@ -31,7 +32,8 @@ one: removal needs a record seen silent *and* unchanged by our own clock. The co
 and ``du`` never wait (they show silent records apart); ``prune`` waits up to
 ``OBSERVE_SECONDS`` once, for all silent records of the entries it would remove together,
 and only when there are any (a pod killed without cleanup, or a node whose clock is off by
-more than the window); live records end the wait at their next beat.
+more than the window); live records end the wait at their next beat. A running pod pays one
+``utime`` on the volume per record every ``HEARTBEAT_SECONDS``.
 
 ``prune`` also keeps what it saw (``Usage.seen``): between its plan and each removal it
 compares the usage folder with that, not with a clock, so a pod that registers meanwhile,
