@@ -191,6 +191,7 @@ class EntryDetail:
             "last_used_at": self.entry.last_used_at if self.entry else None,
             "in_use": self.entry.in_use if self.entry else False,
             "users": [u.to_json() for u in self.entry.users] if self.entry else [],
+            "silent_users": [u.to_json() for u in self.entry.silent_users] if self.entry else [],
             "inputs": dict(self.inputs),
             "sources": as_dict(doc.get("sources")),
             "details": as_dict(doc.get("details")),

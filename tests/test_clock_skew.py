@@ -145,6 +145,8 @@ def test_a_dead_pods_use_still_expires_under_skew(
     pod.signal_pod(signal.SIGKILL)
     pod.wait_exit()
     assert list((served_root / "usage").glob("*/*.json")), "a killed pod leaves its use record behind"
+    shown = cachemgr_at(skew, faketime, prune_root, pods.base_env, "show", entry.name)
+    assert (shown["in_use"], [u["pod"] for u in shown["silent_users"]]) == (False, ["serving"])
     started = time.monotonic()
     done = cachemgr_at(skew, faketime, prune_root, pods.base_env, "prune", "--keep-bytes", "0", "--yes")
     took = time.monotonic() - started

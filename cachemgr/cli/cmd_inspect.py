@@ -146,6 +146,14 @@ def _other_npus(entries: tuple[EntryInfo, ...], image: ImageInfo) -> str:
     )
 
 
+def _silent_rows(e: EntryInfo) -> list[tuple[str, str]]:
+    """Use records silent by this node's clock: a dead pod's, or one on a node whose clock is off."""
+    if not e.silent_users:
+        return []
+    pods = ", ".join(f"{u.pod} (node {u.node or '?'})" for u in e.silent_users)
+    return [("silent users", f"{pods}: dead, or their node's clock differs; prune watches them for a beat")]
+
+
 def _side_sections(listing: Listing) -> str:
     text = ""
     rows: list[dict[str, Any]]
@@ -246,6 +254,7 @@ def _show_text(d: EntryDetail) -> str:
                 ", ".join(f"{u.pod} (node {u.node or '?'}, since {human_age(u.since)})" for u in e.users)
                 or "no pod",
             ),
+            *_silent_rows(e),
             (
                 "files check",
                 "; ".join(d.problems) or "sizes match the manifest ('cachemgr verify' hashes them)",
