@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.fsutil import atomic_write_json, read_json
 from cachemgr.manifest import ARTIFACTS, Manifest
+from cachemgr.records import RECOMPILED_PREFIX
 
 if TYPE_CHECKING:
     from cachemgr.records import PodIdentity
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 EVENT = "recompiled_on_hit"
 # Beside the entry's use records (usage/<digest>/), one per pod start that saw it; not *.json,
 # so it is never read as a use record, and prune drops it with the entry's other bookkeeping.
-RECORD_PREFIX = "recompiled-on-hit."
+RECORD_PREFIX = RECOMPILED_PREFIX  # one name, kept in cachemgr.records
 _SHOWN = 20  # paths named in the log line and the record; the count says how many in all
 _POLL = 0.5
 

@@ -257,7 +257,9 @@ def _differences_advice(
     if "npu" in by_top:
         advice.append(
             f"the nearest entry targets {by_top['npu'][0].entry}, this pod {key.inputs['npu']}: each NPU type "
-            "compiles its own; if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME and the node pool"
+            "compiles its own (pods on that hardware use theirs: 'prune --incompatible' keeps them, "
+            "'prune --npu TYPE' names them); if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME "
+            "and the node pool"
         )
     if "model" in by_top:
         advice.append(

@@ -71,21 +71,15 @@ class ImageInfo:
     notes: tuple[str, ...] = ()
 
     def require(self) -> Compat:
-        """Both inputs, or a ConfigError naming what to set (``prune --incompatible``)."""
-        missing = [
-            text
-            for value, text in (
-                (self.compat.compiler, "CACHEMGR_COMPILER_VERSION (or --compiler-version)"),
-                (self.compat.npu, "CACHEMGR_NPU_TYPE (or --npu-type, or RBLN_FORCE_NPU_NAME)"),
-            )
-            if not value
-        ]
-        if missing:
+        """The compiler, or a ConfigError naming what to set (``prune --incompatible``).
+
+        The NPU type is not needed: entries for another NPU are not incompatible (scan.Compat).
+        """
+        if not self.compat.compiler:
             raise ConfigError(
-                "prune --incompatible needs this image's RBLN Compiler version and NPU type, and "
-                f"{' and '.join(m.split(' ')[0] for m in missing)} cannot be told here",
-                remedy=f"set {' and '.join(missing)}, e.g. CACHEMGR_COMPILER_VERSION=0.12.0 "
-                "CACHEMGR_NPU_TYPE=RBLN-CA25",
+                "prune --incompatible needs this image's RBLN Compiler version, and "
+                "CACHEMGR_COMPILER_VERSION cannot be told here",
+                remedy="set CACHEMGR_COMPILER_VERSION (or --compiler-version), e.g. CACHEMGR_COMPILER_VERSION=0.12.0",
             )
         return self.compat
 
@@ -111,8 +105,8 @@ def resolve_image(
     except ConfigError as error:
         unset = not (npu_type or any(environ.get(name, "").strip() for name in _NPU_SETTINGS))
         notes.append(
-            "this pod's NPU type is unknown (inspection never probes the device): entries are not judged "
-            "by NPU; set CACHEMGR_NPU_TYPE or RBLN_FORCE_NPU_NAME to mark those for other NPUs incompatible"
+            "this pod's NPU type is unknown (inspection never probes the device): entries for other NPUs "
+            "are not told apart; set CACHEMGR_NPU_TYPE or RBLN_FORCE_NPU_NAME to see them"
             if unset
             else f"this pod's NPU type is unusable ({error.what}); entries are not judged by NPU"
         )
@@ -201,6 +195,7 @@ class EntryDetail:
             "last_used_at": self.entry.last_used_at if self.entry else None,
             "in_use": self.entry.in_use if self.entry else False,
             "users": [u.to_json() for u in self.entry.users] if self.entry else [],
+            "silent_users": [u.to_json() for u in self.entry.silent_users] if self.entry else [],
             "inputs": dict(self.inputs),
             "sources": as_dict(doc.get("sources")),
             "details": as_dict(doc.get("details")),

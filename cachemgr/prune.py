@@ -3,12 +3,15 @@
 The plan is a frozen list of what would go and the bytes it frees; ``--dry-run`` prints it.
 Execution is safe while pods start and compile beside it:
 
-1. an entry with a fresh use record is skipped, and so is one used since the plan was made;
+1. an entry with a live use record is never planned (a record that looks old by this node's
+   clock is watched for a heartbeat first: cachemgr.records), and one whose usage folder
+   changed since the plan (a pod came, beat or left) is skipped;
 2. an entry is first *renamed* into ``trash/`` (atomic: a starting pod now sees a miss,
    never a half-deleted entry);
-3. its use records are checked again at once: a pod that registered in between gets the
-   entry renamed back (pods register before they check that the entry is still published,
-   so one of the two sees the other);
+3. its usage folder is compared with the plan's again at once: a pod that registered in
+   between gets the entry renamed back (pods register before they check that the entry is
+   still published, so one of the two sees the other). Comparing with what the plan saw, not
+   with a clock, makes this hold whatever the registering node's clock says;
 4. only then is the trashed copy deleted. Use records are never deleted wholesale: a pod
    registering for a republished entry while a large tree is being deleted keeps its record.
 
@@ -30,15 +33,16 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
 from cachemgr.log import get_logger
-from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
-from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, last_use, scan
+from cachemgr.procs import pid_alive
+from cachemgr.records import Mark, PodIdentity, User, observe, observe_marks, read_usage, record_mark
+from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, scan
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_bytes, human_duration
 
@@ -62,8 +66,11 @@ class PruneItem:
     bytes: int
     reason: str
     key: str | None = None
-    # The entry's last use when planned: a use after that means someone wants it after all.
+    # The entry's last use when planned (the order of removal).
     last_used_at: float | None = None
+    # What the plan judged on, by name and mark (records.Mark): an entry's usage folder
+    # (records.Usage.seen), an attempt's owner record. Any change since means a pod is there.
+    seen: frozenset[tuple[str, Mark]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def bytes_str(self) -> str:
@@ -135,11 +142,14 @@ class PruneRequest:
     stale_staging: bool = False
     damaged: bool = False
     stale_after: float = STALE_STAGING_AFTER
+    # Entries for these NPU types (upper case), named by the operator: another NPU's entries are
+    # not incompatible (that hardware's pods may share the volume), so they go only when asked.
+    npu: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
         return not (self.incompatible or self.unused_for is not None or self.keep_bytes is not None) and not (
-            self.stale_staging or self.damaged
+            self.stale_staging or self.damaged or self.npu
         )
 
 
@@ -153,7 +163,8 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
         items += _trash_leftovers(root, kept)
         items += _stale_attempts(found.staging, request, identity)
     chosen: dict[str, PruneItem] = {}
-    for entry in found.entries:
+    entries = _settled(found.entries, request)
+    for entry in entries:
         reason = _entry_reason(entry, request)
         if reason is None:
             continue
@@ -162,9 +173,30 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
             continue
         chosen[entry.name] = _entry_item(entry, reason)
     if request.keep_bytes is not None:
-        chosen.update(_over_budget(found.entries, chosen, request.keep_bytes, kept))
+        chosen.update(_over_budget(entries, chosen, request.keep_bytes, kept))
     ordered = sorted(chosen.values(), key=lambda i: i.last_used_at or 0.0)
     return PrunePlan(items=tuple(items) + tuple(ordered), kept=tuple(kept))
+
+
+def _settled(entries: tuple[EntryInfo, ...], request: PruneRequest) -> tuple[EntryInfo, ...]:
+    """The entries, with the silent users of those the request could remove told alive or dead.
+
+    One observation for all of them (records.observe: up to OBSERVE_SECONDS, and only when some
+    record is silent by this node's clock), so no entry is removed on a clock's word.
+    """
+    unsure = [
+        e
+        for e in entries
+        if e.silent_users and not e.in_use and (request.keep_bytes is not None or _entry_reason(e, request))
+    ]
+    if not unsure:
+        return entries
+    alive = observe(u for e in unsure for u in e.silent_users)
+    told = {
+        e.name: replace(e, users=tuple(u for u in e.silent_users if u.path in alive), silent_users=())
+        for e in unsure
+    }
+    return tuple(told.get(e.name, e) for e in entries)
 
 
 def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
@@ -176,11 +208,15 @@ def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
         reason,
         entry.key or None,
         entry.last_used_at or entry.created_at,
+        entry.usage_seen,
     )
 
 
 def _pods(found: Iterable[User]) -> str:
-    return ", ".join(u.pod for u in found)
+    # A user seen beating although its record looked old by our clock: skew, or a pod that stalled.
+    return ", ".join(
+        u.pod + (" (beating, though its record looked old here)" if u.silent else "") for u in found
+    )
 
 
 def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
@@ -188,6 +224,8 @@ def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
         return f"damaged: {entry.problem}"
     if request.incompatible and entry.status == "incompatible":
         return f"incompatible: {entry.problem}"
+    if entry.npu.upper() in request.npu:
+        return f"for NPU {entry.npu} (--npu)"
     if request.unused_for is not None and entry.unused_for() >= request.unused_for:
         # Whatever its status: an entry nobody used for that long goes (space.Prunable agrees).
         return f"unused for {human_duration(entry.unused_for())}"
@@ -205,7 +243,12 @@ def _over_budget(
         if total <= keep_bytes:
             break
         if entry.in_use:
-            kept.append((entry.name, "in use (over --keep-bytes, but never removed while used)"))
+            kept.append(
+                (
+                    entry.name,
+                    f"in use by {_pods(entry.users)} (over --keep-bytes, but never removed while used)",
+                )
+            )
             continue
         extra[entry.name] = _entry_item(entry, f"least recently used, cache over {human_bytes(keep_bytes)}")
         total -= entry.size_bytes
@@ -222,6 +265,16 @@ def _quarantined(root: CacheRoot) -> list[PruneItem]:
 def _stale_attempts(
     staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
 ) -> list[PruneItem]:
+    """Attempts of dead pods. Silent by this node's clock is not enough (a node whose clock is
+    ahead sees every live attempt silent): the owner record must also not beat while watched
+    (records.observe), unless its pod is known dead on this very host."""
+    stale = [info for info in staging if info.is_stale(stale_after=request.stale_after, identity=identity)]
+    marks = {os.fspath(info.owner_file): record_mark(os.fspath(info.owner_file)) for info in stale}
+    unsure = {path: mark for path, mark in marks.items() if mark is not None}
+    for info in stale:
+        if _died_here(info, identity):
+            unsure.pop(os.fspath(info.owner_file), None)
+    alive = observe_marks(unsure) if unsure else frozenset()
     return [
         PruneItem(
             "staging",
@@ -230,10 +283,20 @@ def _stale_attempts(
             tree_bytes(info.path),
             _stale_reason(info.heartbeat_age),
             info.path.parent.name,
+            seen=_owner_seen(info, marks[os.fspath(info.owner_file)]),
         )
-        for info in staging
-        if info.is_stale(stale_after=request.stale_after, identity=identity)
+        for info in stale
+        if os.fspath(info.owner_file) not in alive
     ]
+
+
+def _died_here(info: StagingInfo, identity: PodIdentity) -> bool:
+    pid = info.owner.get("pid")
+    return info.owner.get("host") == identity.host and isinstance(pid, int) and not pid_alive(pid)
+
+
+def _owner_seen(info: StagingInfo, mark: Mark | None) -> frozenset[tuple[str, Mark]]:
+    return frozenset({(info.owner_file.name, mark)}) if mark is not None else frozenset()
 
 
 def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[PruneItem]:
@@ -249,12 +312,17 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
         if age < TRASH_GRACE:
             continue
         key = _trashed_key(path)
-        if key and users(root, key):
+        if key and _has_users(root, key):
             kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
             continue
         reason = f"left by an interrupted prune {human_duration(age)} ago"
         items.append(PruneItem("trash", path, f"trash/{path.name}", tree_bytes(path), reason, key))
     return items
+
+
+def _has_users(root: CacheRoot, key: str) -> bool:
+    usage = read_usage(os.fspath(root.usage / key))
+    return bool(usage.live or observe(usage.silent))
 
 
 def _trashed_key(path: Path) -> str | None:
@@ -347,7 +415,7 @@ def _remove_attempt(
     now = [info for info in list_staging(root, item.path.parent.name) if info.path == item.path]
     if not now:
         return "already gone"
-    if not now[0].is_stale(stale_after=stale_after, identity=identity):
+    if not now[0].is_stale(stale_after=stale_after, identity=identity) or _owner_changed(now[0], item):
         return "its pod refreshed it since the plan: alive"
     trashed = _to_trash(root, item)
     if trashed is None:
@@ -359,18 +427,29 @@ def _remove_attempt(
     return None
 
 
+def _owner_changed(info: StagingInfo, item: PruneItem) -> bool:
+    """The owner record differs from the plan's look at it: its pod beat (no clock involved)."""
+    if item.seen is None:
+        return False
+    mark = record_mark(os.fspath(info.owner_file))
+    return _owner_seen(info, mark) != item.seen
+
+
 def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
-    if _in_use(root, item):
-        return "in use now"
-    if item.key and item.last_used_at is not None:
-        latest = last_use(root, item.key)
-        if latest is not None and latest > item.last_used_at + 1.0:
-            return "used since the plan was made"
+    if not item.key or item.seen is None:
+        # A damaged entry whose key is unknown: the plan read no usage for it, so judge any
+        # key with its 16 digits now (watching silent records), and compare with that after.
+        if _in_use_by_prefix(root, item):
+            return "in use now"
+        item = replace(item, seen=_prefix_seen(root, item))
+    why_not = _come_since_plan(root, item)
+    if why_not is not None:
+        return why_not
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
     # Step 3 right after the rename, before any fsync: the window for a starting pod stays tiny.
-    if _in_use(root, item):
+    if _come_since_plan(root, item) is not None:
         return _give_back(root, item, trashed)
     fsync_dir(root.entries)
     remove_tree(trashed)
@@ -402,37 +481,61 @@ def _give_back(root: CacheRoot, item: PruneItem, trashed: Path) -> str:
     return "in use now (restored)"
 
 
-def _in_use(root: CacheRoot, item: PruneItem) -> bool:
-    if item.key:
-        return bool(users(root, item.key))
-    # A damaged entry whose key is unknown: any fresh use record of a key with its 16 digits.
+def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
+    """Why not to remove the entry now: its usage folder changed since the plan judged it.
+
+    Compared with what the plan saw, not with a clock: a pod that registers or beats meanwhile
+    changes the folder whatever its node's clock says (see cachemgr.records).
+    """
+    assert item.seen is not None  # _remove_entry sees to it
+    now = read_usage(os.fspath(root.usage / item.key)).seen if item.key else _prefix_seen(root, item)
+    if now == item.seen:
+        return None
+    came = {x for x in now if x[0].endswith(".json")} - item.seen  # a record new or beating since
+    return "in use now" if came else "used since the plan was made"
+
+
+def _prefix_digests(root: CacheRoot, item: PruneItem) -> list[str]:
     prefix = item.name.rsplit("__", 1)[-1]
-    with contextlib.suppress(FileNotFoundError):
-        for digest in os.listdir(root.usage):
-            if digest.startswith(prefix) and users(root, digest):
-                return True
-    return False
+    try:
+        return sorted(d for d in os.listdir(root.usage) if d.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
+    return any(_has_users(root, digest) for digest in _prefix_digests(root, item))
+
+
+def _prefix_seen(root: CacheRoot, item: PruneItem) -> frozenset[tuple[str, Mark]]:
+    """The usage folders of every key with the entry's 16 digits, as one ``seen``."""
+    seen: set[tuple[str, Mark]] = set()
+    for digest in _prefix_digests(root, item):
+        usage = read_usage(os.fspath(root.usage / digest))
+        seen.update((f"{digest}/{name}", mark) for name, mark in usage.seen)
+    return frozenset(seen)
 
 
 def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
-    """Drop the removed entry's last use and its dead users' records, never a live record.
+    """Drop the removed entry's last use and the records the plan judged dead, never another.
 
     The folder itself stays: a pod may be creating its record in it right now (for a copy
     published while we deleted), and removing the folder under it would lose that record.
+    A record is removed only while it is exactly as the plan saw it (no clock involved).
     """
     assert item.key is not None  # callers check; mypy needs to know
     if item.path.exists():
         return  # republished meanwhile: its bookkeeping is live
     folder = root.usage / item.key
-    now = time.time()
+    dead = dict(x for x in (item.seen or ()) if x[0] != ".")
     with contextlib.suppress(FileNotFoundError):
         for name in os.listdir(folder):
             if name.startswith("."):
                 continue  # a record being written (tmp file, then rename): a live pod
             path = folder / name
+            if name.endswith(".json") and (name not in dead or record_mark(os.fspath(path)) != dead[name]):
+                continue
             with contextlib.suppress(FileNotFoundError):
-                if name.endswith(".json") and now - path.stat().st_mtime <= IN_USE_WINDOW:
-                    continue
                 path.unlink()
 
 

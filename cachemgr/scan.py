@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from cachemgr.drift import RECORD_PREFIX as RECOMPILED_PREFIX
 from cachemgr.fsutil import read_json, tree_bytes
 from cachemgr.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
-from cachemgr.records import IN_USE_WINDOW, PodIdentity, User, users
+from cachemgr.records import OBSERVE_SECONDS, Mark, PodIdentity, Usage, User, read_usage
 from cachemgr.store import CacheRoot, StagingInfo, list_staging
 from cachemgr.units import human_age, human_bytes, human_duration
 
@@ -39,19 +38,28 @@ if TYPE_CHECKING:
     from cachemgr.lease import Holder
 
 EntryStatus = Literal["ok", "damaged", "incompatible"]
-AttemptStatus = Literal["compiling", "published", "active", "stale"]
+AttemptStatus = Literal["compiling", "published", "active", "silent", "stale"]
 
-# An attempt whose owner record has not been refreshed for this long is dead. Its heartbeat
-# beats every 10 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
+# An attempt whose owner record has not been refreshed for this long (by this node's clock) is
+# a candidate for --stale-staging; prune then watches it for a beat before removing it (skew).
+# Its heartbeat beats every 2 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
 STALE_STAGING_AFTER = 300.0
+# An attempt whose owner record has not beaten for this long runs nothing that ``ls`` should
+# vouch for: its pod was killed (or its node's clock is off: only a label depends on this).
+SILENT_ATTEMPT_AFTER = OBSERVE_SECONDS
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _SUMMARY_MAX = 1 << 20
 
 
 @dataclass(frozen=True)
 class Compat:
-    """What this image can use: entries for another compiler or NPU can never hit here.
+    """What this image can use.
 
+    An entry is incompatible when no pod of this image can ever use it: another compiler
+    major.minor (the key's ``compiler``). An entry for another NPU type is not: a role's
+    Deployment may land on nodes of two NPU types sharing one volume, and those pods use it;
+    treating it as dead made each type prune the other's entries and recompile in turn (11
+    minutes each). Such entries go only when named (``prune --npu``) or by age or LRU.
     ``None`` means unknown: nothing is judged on that input.
     """
 
@@ -59,12 +67,14 @@ class Compat:
     npu: str | None
 
     def why_incompatible(self, compiler: str, npu: str) -> str | None:
-        reasons = []
+        del npu  # another NPU's entries are another hardware's, not dead (see above)
         if self.compiler and compiler and compiler != self.compiler:
-            reasons.append(f"compiler {compiler}, this image has {self.compiler}")
-        if self.npu and npu and npu != self.npu:
-            reasons.append(f"NPU {npu}, this pod has {self.npu}")
-        return "; ".join(reasons) or None
+            return f"compiler {compiler}, this image has {self.compiler}"
+        return None
+
+    def other_npu(self, npu: str) -> bool:
+        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--npu``."""
+        return bool(self.npu and npu and npu != self.npu)
 
 
 @dataclass(frozen=True)
@@ -88,12 +98,18 @@ class EntryInfo:
     # registers and when it leaves (the ``last-used`` mark alone is touched only at start, so an
     # entry served for a month would look unused for a month the minute its pods stopped).
     last_used_at: float | None
-    users: tuple[User, ...]
+    users: tuple[User, ...]  # live: fresh by this node's clock, or seen to beat
     status: EntryStatus
     problem: str | None = None
     compile_seconds: float | None = None  # how long its compile took: what an ETA learns from
     # Pod starts that hit this entry and saw the server compile anyway (cachemgr.drift).
     recompiled_on_hit: int = 0
+    # Records silent by this node's clock: a dead pod's, or a live one on a node whose clock
+    # differs from ours. Not "in use" for ``ls``; ``prune`` observes them before removing.
+    silent_users: tuple[User, ...] = ()
+    # The usage folder as this scan read it (None: not read): prune removes the entry only
+    # while the folder still looks exactly like this (records.Usage.seen).
+    usage_seen: frozenset[tuple[str, Mark]] | None = None
 
     @property
     def in_use(self) -> bool:
@@ -141,6 +157,7 @@ class EntryInfo:
             "last_used_at": self.last_used_at,
             "in_use": self.in_use,
             "users": [user.to_json() for user in self.users],
+            "silent_users": [user.to_json() for user in self.silent_users],
             "status": self.status,
             "problem": self.problem,
             "recompiled_on_hit": self.recompiled_on_hit,
@@ -257,7 +274,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
     key = summary["key"]
     compiler, npu = _text(summary.get("compiler")), _text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
-    last, pods, drift = _usage(ctx, key)
+    usage = _usage(ctx, key)
     return EntryInfo(
         name=name,
         path=ctx.entries / name,
@@ -272,12 +289,14 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         files=summary["files"],
         pipeline_parallel_size=summary["pipeline_parallel_size"],
         created_at=number(summary.get("created_at")),
-        last_used_at=last,
-        users=pods,
+        last_used_at=usage.last,
+        users=usage.live,
         status="incompatible" if why else "ok",
         problem=why,
         compile_seconds=number(summary.get("compile_seconds")),
-        recompiled_on_hit=drift,
+        recompiled_on_hit=usage.recompiled_on_hit,
+        silent_users=usage.silent,
+        usage_seen=usage.seen,
     )
 
 
@@ -350,7 +369,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
     key = str(known.get("key") or "")
     if key and not path.name.endswith(key[:16]):
         key = ""  # key.json of another entry: trust only the name
-    last, pods, _drift = _usage(ctx, key) if key else (None, (), 0)
+    usage = _usage(ctx, key) if key else None
     return EntryInfo(
         name=path.name,
         path=path,
@@ -365,41 +384,25 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         files=0,
         pipeline_parallel_size=1,
         created_at=_mtime(path),
-        last_used_at=last,
-        users=pods,
+        last_used_at=usage.last if usage else None,
+        users=usage.live if usage else (),
         status="damaged",
         problem=problem,
+        silent_users=usage.silent if usage else (),
+        usage_seen=usage.seen if usage else None,
     )
 
 
-def _usage(ctx: _Context, key: str) -> tuple[float | None, tuple[User, ...], int]:
-    """Last use, current users and recompiled_on_hit records, from one read and one stat of ``usage/<key>``."""
+def _usage(ctx: _Context, key: str) -> Usage:
+    """Last use and current users, from one directory read and a stat per file of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
-        return None, (), 0
-    return _usage_of(ctx.root, f"{ctx.usage}/{key}", key, ctx.now)
-
-
-def _usage_of(
-    root: CacheRoot, folder: str, key: str, now: float
-) -> tuple[float | None, tuple[User, ...], int]:
-    try:
-        names = os.listdir(folder)
-        last: float | None = os.stat(folder).st_mtime
-    except (FileNotFoundError, NotADirectoryError):
-        return None, (), 0
-    drift = sum(1 for n in names if n.startswith(RECOMPILED_PREFIX))
-    records = [n for n in names if n.endswith(".json") and not n.startswith(".")]
-    if not records:
-        return last, (), drift
-    for name in records:  # a pod that died without removing its record: its last heartbeat
-        with contextlib.suppress(FileNotFoundError):
-            last = max(last or 0.0, os.stat(f"{folder}/{name}").st_mtime)
-    return last, tuple(users(root, key, window=IN_USE_WINDOW, now=now)), drift
+        return Usage()
+    return read_usage(f"{ctx.usage}/{key}", now=ctx.now)
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:
     """When a pod last started or stopped using the entry (see ``EntryInfo.last_used_at``)."""
-    return _usage_of(root, os.fspath(root.usage / key), key, time.time())[0]
+    return read_usage(os.fspath(root.usage / key)).last
 
 
 def _text(value: Any) -> str:
@@ -475,6 +478,11 @@ class Attempt:
             if self.heartbeat_age is None
             else f"silent for {human_duration(self.heartbeat_age)}"
         )
+        if self.status == "silent":
+            return (
+                f"owner {silent}: its pod is gone (or its node's clock is off) and runs nothing here; "
+                f"'cachemgr prune --stale-staging' removes it once silent for {human_duration(STALE_STAGING_AFTER)}"
+            )
         return f"{silent}: 'cachemgr prune --stale-staging' removes it"
 
     def to_json(self) -> dict[str, Any]:
@@ -491,12 +499,12 @@ class Attempt:
             size_bytes=self.size_bytes,
             shared_bytes=self.shared_bytes,
             created_at=self.started_at,
-            in_use=self.status != "stale",
+            in_use=self.status not in ("silent", "stale"),
             pod=self.pod,
             node=self.node,
             heartbeat_age_seconds=self.heartbeat_age,
             status=self.status,
-            problem=self.detail if self.status == "stale" else None,
+            problem=self.detail if self.status in ("silent", "stale") else None,
         )
 
 
@@ -572,6 +580,11 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
     status: AttemptStatus
     if info.is_stale(stale_after=STALE_STAGING_AFTER, identity=PodIdentity.current()):
         status = "stale"
+    elif info.heartbeat_age is None or info.heartbeat_age > SILENT_ATTEMPT_AFTER:
+        # Checked before the lease and the entry: a killed pod's lease stays fresh for its
+        # duration, and its key may be published (by it, or by the pod that took over), but a
+        # pod whose heartbeat stopped is compiling nothing and serving nothing from here.
+        status = "silent"
     elif holder is not None and not lease_stale(holder) and holder.pod == owner.get("pod"):
         status = "compiling"
     elif digest in published:

@@ -268,7 +268,7 @@ class DiskReport:
         if self.prunable.incompatible:
             pruning.append(
                 f"free {human_bytes(self.prunable.incompatible_bytes)} now with 'cachemgr prune --incompatible --yes' "
-                f"({_count(self.prunable.incompatible, 'entry', 'entries')} for another compiler version or NPU type)"
+                f"({_count(self.prunable.incompatible, 'entry', 'entries')} for another compiler version)"
             )
         if self.prunable.unused:
             pruning.append(

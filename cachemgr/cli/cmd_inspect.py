@@ -34,7 +34,7 @@ from cachemgr.key import compute_key
 from cachemgr.meter import interval_from, open_meter
 from cachemgr.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
 from cachemgr.records import PodIdentity
-from cachemgr.scan import as_dict, lease_stale, scan
+from cachemgr.scan import EntryInfo, as_dict, lease_stale, scan
 from cachemgr.store import CacheRoot, open_root
 from cachemgr.units import human_age, human_bytes, human_duration, parse_duration, parse_size
 from cachemgr.verify import VerifyReport
@@ -125,9 +125,10 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
     if incompatible:
         size = human_bytes(sum(e.size_bytes for e in incompatible if not e.in_use))
         text += (
-            f"; {len(incompatible)} incompatible with this image (compiler {image.compat.compiler or '?'}, "
-            f"NPU {image.compat.npu or '?'}): 'cachemgr prune --incompatible' frees {size} of them now"
+            f"; {len(incompatible)} incompatible with this image (compiler {image.compat.compiler or '?'}): "
+            f"'cachemgr prune --incompatible' frees {size} of them now"
         )
+    text += _other_npus(listing.entries, image)
     if listing.count("damaged"):
         text += f"; {listing.count('damaged')} damaged: 'cachemgr verify --fix' moves them aside"
     drifted = [e.short for e in listing.entries if e.recompiled_on_hit]
@@ -137,6 +138,27 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
             "input the server hashes ('cachemgr show KEY' names the new files)"
         )
     return text + _side_sections(listing)
+
+
+def _other_npus(entries: tuple[EntryInfo, ...], image: ImageInfo) -> str:
+    """Entries for another NPU type are another hardware's pods', not dead: say so, and how to name them."""
+    others = sorted({e.npu for e in entries if e.status == "ok" and image.compat.other_npu(e.npu)})
+    if not others:
+        return ""
+    count = sum(1 for e in entries if e.npu in others and e.status == "ok")
+    return (
+        f"; {_n(count, 'entry')} for other NPU types ({', '.join(others)}; this pod has {image.compat.npu}): "
+        f"pods on that hardware may use them, so --incompatible keeps them; "
+        f"'cachemgr prune --npu {others[0]}' removes them once that hardware is gone"
+    )
+
+
+def _silent_rows(e: EntryInfo) -> list[tuple[str, str]]:
+    """Use records silent by this node's clock: a dead pod's, or one on a node whose clock is off."""
+    if not e.silent_users:
+        return []
+    pods = ", ".join(f"{u.pod} (node {u.node or '?'})" for u in e.silent_users)
+    return [("silent users", f"{pods}: dead, or their node's clock differs; prune watches them for a beat")]
 
 
 def _side_sections(listing: Listing) -> str:
@@ -239,6 +261,7 @@ def _show_text(d: EntryDetail) -> str:
                 ", ".join(f"{u.pod} (node {u.node or '?'}, since {human_age(u.since)})" for u in e.users)
                 or "no pod",
             ),
+            *_silent_rows(e),
             (
                 "files check",
                 "; ".join(d.problems) or "sizes match the manifest ('cachemgr verify' hashes them)",
@@ -519,13 +542,22 @@ def _prune_request(args: argparse.Namespace) -> PruneRequest:
         keep_bytes=keep,
         stale_staging=args.stale_staging,
         damaged=args.damaged,
+        npu=frozenset(_npu_name(name) for name in args.npu),
     )
     if request.empty:
         raise UsageError(
-            "prune needs at least one of --incompatible, --unused-for, --keep-bytes, --stale-staging, --damaged",
+            "prune needs at least one of --incompatible, --npu, --unused-for, --keep-bytes, --stale-staging, --damaged",
             remedy="say what may go, e.g. 'cachemgr prune --incompatible --dry-run'",
         )
     return request
+
+
+def _npu_name(name: str) -> str:
+    """An NPU type as keys spell it (upper case, as ``key`` resolves it)."""
+    clean = name.strip().upper()
+    if not clean or len(clean) > 64 or not clean.replace("-", "").replace("_", "").isalnum():
+        raise UsageError(f"--npu {name[:32]!r} is not an NPU type", remedy="pass e.g. --npu RBLN-CA12")
+    return clean
 
 
 def _render_prune(

@@ -219,7 +219,17 @@ def _add_inspection(sub: Any) -> None:
     _add_log(cmd)
     cmd = sub.add_parser("prune", help="plan, print, then remove entries (never one in use)")
     cmd.add_argument(
-        "--incompatible", action="store_true", help="entries for another compiler version or NPU"
+        "--incompatible",
+        action="store_true",
+        help="entries no pod of this image can use (another compiler major.minor)",
+    )
+    cmd.add_argument(
+        "--npu",
+        action="append",
+        default=[],
+        metavar="TYPE",
+        help="entries compiled for this NPU type, e.g. RBLN-CA12 (repeatable): pods of that hardware "
+        "sharing the volume use them, so they go only when named",
     )
     cmd.add_argument("--unused-for", metavar="DURATION", help="entries unused for this long, e.g. 14d")
     cmd.add_argument("--keep-bytes", metavar="SIZE", help="remove least recently used until the cache fits")
@@ -235,7 +245,7 @@ def _add_inspection(sub: Any) -> None:
 
 
 def _add_compat(parser: argparse.ArgumentParser) -> None:
-    """Inspection needs this image's compiler and NPU only to mark incompatible entries."""
+    """Inspection needs this image's compiler to mark incompatible entries, its NPU to tell other NPUs'."""
     parser.add_argument("--compiler-version", default=_env("CACHEMGR_COMPILER_VERSION"))
     parser.add_argument("--npu-type", default=_env("CACHEMGR_NPU_TYPE"))
 
