@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from cachemgr.standin import DECLARED_VERSIONS
+
 _LOG_EVENT = re.compile(r"\d{4}-\d\d-\d\dT\S+ \[(info|warning|error)")  # a console log line
 MESSAGE_LIMIT = 1000  # characters: a message is one readable line, whatever the input's size
 
@@ -34,6 +36,7 @@ def env(tmp_path: Path) -> dict[str, str]:
         "CACHEMGR_NPU_TYPE": "RBLN-CA25",
         "CACHEMGR_ROLE": "prefill",
         "CACHEMGR_LOG_FORMAT": "console",
+        **DECLARED_VERSIONS,  # the stand-in's vllm, vllm-rbln and optimum-rbln (not installed here)
     }
 
 
