@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cachemgr import safefs
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
 from cachemgr.log import get_logger
@@ -148,7 +150,7 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
         items += _quarantined(root)
     if request.stale_staging:
         items += _trash_leftovers(root, kept)
-        items += _stale_attempts(found.staging, request, identity)
+        items += _stale_attempts(root, found.staging, request, identity)
     chosen: dict[str, PruneItem] = {}
     for entry in found.entries:
         reason = _entry_reason(entry, request)
@@ -210,21 +212,27 @@ def _over_budget(
 
 
 def _quarantined(root: CacheRoot) -> list[PruneItem]:
+    """What was moved aside: directories, and links or files a pod found in place of an entry
+    (removing a link removes the link, never what it points to)."""
     items: list[PruneItem] = []
-    for path in _subdirs(root.quarantine):
-        items.append(PruneItem("quarantine", path, path.name, tree_bytes(path), "moved aside as damaged"))
+    for name in safefs.listdir(root.path, root.quarantine):
+        if name.startswith(".") or name.endswith(".reason.json"):
+            continue
+        path = root.quarantine / name
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("quarantine", path, name, size, "moved aside as damaged"))
     return items
 
 
 def _stale_attempts(
-    staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
+    root: CacheRoot, staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
 ) -> list[PruneItem]:
     return [
         PruneItem(
             "staging",
             info.path,
             f"{info.path.parent.name[:12]}/{info.path.name}",
-            tree_bytes(info.path),
+            tree_bytes(info.path, within=root.path),
             _stale_reason(info.heartbeat_age),
             info.path.parent.name,
         )
@@ -237,12 +245,12 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
     """What a prune that died mid-delete left in ``trash/`` (never what one is deleting now)."""
     items: list[PruneItem] = []
     now = time.time()
-    for path in _subdirs(root.trash):
-        try:
-            # rename() updates ctime: this is when the item went to the trash.
-            age = now - path.stat().st_ctime
-        except FileNotFoundError:
+    for path in (root.trash / name for name in safefs.subdirs(root.path, root.trash)):
+        st = safefs.lstat(root.path, path)
+        if st is None:
             continue
+        # rename() updates ctime: this is when the item went to the trash.
+        age = now - st.st_ctime
         if age < TRASH_GRACE:
             continue
         key = _trashed_key(path)
@@ -250,7 +258,8 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
             kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
             continue
         reason = f"left by an interrupted prune {human_duration(age)} ago"
-        items.append(PruneItem("trash", path, f"trash/{path.name}", tree_bytes(path), reason, key))
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("trash", path, f"trash/{path.name}", size, reason, key))
     return items
 
 
@@ -261,14 +270,6 @@ def _trashed_key(path: Path) -> str | None:
             if isinstance(data, dict) and isinstance(data.get("key"), str):
                 return str(data["key"])
     return None
-
-
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        with os.scandir(path) as found:
-            return sorted(Path(e.path) for e in found if e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
-        return []
 
 
 def _stale_reason(age: float | None) -> str:
@@ -324,8 +325,8 @@ def _remove(root: CacheRoot, item: PruneItem, *, stale_after: float, identity: P
     if claimed is None:
         return "already gone"
     if item.kind == "quarantine":
-        item.path.with_name(item.path.name + ".reason.json").unlink(missing_ok=True)
-    remove_tree(claimed)
+        safefs.unlink(root.path, item.path.with_name(item.path.name + ".reason.json"))
+    remove_tree(claimed, within=root.path)
     return None
 
 
@@ -342,10 +343,10 @@ def _remove_attempt(
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
-    now[0].owner_file.unlink(missing_ok=True)
-    remove_tree(trashed)
+    safefs.unlink(root.path, now[0].owner_file)
+    remove_tree(trashed, within=root.path)
     with contextlib.suppress(OSError):
-        item.path.parent.rmdir()  # the key's staging folder, if this was its last attempt
+        safefs.rmdir(root.path, item.path.parent)  # the key's staging folder, if this was its last attempt
     return None
 
 
@@ -363,7 +364,7 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
     if _in_use(root, item):
         return _give_back(root, item, trashed)
     fsync_dir(root.entries)
-    remove_tree(trashed)
+    remove_tree(trashed, within=root.path)
     if item.key:
         _forget_usage(root, item)
     return None
@@ -371,10 +372,12 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
 
 def _to_trash(root: CacheRoot, item: PruneItem) -> Path | None:
     """Rename the item to a name of its own in ``trash/`` (atomic); None if it is gone already."""
-    root.trash.mkdir(exist_ok=True)
+    safefs.make_dirs(root.path, root.trash)
     trashed = root.trash / f"{item.path.name}.{os.urandom(4).hex()}"
     try:
-        os.rename(item.path, trashed)
+        # From descriptors of both parents: a layout directory swapped for a symlink since the
+        # plan makes this fail, never moves (then deletes) what the link points to.
+        safefs.rename(root.path, item.path, trashed)
     except FileNotFoundError:
         return None
     return trashed
@@ -383,10 +386,10 @@ def _to_trash(root: CacheRoot, item: PruneItem) -> Path | None:
 def _give_back(root: CacheRoot, item: PruneItem, trashed: Path) -> str:
     """A pod registered between the check and the rename: put the entry back where it was."""
     try:
-        os.rename(trashed, item.path)
+        safefs.rename(root.path, trashed, item.path)
     except OSError:
         # The slot is taken: a pod published the same key meanwhile. Ours is a redundant copy.
-        remove_tree(trashed)
+        remove_tree(trashed, within=root.path)
         return "in use now (a copy was published meanwhile)"
     fsync_dir(root.entries)
     return "in use now (restored)"
@@ -397,10 +400,9 @@ def _in_use(root: CacheRoot, item: PruneItem) -> bool:
         return bool(users(root, item.key))
     # A damaged entry whose key is unknown: any fresh use record of a key with its 16 digits.
     prefix = item.name.rsplit("__", 1)[-1]
-    with contextlib.suppress(FileNotFoundError):
-        for digest in os.listdir(root.usage):
-            if digest.startswith(prefix) and users(root, digest):
-                return True
+    for digest in safefs.listdir(root.path, root.usage):
+        if digest.startswith(prefix) and users(root, digest):
+            return True
     return False
 
 
@@ -411,19 +413,20 @@ def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
     published while we deleted), and removing the folder under it would lose that record.
     """
     assert item.key is not None  # callers check; mypy needs to know
-    if item.path.exists():
+    if safefs.lstat(root.path, item.path) is not None:
         return  # republished meanwhile: its bookkeeping is live
-    folder = root.usage / item.key
     now = time.time()
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError), safefs.open_dir(root.path, root.usage / item.key) as folder:
         for name in os.listdir(folder):
             if name.startswith("."):
                 continue  # a record being written (tmp file, then rename): a live pod
-            path = folder / name
             with contextlib.suppress(FileNotFoundError):
-                if name.endswith(".json") and now - path.stat().st_mtime <= IN_USE_WINDOW:
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                if name.endswith(".json") and now - st.st_mtime <= IN_USE_WINDOW:
                     continue
-                path.unlink()
+                if stat.S_ISDIR(st.st_mode):
+                    continue  # not ours: the folder holds files only
+                os.unlink(name, dir_fd=folder)
 
 
 def prune_incompatible_for_space(root: CacheRoot, key: CacheKey, *, given: int | None) -> PruneResult:

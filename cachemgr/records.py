@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr import safefs
 from cachemgr.fsutil import atomic_write_json, read_json, touch
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class User:
 def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str) -> Path:
     """Record that this pod uses the entry now (before it is checked, so prune sees us first)."""
     folder = root.usage / digest
-    folder.mkdir(parents=True, exist_ok=True)
+    safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused, not written through
     record = folder / identity.record_name
     atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()})
     touch(folder / "last-used")
@@ -96,11 +97,9 @@ def users(
     folder = root.usage / digest
     found: list[User] = []
     now = time.time() if now is None else now
-    try:
-        names = os.listdir(folder)
-    except FileNotFoundError:
-        return found
-    for name in sorted(names):
+    # Listed from descriptors: a symlink planted as usage/<digest> is refused (exit 74), never
+    # read through, and never taken for "nobody uses it".
+    for name in safefs.listdir(root.path, folder):
         if not name.endswith(".json") or name.startswith("."):
             continue
         path = folder / name
@@ -142,7 +141,7 @@ def record_failure(
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = folder / f"{stamp}.{identity.pod}.{identity.pid}.json"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        safefs.make_dirs(root.path, folder)
         atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record})
     except OSError:
         return None
@@ -152,8 +151,8 @@ def record_failure(
 def failures(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
     folder = root.failures / digest
     found: list[dict[str, Any]] = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(folder)):
+    with contextlib.suppress(safefs.UnsafePathError):  # a symlink there: nothing of ours to read
+        for name in safefs.listdir(root.path, folder):
             with contextlib.suppress(OSError, ValueError):
                 data = read_json(folder / name)
                 if isinstance(data, dict):

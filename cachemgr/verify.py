@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from cachemgr import safefs
 from cachemgr.errors import UsageError, VolumeError
 from cachemgr.fsutil import walk_names
 from cachemgr.key import digest_of
@@ -152,8 +153,8 @@ def _verify_one(root: CacheRoot, name: str) -> Verified:
     except ManifestError as error:
         status, problems = "damaged", [str(error)]
     else:
-        status, problems, warnings = _check_entry(path, manifest)
-    if status != "ok" and not path.is_dir():
+        status, problems, warnings = _check_entry(root, path, manifest)
+    if status != "ok" and safefs.lstat(root.path, path) is None:
         status, problems = "gone", ["removed while being checked (pruned or quarantined)"]
     return Verified(
         name=name,
@@ -167,7 +168,9 @@ def _verify_one(root: CacheRoot, name: str) -> Verified:
     )
 
 
-def _check_entry(path: Path, manifest: Manifest) -> tuple[VerifyStatus, list[str], list[str]]:
+def _check_entry(
+    root: CacheRoot, path: Path, manifest: Manifest
+) -> tuple[VerifyStatus, list[str], list[str]]:
     """Status, problems and warnings of one committed entry: its key, then every file's hash."""
     problems = []
     if not path.name.endswith(manifest.key[:16]):
@@ -175,9 +178,11 @@ def _check_entry(path: Path, manifest: Manifest) -> tuple[VerifyStatus, list[str
     elif digest_of(manifest.inputs) != manifest.key:
         problems.append("manifest.json's inputs do not hash to its key (edited after publishing?)")
     try:
-        problems += [str(p) for p in check_files(path, manifest, mode="full")]
+        problems += [str(p) for p in check_files(path, manifest, mode="full", within=root.path)]
         listed = {record.path for record in manifest.files} | {MANIFEST_NAME}
-        extra = [rel for rel in walk_names(path) if rel not in listed]
+        extra = [rel for rel in walk_names(path, within=root.path) if rel not in listed]
+    except safefs.UnsafePathError as error:  # swapped for a link while being checked
+        return "damaged", [error.what], []
     except OSError as error:
         return "unreadable", [f"{error.filename or path}: {error.strerror}"], []
     warnings = [
