@@ -218,13 +218,11 @@ class _Context:
     usage_fd: int | None = None
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
-    usage: str = field(init=False)  # usage/ as a string: the hot path joins strings, not Paths
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", self.root.entries)
         prefix = "" if self.entries_fd is not None else os.fspath(self.entries) + "/"
         object.__setattr__(self, "prefix", prefix)
-        object.__setattr__(self, "usage", os.fspath(self.root.usage))
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cachemgr import __version__, safefs
-from cachemgr.errors import DiskFullError, VolumeError
+from cachemgr.errors import CompileError, DiskFullError, VolumeError
 from cachemgr.fsutil import (
     atomic_write_json,
     fsync_dir,
@@ -352,6 +352,7 @@ def publish(
     If another attempt published first, ours is discarded and theirs is returned: both were
     compiled from the same key, and the first publisher wins.
     """
+    _refuse_special_files(staging)
     _write_summary(staging, key, identity=identity, compile_seconds=compile_seconds, strategy=strategy)
     manifest = build_manifest(
         staging.path,
@@ -390,6 +391,24 @@ def publish(
         safefs.rmdir(root.path, staging.path.parent)
     make_read_only(target, within=root.path)
     return PublishOutcome(True, target, manifest)
+
+
+def _refuse_special_files(staging: Staging) -> None:
+    """An entry holds regular files and real directories only (a link could lead a server out of
+    the volume, and every later check would call the entry damaged): such output is a failed
+    compile, never published. Neither vllm-rbln 0.12.0 nor optimum-rbln 0.12.0 writes links."""
+    with safefs.open_tree(staging.path, within=staging.within) as top:
+        for rel, entry, _ in safefs.walk(top):
+            if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                continue
+            what = safefs.describe(entry.stat(follow_symlinks=False))
+            raise CompileError(
+                f"the compile left {what} at {rel} in its output; an entry holds only regular files "
+                "and directories",
+                remedy="make the compiler write real files there; cachemgr never publishes links or "
+                "special files",
+                path=rel,
+            )
 
 
 def _write_summary(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import stat
@@ -453,3 +454,14 @@ def test_a_manifest_that_is_not_a_file_is_a_manifest_error(volume: Volume, tmp_p
         os.mkfifo(entry / "manifest.json")  # must not block the reader
     with pytest.raises(ManifestError):
         read_manifest(entry)
+
+
+def test_a_compile_that_leaves_a_symlink_in_its_output_is_a_failed_compile(volume: Volume) -> None:
+    # Published, it would be damage at every later check: a recompile on every start.
+    script = f"mkdir -p {{output_dir}}/a && echo x > {{output_dir}}/a/f && ln -s {volume.canary} {{output_dir}}/a/link"
+    options = ("--strategy", "command", "--compile-cmd", f"sh -c {shlex.quote(script)}")
+    pod = volume.pods.start("a", server_argv(free_port()), cache_root=volume.root, options=options)
+    assert pod.wait_exit() == 70, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "a symbolic link at artifacts/a/link" in message
+    assert len(entry_dirs(volume.root)) == 1, "nothing new was published"
