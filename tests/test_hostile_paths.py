@@ -292,9 +292,9 @@ def _every_command(volume: Volume) -> None:
 SPOTS = [
     *(pytest.param(f"layout:{name}", "symlink", id=f"{name}-symlink") for name in LAYOUT),
     *(pytest.param(f"layout:{name}", "file", id=f"{name}-file") for name in LAYOUT),
-    *(pytest.param(f"child:{name}", "symlink", id=f"{name}-symlink") for name in CHILD_SPOTS),
+    *(pytest.param(f"child:{name}", "symlink", id=f"child-{name}-symlink") for name in CHILD_SPOTS),
     *(
-        pytest.param(f"child:{name}", "file", id=f"{name}-file")
+        pytest.param(f"child:{name}", "file", id=f"child-{name}-file")
         for name in ("entry", "staging-of-the-miss", "usage", "artifacts-depth")
     ),
 ]
