@@ -22,7 +22,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from cachemgr.errors import VolumeError
@@ -132,6 +132,20 @@ def check_dir(root: Path, path: Path) -> bool:
             return True
     except FileNotFoundError:
         return False
+
+
+def check_children(root: Path, names: Iterable[str]) -> None:
+    """``check_dir`` for directories right under ``root``, with one open of the root."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dev = os.fstat(fd).st_dev
+        for name in names:
+            try:
+                os.close(open_below(fd, name, dev=dev, shown=root / name))
+            except FileNotFoundError:
+                continue
+    finally:
+        os.close(fd)
 
 
 def listdir(root: Path, path: Path) -> list[str]:

@@ -119,8 +119,7 @@ class CacheRoot:
         """Refuse (exit 74) a layout directory that is a symlink, not a directory, or another
         filesystem: every command would otherwise list, move or delete through it, outside
         the root. One ``lstat`` per directory; missing ones are made by the first miss."""
-        for name in _SUBDIRS:
-            safefs.check_dir(self.path, self.path / name)
+        safefs.check_children(self.path, _SUBDIRS)
 
 
 def open_root(path: Path, *, create: bool) -> CacheRoot:
