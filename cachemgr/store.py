@@ -118,7 +118,7 @@ class CacheRoot:
     def check_layout(self) -> None:
         """Refuse (exit 74) a layout directory that is a symlink, not a directory, or another
         filesystem: every command would otherwise list, move or delete through it, outside
-        the root. One ``lstat`` per directory; missing ones are made by the first miss."""
+        the root. One open per directory; missing ones are made by the first miss."""
         safefs.check_children(self.path, _SUBDIRS)
 
 
