@@ -201,7 +201,7 @@ class Heartbeat:
             callbacks = list(self._callbacks)
         for path in paths:
             with contextlib.suppress(OSError):
-                os.utime(path)
+                os.utime(path, follow_symlinks=False)  # a link swapped in: touch the link, not its target
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 callback()
