@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr import safefs
 from cachemgr.fsutil import atomic_write_json, read_json
 from cachemgr.manifest import ARTIFACTS, Manifest
 from cachemgr.records import RECOMPILED_PREFIX
@@ -111,8 +112,8 @@ def record(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str, p
         previous = read_json(target)
     earlier = previous.get("paths", []) if isinstance(previous, dict) else []
     merged = sorted(set(earlier) | set(paths))
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # VolumeError (a planted symlink) is an OSError too
+        safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused
         atomic_write_json(
             target,
             {
@@ -132,8 +133,8 @@ def records(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
     """Every ``recompiled_on_hit`` record of a key, oldest first."""
     folder = root.usage / digest
     try:
-        names = sorted(n for n in os.listdir(folder) if n.startswith(RECORD_PREFIX))
-    except (FileNotFoundError, NotADirectoryError):
+        names = [n for n in safefs.listdir(root.path, folder) if n.startswith(RECORD_PREFIX)]
+    except OSError:  # a symlink planted as usage/<digest>: no records to show from it
         return []
     found = []
     for name in names:
@@ -142,11 +143,6 @@ def records(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
             if isinstance(data, dict):
                 found.append(data)
     return sorted(found, key=lambda r: float(r.get("time") or 0.0))
-
-
-def count_in(names: frozenset[str] | list[str]) -> int:
-    """How many records a listing of ``usage/<digest>/`` holds (no extra reads: ``ls`` uses it)."""
-    return sum(1 for name in names if name.startswith(RECORD_PREFIX))
 
 
 def shown(paths: list[str]) -> list[str]:

@@ -12,15 +12,15 @@ import errno
 import json
 import math
 import os
-import shutil
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import xxhash
+
+from cachemgr import safefs
 
 # 256 KiB reads: the buffer stays in the CPU cache between the read and the hash, which is what
 # keeps a full check near `cat`'s speed (bench/bench_verify.py: 8 MiB reads ran at 37-72% of cat).
@@ -42,11 +42,7 @@ def fsync_dir(path: Path) -> None:
     """Make a rename or a new name in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
-    except OSError as error:
-        # Some FUSE filesystems refuse fsync on directories; their renames are synchronous.
-        if error.errno not in {errno.EINVAL, errno.ENOTSUP, errno.EBADF}:
-            raise
+        _fsync_fd(fd)
     finally:
         os.close(fd)
 
@@ -77,8 +73,21 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable."""
-    return loads_json(path.read_bytes())
+    """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
+
+    Everything read this way lives on the shared volume, where anyone can plant a symlink (it
+    is not followed) or a FIFO (it would block the reader forever): both are damage.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            raise ValueError(f"{path} is not a regular file") from None
+        raise
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        return loads_json(handle.read())
 
 
 def _finite(text: str) -> float:
@@ -132,67 +141,76 @@ def hash_fd(fd: int) -> str:
     return digest.hexdigest()
 
 
-def walk_files(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """Every regular file under ``root`` as (posix relative path, lstat), sorted, no symlinks followed."""
-    stack = [root]
+def walk_files(root: Path, *, within: Path | None = None) -> Iterator[tuple[str, os.stat_result]]:
+    """Every regular file under ``root`` as (posix relative path, lstat), sorted, no symlinks followed.
+
+    ``within`` (the cache root) makes every level above ``root`` refuse symlinks too
+    (:mod:`cachemgr.safefs`); below ``root`` nothing is ever followed.
+    """
     found: list[tuple[str, os.stat_result]] = []
-    while stack:
-        current = stack.pop()
-        with os.scandir(current) as entries:
-            for entry in entries:
-                st = entry.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append(Path(entry.path))
-                elif stat.S_ISREG(st.st_mode):
-                    found.append((Path(entry.path).relative_to(root).as_posix(), st))
+    with safefs.open_tree(root, within=within) as fd:
+        for rel, entry, _ in safefs.walk(fd):
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                found.append((rel, st))
     yield from sorted(found, key=lambda item: item[0])
 
 
-def walk_names(root: Path) -> list[str]:
+def walk_names(root: Path, *, within: Path | None = None) -> list[str]:
     """Every non-directory under ``root`` (posix relative paths), from the listings alone.
 
     No stat per file (the directory entries' types say what is a directory), so on a network
     filesystem it costs one round trip per directory rather than one per file.
     """
-    stack, found = [root], []
-    while stack:
-        current = stack.pop()
-        with os.scandir(current) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                else:
-                    found.append(Path(entry.path).relative_to(root).as_posix())
-    return sorted(found)
+    with safefs.open_tree(root, within=within) as fd:
+        return sorted(rel for rel, entry, _ in safefs.walk(fd) if not entry.is_dir(follow_symlinks=False))
 
 
-def tree_bytes(root: Path) -> int:
+def tree_bytes(root: Path, *, within: Path | None = None) -> int:
     """Apparent size of every regular file under ``root``; 0 if it vanished meanwhile."""
     total = 0
     try:
-        for _, st in walk_files(root):
-            total += st.st_size
-    except FileNotFoundError:
+        with safefs.open_tree(root, within=within) as fd:
+            for _, entry, _ in safefs.walk(fd):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    except (FileNotFoundError, safefs.UnsafePathError):
         return total
     return total
 
 
-def fsync_tree(root: Path) -> None:
-    """fsync every file and directory under ``root`` (bottom-up), so a rename publishes durable data."""
-    for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            if os.path.islink(full):
-                continue
-            fd = os.open(full, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(dirpath))
+def fsync_tree(root: Path, *, within: Path | None = None) -> None:
+    """fsync every file and directory under ``root``, so a rename publishes durable data."""
+    with safefs.open_tree(root, within=within) as top:
+        for _, entry, parent in safefs.walk(top):
+            if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
+                # Never a symlink or a FIFO (it would block): nothing of ours to make durable.
+                with _opened(parent, entry.name) as fd:
+                    _fsync_fd(fd)
+        _fsync_fd(top)
 
 
-def make_read_only(root: Path) -> None:
+@contextlib.contextmanager
+def _opened(parent: int, name: str) -> Iterator[int]:
+    """``name`` in directory ``parent``, opened for reading; a symlink is refused (ELOOP)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _fsync_fd(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        # Some FUSE filesystems refuse fsync on directories; their renames are synchronous.
+        if error.errno not in {errno.EINVAL, errno.ENOTSUP, errno.EBADF}:
+            raise
+
+
+def make_read_only(root: Path, *, within: Path | None = None) -> None:
     """Files of a published entry become 0444 and the directories below it 0555.
 
     A server writing through a view (``open(path, "r+b")``) then fails with EACCES instead of
@@ -200,48 +218,45 @@ def make_read_only(root: Path) -> None:
     itself stays writable by its owner: moving a directory to another parent (quarantine,
     prune's move to trash) needs write access to the directory itself, for its "..". The owner
     can chmod back, and root ignores modes: the manifest's size and mtime catch what they can.
+    Each mode is set on what was opened (``fchmod``), never on what a swapped-in link names.
     """
-    directories = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        directories += [os.path.join(dirpath, name) for name in dirnames]
-        for name in filenames:
-            _chmod(os.path.join(dirpath, name), 0o444)
-    for directory in reversed(directories):  # deepest first, though order does not matter to chmod
-        _chmod(directory, 0o555)
-
-
-def _chmod(path: str, mode: int) -> None:
     try:
-        if not os.path.islink(path):
-            os.chmod(path, mode)
+        with safefs.open_tree(root, within=within) as top:
+            for _, entry, parent in safefs.walk(top):
+                mode = 0o444 if entry.is_file(follow_symlinks=False) else 0o555
+                if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
+                    # A directory is entered after it is yielded: 0555 still lets the walk read it.
+                    with contextlib.suppress(FileNotFoundError), _opened(parent, entry.name) as fd:
+                        os.fchmod(fd, mode)
     except FileNotFoundError:
         # A prune took the new entry away (no pod used it yet): nothing left to protect.
         return
 
 
-def remove_tree(path: Path) -> None:
-    """Remove a directory tree, even one with read-only files; missing is fine."""
+def remove_tree(path: Path, *, within: Path | None = None) -> None:
+    """Remove a directory tree (or a file or symlink), even one with read-only files; missing is fine.
 
-    def _retry_writable(func: Any, failed: str, _exc: Any) -> None:
-        # A read-only directory (0555) refuses unlinks inside it even to its owner.
-        os.chmod(os.path.dirname(failed), 0o755)  # noqa: S103  # our own dir, restored to the default
-        func(failed)
-
-    if not path.exists() and not path.is_symlink():
+    Never follows a symlink below ``path``; with ``within`` (the cache root) none above it
+    either (:func:`cachemgr.safefs.remove`). Without it, ``path``'s parents are a pod-local
+    path and trusted as given.
+    """
+    if within is not None:
+        safefs.remove(within, path)
         return
-    if path.is_symlink() or path.is_file():
-        path.unlink(missing_ok=True)
+    try:
+        parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=_retry_writable)
-    else:
-        shutil.rmtree(path, onerror=_retry_writable)
+    try:
+        safefs.remove_at(parent, path.name, shown=path)
+    finally:
+        os.close(parent)
 
 
 def touch(path: Path) -> None:
     """Refresh a heartbeat file's mtime (creating it if needed)."""
     try:
-        os.utime(path)
+        os.utime(path, follow_symlinks=False)  # a link planted there is touched, never its target
     except FileNotFoundError:
         path.touch()
 

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from cachemgr import safefs
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
 from cachemgr.log import get_logger
@@ -161,7 +163,7 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
         items += _quarantined(root)
     if request.stale_staging:
         items += _trash_leftovers(root, kept)
-        items += _stale_attempts(found.staging, request, identity)
+        items += _stale_attempts(root, found.staging, request, identity)
     chosen: dict[str, PruneItem] = {}
     entries = _settled(found.entries, request)
     for entry in entries:
@@ -256,14 +258,20 @@ def _over_budget(
 
 
 def _quarantined(root: CacheRoot) -> list[PruneItem]:
+    """What was moved aside: directories, and links or files a pod found in place of an entry
+    (removing a link removes the link, never what it points to)."""
     items: list[PruneItem] = []
-    for path in _subdirs(root.quarantine):
-        items.append(PruneItem("quarantine", path, path.name, tree_bytes(path), "moved aside as damaged"))
+    for name in safefs.listdir(root.path, root.quarantine):
+        if name.startswith(".") or name.endswith(".reason.json"):
+            continue
+        path = root.quarantine / name
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("quarantine", path, name, size, "moved aside as damaged"))
     return items
 
 
 def _stale_attempts(
-    staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
+    root: CacheRoot, staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
 ) -> list[PruneItem]:
     """Attempts of dead pods. Silent by this node's clock is not enough (a node whose clock is
     ahead sees every live attempt silent): the owner record must also not beat while watched
@@ -280,7 +288,7 @@ def _stale_attempts(
             "staging",
             info.path,
             f"{info.path.parent.name[:12]}/{info.path.name}",
-            tree_bytes(info.path),
+            tree_bytes(info.path, within=root.path),
             _stale_reason(info.heartbeat_age),
             info.path.parent.name,
             seen=_owner_seen(info, marks[os.fspath(info.owner_file)]),
@@ -303,12 +311,12 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
     """What a prune that died mid-delete left in ``trash/`` (never what one is deleting now)."""
     items: list[PruneItem] = []
     now = time.time()
-    for path in _subdirs(root.trash):
-        try:
-            # rename() updates ctime: this is when the item went to the trash.
-            age = now - path.stat().st_ctime
-        except FileNotFoundError:
+    for path in (root.trash / name for name in safefs.subdirs(root.path, root.trash)):
+        st = safefs.lstat(root.path, path)
+        if st is None:
             continue
+        # rename() updates ctime: this is when the item went to the trash.
+        age = now - st.st_ctime
         if age < TRASH_GRACE:
             continue
         key = _trashed_key(path)
@@ -316,12 +324,13 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
             kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
             continue
         reason = f"left by an interrupted prune {human_duration(age)} ago"
-        items.append(PruneItem("trash", path, f"trash/{path.name}", tree_bytes(path), reason, key))
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("trash", path, f"trash/{path.name}", size, reason, key))
     return items
 
 
 def _has_users(root: CacheRoot, key: str) -> bool:
-    usage = read_usage(os.fspath(root.usage / key))
+    usage = read_usage(root, key)
     return bool(usage.live or observe(usage.silent))
 
 
@@ -332,14 +341,6 @@ def _trashed_key(path: Path) -> str | None:
             if isinstance(data, dict) and isinstance(data.get("key"), str):
                 return str(data["key"])
     return None
-
-
-def _subdirs(path: Path) -> list[Path]:
-    try:
-        with os.scandir(path) as found:
-            return sorted(Path(e.path) for e in found if e.is_dir(follow_symlinks=False))
-    except FileNotFoundError:
-        return []
 
 
 def _stale_reason(age: float | None) -> str:
@@ -402,8 +403,8 @@ def _remove(root: CacheRoot, item: PruneItem, *, stale_after: float, identity: P
     if claimed is None:
         return "already gone"
     if item.kind == "quarantine":
-        item.path.with_name(item.path.name + ".reason.json").unlink(missing_ok=True)
-    remove_tree(claimed)
+        safefs.unlink(root.path, item.path.with_name(item.path.name + ".reason.json"))
+    remove_tree(claimed, within=root.path)
     return None
 
 
@@ -420,10 +421,10 @@ def _remove_attempt(
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
-    now[0].owner_file.unlink(missing_ok=True)
-    remove_tree(trashed)
+    safefs.unlink(root.path, now[0].owner_file)
+    remove_tree(trashed, within=root.path)
     with contextlib.suppress(OSError):
-        item.path.parent.rmdir()  # the key's staging folder, if this was its last attempt
+        safefs.rmdir(root.path, item.path.parent)  # the key's staging folder, if this was its last attempt
     return None
 
 
@@ -452,7 +453,7 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
     if _come_since_plan(root, item) is not None:
         return _give_back(root, item, trashed)
     fsync_dir(root.entries)
-    remove_tree(trashed)
+    remove_tree(trashed, within=root.path)
     if item.key:
         _forget_usage(root, item)
     return None
@@ -460,10 +461,12 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
 
 def _to_trash(root: CacheRoot, item: PruneItem) -> Path | None:
     """Rename the item to a name of its own in ``trash/`` (atomic); None if it is gone already."""
-    root.trash.mkdir(exist_ok=True)
+    safefs.make_dirs(root.path, root.trash)
     trashed = root.trash / f"{item.path.name}.{os.urandom(4).hex()}"
     try:
-        os.rename(item.path, trashed)
+        # From descriptors of both parents: a layout directory swapped for a symlink since the
+        # plan makes this fail, never moves (then deletes) what the link points to.
+        safefs.rename(root.path, item.path, trashed)
     except FileNotFoundError:
         return None
     return trashed
@@ -472,10 +475,10 @@ def _to_trash(root: CacheRoot, item: PruneItem) -> Path | None:
 def _give_back(root: CacheRoot, item: PruneItem, trashed: Path) -> str:
     """A pod registered between the check and the rename: put the entry back where it was."""
     try:
-        os.rename(trashed, item.path)
+        safefs.rename(root.path, trashed, item.path)
     except OSError:
         # The slot is taken: a pod published the same key meanwhile. Ours is a redundant copy.
-        remove_tree(trashed)
+        remove_tree(trashed, within=root.path)
         return "in use now (a copy was published meanwhile)"
     fsync_dir(root.entries)
     return "in use now (restored)"
@@ -488,7 +491,7 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
     changes the folder whatever its node's clock says (see cachemgr.records).
     """
     assert item.seen is not None  # _remove_entry sees to it
-    now = read_usage(os.fspath(root.usage / item.key)).seen if item.key else _prefix_seen(root, item)
+    now = read_usage(root, item.key).seen if item.key else _prefix_seen(root, item)
     if now == item.seen:
         return None
     came = {x for x in now if x[0].endswith(".json")} - item.seen  # a record new or beating since
@@ -497,10 +500,7 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
 
 def _prefix_digests(root: CacheRoot, item: PruneItem) -> list[str]:
     prefix = item.name.rsplit("__", 1)[-1]
-    try:
-        return sorted(d for d in os.listdir(root.usage) if d.startswith(prefix))
-    except FileNotFoundError:
-        return []
+    return [d for d in safefs.listdir(root.path, root.usage) if d.startswith(prefix)]
 
 
 def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
@@ -511,7 +511,7 @@ def _prefix_seen(root: CacheRoot, item: PruneItem) -> frozenset[tuple[str, Mark]
     """The usage folders of every key with the entry's 16 digits, as one ``seen``."""
     seen: set[tuple[str, Mark]] = set()
     for digest in _prefix_digests(root, item):
-        usage = read_usage(os.fspath(root.usage / digest))
+        usage = read_usage(root, digest)
         seen.update((f"{digest}/{name}", mark) for name, mark in usage.seen)
     return frozenset(seen)
 
@@ -524,19 +524,20 @@ def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
     A record is removed only while it is exactly as the plan saw it (no clock involved).
     """
     assert item.key is not None  # callers check; mypy needs to know
-    if item.path.exists():
+    if safefs.lstat(root.path, item.path) is not None:
         return  # republished meanwhile: its bookkeeping is live
-    folder = root.usage / item.key
     dead = dict(x for x in (item.seen or ()) if x[0] != ".")
-    with contextlib.suppress(FileNotFoundError):
+    shown = root.usage / item.key
+    with contextlib.suppress(FileNotFoundError), safefs.open_dir(root.path, shown) as folder:
         for name in os.listdir(folder):
             if name.startswith("."):
                 continue  # a record being written (tmp file, then rename): a live pod
-            path = folder / name
-            if name.endswith(".json") and (name not in dead or record_mark(os.fspath(path)) != dead[name]):
+            if name.endswith(".json") and (name not in dead or record_mark(f"{shown}/{name}") != dead[name]):
                 continue
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                if stat.S_ISDIR(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+                    continue  # not ours: the folder holds files only
+                os.unlink(name, dir_fd=folder)
 
 
 def prune_incompatible_for_space(root: CacheRoot, key: CacheKey, *, given: int | None) -> PruneResult:

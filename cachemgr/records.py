@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr import safefs
 from cachemgr.fsutil import atomic_write_json, read_json, touch
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ class Usage:
 def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str) -> Path:
     """Record that this pod uses the entry now (before it is checked, so prune sees us first)."""
     folder = root.usage / digest
-    folder.mkdir(parents=True, exist_ok=True)
+    safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused, not written through
     record = folder / identity.record_name
     atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()})
     touch(folder / "last-used")
@@ -161,17 +162,48 @@ def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: 
 
 
 def release_use(record: Path | None) -> None:
+    """Remove this pod's use record (``ROOT/usage/<digest>/<name>``, as :func:`register_use` made it).
+
+    Reached from the root one level at a time: if ``usage/<digest>`` was swapped for a symlink
+    since registration, nothing in the link's target is removed. A pod that is leaving does not
+    fail for that: the record it could not remove stops beating, and prune expires it.
+    """
     if record is not None:
-        record.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            safefs.unlink(record.parents[2], record)
 
 
-def read_usage(folder: str, *, now: float | None = None, window: float = IN_USE_WINDOW) -> Usage:
-    """The use records in ``folder`` (a ``usage/<digest>`` path), judged fresh or silent."""
+def read_usage(
+    root: CacheRoot,
+    digest: str,
+    *,
+    usage_fd: int | None = None,
+    now: float | None = None,
+    window: float = IN_USE_WINDOW,
+) -> Usage:
+    """The use records in ``usage/<digest>``, judged fresh or silent.
+
+    The folder is opened one level at a time without following a link (from ``usage_fd``, the
+    open ``usage/``, when a scan has it): a symlink or a file planted as ``usage/<digest>`` is
+    refused (exit 74), never read through, and never taken for "nobody uses it".
+    """
+    shown = root.usage / digest
     try:
-        names = os.listdir(folder)
-        st = os.stat(folder)
-    except (FileNotFoundError, NotADirectoryError):
+        if usage_fd is None:
+            with safefs.open_dir(root.path, shown) as folder:
+                return _read_usage(folder, os.fspath(shown), now=now, window=window)
+        folder = safefs.open_below(usage_fd, digest, dev=os.fstat(usage_fd).st_dev, shown=shown)
+        try:
+            return _read_usage(folder, os.fspath(shown), now=now, window=window)
+        finally:
+            os.close(folder)
+    except FileNotFoundError:
         return Usage()
+
+
+def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float) -> Usage:
+    names = os.listdir(folder_fd)
+    st = os.fstat(folder_fd)
     now = time.time() if now is None else now
     seen: set[tuple[str, Mark]] = {(".", _mark_of(st))}
     live: list[User] = []
@@ -270,7 +302,7 @@ def users(
     root: CacheRoot, digest: str, *, window: float = IN_USE_WINDOW, now: float | None = None
 ) -> list[User]:
     """Pods whose use record is fresh by this node's clock (silent ones need ``observe``)."""
-    return list(read_usage(os.fspath(root.usage / digest), now=now, window=window).live)
+    return list(read_usage(root, digest, now=now, window=window).live)
 
 
 def last_used(root: CacheRoot, digest: str) -> float | None:
@@ -291,7 +323,7 @@ def record_failure(
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     path = folder / f"{stamp}.{identity.pod}.{identity.pid}.json"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        safefs.make_dirs(root.path, folder)
         atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record})
     except OSError:
         return None
@@ -301,8 +333,8 @@ def record_failure(
 def failures(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
     folder = root.failures / digest
     found: list[dict[str, Any]] = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in sorted(os.listdir(folder)):
+    with contextlib.suppress(safefs.UnsafePathError):  # a symlink there: nothing of ours to read
+        for name in safefs.listdir(root.path, folder):
             with contextlib.suppress(OSError, ValueError):
                 data = read_json(folder / name)
                 if isinstance(data, dict):
@@ -351,7 +383,7 @@ class Heartbeat:
             callbacks = list(self._callbacks)
         for path in paths:
             with contextlib.suppress(OSError):
-                os.utime(path)
+                os.utime(path, follow_symlinks=False)  # a link swapped in: touch the link, not its target
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 callback()

@@ -18,6 +18,7 @@ compile running or dead, per key that failed, per damage found): those read more
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from cachemgr import safefs
 from cachemgr.fsutil import read_json, tree_bytes
 from cachemgr.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.records import OBSERVE_SECONDS, Mark, PodIdentity, Usage, User, read_usage
@@ -49,6 +51,7 @@ STALE_STAGING_AFTER = 300.0
 SILENT_ATTEMPT_AFTER = OBSERVE_SECONDS
 _DIGEST = re.compile(r"[0-9a-f]{32}")
 _SUMMARY_MAX = 1 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,9 @@ class Scan:
 def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = True) -> Scan:
     """Read every entry's summary; damaged ones are reported, not fatal."""
     names = entry_names(root)
-    with _directory(root.entries) as entries_fd:
-        ctx = _Context(root, compat, _names(root.usage), time.time(), [], entries_fd)
+    with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
+        used = frozenset(os.listdir(usage_fd)) if usage_fd is not None else frozenset()
+        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd)
         entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     # Sorted: entries read by threads (a slow volume) add theirs in no set order.
@@ -208,7 +212,17 @@ def _entry_infos(ctx: _Context, names: list[str]) -> list[EntryInfo | None]:
 
 def scan_entry(root: CacheRoot, name: str, *, compat: Compat | None = None) -> EntryInfo | None:
     """One entry as ``scan`` sees it (None if it is not there), without scanning the rest."""
-    return _entry_info(_Context(root, compat, None, time.time(), [], None), name)
+    with _directory(root, root.entries) as entries_fd:
+        if entries_fd is None or not _is_dir_at(entries_fd, name):
+            return None  # gone, or a link or file in place of an entry: never read through
+        return _entry_info(_Context(root, compat, None, time.time(), [], entries_fd, None), name)
+
+
+def _is_dir_at(fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -220,54 +234,44 @@ class _Context:
     used: frozenset[str] | None  # the listing of usage/ (None: just look)
     now: float
     warnings: list[str]
-    # Opened entries/: names resolve from it, one path walk less per file on the hot path.
+    # Opened entries/ and usage/ (reached without following a link): names resolve from them,
+    # one path walk less per file on the hot path.
     entries_fd: int | None
+    usage_fd: int | None = None
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
-    usage: str = field(init=False)  # usage/ as a string: the hot path joins strings, not Paths
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", self.root.entries)
         prefix = "" if self.entries_fd is not None else os.fspath(self.entries) + "/"
         object.__setattr__(self, "prefix", prefix)
-        object.__setattr__(self, "usage", os.fspath(self.root.usage))
 
 
 @contextlib.contextmanager
-def _directory(path: Path) -> Iterator[int | None]:
-    try:
-        fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    except (FileNotFoundError, NotADirectoryError):
-        fd = None
-    try:
+def _directory(root: CacheRoot, path: Path) -> Iterator[int | None]:
+    """A layout directory opened from the root without following a link; None if missing."""
+    with contextlib.ExitStack() as stack:
+        try:
+            fd: int | None = stack.enter_context(safefs.open_dir(root.path, path))
+        except FileNotFoundError:
+            fd = None
         yield fd
-    finally:
-        if fd is not None:
-            os.close(fd)
 
 
 def entry_names(root: CacheRoot) -> list[str]:
-    """Names of published entry directories, sorted; temporary dot names are skipped."""
-    try:
-        with os.scandir(root.entries) as found:
-            names = [e.name for e in found if not e.name.startswith(".") and e.is_dir()]
-    except FileNotFoundError:
-        return []
-    return sorted(names)
+    """Names of published entry directories, sorted; temporary dot names are skipped.
 
-
-def _names(path: Path) -> frozenset[str]:
-    try:
-        return frozenset(os.listdir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return frozenset()
+    Real directories only: a symlink in ``entries/`` is not an entry and is never read through
+    (a pod that looks its key up moves it aside).
+    """
+    return [name for name in safefs.subdirs(root.path, root.entries) if not name.startswith(".")]
 
 
 def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
     summary, problem = _read_summary(ctx, name)
     if problem is not None:
         path = ctx.entries / name
-        if not path.is_dir():
+        if ctx.entries_fd is None or not _is_dir_at(ctx.entries_fd, name):
             return None  # pruned or quarantined while we looked: not damage
         ctx.warnings.append(f"{name}: {problem}")
         return _damaged(ctx, path, problem, summary)
@@ -304,7 +308,8 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     """The entry's summary, checked for shape, or what can be told of it and the problem."""
     where = f"{ctx.prefix}{name}/"
     try:
-        fd = os.open(where + SUMMARY_NAME, os.O_RDONLY, dir_fd=ctx.entries_fd)
+        # O_NONBLOCK: a FIFO planted as summary.json must not hang ls; O_NOFOLLOW: nor a link lead out.
+        fd = os.open(where + SUMMARY_NAME, _READ_FLAGS, dir_fd=ctx.entries_fd)
         try:
             # One read: a summary is a few hundred bytes; one of a MiB is damage, and fails to parse.
             data = json.loads(os.read(fd, _SUMMARY_MAX).decode())
@@ -319,11 +324,16 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     if isinstance(checked, str):
         return _key_json(ctx, name), checked
     try:
-        committed = stat.S_ISREG(os.stat(where + MANIFEST_NAME, dir_fd=ctx.entries_fd).st_mode)
+        st: os.stat_result | None = os.stat(
+            where + MANIFEST_NAME, dir_fd=ctx.entries_fd, follow_symlinks=False
+        )
     except FileNotFoundError:
-        committed = False
-    if not committed:
+        st = None
+    if st is None:
         problem = "no manifest.json: never committed or damaged (cachemgr verify --fix moves it aside)"
+        return checked, problem
+    if not stat.S_ISREG(st.st_mode):
+        problem = f"manifest.json is {safefs.describe(st)}: damaged (cachemgr verify --fix moves it aside)"
         return checked, problem
     return checked, None
 
@@ -380,7 +390,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         compiler=str(known.get("compiler", "")),
         npu=str(known.get("npu", "")),
         strategy="",
-        size_bytes=tree_bytes(path),
+        size_bytes=tree_bytes(path, within=ctx.root.path),
         files=0,
         pipeline_parallel_size=1,
         created_at=_mtime(path),
@@ -397,12 +407,12 @@ def _usage(ctx: _Context, key: str) -> Usage:
     """Last use and current users, from one directory read and a stat per file of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
         return Usage()
-    return read_usage(f"{ctx.usage}/{key}", now=ctx.now)
+    return read_usage(ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:
     """When a pod last started or stopped using the entry (see ``EntryInfo.last_used_at``)."""
-    return read_usage(os.fspath(root.usage / key)).last
+    return read_usage(root, key).last
 
 
 def _text(value: Any) -> str:
@@ -641,8 +651,8 @@ def quarantined(root: CacheRoot) -> list[Quarantined]:
     found = []
     for name in listdir(root.quarantine):
         path = root.quarantine / name
-        if name.endswith(".reason.json") or not path.is_dir():
-            continue
+        if name.endswith(".reason.json"):
+            continue  # the rest: entries moved aside, also links or files found in their place
         note = read_dict(path.with_name(name + ".reason.json"))
         own, shared = tree_usage(path)
         found.append(
@@ -655,21 +665,21 @@ def tree_usage(path: Path) -> tuple[int, int]:
     """(own bytes, bytes shared by hard link) of a tree: the vllm strategy's staging copy and
     its published entry share inodes, and counting both would double the figure."""
     own = shared = 0
-    stack = [os.fspath(path)]
-    while stack:
-        try:
-            with os.scandir(stack.pop()) as found:
-                for item in found:
+    try:
+        # Its last component refused as a link, nothing below followed (the layout directories
+        # above it were checked when the root was opened).
+        with safefs.open_tree(path, within=None) as top:
+            for _, item, _ in safefs.walk(top):
+                with contextlib.suppress(FileNotFoundError):
                     st = item.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(item.path)
-                    elif stat.S_ISREG(st.st_mode):
-                        if st.st_nlink > 1:
-                            shared += st.st_size
-                        else:
-                            own += st.st_size
-        except (FileNotFoundError, NotADirectoryError):
-            continue
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    if st.st_nlink > 1:
+                        shared += st.st_size
+                    else:
+                        own += st.st_size
+    except (FileNotFoundError, NotADirectoryError, safefs.UnsafePathError):
+        return own, shared
     return own, shared
 
 
@@ -686,10 +696,17 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 
 def listdir(path: Path) -> list[str]:
+    """Names in a directory of the layout, never listed through a symlink (then: nothing)."""
     try:
-        return sorted(n for n in os.listdir(path) if not n.startswith("."))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+        fd = os.open(path, safefs.DIR_FLAGS)
+    except OSError as error:
+        if isinstance(error, FileNotFoundError | NotADirectoryError) or error.errno == errno.ELOOP:
+            return []
+        raise
+    try:
+        return sorted(n for n in os.listdir(fd) if not n.startswith("."))
+    finally:
+        os.close(fd)
 
 
 def entry_digest(root: CacheRoot, name: str) -> str:

@@ -22,14 +22,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cachemgr import __version__
-from cachemgr.errors import DiskFullError, VolumeError
+from cachemgr import __version__, safefs
+from cachemgr.errors import CompileError, DiskFullError, VolumeError
 from cachemgr.fsutil import (
     atomic_write_json,
     fsync_dir,
@@ -110,13 +111,15 @@ class CacheRoot:
 
     def iter_entries(self) -> Iterator[Path]:
         """Published entry directories (a scan: used by inspection, never by the hit path)."""
-        try:
-            names = sorted(os.listdir(self.entries))
-        except FileNotFoundError:
-            return
-        for name in names:
+        for name in safefs.subdirs(self.path, self.entries):
             if not name.startswith("."):
                 yield self.entries / name
+
+    def check_layout(self) -> None:
+        """Refuse (exit 74) a layout directory that is a symlink, not a directory, or another
+        filesystem: every command would otherwise list, move or delete through it, outside
+        the root. One open per directory; missing ones are made by the first miss."""
+        safefs.check_children(self.path, _SUBDIRS)
 
 
 def open_root(path: Path, *, create: bool) -> CacheRoot:
@@ -145,6 +148,7 @@ def open_root(path: Path, *, create: bool) -> CacheRoot:
             remedy="run the newer image, or give this one a separate cache volume",
             path=str(path),
         )
+    root.check_layout()
     if create:
         _initialise(root, has_marker=layout is not None)
     return root
@@ -171,7 +175,7 @@ def _read_marker(marker: Path) -> int:
 def _initialise(root: CacheRoot, *, has_marker: bool) -> None:
     try:
         for name in _SUBDIRS:
-            (root.path / name).mkdir(exist_ok=True)
+            safefs.make_dirs(root.path, root.path / name)
         if not has_marker:
             _create_marker(root.path)
     except OSError as error:
@@ -233,8 +237,13 @@ class Lookup:
 def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Lookup:
     """Is there a committed entry for ``key`` whose files match its manifest?"""
     path = root.entry_path(key)
-    if not path.is_dir():
+    st = safefs.lstat(root.path, path)
+    if st is None:
         return Lookup("miss", path)
+    if not stat.S_ISDIR(st.st_mode):
+        # A symlink here would serve files from outside the volume; a rename moves it aside safely.
+        what = f"the entry is {safefs.describe(st)}, not a directory"
+        return Lookup("damaged", path, problems=(Problem(path.name, what),))
     try:
         manifest = read_manifest(path)
     except ManifestError as error:
@@ -242,7 +251,7 @@ def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Look
     if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
         what = "manifest was written for different key inputs (digest collision or tampering)"
         return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
-    problems = check_files(path, manifest, mode=mode)
+    problems = check_files(path, manifest, mode=mode, within=root.path)
     return Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
 
 
@@ -251,11 +260,12 @@ def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     target = root.quarantine / f"{entry.name}.{stamp}.{_token(3)}"
     try:
-        root.quarantine.mkdir(exist_ok=True)
-        os.rename(entry, target)
+        safefs.make_dirs(root.path, root.quarantine)
+        safefs.rename(root.path, entry, target)
     except FileNotFoundError:
         return None
     with contextlib.suppress(OSError):
+        safefs.check_dir(root.path, root.quarantine)  # the note is written by path: no link there
         atomic_write_json(
             target.with_name(target.name + ".reason.json"), {"reason": reason, "at": time.time()}
         )
@@ -273,6 +283,8 @@ class Staging:
     path: Path
     owner_file: Path
     digest: str
+    # The cache root: removal never follows a symlink between it and the attempt.
+    within: Path | None = None
 
     @property
     def artifacts(self) -> Path:
@@ -280,18 +292,34 @@ class Staging:
 
     def discard(self) -> None:
         """Remove the attempt: its files first, then its owner record."""
-        remove_tree(self.path)
-        self.owner_file.unlink(missing_ok=True)
+        remove_tree(self.path, within=self.within)
+        _unlink(self.owner_file, within=self.within)
         with contextlib.suppress(OSError):
-            self.path.parent.rmdir()
+            _rmdir(self.path.parent, within=self.within)
+
+
+def _unlink(path: Path, *, within: Path | None) -> None:
+    if within is None:
+        path.unlink(missing_ok=True)
+    else:
+        safefs.unlink(within, path)
+
+
+def _rmdir(path: Path, *, within: Path | None) -> None:
+    if within is None:
+        path.rmdir()
+    else:
+        safefs.rmdir(within, path)
 
 
 def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
     """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
     attempt = f"{identity.pod}.{identity.pid}.{_token(4)}"
     parent = root.staging / key.digest
-    parent.mkdir(parents=True, exist_ok=True)
-    staging = Staging(path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest)
+    safefs.make_dirs(root.path, parent)  # refuses staging/<digest> planted as a symlink
+    staging = Staging(
+        path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest, within=root.path
+    )
     atomic_write_json(
         staging.owner_file, {**identity.to_json(), "entry": key.entry_name, "since": time.time()}
     )
@@ -323,6 +351,7 @@ def publish(
     If another attempt published first, ours is discarded and theirs is returned: both were
     compiled from the same key, and the first publisher wins.
     """
+    _refuse_special_files(staging)
     _write_summary(staging, key, identity=identity, compile_seconds=compile_seconds, strategy=strategy)
     manifest = build_manifest(
         staging.path,
@@ -335,11 +364,11 @@ def publish(
         extra=extra,
     )
     write_manifest(staging.path, manifest)
-    fsync_tree(staging.path)
+    fsync_tree(staging.path, within=root.path)
     target = root.entry_path(key)
     for attempt in (1, 2):
         try:
-            os.rename(staging.path, target)
+            safefs.rename(root.path, staging.path, target)
             break
         except OSError as error:
             # A rename onto a peer's entry fails with ENOTEMPTY or EEXIST. NFS, and JuiceFS in the
@@ -356,17 +385,35 @@ def publish(
             staging.discard()
             return PublishOutcome(False, target, theirs)
     fsync_dir(root.entries)
-    staging.owner_file.unlink(missing_ok=True)
+    safefs.unlink(root.path, staging.owner_file)
     with contextlib.suppress(OSError):
-        staging.path.parent.rmdir()
-    make_read_only(target)
+        safefs.rmdir(root.path, staging.path.parent)
+    make_read_only(target, within=root.path)
     return PublishOutcome(True, target, manifest)
+
+
+def _refuse_special_files(staging: Staging) -> None:
+    """An entry holds regular files and real directories only (a link could lead a server out of
+    the volume, and every later check would call the entry damaged): such output is a failed
+    compile, never published. Neither vllm-rbln 0.12.0 nor optimum-rbln 0.12.0 writes links."""
+    with safefs.open_tree(staging.path, within=staging.within) as top:
+        for rel, entry, _ in safefs.walk(top):
+            if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                continue
+            what = safefs.describe(entry.stat(follow_symlinks=False))
+            raise CompileError(
+                f"the compile left {what} at {rel} in its output; an entry holds only regular files "
+                "and directories",
+                remedy="make the compiler write real files there; cachemgr never publishes links or "
+                "special files",
+                path=rel,
+            )
 
 
 def _write_summary(
     staging: Staging, key: CacheKey, *, identity: PodIdentity, compile_seconds: float, strategy: str
 ) -> None:
-    files = list(walk_files(staging.artifacts))
+    files = list(walk_files(staging.artifacts, within=staging.within))
     summary = {
         "format": 1,
         "key": key.digest,
@@ -410,13 +457,18 @@ class StagingInfo:
 
 def list_staging(root: CacheRoot, digest: str | None = None) -> list[StagingInfo]:
     """Attempt directories for one key (or all keys), tolerant of half-written ones."""
-    parents = [root.staging / digest] if digest else sorted(p for p in root.staging.glob("*") if p.is_dir())
+    digests = [digest] if digest else safefs.subdirs(root.path, root.staging)
     found: list[StagingInfo] = []
     now = time.time()
-    for parent in parents:
-        if not parent.is_dir():
-            continue
-        for attempt in sorted(p for p in parent.iterdir() if p.is_dir()):
+    for name in digests:
+        parent = root.staging / name
+        # Real directories only, reached without following a link: a symlink planted as
+        # staging/<digest> or as an attempt is never listed, walked or removed through.
+        try:
+            attempts = safefs.subdirs(root.path, parent)
+        except safefs.UnsafePathError:
+            continue  # whoever acts on this key refuses it with the remedy (clean_stale_staging)
+        for attempt in (parent / a for a in attempts):
             owner_file = attempt.with_name(attempt.name + ".json")
             try:
                 owner = read_json(owner_file)
@@ -432,9 +484,11 @@ def clean_stale_staging(
 ) -> list[Path]:
     """Remove attempts left by dead pods (a later lease holder or prune does this)."""
     removed: list[Path] = []
+    if digest is not None:
+        safefs.check_dir(root.path, root.staging / digest)  # a link there: exit 74, never followed
     for info in list_staging(root, digest):
         if info.is_stale(stale_after=stale_after, identity=identity):
-            remove_tree(info.path)
-            info.owner_file.unlink(missing_ok=True)
+            remove_tree(info.path, within=root.path)
+            safefs.unlink(root.path, info.owner_file)
             removed.append(info.path)
     return removed

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from cachemgr import safefs
 from cachemgr.errors import UsageError, VolumeError
 from cachemgr.fsutil import walk_names
 from cachemgr.key import digest_of
@@ -160,8 +161,10 @@ def _verify_one(root: CacheRoot, name: str, *, meter: Meter | None = None) -> Ve
     except ManifestError as error:
         status, problems = "damaged", [str(error)]
     else:
-        status, problems, warnings = _check_entry(path, manifest, on_file=meter.advance if meter else None)
-    if status != "ok" and not path.is_dir():
+        status, problems, warnings = _check_entry(
+            root, path, manifest, on_file=meter.advance if meter else None
+        )
+    if status != "ok" and safefs.lstat(root.path, path) is None:
         status, problems = "gone", ["removed while being checked (pruned or quarantined)"]
     return Verified(
         name=name,
@@ -176,7 +179,7 @@ def _verify_one(root: CacheRoot, name: str, *, meter: Meter | None = None) -> Ve
 
 
 def _check_entry(
-    path: Path, manifest: Manifest, *, on_file: Callable[[int], None] | None = None
+    root: CacheRoot, path: Path, manifest: Manifest, *, on_file: Callable[[int], None] | None = None
 ) -> tuple[VerifyStatus, list[str], list[str]]:
     """Status, problems and warnings of one committed entry: its key, then every file's hash."""
     problems = []
@@ -185,9 +188,13 @@ def _check_entry(
     elif digest_of(manifest.inputs) != manifest.key:
         problems.append("manifest.json's inputs do not hash to its key (edited after publishing?)")
     try:
-        problems += [str(p) for p in check_files(path, manifest, mode="full", on_file=on_file)]
+        problems += [
+            str(p) for p in check_files(path, manifest, mode="full", within=root.path, on_file=on_file)
+        ]
         listed = {record.path for record in manifest.files} | {MANIFEST_NAME}
-        extra = [rel for rel in walk_names(path) if rel not in listed]
+        extra = [rel for rel in walk_names(path, within=root.path) if rel not in listed]
+    except safefs.UnsafePathError as error:  # swapped for a link while being checked
+        return "damaged", [error.what], []
     except OSError as error:
         return "unreadable", [f"{error.filename or path}: {error.strerror}"], []
     warnings = [

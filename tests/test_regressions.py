@@ -133,16 +133,23 @@ def _stale_once(monkeypatch: pytest.MonkeyPatch, before: Callable[[], None] = la
     real_rename = os.rename
     calls: list[str] = []
 
-    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        if "entries" in Path(dst).parts and not calls:
+    def rename(src: str | os.PathLike[str], dst: str | os.PathLike[str], **fds: Any) -> None:
+        if "entries" in _full(dst, fds.get("dst_dir_fd")).parts and not calls:
             calls.append("ESTALE")
             before()
             raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), os.fspath(src), None, os.fspath(dst))
         calls.append("rename")
-        real_rename(src, dst)
+        real_rename(src, dst, **fds)
 
     monkeypatch.setattr(os, "rename", rename)
     return calls
+
+
+def _full(path: str | os.PathLike[str], dir_fd: int | None) -> Path:
+    """The path a name relative to ``dir_fd`` stands for (renames go by directory descriptors)."""
+    if dir_fd is None:
+        return Path(path)
+    return Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path
 
 
 def test_publish_retries_a_rename_that_failed_with_estale(
@@ -215,15 +222,15 @@ def test_publish_carries_on_when_a_prune_takes_the_new_entry_at_once(
     root, key = _volume(tmp_path), command_key()
     staging = _staged(root, key)
     entry = root.entry_path(key)
-    real_chmod = os.chmod
+    real_chmod = os.fchmod
 
-    def pruned_meanwhile(path: str | os.PathLike[str], mode: int, **kwargs: Any) -> None:
-        if entry.exists() and Path(path).is_relative_to(entry):
+    def pruned_meanwhile(fd: int, mode: int) -> None:
+        if entry.exists() and Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(entry):
             # prune's move to the trash, while publish makes the new entry's files read-only
             os.rename(entry, root.trash / f"{entry.name}.pruned")
-        real_chmod(path, mode, **kwargs)
+        real_chmod(fd, mode)
 
-    monkeypatch.setattr(os, "chmod", pruned_meanwhile)
+    monkeypatch.setattr(os, "fchmod", pruned_meanwhile)
     published, _ = _publish(root, key, staging)  # raised FileNotFoundError: the pod exited 74
     assert published
     assert lookup(root, key).status == "miss", "the next look misses, and the pod compiles again"
@@ -282,10 +289,10 @@ def test_publish_after_estale_twice_goes_by_the_peers_entry(
     publish(root, theirs, key, identity=PEER, compile_seconds=1.0, strategy="command")
     real_rename = os.rename
 
-    def always_stale(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-        if "entries" in Path(dst).parts:
+    def always_stale(src: str | os.PathLike[str], dst: str | os.PathLike[str], **fds: Any) -> None:
+        if "entries" in _full(dst, fds.get("dst_dir_fd")).parts:
             raise OSError(errno.ESTALE, os.strerror(errno.ESTALE), os.fspath(src), None, os.fspath(dst))
-        real_rename(src, dst)
+        real_rename(src, dst, **fds)
 
     monkeypatch.setattr(os, "rename", always_stale)
     published, entry = _publish(root, key, ours)  # raised OSError(ESTALE) after its one retry

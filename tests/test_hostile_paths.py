@@ -1,0 +1,467 @@
+"""The volume is hostile ground: symlinks and files planted in the layout never lead outside it.
+
+Issue 12, defects 1, 8 and 9. A canary directory outside the cache root stands for a pod's
+model weights; a symlink to it (or a plain file) replaces a layout directory, a child of one,
+or a directory inside an entry, and every command runs against the volume: the canary must
+come out byte for byte as it went in, and each command must work or exit with its documented
+code and one line. The cache is built once by real ``cachemgr warm``/``run`` processes with
+the stand-in compiler; each test works on its own copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from podlib import DEADLINE, Cluster, cluster, free_port, run_cli
+from scenarios import compile_cmd, entry_dirs, server_argv
+
+from cachemgr.manifest import ManifestError, VerifyMode, check_files, read_manifest
+
+LAYOUT = ("entries", "staging", "quarantine", "trash", "usage", "leases", "failures")
+
+
+@dataclass(frozen=True)
+class Built:
+    root: Path
+    work: Path
+    env: dict[str, str]
+    hit_options: tuple[str, ...]  # run options whose key is the published entry's
+    miss_options: tuple[str, ...]  # run options of a key never compiled
+    key: str  # the published entry's digest
+    miss_key: str
+    failed_key: str
+
+
+def _options(record: Path, seconds: float, extra: str = "") -> tuple[str, ...]:
+    return ("--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=seconds, extra=extra))
+
+
+def _digest(env: dict[str, str], options: tuple[str, ...]) -> str:
+    done = run_cli("key", "-o", "json", *options, "--", *server_argv(8000), env=env)
+    assert done.returncode == 0, done.stderr
+    digest: str = json.loads(done.stdout)["key"]
+    return digest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    base = tmp_path_factory.mktemp("hostile")
+    root = base / "volume"
+    root.mkdir()
+    with cluster(base / "work", STANDIN_COMPILE_SECONDS="0.1") as pods:
+        record = pods.work / "compiler.jsonl"
+        hit, miss = _options(record, 0.1), _options(record, 0.2)
+        failing = _options(record, 0.1, "--fail-with 3")
+        warm = pods.start("warm", server_argv(free_port()), cache_root=root, command="warm", options=hit)
+        bad = pods.start("failing", server_argv(free_port()), cache_root=root, options=failing)
+        assert (warm.wait_exit(), bad.wait_exit()) == (0, 70), [warm.tail(), bad.tail()]
+        env = {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}
+        key, miss_key, failed_key = (_digest(env, o) for o in (hit, miss, failing))
+        yield Built(root, pods.work, env, hit, miss, key, miss_key, failed_key)
+
+
+@dataclass(frozen=True)
+class Volume:
+    """This test's copy of the cache, a canary outside it, and the pods it may start."""
+
+    built: Built
+    root: Path
+    canary: Path
+    env: dict[str, str]
+    pods: Cluster
+
+    @property
+    def entry(self) -> Path:
+        (entry,) = entry_dirs(self.root)
+        return entry
+
+
+@pytest.fixture
+def volume(built: Built, tmp_path: Path) -> Iterator[Volume]:
+    root = tmp_path / "volume"
+    shutil.copytree(built.root, root, symlinks=True)
+    _litter(root, built)
+    canary = _canary(tmp_path / "canary")
+    with cluster(tmp_path / "pods", STANDIN_COMPILE_SECONDS="0.1") as pods:
+        yield Volume(built, root, canary, {**built.env, "CACHEMGR_CACHE_ROOT": str(root)}, pods)
+
+
+def _litter(root: Path, built: Built) -> None:
+    """What a working volume also holds: a dead pod's attempt, a quarantined entry, old trash,
+    use records and a lease marker, so every command has something to list, walk and remove."""
+    attempt = root / "staging" / ("a" * 32) / "dead-pod.1.abcd"
+    (attempt / "artifacts" / "sub").mkdir(parents=True)
+    (attempt / "artifacts" / "sub" / "graph.rbln").write_bytes(b"\0" * 100)
+    owner = attempt.with_name(attempt.name + ".json")
+    owner.write_text(json.dumps({"pod": "dead-pod", "host": "elsewhere", "pid": 1}))
+    old = 1_000_000_000.0
+    os.utime(owner, (old, old))
+    moved = root / "quarantine" / "damaged.20260101T000000Z.abc123"
+    (moved / "artifacts").mkdir(parents=True)
+    (moved / "artifacts" / "x.rbln").write_bytes(b"x" * 10)
+    (root / "trash" / "left.1234").mkdir(parents=True)
+    (root / "trash" / "left.1234" / "y").write_bytes(b"y")
+    usage = root / "usage" / built.key
+    usage.mkdir(parents=True, exist_ok=True)
+    (usage / "last-used").touch()
+    (root / "leases" / f"{'c' * 32}.lock").write_text("filelock/2\npid=1\nhost=elsewhere\nduration=30\n")
+
+
+def _canary(path: Path) -> Path:
+    """A tree standing for a pod's model weights, with names cachemgr would act on if it got there."""
+    for rel in ("weights/model.safetensors", "dead-pod.1.abcd/artifacts/graph.rbln", "nested/deep/file"):
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_bytes(rel.encode() * 50)
+    for name in ("dead-pod.1.abcd.json", "pod-x.1.json", "last-used", "manifest.json", "summary.json"):
+        (path / name).write_text("{}")
+    (path / "weights" / "read-only").write_bytes(b"ro")
+    (path / "weights" / "read-only").chmod(0o444)
+    return path
+
+
+def snapshot(path: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every name under ``path`` with its mode, mtime and content (or link target): byte for byte."""
+    found: dict[str, tuple[int, int, bytes]] = {}
+    for current, dirs, files in os.walk(path):
+        for name in dirs + files:
+            full = Path(current) / name
+            st = full.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                data = os.readlink(full).encode()
+            elif stat.S_ISREG(st.st_mode):
+                data = full.read_bytes()
+            else:
+                data = b""
+            found[str(full.relative_to(path))] = (st.st_mode, st.st_mtime_ns, data)
+    st = path.stat()
+    found["."] = (st.st_mode, st.st_mtime_ns, b"")
+    return found
+
+
+# --- where a symlink or a file is planted ------------------------------------------------------
+
+
+def _plant(volume: Volume, where: str, *, how: str) -> Path:
+    """Replace ``where`` (relative to the root) by a symlink to the canary, or by a plain file."""
+    spot = volume.root / where
+    if spot.is_dir() and not spot.is_symlink():
+        shutil.rmtree(spot)
+    elif spot.exists() or spot.is_symlink():
+        spot.unlink()
+    spot.parent.mkdir(parents=True, exist_ok=True)
+    if how == "symlink":
+        spot.symlink_to(volume.canary, target_is_directory=True)
+    else:
+        spot.write_text("not a directory")
+    return spot
+
+
+def _children(built: Built) -> dict[str, str]:
+    return {
+        "entry": "entries/{entry}",
+        "staging-key": f"staging/{'a' * 32}",
+        "staging-attempt": f"staging/{'a' * 32}/dead-pod.1.abcd",
+        "staging-of-the-miss": f"staging/{built.miss_key}",
+        "staging-of-the-hit": f"staging/{built.key}",
+        "quarantined": "quarantine/damaged.20260101T000000Z.abc123",
+        "trashed": "trash/left.1234",
+        "usage": f"usage/{built.key}",
+        "usage-of-the-miss": f"usage/{built.miss_key}",
+        "lease": f"leases/{built.miss_key}.lock",
+        "failures": f"failures/{built.failed_key}",
+        "failures-of-the-miss": f"failures/{built.miss_key}",
+        "artifacts": "entries/{entry}/artifacts",
+        "artifacts-depth": "entries/{entry}/artifacts/{deep}",
+    }
+
+
+CHILD_SPOTS = [
+    "entry",
+    "staging-key",
+    "staging-attempt",
+    "staging-of-the-miss",
+    "staging-of-the-hit",
+    "quarantined",
+    "trashed",
+    "usage",
+    "usage-of-the-miss",
+    "lease",
+    "failures",
+    "failures-of-the-miss",
+    "artifacts",
+    "artifacts-depth",
+]
+
+
+def _where(volume: Volume, spot: str) -> str:
+    kind, _, name = spot.partition(":")
+    if kind == "layout":
+        return name
+    entry = volume.entry
+    deep = next(p for p in sorted((entry / "artifacts").rglob("*")) if p.is_dir() or p.is_file())
+    return _children(volume.built)[name].format(entry=entry.name, deep=deep.relative_to(entry / "artifacts"))
+
+
+# --- every command --------------------------------------------------------------------------
+
+# The inspection and prune commands of one test run in one process, one ``main()`` call each
+# (the real CLI code, minus an interpreter start per command: 40 tests x 12 commands).
+DRIVER = """
+import contextlib, io, json, sys
+from cachemgr.cli.main import main
+
+results = []
+for args in json.loads(sys.argv[1]):
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        code = main(args)
+    results.append({"args": args, "code": code, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+# Each command and the codes it may answer with something planted: documented ones only.
+INSPECT = [(["ls", "-o", "json"], {0, 74}), (["du"], {0, 74}), (["locks"], {0, 74})]
+REPAIR = [
+    (["verify", "--fix"], {0, 74}),
+    (["prune", "--damaged", "--yes"], {0, 74}),
+    (["prune", "--stale-staging", "--yes"], {0, 74}),
+    (["prune", "--incompatible", "--compiler-version", "0.13.0", "--yes"], {0, 74}),
+    (["prune", "--unused-for", "0s", "--yes"], {0, 74}),
+    (["prune", "--keep-bytes", "0", "--yes"], {0, 74}),
+    (["ls"], {0, 74}),
+]
+
+
+def _check_cli(volume: Volume, commands: list[tuple[list[str], set[int]]]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps([args for args, _ in commands])],
+        env=volume.env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stderr
+    for result, (args, allowed) in zip(json.loads(done.stdout), commands, strict=True):
+        shown = f"cachemgr {' '.join(args)} exited {result['code']}:\n{result['stderr']}"
+        assert "Traceback" not in result["stderr"], shown
+        assert result["code"] in allowed, shown
+        if result["code"]:
+            errors = [line for line in result["stderr"].splitlines() if line.startswith("cachemgr ")]
+            assert len(errors) == 1, shown
+
+
+def _check_pod(volume: Volume, name: str, command: str, options: tuple[str, ...]) -> None:
+    """``run`` or ``warm`` to its end (serving, or an exit); one line in the termination log."""
+    pod = volume.pods.start(
+        name, server_argv(free_port()), cache_root=volume.root, command=command, options=options
+    )
+    if command == "run" and pod.wait_phase("serving", "failed", "stopped") == "serving":
+        pod.signal(signal.SIGTERM)
+        pod.wait_exit()
+        return
+    code = pod.wait_exit()
+    assert "Traceback" not in pod.tail(200), pod.tail()
+    if code != 0:
+        assert code in {70, 74}, f"{name} exited {code}:\n{pod.tail()}"
+        message = (pod.state_dir / "termination-log").read_text()
+        assert len(message.strip().splitlines()) == 1, message
+
+
+def _every_command(volume: Volume) -> None:
+    built = volume.built
+    explain = ["explain", *built.hit_options, "--", *server_argv(8000)]
+    _check_cli(volume, [*INSPECT, (["show", built.key[:12]], {0, 64, 74}), (explain, {0, 74})])
+    _check_pod(volume, "warm", "warm", built.miss_options)  # a miss: lease, staging, publish
+    _check_pod(volume, "hit", "run", built.hit_options)  # a hit: lookup, use record, view
+    _check_cli(volume, REPAIR)
+
+
+SPOTS = [
+    *(pytest.param(f"layout:{name}", "symlink", id=f"{name}-symlink") for name in LAYOUT),
+    *(pytest.param(f"layout:{name}", "file", id=f"{name}-file") for name in LAYOUT),
+    *(pytest.param(f"child:{name}", "symlink", id=f"child-{name}-symlink") for name in CHILD_SPOTS),
+    *(
+        pytest.param(f"child:{name}", "file", id=f"child-{name}-file")
+        for name in ("entry", "staging-of-the-miss", "usage", "artifacts-depth")
+    ),
+]
+
+
+@pytest.mark.parametrize(("spot", "how"), SPOTS)
+def test_a_canary_outside_the_root_survives_every_command(volume: Volume, spot: str, how: str) -> None:
+    planted = _plant(volume, _where(volume, spot), how=how)
+    before = snapshot(volume.canary)
+    _every_command(volume)
+    assert snapshot(volume.canary) == before, f"something outside the root changed (planted: {planted})"
+
+
+# --- defect 1: deletes outside the cache root --------------------------------------------------
+
+
+def test_prune_damaged_refuses_a_quarantine_that_is_a_symlink(volume: Volume) -> None:
+    planted = _plant(volume, "quarantine", how="symlink")
+    before = snapshot(volume.canary)
+    done = run_cli("prune", "--damaged", "--yes", env=volume.env)
+    assert snapshot(volume.canary) == before, "prune deleted through quarantine/"
+    assert done.returncode == 74, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("cachemgr ")]
+    assert str(planted) in line
+    assert "remove the symlink" in line.lower()
+
+
+def test_prune_stale_staging_never_removes_through_a_symlinked_key_folder(volume: Volume) -> None:
+    _plant(volume, f"staging/{'a' * 32}", how="symlink")
+    before = snapshot(volume.canary)
+    done = run_cli("prune", "--stale-staging", "--yes", "-o", "json", env=volume.env)
+    assert snapshot(volume.canary) == before, "prune deleted through staging/<digest>"
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_run_that_misses_never_cleans_staging_through_a_symlink(volume: Volume) -> None:
+    planted = _plant(volume, f"staging/{volume.built.miss_key}", how="symlink")
+    before = snapshot(volume.canary)
+    pod = volume.pods.start(
+        "miss", server_argv(free_port()), cache_root=volume.root, options=volume.built.miss_options
+    )
+    assert pod.wait_exit() == 74, pod.tail()
+    assert snapshot(volume.canary) == before, "run's clean_stale_staging deleted through the link"
+    message = (pod.state_dir / "termination-log").read_text()
+    assert str(planted) in message
+    assert "symlink" in message
+
+
+def test_commands_name_a_layout_directory_replaced_by_a_file(volume: Volume) -> None:
+    planted = _plant(volume, "usage", how="file")
+    done = run_cli("ls", env=volume.env)
+    assert done.returncode == 74, done.stderr
+    assert f"{planted} is a regular file" in done.stderr
+
+
+# --- defect 8: links and special files inside an entry ------------------------------------------
+
+
+def _symlink_a_directory_of(entry: Path, outside: Path) -> None:
+    """Move one artifacts subdirectory out of the volume and link it back: the manifest still
+    matches every path, size and hash, through the link."""
+    sub = next(p for p in sorted((entry / "artifacts").rglob("*")) if p.is_dir())
+    for path in [sub, *sub.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    entry_mode = (entry / "artifacts").stat().st_mode
+    (entry / "artifacts").chmod(0o755)
+    shutil.move(sub, outside)
+    sub.symlink_to(outside, target_is_directory=True)
+    (entry / "artifacts").chmod(stat.S_IMODE(entry_mode))
+
+
+@pytest.fixture
+def linked(volume: Volume, tmp_path: Path) -> Volume:
+    if not any(p.is_dir() for p in (volume.entry / "artifacts").rglob("*")):
+        pytest.fail("the stand-in compiler writes no subdirectory: nothing to link")
+    _symlink_a_directory_of(volume.entry, tmp_path / "outside")
+    return volume
+
+
+@pytest.mark.parametrize("mode", ["fast", "full"])
+def test_an_entry_with_a_symlinked_directory_fails_the_check(linked: Volume, mode: VerifyMode) -> None:
+    # The check a hit makes (store.lookup calls it with the root), and verify's.
+    entry = linked.entry
+    problems = check_files(entry, read_manifest(entry), mode=mode, within=linked.root)
+    assert any("symbolic link" in problem.what for problem in problems), problems
+
+
+def test_run_moves_an_entry_with_a_symlinked_directory_aside_and_compiles(linked: Volume) -> None:
+    outside = snapshot(linked.canary.parent / "outside")
+    pod = linked.pods.start(
+        "a", server_argv(free_port()), cache_root=linked.root, options=linked.built.hit_options
+    )
+    assert pod.wait_phase("serving", "failed", "stopped") == "serving", pod.tail()
+    events = [e["event"] for e in pod.log_events()]
+    assert "entry_damaged" in events
+    assert any(
+        p.name.startswith(linked.entry.name.split(".")[0]) for p in (linked.root / "quarantine").iterdir()
+    )
+    assert snapshot(linked.canary.parent / "outside") == outside
+
+
+def test_verify_finds_a_fifo_inside_an_entry(volume: Volume) -> None:
+    artifacts = volume.entry / "artifacts"
+    artifacts.chmod(0o755)
+    os.mkfifo(artifacts / "pipe")
+    done = run_cli("verify", "-o", "json", env=volume.env)
+    assert done.returncode == 74, done.stderr
+    (item,) = json.loads(done.stdout)["items"]
+    assert item["status"] == "damaged"
+    assert any("FIFO" in problem for problem in item["problems"]), item
+
+
+# --- defect 9: manifest.json that is not a file -------------------------------------------------
+
+
+def _manifest_as_directory(entry: Path) -> None:
+    entry.chmod(0o755)
+    (entry / "manifest.json").chmod(0o644)
+    (entry / "manifest.json").unlink()
+    (entry / "manifest.json").mkdir()
+
+
+def test_a_manifest_that_is_a_directory_is_damage_run_recompiles(volume: Volume) -> None:
+    _manifest_as_directory(volume.entry)
+    pod = volume.pods.start(
+        "a", server_argv(free_port()), cache_root=volume.root, options=volume.built.hit_options
+    )
+    assert pod.wait_phase("serving", "failed", "stopped") == "serving", pod.tail()
+
+
+def test_a_manifest_that_is_a_directory_is_fixed_by_verify_fix_as_ls_advises(volume: Volume) -> None:
+    _manifest_as_directory(volume.entry)
+    rows = run_cli("ls", "-o", "json", env=volume.env)
+    assert rows.returncode == 0, rows.stderr
+    (row,) = [r for r in json.loads(rows.stdout) if r["kind"] == "entry"]
+    assert row["status"] == "damaged"
+    assert "verify --fix" in row["problem"]
+    fixed = run_cli("verify", "--fix", env=volume.env)
+    assert fixed.returncode == 74, fixed.stderr
+    assert "moved 1 to quarantine" in fixed.stderr
+    assert entry_dirs(volume.root) == []
+    assert run_cli("verify", env=volume.env).returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["directory", "symlink", "fifo"])
+def test_a_manifest_that_is_not_a_file_is_a_manifest_error(volume: Volume, tmp_path: Path, kind: str) -> None:
+    entry = volume.entry
+    real = tmp_path / "real-manifest.json"
+    shutil.copy(entry / "manifest.json", real)
+    entry.chmod(0o755)
+    (entry / "manifest.json").unlink()
+    if kind == "directory":
+        (entry / "manifest.json").mkdir()
+    elif kind == "symlink":
+        (entry / "manifest.json").symlink_to(real)
+    else:
+        os.mkfifo(entry / "manifest.json")  # must not block the reader
+    with pytest.raises(ManifestError):
+        read_manifest(entry)
+
+
+def test_a_compile_that_leaves_a_symlink_in_its_output_is_a_failed_compile(volume: Volume) -> None:
+    # Published, it would be damage at every later check: a recompile on every start.
+    script = f"mkdir -p {{output_dir}}/a && echo x > {{output_dir}}/a/f && ln -s {volume.canary} {{output_dir}}/a/link"
+    options = ("--strategy", "command", "--compile-cmd", f"sh -c {shlex.quote(script)}")
+    pod = volume.pods.start("a", server_argv(free_port()), cache_root=volume.root, options=options)
+    assert pod.wait_exit() == 70, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "a symbolic link at artifacts/a/link" in message
+    assert len(entry_dirs(volume.root)) == 1, "nothing new was published"
