@@ -89,6 +89,7 @@ class RunOptions:
     on_miss: OnMiss = "compile"
     lease_duration: float = 30.0
     lease_heartbeat: float | None = None
+    lease_confirm: float | None = None  # None: by the volume's filesystem type (softlease.py)
     wait_timeout: float | None = None
     expected_size: int | None = None
     space_check: SpaceCheck = "fail"
@@ -237,7 +238,7 @@ class Runner:
 
     def _wait_for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
         """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
-        from cachemgr.lease import read_holder  # the miss path only: filelock stays off the hit path
+        from cachemgr.lease import read_holder  # the miss path only: the lease stays off the hit path
 
         started = time.monotonic()
         while True:
@@ -271,7 +272,7 @@ class Runner:
     # --- the lease ----------------------------------------------------------------------
 
     def _compile_under_lease(self, root: CacheRoot, key: CacheKey) -> Lookup | int | None:
-        from cachemgr.lease import KeyLease  # filelock is imported on a miss only
+        from cachemgr.lease import KeyLease  # imported on a miss only
 
         release_logs()  # a miss takes seconds to minutes: log as it happens from here on
 
@@ -281,6 +282,7 @@ class Runner:
             self.identity,
             duration=self.options.lease_duration,
             heartbeat=self.options.lease_heartbeat,
+            confirm=self.options.lease_confirm,
         )
         started = time.monotonic()
         try:
