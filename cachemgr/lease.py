@@ -209,7 +209,8 @@ class KeyLease:
                 return True
             if stop.is_set() or (wait_timeout is not None and now - started >= wait_timeout):
                 return True
-            if now - last_log[0] >= _LOG_EVERY:
+            # While confirming its own create this pod is not waiting for anyone.
+            if now - last_log[0] >= _LOG_EVERY and self._lease.token is None:
                 last_log[0] = now
                 if on_wait is not None:
                     on_wait(read_holder(self._root, self._digest), now - started)

@@ -268,17 +268,20 @@ class SoftLease:
         return view is None or view.record.token != self._token
 
     def acquire(self, *, poll: float, cancel: Callable[[], bool]) -> bool:
-        """Take the lease; False as soon as ``cancel()`` says so (checked every ``poll`` seconds)."""
-        while not cancel():
+        """Take the lease; False as soon as ``cancel()`` says so (checked every ``poll`` seconds).
+
+        A free lease is tried before ``cancel`` is first called: an uncontended pod never waits.
+        """
+        while True:
             if self._try_create():
                 if self._confirmed(poll=poll, cancel=cancel):
                     self._start_heartbeat()
                     return True
-                continue
-            if self._break_if_stale():
+            elif self._break_if_stale():
                 continue  # the path is free: try to create at once
+            if cancel():
+                return False
             time.sleep(poll)
-        return False
 
     def release(self) -> None:
         """Stop refreshing and remove the marker if it is still ours (idempotent)."""
