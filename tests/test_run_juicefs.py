@@ -2,6 +2,8 @@
 
 JuiceFS runs twice: with metadata caches off (what one mount does, the other sees at once) and
 with JuiceFS's defaults (1 s attribute, entry and directory-entry caches), as a cluster mounts it.
+SeaweedFS's `weed mount` is the third shared volume: flock does nothing there and two mounts can
+both win an exclusive create (see test_lease.py).
 The same scenarios also run on a local directory (with pods still on different "nodes"), so a
 failure here that does not happen there points at the shared filesystem.
 """
@@ -25,13 +27,17 @@ LEASE = 3.0
 TAKEOVER_SLACK = 2.5  # waiter polls every 0.2 s; the holder's last refresh can be up to lease/3 old
 
 
-@pytest.fixture(params=["local", "juicefs", "juicefs-cached"])
+@pytest.fixture(params=["local", "juicefs", "juicefs-cached", "seaweedfs"])
 def roots(request: pytest.FixtureRequest, tmp_path: Path) -> list[Path]:
-    """The cache root as each node sees it: one local dir, or one path per JuiceFS mount."""
+    """The cache root as each node sees it: one local dir, or one path per mount."""
     if request.param == "local":
         root = tmp_path / "volume"
         root.mkdir()
         return [root, root]
+    if request.param == "seaweedfs":
+        points: list[Path] = request.getfixturevalue("seaweedfs_mounts")
+        (points[0] / "cache").mkdir()
+        return [point / "cache" for point in points]
     make = request.getfixturevalue("juicefs_volume_factory")
     mounts: list[Path] = make(mounts=2, metadata_cache_s=1.0 if request.param == "juicefs-cached" else 0.0)
     (mounts[0] / "cache").mkdir()
