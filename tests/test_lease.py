@@ -200,3 +200,28 @@ def test_eight_pods_over_two_seaweedfs_mounts_compile_once_every_run(
             assert pod.wait_exit() == 0, pod.tail()
     assert len(entry_dirs(roots[0])) == 4
     assert_entries_valid(roots[1])
+
+
+def test_a_live_holder_on_one_weed_mount_keeps_its_lease_against_the_other(
+    pods: Cluster, seaweedfs_mounts: list[Path]
+) -> None:
+    """The heartbeat must reach the other mount: a utime on the marker's open descriptor (filelock's
+    refresh) never did there, so the waiter took over a live holder after one lease."""
+    (seaweedfs_mounts[0] / "cache").mkdir()
+    roots = [mount / "cache" for mount in seaweedfs_mounts]
+    record = pods.work / "compiler.jsonl"
+    holder = pods.start(
+        "holder", server_argv(free_port()), cache_root=roots[0], node="node-a",
+        options=leased_command_options(record, lease=3.0, seconds=None),
+        env={"STANDIN_COMPILE_SECONDS": "8"},
+    )  # fmt: skip
+    holder.wait_phase("compiling")
+    waiter = pods.start(
+        "waiter", server_argv(free_port()), cache_root=roots[1], node="node-b",
+        options=leased_command_options(record, lease=1.5, seconds=None),
+    )  # fmt: skip
+    waiter.wait_phase("waiting")
+    holder.wait_phase("serving")
+    waiter.wait_phase("serving")
+    assert compiles(record) == 1
+    assert "peer_published" in [e["event"] for e in waiter.log_events()]
