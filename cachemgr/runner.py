@@ -238,16 +238,26 @@ class Runner:
 
     def _wait_for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
         """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
-        from cachemgr.lease import read_holder  # the miss path only: the lease stays off the hit path
+        from cachemgr.lease import marker_path, read_holder  # the miss path only
+        from cachemgr.softlease import MarkerWatch, patience, read_marker_view
 
         started = time.monotonic()
+        # A holder is dead once its marker stops changing, by this node's clock: the marker's
+        # mtime against our wall clock would misjudge a holder on a node with a skewed clock.
+        watch = MarkerWatch()
         while True:
             if self._published(root, key):
                 found = self._lookup(root, key)
                 if found is not None:
                     return found
             holder = read_holder(root, key.digest) if root.leases.is_dir() else None
-            if holder is None or holder.stale:
+            view = read_marker_view(marker_path(root, key.digest)) if holder is not None else None
+            silent = watch.silent_for(view)
+            if (
+                holder is None
+                or view is None
+                or silent > patience(view.record, default=self.options.lease_duration)
+            ):
                 raise MissError(
                     f"no published entry for key {key.short} ({key.entry_name}) and --on-miss fail forbids "
                     "compiling in this pod",

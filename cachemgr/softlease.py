@@ -172,6 +172,35 @@ def _is_regular(st: os.stat_result) -> bool:
     return (st.st_mode & 0o170000) == 0o100000
 
 
+def patience(record: MarkerRecord, *, default: float) -> float:
+    """How long a marker may stay unchanged: its holder's promise, not the reader's (pods differ).
+
+    The holder refreshes within its duration, and does not refresh during its confirm window.
+    ``default``: the reader's own duration, for a marker that names none (damaged, or foreign).
+    """
+    duration = min(record.duration or default, MAX_JUDGED_SECONDS)
+    return duration + min(record.confirm, MAX_JUDGED_SECONDS)
+
+
+class MarkerWatch:
+    """How long a marker has gone unchanged, by this node's monotonic clock.
+
+    Expiry judged this way needs no clock shared with the holder's node: an mtime written by a
+    node minutes ahead or behind still changes at each refresh.
+    """
+
+    def __init__(self) -> None:
+        self._seen: tuple[tuple[object, ...], float] | None = None  # (stamp, when first seen)
+
+    def silent_for(self, view: MarkerView | None) -> float:
+        """Seconds since this watch first saw the marker as it is now (0 for a change or none)."""
+        now = time.monotonic()
+        if view is None or self._seen is None or self._seen[0] != view.stamp:
+            self._seen = None if view is None else (view.stamp, now)
+            return 0.0
+        return now - self._seen[1]
+
+
 @dataclass(frozen=True)
 class _Self:
     """This process as a marker names it, and how a marker from this host is recognised."""
@@ -246,7 +275,7 @@ class SoftLease:
         self._lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._seen: tuple[tuple[object, ...], float] | None = None  # (stamp, first seen, monotonic)
+        self._watch = MarkerWatch()
 
     @property
     def token(self) -> str | None:
@@ -357,21 +386,12 @@ class SoftLease:
     def _break_if_stale(self) -> bool:
         """Take the marker away from a dead or frozen holder; True if the path may now be free."""
         view = read_marker_view(self.path)
+        silent = self._watch.silent_for(view)
         if view is None:
-            self._seen = None
             return True
-        now = time.monotonic()
-        if self._seen is None or self._seen[0] != view.stamp:
-            self._seen = (view.stamp, now)
-        record = view.record
-        if self._holder_dead(record) or now - self._seen[1] >= self._patience(record):
+        if self._holder_dead(view.record) or silent >= patience(view.record, default=self.duration):
             return self._break(view)
         return False
-
-    def _patience(self, record: MarkerRecord) -> float:
-        """How long a marker may stay unchanged: its holder's promise, not ours (pods may differ)."""
-        duration = min(record.duration or self.duration, MAX_JUDGED_SECONDS)
-        return duration + min(record.confirm, MAX_JUDGED_SECONDS)
 
     def _holder_dead(self, record: MarkerRecord) -> bool:
         if record.pid is None or not self._me.knows(record):
@@ -387,7 +407,7 @@ class SoftLease:
             os.rename(self.path, aside)
         except FileNotFoundError:
             return True  # another contender moved it first
-        self._seen = None
+        self._watch = MarkerWatch()
         moved = read_marker_view(aside)
         if moved is not None and moved.stamp[:1] != view.stamp[:1]:
             # A peer replaced the stale marker between our read and our rename: that one is live.

@@ -8,6 +8,7 @@ Issue 12 defect 4: a pod meeting a marker written with another --lease-duration 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -225,3 +226,41 @@ def test_a_live_holder_on_one_weed_mount_keeps_its_lease_against_the_other(
     waiter.wait_phase("serving")
     assert compiles(record) == 1
     assert "peer_published" in [e["event"] for e in waiter.log_events()]
+
+
+def test_on_miss_fail_waits_for_a_live_holder_whose_node_clock_is_ten_minutes_behind(
+    pods: Cluster, root: Path
+) -> None:
+    """Principle 6: no decision depends on clocks agreeing. The holder's refreshes arrive with
+    mtimes 10 minutes old (as from a node whose clock is behind); the marker still changes, so
+    the holder is alive. Judged by mtime against the local clock it looked dead: exit 69."""
+    record = pods.work / "compiler.jsonl"
+    options = leased_command_options(record, lease=2.0, seconds=None)
+    holder = pods.start(
+        "holder", server_argv(free_port()), cache_root=root, node="node-a", options=options,
+        env={"STANDIN_COMPILE_SECONDS": "6"},
+    )  # fmt: skip
+    holder.wait_phase("compiling")
+    markers = list((root / "leases").glob("*.lock"))
+    assert len(markers) == 1
+    done = threading.Event()
+
+    def skew() -> None:  # each refresh of the holder, restamped as the skewed node writes it
+        while not done.wait(0.3):
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(markers[0], (time.time() - 600, time.time() - 600))
+
+    skewer = threading.Thread(target=skew)
+    skewer.start()
+    try:
+        waiter = pods.start(
+            "waiter", server_argv(free_port()), cache_root=root, node="node-b",
+            options=[*options, "--on-miss", "fail"],
+        )  # fmt: skip
+        waiter.wait_phase("waiting")
+        holder.wait_phase("serving")
+        waiter.wait_phase("serving")
+    finally:
+        done.set()
+        skewer.join()
+    assert compiles(record) == 1
