@@ -299,17 +299,20 @@ class SoftLease:
         """Take the lease; False as soon as ``cancel()`` says so (checked every ``poll`` seconds).
 
         A free lease is tried before ``cancel`` is first called: an uncontended pod never waits.
+        After that, ``cancel`` comes before every try: a waiter whose peer just published and
+        released must not take the free lease (and pay the confirm window) for nothing.
         """
-        while True:
+        first = True
+        while first or not cancel():
+            first = False
             if self._try_create():
                 if self._confirmed(poll=poll, cancel=cancel):
                     self._start_heartbeat()
                     return True
             elif self._break_if_stale():
                 continue  # the path is free: try to create at once
-            if cancel():
-                return False
             time.sleep(poll)
+        return False
 
     def release(self) -> None:
         """Stop refreshing and remove the marker if it is still ours (idempotent)."""
