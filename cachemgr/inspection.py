@@ -561,7 +561,7 @@ def volume_errors(root: CacheRoot) -> Iterator[None]:
 
 
 def read_holder_of(root: CacheRoot, digest: str) -> Holder | None:
-    """The key's lease holder, if any; filelock is imported only here (ls and du never need it)."""
+    """The key's lease holder, if any; the lease module is imported only here (ls and du never need it)."""
     from cachemgr.lease import read_holder
 
     return read_holder(root, digest)

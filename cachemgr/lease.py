@@ -1,9 +1,12 @@
 """The compile lease: one pod compiles a key while its peers wait.
 
-filelock's ``SoftFileLease`` gives the semantics DESIGN.md asks for: a marker file its holder
-refreshes from a heartbeat thread; contenders judge expiry on their own monotonic clock from
-the last change they observed (clock skew between nodes does not matter); a holder on the
-same host whose process is gone is taken over at once, any other after the lease duration.
+The mechanism is :class:`cachemgr.softlease.SoftLease`, a marker lease with the semantics of
+filelock's ``SoftFileLease`` (a marker its holder refreshes; contenders judge expiry on their own
+monotonic clock from the last change they observed, so clock skew between nodes does not matter;
+a holder on the same host whose process is gone is taken over at once, any other after its lease
+duration). That module says where filelock's falls short: pods with different
+``--lease-duration`` crashed on each other's markers, and on FUSE mounts such as SeaweedFS's a
+marker held open is invisible to other nodes and two nodes can both win the exclusive create.
 It needs no flock, so it works where NFS ``nolock`` or FUSE would make flock lie.
 
 The lease only saves duplicate work. Correctness rests on private staging and an atomic
@@ -17,19 +20,17 @@ waiters and ``cachemgr locks`` can say who is compiling and for how long.
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import SoftFileLease, Timeout
-
 from cachemgr.fsutil import atomic_write_json, read_json
 from cachemgr.launcher import Flag
 from cachemgr.log import get_logger
 from cachemgr.records import PodIdentity
+from cachemgr.softlease import SoftLease, default_confirm
 from cachemgr.store import CacheRoot
 
 log = get_logger("cachemgr.lease")
@@ -153,23 +154,24 @@ class KeyLease:
         *,
         duration: float = DEFAULT_DURATION,
         heartbeat: float | None = None,
+        confirm: float | None = None,
     ) -> None:
+        """``confirm``: seconds a won create is held before it counts (None: by filesystem type)."""
         self._root = root
         self._digest = digest
         self._identity = identity
-        self._lost = threading.Event()
-        self._lease = SoftFileLease(
-            marker_path(root, digest),
-            lease_duration=duration,
-            heartbeat_interval=heartbeat,
-            on_compromise=self._on_compromise,
-            # Publishing happens on another thread for the vllm strategy; it releases the lease.
-            thread_local=False,
+        path = marker_path(root, digest)
+        self._lease = SoftLease(
+            path,
+            duration=duration,
+            heartbeat=heartbeat,
+            confirm=default_confirm(root.path) if confirm is None else confirm,
+            on_lost=self._on_lost,
         )
 
     @property
     def duration(self) -> float:
-        return self._lease.lease_duration
+        return self._lease.duration
 
     @property
     def token(self) -> str | None:
@@ -180,17 +182,13 @@ class KeyLease:
     def lost(self) -> bool:
         """True once another pod took the lease over (we were frozen or cut off).
 
-        Checks the marker itself too: the heartbeat thread reports a takeover only on its
-        second refresh after waking, and a frozen process may reach publish before that.
+        Checks the marker itself too: a frozen process may reach publish before its heartbeat
+        thread has looked.
         """
-        if self._lost.is_set() or self._lease.compromise is not None:
-            return True
-        token = self._lease.token
-        return token is not None and read_marker(marker_path(self._root, self._digest)).token != token
+        return self._lease.lost
 
-    def _on_compromise(self, compromise: Any) -> None:
-        self._lost.set()
-        log.warning("lease_lost", key=self._digest[:12], reason=getattr(compromise, "reason", "?"))
+    def _on_lost(self, reason: str) -> None:
+        log.warning("lease_lost", key=self._digest[:12], reason=reason)
 
     def wait_or_acquire(
         self,
@@ -217,7 +215,8 @@ class KeyLease:
                 return True
             if stop.is_set() or (wait_timeout is not None and now - started >= wait_timeout):
                 return True
-            if now - last_log[0] >= notify_every:
+            # While confirming its own create this pod is not waiting for anyone.
+            if now - last_log[0] >= notify_every and self._lease.token is None:
                 last_log[0] = now
                 if on_wait is not None:
                     on_wait(read_holder(self._root, self._digest), now - started)
@@ -225,14 +224,12 @@ class KeyLease:
 
         if published():
             return "published"
-        try:
-            self._lease.acquire(timeout=-1, poll_interval=_POLL, cancel_check=should_stop)
-        except Timeout:
+        if not self._lease.acquire(poll=_POLL, cancel=should_stop):
             if outcome:
                 return outcome[0]
             if stop.is_set():
-                raise InterruptedError("stopped while waiting for the lease") from None
-            raise TimeoutError(f"waited {time.monotonic() - started:.0f}s for the lease") from None
+                raise InterruptedError("stopped while waiting for the lease")
+            raise TimeoutError(f"waited {time.monotonic() - started:.0f}s for the lease")
         self._write_holder()
         return "acquired"
 
@@ -243,12 +240,11 @@ class KeyLease:
 
     def release(self) -> None:
         """Release if held (idempotent); the holder record goes with it."""
-        if not self._lease.is_locked:
-            return
         token = self._lease.token
+        if token is None:
+            return
         with contextlib.suppress(OSError, ValueError):
             data = read_json(holder_path(self._root, self._digest))
             if isinstance(data, dict) and data.get("token") == token:
                 holder_path(self._root, self._digest).unlink(missing_ok=True)
-        with contextlib.suppress(OSError, RuntimeError):
-            self._lease.release(force=True)
+        self._lease.release()

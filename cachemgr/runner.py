@@ -92,6 +92,7 @@ class RunOptions:
     on_miss: OnMiss = "compile"
     lease_duration: float = 30.0
     lease_heartbeat: float | None = None
+    lease_confirm: float | None = None  # None: by the volume's filesystem type (softlease.py)
     wait_timeout: float | None = None
     expected_size: int | None = None
     space_check: SpaceCheck = "fail"
@@ -272,18 +273,28 @@ class Runner:
 
     def _wait_for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
         """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
-        from cachemgr.lease import read_holder  # the miss path only: filelock stays off the hit path
+        from cachemgr.lease import marker_path, read_holder  # the miss path only
         from cachemgr.progress import Every
+        from cachemgr.softlease import MarkerWatch, patience, read_marker_view
 
         started = time.monotonic()
         notify = Every(min(5.0, self.options.progress_interval))
+        # A holder is dead once its marker stops changing, by this node's clock: the marker's
+        # mtime against our wall clock would misjudge a holder on a node with a skewed clock.
+        watch = MarkerWatch()
         while True:
             if self._published(root, key):
                 found = self._lookup(root, key)
                 if found is not None:
                     return found
             holder = read_holder(root, key.digest) if root.leases.is_dir() else None
-            if holder is None or holder.stale:
+            view = read_marker_view(marker_path(root, key.digest)) if holder is not None else None
+            silent = watch.silent_for(view)
+            if (
+                holder is None
+                or view is None
+                or silent > patience(view.record, default=self.options.lease_duration)
+            ):
                 raise MissError(
                     f"no published entry for key {key.short} ({key.entry_name}) and --on-miss fail forbids "
                     "compiling in this pod",
@@ -308,7 +319,7 @@ class Runner:
     # --- the lease ----------------------------------------------------------------------
 
     def _compile_under_lease(self, root: CacheRoot, key: CacheKey) -> Lookup | int | None:
-        from cachemgr.lease import KeyLease  # filelock is imported on a miss only
+        from cachemgr.lease import KeyLease  # imported on a miss only
 
         release_logs()  # a miss takes seconds to minutes: log as it happens from here on
 
@@ -318,6 +329,7 @@ class Runner:
             self.identity,
             duration=self.options.lease_duration,
             heartbeat=self.options.lease_heartbeat,
+            confirm=self.options.lease_confirm,
         )
         started = time.monotonic()
         try:

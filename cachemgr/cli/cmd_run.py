@@ -72,6 +72,7 @@ def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
         on_miss=args.on_miss,
         lease_duration=lease,
         lease_heartbeat=heartbeat,
+        lease_confirm=_seconds(args.lease_confirm, "--lease-confirm", positive=False),
         wait_timeout=_seconds(args.wait_timeout, "--wait-timeout"),
         expected_size=expected,
         space_check=args.space_check,

@@ -120,6 +120,13 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         "--lease-heartbeat", default=None, metavar="SECONDS", help="default: a third of the lease"
     )
     group.add_argument(
+        "--lease-confirm",
+        default=_env("CACHEMGR_LEASE_CONFIRM"),
+        metavar="SECONDS",
+        help="hold a won lease this long before compiling, longer than the volume's metadata cache "
+        "(default 2, 0 on a local filesystem) [env CACHEMGR_LEASE_CONFIRM]",
+    )
+    group.add_argument(
         "--wait-timeout", default=None, metavar="SECONDS", help="give up waiting (exit 75); default: wait"
     )
     group.add_argument(
