@@ -72,6 +72,8 @@ from cachemgr.strategies import (
 
 if TYPE_CHECKING:
     from cachemgr.lease import KeyLease
+    from cachemgr.remote.config import RemoteConfig
+    from cachemgr.remote.hooks import Upload
     from cachemgr.space import SpaceCheck
 
 log = get_logger("cachemgr.run")
@@ -98,6 +100,7 @@ class RunOptions:
     stall_timeout: float = 1800.0
     status_port: int | None = None
     warm: bool = False
+    remote: RemoteConfig | None = None  # the remote tier (cachemgr.remote); off by default
 
     @property
     def stale_staging_after(self) -> float:
@@ -124,6 +127,7 @@ class Runner:
         self._reaper = False
         self._server_exited = threading.Event()
         self._missed = False
+        self._upload: Upload | None = None
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ class Runner:
             raise
         finally:
             release_logs()
+            self._finish_upload()
             if status is not None:
                 status.close()
             self._volume_beat.stop()
@@ -314,6 +319,8 @@ class Runner:
             )
             if removed:
                 log.info("stale_staging_removed", key=key.short, attempts=[p.name for p in removed])
+            if self._fetch_remote(root, key):
+                return self._lookup(root, key)
             try:
                 self._preflight(root, key)
             except CacheMgrError as error:
@@ -357,6 +364,34 @@ class Runner:
 
         expectation = preflight(root, key, given=self.options.expected_size, check=self.options.space_check)
         self.state.update(detail={"expected_bytes": expectation.bytes, "expected_source": expectation.source})
+
+    # --- the remote tier (cachemgr.remote) ------------------------------------------------
+
+    def _fetch_remote(self, root: CacheRoot, key: CacheKey) -> bool:
+        """Under the lease, before compiling: publish the remote's entry here if it has a good one."""
+        if self.options.remote is None:
+            return False
+        from cachemgr.remote.hooks import fetch
+
+        self.state.update(detail={"remote": self.options.remote.url, "downloading": True})
+        fetched = fetch(
+            root,
+            key,
+            config=self.options.remote,
+            identity=self.identity,
+            metrics=self.metrics,
+            beat=self._volume_beat,
+            stop=self.relay.stop,
+        )
+        if not fetched and self.relay.stop.is_set():
+            raise Interrupted(self.relay.received or 15)
+        return fetched
+
+    def _finish_upload(self) -> None:
+        """A stopping pod waits a bounded time for its upload (a warm Job: up to the budget)."""
+        if self._upload is not None and self.options.remote is not None:
+            remote = self.options.remote
+            self._upload.wait(remote.budget if self.options.warm else remote.upload_wait)
 
     # --- compiling ----------------------------------------------------------------------
 
@@ -525,6 +560,12 @@ class Runner:
             compile_s=round(seconds, 2),
         )
         lease.release()
+        if outcome.published and self.options.remote is not None:
+            from cachemgr.remote.hooks import start_upload  # boto3 loads in the upload thread
+
+            self._upload = start_upload(
+                outcome.path, config=self.options.remote, identity=self.identity, metrics=self.metrics
+            )
 
     def _publish_snapshot(
         self, root: CacheRoot, key: CacheKey, staging: Staging, lease: KeyLease, *, seconds: float

@@ -51,7 +51,8 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
     return seconds
 
 
-def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
+def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, str] | None = None) -> Any:
+    from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
     from cachemgr.runner import RunOptions  # heavy imports only for run/warm
 
     lease = _seconds(args.lease_duration, "--lease-duration") or 30.0
@@ -80,19 +81,28 @@ def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
         stall_timeout=_seconds(args.stall_timeout, "--stall-timeout") or 1800.0,
         status_port=args.status_port,
         warm=warm,
+        remote=remote_config(args.remote, environ or {}),
     )
 
 
 def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.runner import run as run_pod
 
-    return run_pod(key_request(args, server_argv, environ), run_options(args, warm=False), environ=environ)
+    return run_pod(
+        key_request(args, server_argv, environ),
+        run_options(args, warm=False, environ=environ),
+        environ=environ,
+    )
 
 
 def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.runner import run as run_pod
 
-    return run_pod(key_request(args, server_argv, environ), run_options(args, warm=True), environ=environ)
+    return run_pod(
+        key_request(args, server_argv, environ),
+        run_options(args, warm=True, environ=environ),
+        environ=environ,
+    )
 
 
 def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:

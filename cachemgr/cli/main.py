@@ -127,6 +127,13 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--status-port", type=int, default=None, help="serve /livez /readyz /startupz /status /metrics"
     )
+    group.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="second tier on S3-compatible storage, s3://bucket/prefix: download on a miss, upload after "
+        "a compile [env CACHEMGR_REMOTE; endpoint: CACHEMGR_REMOTE_ENDPOINT; default: off]",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
