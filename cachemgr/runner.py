@@ -73,7 +73,7 @@ from cachemgr.strategies import (
 if TYPE_CHECKING:
     from cachemgr.lease import KeyLease
     from cachemgr.remote.config import RemoteConfig
-    from cachemgr.remote.hooks import Upload
+    from cachemgr.remote.hooks import FetchOutcome, Upload
     from cachemgr.space import SpaceCheck
 
 log = get_logger("cachemgr.run")
@@ -128,6 +128,7 @@ class Runner:
         self._server_exited = threading.Event()
         self._missed = False
         self._upload: Upload | None = None
+        self._fetched: FetchOutcome | None = None
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -374,7 +375,7 @@ class Runner:
         from cachemgr.remote.hooks import fetch
 
         self.state.update(detail={"remote": self.options.remote.url, "downloading": True})
-        fetched = fetch(
+        self._fetched = fetch(
             root,
             key,
             config=self.options.remote,
@@ -383,9 +384,9 @@ class Runner:
             beat=self._volume_beat,
             stop=self.relay.stop,
         )
-        if not fetched and self.relay.stop.is_set():
+        if self._fetched != "hit" and self.relay.stop.is_set():
             raise Interrupted(self.relay.received or 15)
-        return fetched
+        return self._fetched == "hit"
 
     def _finish_upload(self) -> None:
         """A stopping pod waits a bounded time for its upload (a warm Job: up to the budget)."""
@@ -564,7 +565,11 @@ class Runner:
             from cachemgr.remote.hooks import start_upload  # boto3 loads in the upload thread
 
             self._upload = start_upload(
-                outcome.path, config=self.options.remote, identity=self.identity, metrics=self.metrics
+                outcome.path,
+                config=self.options.remote,
+                identity=self.identity,
+                metrics=self.metrics,
+                fetched=self._fetched,
             )
 
     def _publish_snapshot(

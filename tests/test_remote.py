@@ -7,6 +7,8 @@ with SIGKILL, the server killed, credentials the server does not know.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -42,7 +44,8 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture
 def remote(s3: S3Server, request: pytest.FixtureRequest) -> dict[str, str]:
     """The environment of pods using the shared server, under a prefix of this test's own."""
-    return s3.env(prefix=f"t/{request.node.name[:60]}")
+    tag = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
+    return s3.env(prefix=f"t/{request.node.name[:40]}-{tag}")
 
 
 def _roots(tmp_path: Path, *names: str) -> list[Path]:
@@ -130,3 +133,85 @@ def test_two_clusters_eight_pods_compile_once_and_the_second_cluster_downloads(
     assert summary["origin"]["remote"] == remote["CACHEMGR_REMOTE"]
     loads = [e for e in pods.record if e["event"] == "load"]
     assert len({e["digest"] for e in loads}) == 1, "all eight servers read the same bytes"
+
+
+# --- the remote is never trusted more than the volume ---------------------------------------
+
+
+def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None:
+    client: Any = s3.client()
+    key, doc = _remote_manifest(s3, env)
+    base = key.rpartition("/")[0] + f"/objects/{doc['remote']['objects']}/"
+    artifact = next(f for f in doc["files"] if f["path"].startswith("artifacts/") and f["size"] > 0)
+    if how == "content":  # same size, other bytes: only the hash tells
+        client.put_object(Bucket=BUCKET, Key=base + artifact["path"], Body=b"\0" * artifact["size"])
+        return
+    if how == "missing":
+        client.delete_object(Bucket=BUCKET, Key=base + artifact["path"])
+        return
+    if how == "other-key":
+        doc["key"] = "0" * 32
+    elif how == "other-inputs":
+        doc["inputs"] = {**doc["inputs"], "role": "decode"}
+    else:
+        # A name that would write outside staging (or somewhere a publish never writes), with a
+        # real object behind it so only the name is wrong.
+        name = {
+            "dotdot": "artifacts/../../../escape",
+            "absolute": str(tmp_path / "escape"),
+            "dot-part": "artifacts/./escape",
+            "outside-artifacts": "escape",
+            "empty-part": "artifacts//escape",
+        }[how]
+        with contextlib.suppress(Exception):  # SeaweedFS refuses some of these keys itself
+            client.put_object(Bucket=BUCKET, Key=base + name.lstrip("/"), Body=b"x")
+        doc["files"].append({"path": name, "size": 1, "xxh3": "0" * 32})
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "content",
+        "missing",
+        "other-key",
+        "other-inputs",
+        "dotdot",
+        "absolute",
+        "dot-part",
+        "outside-artifacts",
+        "empty-part",
+    ],
+)
+def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server, how: str
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root_a, remote, record)
+    _tamper(s3, remote, how, tmp_path)
+
+    pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=remote)
+    pod.wait_phase("serving")
+    assert compiles(record) == 2, "the damaged remote entry was refused: a local compile"
+    (warning,) = _warnings([pod])
+    assert warning["event"] == "remote_unusable_compiling_locally"
+    assert warning["problem"] == "damaged"
+    assert _events([pod], "remote_hit") == []
+    assert_entries_valid(root_b)
+    (entry,) = entry_dirs(root_b)
+    assert "origin" not in json.loads((entry / "summary.json").read_text()), "ours, compiled here"
+    assert not list(tmp_path.rglob("escape")), "nothing written outside staging"
+    assert not list((root_b / "staging").rglob("*")), "the download's staging is gone"
+    if how != "content":
+        return
+    # The pod replaces the damaged remote entry with its own: the next cluster downloads a good one.
+    wait_for(lambda: _events([pod], "remote_uploaded"), what="the replacing upload", timeout=60)
+    (root_c,) = _roots(tmp_path, "cluster-c")
+    third = pods.start(
+        "c0", server_argv(free_port()), cache_root=root_c, options=_options(record), env=remote
+    )
+    third.wait_phase("serving")
+    assert compiles(record) == 2
+    assert len(_events([third], "remote_hit")) == 1
+    assert _warnings([third]) == []

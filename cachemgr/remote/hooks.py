@@ -20,7 +20,7 @@ import dataclasses
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import atomic_write_json, hash_file, is_disk_full, read_json
 from cachemgr.log import get_logger
@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 log = get_logger("cachemgr.remote")
 
+# How a fetch ended: the upload after a local compile follows from it (see start_upload).
+FetchOutcome = Literal["hit", "miss", "damaged", "unusable"]
+
 
 def fetch(
     root: CacheRoot,
@@ -46,8 +49,8 @@ def fetch(
     metrics: Metrics,
     beat: Heartbeat,
     stop: StopFlag,
-) -> bool:
-    """Publish the remote's entry of ``key`` on this volume; False (after one warning) if not."""
+) -> FetchOutcome:
+    """Publish the remote's entry of ``key`` on this volume: "hit"; else why not (one warning at most)."""
     started = time.monotonic()
     staging = None
     try:
@@ -60,17 +63,16 @@ def fetch(
         if result is None:
             metrics.remote_misses += 1
             log.info("remote_miss", key=key.short, remote=config.url)
-            return False
+            return "miss"
         manifest, moved = result
         origin = _origin(config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
         outcome = commit(root, staging, key, _with_origin(staging.path, manifest, origin))
     except InterruptedError:
-        return False
+        return "unusable"
     except BaseException as error:  # the remote never stops a pod: any failure -> compile
         if isinstance(error, KeyboardInterrupt | SystemExit):
             raise
-        _warn_fetch(error, key, config, metrics)
-        return False
+        return _warn_fetch(error, key, config, metrics)
     finally:
         if staging is not None:
             beat.discard(staging.owner_file)
@@ -88,12 +90,13 @@ def fetch(
         seconds=round(seconds, 2),
         mib_per_s=round(moved.mib_per_s, 1),
     )
-    return True
+    return "hit"
 
 
-def _warn_fetch(error: BaseException, key: CacheKey, config: RemoteConfig, metrics: Metrics) -> None:
+def _warn_fetch(error: BaseException, key: CacheKey, config: RemoteConfig, metrics: Metrics) -> FetchOutcome:
     from cachemgr.remote.client import RemoteDamageError, describe
 
+    damaged = False
     if isinstance(error, OSError) and is_disk_full(error):
         problem, message = "volume-full", f"the cache volume filled up while downloading from {config.url}"
     else:
@@ -103,6 +106,7 @@ def _warn_fetch(error: BaseException, key: CacheKey, config: RemoteConfig, metri
         message = reported.one_line()
     metrics.remote_failure(problem)
     log.warning("remote_unusable_compiling_locally", key=key.short, problem=problem, message=message)
+    return "damaged" if damaged else "unusable"
 
 
 def _origin(
@@ -147,6 +151,7 @@ class Upload:
         self.metrics = metrics
         self.done = threading.Event()
         self.stop = threading.Event()
+        self.replace = False  # the remote's entry was damaged: upload ours over it
         self.thread = threading.Thread(target=self._run, name="cachemgr-upload", daemon=True)
 
     def start(self) -> Upload:
@@ -163,6 +168,7 @@ class Upload:
                 uploaded_by=self.identity.to_json(),
                 deadline=started + self.config.budget,
                 stop=self.stop,
+                force=self.replace,
             )
             self.metrics.remote_upload(moved.bytes, moved.seconds)
             log.info(
@@ -207,6 +213,22 @@ class Upload:
         return False
 
 
-def start_upload(entry: Path, *, config: RemoteConfig, identity: PodIdentity, metrics: Metrics) -> Upload:
-    """Upload ``entry`` in the background; the caller goes on (the server starts at once)."""
-    return Upload(entry, config=config, identity=identity, metrics=metrics).start()
+def start_upload(
+    entry: Path,
+    *,
+    config: RemoteConfig,
+    identity: PodIdentity,
+    metrics: Metrics,
+    fetched: FetchOutcome | None,
+) -> Upload | None:
+    """Upload ``entry`` in the background; the caller goes on (the server starts at once).
+
+    After a fetch that found the remote unusable (down, slow, credentials refused) there is no
+    upload: it would fail the same way, and the pod has said so once. After a damaged one,
+    ours replaces it.
+    """
+    if fetched == "unusable":
+        return None
+    upload = Upload(entry, config=config, identity=identity, metrics=metrics)
+    upload.replace = fetched == "damaged"
+    return upload.start()
