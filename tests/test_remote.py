@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from podlib import Cluster, free_port, wait_for
-from s3server import BUCKET, S3Server, s3_server, unavailable_reason
+from s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
 
 REQUIRE_ENV = "CACHEMGR_REQUIRE_MOUNTS"
@@ -215,3 +215,88 @@ def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
     assert compiles(record) == 2
     assert len(_events([third], "remote_hit")) == 1
     assert _warnings([third]) == []
+
+
+# --- an unusable remote never stops a pod ---------------------------------------------------
+
+
+@pytest.fixture
+def own_s3(tmp_path: Path) -> Iterator[S3Server]:
+    """A server of this test alone: it gets stopped, frozen or killed."""
+    _require_s3()
+    with s3_server(tmp_path / "s3") as server:
+        yield server
+
+
+def _compiles_alone_with_one_warning(pods: Cluster, root: Path, env: dict[str, str], record: Path) -> Any:
+    pod = pods.start("p0", server_argv(free_port()), cache_root=root, options=_options(record), env=env)
+    pod.wait_phase("serving", timeout=90)
+    assert compiles(record) == 1
+    (warning,) = _warnings([pod])
+    assert warning["event"] == "remote_unusable_compiling_locally", warning
+    assert _events([pod], "remote_upload_failed") == [], "no upload to a remote known to be unusable"
+    assert_entries_valid(root)
+    return warning
+
+
+def test_a_stopped_s3_server_costs_a_warning_and_a_local_compile(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "2s"}
+    own_s3.stop()
+    warning = _compiles_alone_with_one_warning(pods, root, env, tmp_path / "compiler.jsonl")
+    assert warning["problem"] == "unreachable"
+    assert own_s3.endpoint in warning["message"]
+
+
+def test_a_frozen_s3_server_costs_the_timeout_then_a_local_compile(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "1s"}
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # accepts connections (the kernel does), never answers
+    try:
+        warning = _compiles_alone_with_one_warning(pods, root, env, tmp_path / "compiler.jsonl")
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    assert warning["problem"] == "timeout"
+    assert "did not answer within 1s" in warning["message"]
+
+
+def test_wrong_credentials_cost_a_warning_and_a_local_compile(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    warning = _compiles_alone_with_one_warning(
+        pods, root, {**remote, **BAD_KEYS}, tmp_path / "compiler.jsonl"
+    )
+    assert warning["problem"] == "credentials"
+    assert "refused the credentials" in warning["message"]
+
+
+def test_a_killed_uploader_leaves_nothing_a_reader_takes(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "60s"}
+    pod = pods.start("a0", server_argv(free_port()), cache_root=root_a, options=_options(record), env=env)
+    wait_for(lambda: _events([pod], "remote_miss"), what="the lease holder to look in the remote")
+    # Freeze the store while the pod compiles: its upload after the publish hangs mid-way...
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)
+    try:
+        pod.wait_phase("serving")
+        # ...and the pod dies with it (a node lost, OOM): SIGKILL, no shutdown wait.
+        pod.signal_pod(signal.SIGKILL)
+        pod.wait_exit()
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    assert not [k for k in _objects(own_s3, env) if k.endswith("manifest.json")], "no manifest: not an entry"
+
+    reader = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=env)
+    reader.wait_phase("serving")
+    assert compiles(record) == 2, "nothing to download: the reader compiles"
+    assert len(_events([reader], "remote_miss")) == 1
+    assert _warnings([reader]) == []
+    assert_entries_valid(root_b)
