@@ -90,6 +90,13 @@ class EntryInfo:
     users: tuple[User, ...]
     status: EntryStatus
     problem: str | None = None
+    # Where the entry came from: compiled on this volume, or downloaded from the remote tier
+    # (summary.json's "origin", written by cachemgr.remote.hooks).
+    origin: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def origin_kind(self) -> str:
+        return str(self.origin.get("kind") or "local")
 
     @property
     def in_use(self) -> bool:
@@ -139,6 +146,7 @@ class EntryInfo:
             "users": [user.to_json() for user in self.users],
             "status": self.status,
             "problem": self.problem,
+            "origin": {"kind": self.origin_kind, **self.origin},
         }
 
 
@@ -271,6 +279,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         users=pods,
         status="incompatible" if why else "ok",
         problem=why,
+        origin=as_dict(summary.get("origin")),
     )
 
 

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, free_port, wait_for
+from podlib import Cluster, free_port, run_cli, wait_for
 from s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
+
+from cachemgr.manifest import read_manifest
 
 REQUIRE_ENV = "CACHEMGR_REQUIRE_MOUNTS"
 
@@ -300,3 +302,95 @@ def test_a_killed_uploader_leaves_nothing_a_reader_takes(
     assert len(_events([reader], "remote_miss")) == 1
     assert _warnings([reader]) == []
     assert_entries_valid(root_b)
+
+
+# --- push, pull, ls --remote, prune --remote --------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str], code: int = 0) -> Any:
+    result = run_cli(*args, env=env)
+    assert result.returncode == code, f"{args} -> {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_push_pull_ls_and_prune_remote_from_the_cli(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    # A cluster without the remote compiles; an operator (or CI) pushes afterwards.
+    pod = pods.start("a0", server_argv(free_port()), cache_root=root_a, options=_options(record))
+    pod.wait_phase("serving")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0
+    env = {**pods.base_env, **remote}
+    env_a, env_b = {**env, "CACHEMGR_CACHE_ROOT": str(root_a)}, {**env, "CACHEMGR_CACHE_ROOT": str(root_b)}
+    assert "no entries in s3://" in _cli("ls", "--remote", env=env).stdout
+
+    pushed = _cli("push", env=env_a).stdout
+    assert "uploaded" in pushed, pushed
+    assert "already in the remote" in _cli("push", env=env_a).stdout
+    (listed,) = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)
+    key = listed["key"]
+    assert listed["files"] > 0
+    assert listed["size_bytes"] == read_manifest(entry_dirs(root_a)[0]).total_bytes
+
+    assert "downloaded" in _cli("pull", key[:10], env=env_b).stdout
+    (entry,) = [e for e in json.loads(_cli("ls", "-o", "json", env=env_b).stdout) if e["kind"] == "entry"]
+    assert entry["origin"]["kind"] == "remote"
+    assert "ok (remote)" in _cli("ls", env=env_b).stdout
+    shown = _cli("show", key[:10], env=env_b).stdout
+    assert f"from {remote['CACHEMGR_REMOTE']}" in shown
+    assert_entries_valid(root_b)
+    # The pulled entry is a hit for a pod of cluster B that knows nothing of the remote.
+    hit = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record))
+    hit.wait_phase("serving")
+    assert compiles(record) == 1
+
+    _cli("prune", "--remote", "--key", key[:10], env=env, code=64)  # no TTY: asks for --yes
+    assert "dry run" in _cli("prune", "--remote", "--key", key[:10], "--dry-run", env=env).stdout
+    assert "removed 1 item" in _cli("prune", "--remote", "--key", key[:10], "--yes", env=env).stdout
+    assert "no entries in s3://" in _cli("ls", "--remote", env=env).stdout
+    missing = _cli("pull", key[:10], env=env_b, code=69)
+    assert "the remote has no entry matching" in missing.stderr
+
+    refused = _cli("push", "--force", env={**env_a, **BAD_KEYS}, code=74)
+    assert "refused the credentials" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
+def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    for role in ("prefill", "decode"):
+        pod = pods.start(
+            role,
+            server_argv(free_port()),
+            cache_root=root,
+            options=_options(record),
+            env={"CACHEMGR_ROLE": role},
+        )
+        pod.wait_phase("serving")
+        pod.signal(signal.SIGTERM)
+        assert pod.wait_exit() == 0
+    env = {**pods.base_env, **remote, "CACHEMGR_CACHE_ROOT": str(root)}
+    for entry in entry_dirs(root):  # one at a time: the upload order is the age order
+        _cli("push", entry.name, env=env)
+    listed = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)
+    oldest = min(listed, key=lambda e: e["uploaded_at"])
+    plan = json.loads(
+        _cli(
+            "prune",
+            "--remote",
+            "--keep-bytes",
+            str(max(e["size_bytes"] for e in listed)),
+            "--dry-run",
+            "-o",
+            "json",
+            env=env,
+        ).stdout
+    )["plan"]
+    assert [row["entry"] for row in plan] == [oldest["entry"]]
+    assert _cli("prune", "--remote", "-o", "json", env=env, code=64)

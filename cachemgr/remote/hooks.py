@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from cachemgr.key import CacheKey
     from cachemgr.metrics import Metrics
     from cachemgr.records import Heartbeat, PodIdentity
-    from cachemgr.remote.transfer import StopFlag
+    from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
+    from cachemgr.store import PublishOutcome
 
 log = get_logger("cachemgr.remote")
 
@@ -52,32 +53,29 @@ def fetch(
 ) -> FetchOutcome:
     """Publish the remote's entry of ``key`` on this volume: "hit"; else why not (one warning at most)."""
     started = time.monotonic()
-    staging = None
     try:
-        staging = create_staging(root, key, identity)
-        beat.add(staging.owner_file)
         from cachemgr.remote.transfer import Remote  # boto3: a remote path only
 
-        remote = Remote(config)
-        result = remote.download(key, staging.path, deadline=started + config.budget, stop=stop)
-        if result is None:
+        fetched = download_and_publish(
+            root,
+            key,
+            Remote(config),
+            identity=identity,
+            deadline=started + config.budget,
+            stop=stop,
+            beat=beat,
+        )
+        if fetched is None:
             metrics.remote_misses += 1
             log.info("remote_miss", key=key.short, remote=config.url)
             return "miss"
-        manifest, moved = result
-        origin = _origin(config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
-        outcome = commit(root, staging, key, _with_origin(staging.path, manifest, origin))
+        outcome, moved = fetched
     except InterruptedError:
         return "unusable"
     except BaseException as error:  # the remote never stops a pod: any failure -> compile
         if isinstance(error, KeyboardInterrupt | SystemExit):
             raise
         return _warn_fetch(error, key, config, metrics)
-    finally:
-        if staging is not None:
-            beat.discard(staging.owner_file)
-            if staging.path.exists():
-                staging.discard()
     seconds = time.monotonic() - started
     metrics.remote_hit(moved.bytes, seconds)
     log.info(
@@ -91,6 +89,40 @@ def fetch(
         mib_per_s=round(moved.mib_per_s, 1),
     )
     return "hit"
+
+
+def download_and_publish(
+    root: CacheRoot,
+    key: CacheKey,
+    remote: Remote,
+    *,
+    identity: PodIdentity,
+    deadline: float | None,
+    stop: StopFlag | None = None,
+    beat: Heartbeat | None = None,
+    progress: Progress | None = None,
+) -> tuple[PublishOutcome, Moved] | None:
+    """Download into private staging, check, record the origin, publish by rename; None: no entry.
+
+    Raises what went wrong (RemoteError, RemoteDamageError, OSError, TimeoutError); staging is
+    removed in every case.
+    """
+    started = time.monotonic()
+    staging = create_staging(root, key, identity)
+    if beat is not None:
+        beat.add(staging.owner_file)
+    try:
+        result = remote.download(key, staging.path, deadline=deadline, stop=stop, progress=progress)
+        if result is None:
+            return None
+        manifest, moved = result
+        origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
+        return commit(root, staging, key, _with_origin(staging.path, manifest, origin)), moved
+    finally:
+        if beat is not None:
+            beat.discard(staging.owner_file)
+        if staging.path.exists():
+            staging.discard()
 
 
 def _warn_fetch(error: BaseException, key: CacheKey, config: RemoteConfig, metrics: Metrics) -> FetchOutcome:
