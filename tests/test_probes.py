@@ -437,6 +437,10 @@ _HEAVY = (
     "filelock",
     "packaging",
     "cachemgr.runner",
+    "boto3",  # the remote tier's client: loaded on a remote path only
+    "botocore",
+    "s3transfer",
+    "cachemgr.remote",
 )
 
 

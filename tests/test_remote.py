@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -394,3 +396,66 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
     )["plan"]
     assert [row["entry"] for row in plan] == [oldest["entry"]]
     assert _cli("prune", "--remote", "-o", "json", env=env, code=64)
+
+
+# --- counted, and off the hit path -----------------------------------------------------------
+
+
+def test_a_remote_hit_is_counted_in_metrics(pods: Cluster, tmp_path: Path, remote: dict[str, str]) -> None:
+    from test_probes import metrics, status_port
+
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root_a, remote, record)
+    pod = pods.start(
+        "b0",
+        server_argv(free_port()),
+        cache_root=root_b,
+        options=[*_options(record), "--status-port", "0"],
+        env=remote,
+    )
+    pod.wait_phase("serving")
+    samples = metrics(status_port(pod))
+    assert samples["cachemgr_remote_hits_total"] == 1
+    assert samples["cachemgr_remote_bytes_total"] == read_manifest(entry_dirs(root_a)[0]).total_bytes
+    assert samples["cachemgr_remote_seconds_total"] > 0
+    assert samples["cachemgr_compiles_total"] == 0
+    assert samples["cachemgr_cache_misses_total"] == 1
+
+
+_REMOTE_LIBRARIES = ("boto3", "botocore", "s3transfer", "urllib3", "cachemgr.remote.transfer")
+
+
+def test_a_local_hit_with_the_remote_on_never_imports_boto3(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root, remote, record)  # published here, uploaded there
+    options = _options(record)
+    code = (
+        "import sys\n"
+        "from cachemgr.cli.main import main\n"
+        "code = main(sys.argv[1:])\n"
+        "print(' '.join(sorted(sys.modules)), file=sys.stderr)\n"
+        "sys.exit(code)\n"
+    )
+    env = {
+        **pods.base_env,
+        **remote,
+        "CACHEMGR_CACHE_ROOT": str(root),
+        "CACHEMGR_STATE_DIR": str(tmp_path / "st"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", code, "warm", *options, "--", *server_argv(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = set(result.stderr.split()[-1000:])
+    assert "cachemgr.remote.config" in loaded, "the remote was configured"
+    heavy = sorted(m for m in loaded if m.split(".")[0] in _REMOTE_LIBRARIES or m in _REMOTE_LIBRARIES)
+    assert heavy == [], f"a local hit must not import the S3 client, but loaded {heavy}"
