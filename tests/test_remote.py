@@ -459,3 +459,19 @@ def test_a_local_hit_with_the_remote_on_never_imports_boto3(
     assert "cachemgr.remote.config" in loaded, "the remote was configured"
     heavy = sorted(m for m in loaded if m.split(".")[0] in _REMOTE_LIBRARIES or m in _REMOTE_LIBRARIES)
     assert heavy == [], f"a local hit must not import the S3 client, but loaded {heavy}"
+
+
+def test_demo_remote_compiles_once_for_two_clusters(tmp_path: Path) -> None:
+    _require_s3()
+    result = run_cli(
+        "demo",
+        "--remote",
+        "--dir",
+        str(tmp_path / "demo"),
+        "--compile-seconds",
+        "1",
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "compiles: cluster A prefill=1 decode=1; cluster B prefill=0 decode=0" in result.stdout

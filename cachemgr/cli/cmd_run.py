@@ -127,6 +127,10 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
 
 
 def demo(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    if args.remote:
+        from cachemgr.remote.demo import run_remote_demo
+
+        return run_remote_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)
     from cachemgr.demo import run_demo
 
     return run_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)

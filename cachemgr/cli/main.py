@@ -171,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = sub.add_parser("demo", help="two prefill and two decode pods, cold then warm, with stand-ins")
     cmd.add_argument("--dir", default="demo-cache", help="where the demo volumes go (default ./demo-cache)")
     cmd.add_argument("--compile-seconds", type=float, default=3.0, help="stand-in compile time")
+    cmd.add_argument(
+        "--remote",
+        action="store_true",
+        help="two clusters and one bucket (a local SeaweedFS: needs weed, boto3)",
+    )
     _add_log(cmd)
 
     _add_inspection(sub)
