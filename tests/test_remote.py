@@ -475,3 +475,40 @@ def test_demo_remote_compiles_once_for_two_clusters(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "compiles: cluster A prefill=1 decode=1; cluster B prefill=0 decode=0" in result.stdout
+
+
+# --- uploads and shutdown --------------------------------------------------------------------
+
+
+def test_warm_exits_once_its_upload_is_in_the_remote(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    (root,) = _roots(tmp_path, "ci-volume")
+    record = tmp_path / "compiler.jsonl"
+    job = pods.start(
+        "ci", server_argv(free_port()), cache_root=root, command="warm", options=_options(record), env=remote
+    )
+    assert job.wait_exit() == 0
+    assert _events([job], "remote_uploaded"), job.tail()
+    _key, doc = _remote_manifest(s3, remote)  # there when warm returns: a CI step can rely on it
+    assert doc["key"] == read_manifest(entry_dirs(root)[0]).key
+
+
+def test_a_stopping_pod_waits_for_its_upload_only_so_long(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "60s", "CACHEMGR_REMOTE_UPLOAD_WAIT": "2s"}
+    pod = pods.start("a0", server_argv(free_port()), cache_root=root, options=_options(record), env=env)
+    wait_for(lambda: _events([pod], "remote_miss"), what="the lease holder to look in the remote")
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # the upload after the publish hangs
+    try:
+        pod.wait_phase("serving")
+        pod.signal(signal.SIGTERM)
+        assert pod.wait_exit(timeout=20) == 0, "the server's exit code, after a bounded wait for the upload"
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    (warning,) = _warnings([pod])
+    assert warning["event"] == "remote_upload_unfinished"
+    assert warning["waited_s"] == 2
