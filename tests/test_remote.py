@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from podlib import Cluster, free_port, run_cli, wait_for
 from s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
@@ -169,7 +170,8 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
         }[how]
         with contextlib.suppress(Exception):  # SeaweedFS refuses some of these keys itself
             client.put_object(Bucket=BUCKET, Key=base + name.lstrip("/"), Body=b"x")
-        doc["files"].append({"path": name, "size": 1, "xxh3": "0" * 32})
+        # The right size and hash: only the name gives it away.
+        doc["files"].append({"path": name, "size": 1, "xxh3": xxhash.xxh3_128_hexdigest(b"x")})
     client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(doc).encode())
 
 
