@@ -514,3 +514,52 @@ def test_a_stopping_pod_waits_for_its_upload_only_so_long(
     (warning,) = _warnings([pod])
     assert warning["event"] == "remote_upload_unfinished"
     assert warning["waited_s"] == 2
+
+
+# --- configuration and names, without a server --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "bucket", "prefix"),
+    [("s3://b", "b", ""), ("s3://b/", "b", ""), ("s3://b/p/q/", "b", "p/q/"), ("s3://b//p", "b", "p/")],
+)
+def test_remote_urls_parse(url: str, bucket: str, prefix: str) -> None:
+    from cachemgr.remote.config import parse_url
+
+    assert parse_url(url) == (bucket, prefix)
+
+
+@pytest.mark.parametrize("url", ["gs://b/p", "s3://", "b/p", "s3://b/../p", "https://b/p"])
+def test_a_bad_remote_url_is_a_usage_error_before_anything_runs(tmp_path: Path, url: str) -> None:
+    env = {**os.environ, "CACHEMGR_CACHE_ROOT": str(tmp_path), "CACHEMGR_REMOTE": url}
+    result = run_cli("warm", "--role", "prefill", "--compile-cmd", "c {output_dir}", "--", "x", env=env)
+    assert result.returncode == 64, result.stderr
+    assert "s3://" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unsafe_manifest_paths_are_named() -> None:
+    from cachemgr.manifest import FileRecord, Manifest
+    from cachemgr.remote.layout import unsafe_paths
+
+    def manifest(*paths: str) -> Manifest:
+        files = tuple(FileRecord(p, 1, "0" * 32) for p in paths)
+        return Manifest(
+            key="k", inputs={}, files=files, created_at=0, created_by={}, compile_seconds=0, strategy=""
+        )
+
+    assert unsafe_paths(manifest("key.json", "summary.json", "artifacts/a/b.rbln", "artifacts/c")) == []
+    for bad in (
+        "artifacts/./x",
+        "artifacts//x",
+        "x",
+        "artifacts",
+        "artifacts/a\\..\\x",
+        "artifacts/\nx",
+        "/abs",
+    ):
+        assert unsafe_paths(manifest("key.json", bad)), bad
+    assert unsafe_paths(manifest("artifacts/a", "artifacts/a")) == ["'artifacts/a': listed twice"]
+    assert unsafe_paths(manifest("artifacts/a", "artifacts/a/b")) == [
+        "'artifacts/a': both a file and a directory"
+    ]
