@@ -563,3 +563,40 @@ def test_unsafe_manifest_paths_are_named() -> None:
     assert unsafe_paths(manifest("artifacts/a", "artifacts/a/b")) == [
         "'artifacts/a': both a file and a directory"
     ]
+
+
+def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
+    from cachemgr.remote.ops import RemoteEntry, RemoteListing, StaleUpload, plan_remote_prune
+    from cachemgr.scan import Compat
+
+    def entry(name: str, *, compiler: str, uploaded_at: float, size: int) -> RemoteEntry:
+        return RemoteEntry(
+            entry=name, key=name * 4, model="m", role="prefill", compiler=compiler, npu="RBLN-CA25",
+            size_bytes=size, files=1, uploaded_at=uploaded_at, uploaded_by="p", upload_id="u", inputs={},
+        )  # fmt: skip
+
+    now = 1_000_000.0
+    listing = RemoteListing(
+        entries=(
+            entry("aaaa", compiler="0.12", uploaded_at=now - 40 * 86400, size=10),
+            entry("bbbb", compiler="0.11", uploaded_at=now - 1, size=10),
+            entry("cccc", compiler="0.12", uploaded_at=now - 2 * 86400, size=30),
+            entry("dddd", compiler="0.12", uploaded_at=now - 86400, size=30),
+        ),
+        uploads=(
+            StaleUpload("cccc", "dead", 3, 5, now - 3 * 86400),
+            StaleUpload("dddd", "fresh", 3, 5, now - 60),  # may be under way: kept
+        ),
+        warnings=(),
+    )
+
+    def plan(**options: Any) -> list[tuple[str, str, str]]:
+        return [(i.entry, i.upload_id, i.why) for i in plan_remote_prune(listing, now=now, **options)]
+
+    assert plan(older_than=30 * 86400) == [("aaaa", "", "old")]
+    assert plan(compat=Compat(compiler="0.12", npu="RBLN-CA25")) == [
+        ("bbbb", "", "compiler 0.11, this image has 0.12")
+    ]
+    assert plan(keep_bytes=40) == [("aaaa", "", "over --keep-bytes"), ("cccc", "", "over --keep-bytes")]
+    assert plan(stale_uploads=True) == [("cccc", "dead", "upload without a manifest")]
+    assert plan(keys=("bbbb",)) == [("bbbb", "", "named")]
