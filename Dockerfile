@@ -26,7 +26,8 @@ ENV CACHEMGR_INSTALL_EXTRA=modelserver
 FROM ${SLIM_BASE_IMAGE} AS slim
 ARG SLIM_BASE_IMAGE
 LABEL org.opencontainers.image.base.name="${SLIM_BASE_IMAGE}"
-ENV CACHEMGR_INSTALL_EXTRA=
+# remote: boto3, for push/pull/ls --remote/prune --remote Jobs.
+ENV CACHEMGR_INSTALL_EXTRA=remote
 
 FROM ${FLAVOR}
 ARG FLAVOR

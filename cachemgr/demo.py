@@ -120,6 +120,8 @@ def _note(phase: str, detail: dict[str, object]) -> str:
         return "(holds the lease; the stand-in compiler runs)"
     if phase == "launching":
         return "(cache hit: model load only)"
+    if detail.get("downloading"):
+        return f"(looking in the remote tier {detail.get('remote')})"
     return ""
 
 
@@ -140,7 +142,7 @@ def _stop(pods: list[Pod]) -> list[int]:
     return codes
 
 
-def _compiles(work: Path) -> dict[str, int]:
+def compiles(work: Path) -> dict[str, int]:
     counts = {"prefill": 0, "decode": 0}
     record = work / "standin-record.jsonl"
     if not record.exists():
@@ -153,7 +155,7 @@ def _compiles(work: Path) -> dict[str, int]:
     return counts
 
 
-def _round(
+def run_round(
     title: str, pods: list[Pod], *, work: Path, bin_dir: Path, environ: Mapping[str, str], secs: float
 ) -> bool:
     print(f"\n{title}", flush=True)
@@ -167,9 +169,8 @@ def _round(
     return ok and all(code == 0 for code in codes)
 
 
-def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) -> int:
-    """Cold start, then warm restart; 0 when each role compiled exactly once and then never."""
-    work = work.resolve()
+def prepare(work: Path) -> tuple[Path, list[Pod]]:
+    """A fresh demo "cluster" under ``work``: the stand-in on PATH, a volume per role, four pods."""
     if work.exists():
         shutil.rmtree(work)
     bin_dir = work / "bin"
@@ -185,14 +186,21 @@ def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) 
         )
     ]  # fmt: skip
     (work / "logs").mkdir()
+    return bin_dir, pods
+
+
+def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) -> int:
+    """Cold start, then warm restart; 0 when each role compiled exactly once and then never."""
+    work = work.resolve()
+    bin_dir, pods = prepare(work)
     print(f"cachemgr demo in {work}: 2 prefill + 2 decode pods, one cache volume per role")
     print(f"server: STAND-IN vllm (cachemgr.standin, not vLLM), compile takes {compile_seconds:g}s")
     print(f"argv:   vllm serve {MODEL} --tensor-parallel-size 4 --max-model-len 8192 --port PORT")
-    cold_ok = _round(
+    cold_ok = run_round(
         "cold start (empty caches):", pods, work=work, bin_dir=bin_dir, environ=environ, secs=compile_seconds
     )
-    cold = _compiles(work)
-    warm_ok = _round(
+    cold = compiles(work)
+    warm_ok = run_round(
         "warm restart (same pods, caches filled):",
         pods,
         work=work,
@@ -200,7 +208,7 @@ def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) 
         environ=environ,
         secs=compile_seconds,
     )
-    warm = {role: total - cold[role] for role, total in _compiles(work).items()}
+    warm = {role: total - cold[role] for role, total in compiles(work).items()}
     print(f"\ncompiles: cold prefill={cold['prefill']} decode={cold['decode']}; "
           f"warm prefill={warm['prefill']} decode={warm['decode']}")  # fmt: skip
     print(f"inspect:  cachemgr ls --cache-root {work / 'prefill-volume'}")

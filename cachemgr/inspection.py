@@ -189,6 +189,7 @@ class EntryDetail:
             "entry": self.name,
             "published": self.entry is not None,
             "status": self.entry.status if self.entry else None,
+            "origin": self.entry.to_json()["origin"] if self.entry else None,
             "problem": self.entry.problem if self.entry else None,
             "size_bytes": self.entry.size_bytes if self.entry else None,
             "created_at": self.entry.created_at if self.entry else None,

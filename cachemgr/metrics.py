@@ -62,6 +62,7 @@ class MetricsSnapshot:
     failures: dict[str, int]
     phase: str
     phase_seconds: dict[str, float]
+    remote: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +76,7 @@ class MetricsSnapshot:
             "failures": dict(sorted(self.failures.items())),
             "phase": self.phase,
             "phase_seconds": {k: round(v, 3) for k, v in sorted(self.phase_seconds.items())},
+            "remote": dict(self.remote),
         }
 
 
@@ -94,6 +96,14 @@ class Metrics:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     # Failures of earlier containers of this pod (see keep_failures_in).
     previous_failures: Counter[str] = field(default_factory=Counter)
+    # The remote tier (cachemgr.remote): downloads that replaced a compile, uploads, failures by problem.
+    remote_hits: int = 0
+    remote_misses: int = 0
+    remote_bytes: int = 0
+    remote_seconds: float = 0.0
+    remote_uploads: int = 0
+    remote_upload_bytes: int = 0
+    remote_failures: Counter[str] = field(default_factory=Counter)
     _failures_file: Path | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -103,6 +113,22 @@ class Metrics:
             total = self.previous_failures + self.failures
         if self._failures_file is not None:
             _save_counts(self._failures_file, total)
+
+    def remote_hit(self, nbytes: int, seconds: float) -> None:
+        with self._lock:
+            self.remote_hits += 1
+            self.remote_bytes += nbytes
+            self.remote_seconds += seconds
+
+    def remote_upload(self, nbytes: int, seconds: float) -> None:
+        del seconds  # the upload runs beside the server; its time is in the log, not a counter
+        with self._lock:
+            self.remote_uploads += 1
+            self.remote_upload_bytes += nbytes
+
+    def remote_failure(self, problem: str) -> None:
+        with self._lock:
+            self.remote_failures[problem] += 1
 
     def on_phase(self, old: Any, new: Any) -> None:
         """StateWriter listener: count the time in the phase that ended, and log the change."""
@@ -139,6 +165,15 @@ class Metrics:
                 failures=dict(failures),
                 phase=self.phase,
                 phase_seconds=dict(self.phase_seconds),
+                remote={
+                    "hits": self.remote_hits,
+                    "misses": self.remote_misses,
+                    "bytes": self.remote_bytes,
+                    "seconds": round(self.remote_seconds, 3),
+                    "uploads": self.remote_uploads,
+                    "upload_bytes": self.remote_upload_bytes,
+                    "failures": dict(sorted(self.remote_failures.items())),
+                },
             )
 
 

@@ -75,6 +75,8 @@ if TYPE_CHECKING:
     from cachemgr.drift import DriftWatch
     from cachemgr.lease import Holder, KeyLease
     from cachemgr.progress import CompileProgress, Every
+    from cachemgr.remote.config import RemoteConfig
+    from cachemgr.remote.hooks import FetchOutcome, Upload
     from cachemgr.space import Preflight, SpaceCheck
 
 log = get_logger("cachemgr.run")
@@ -104,6 +106,7 @@ class RunOptions:
     warm: bool = False
     # compile_progress and waiting_for_compile, at most once per this (cachemgr.progress.DEFAULT_INTERVAL)
     progress_interval: float = 30.0
+    remote: RemoteConfig | None = None  # the remote tier (cachemgr.remote); off by default
 
     @property
     def stale_staging_after(self) -> float:
@@ -138,6 +141,8 @@ class Runner:
         self._compile_progress: CompileProgress | None = None
         self._peak_staged = 0  # the most the last attempt was seen to have staged
         self._wait_log: Every | None = None
+        self._upload: Upload | None = None
+        self._fetched: FetchOutcome | None = None
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -159,6 +164,7 @@ class Runner:
             raise
         finally:
             release_logs()
+            self._finish_upload()
             if status is not None:
                 status.close()
             self._volume_beat.stop()
@@ -364,6 +370,8 @@ class Runner:
             )
             if removed:
                 log.info("stale_staging_removed", key=key.short, attempts=[p.name for p in removed])
+            if self._fetch_remote(root, key):
+                return self._lookup(root, key)
             try:
                 self._preflight(root, key)
             except CacheMgrError as error:
@@ -417,6 +425,34 @@ class Runner:
         self._preflight_found = found
         expectation = found.expectation
         self.state.update(detail={"expected_bytes": expectation.bytes, "expected_source": expectation.source})
+
+    # --- the remote tier (cachemgr.remote) ------------------------------------------------
+
+    def _fetch_remote(self, root: CacheRoot, key: CacheKey) -> bool:
+        """Under the lease, before compiling: publish the remote's entry here if it has a good one."""
+        if self.options.remote is None:
+            return False
+        from cachemgr.remote.hooks import fetch
+
+        self.state.update(detail={"remote": self.options.remote.url, "downloading": True})
+        self._fetched = fetch(
+            root,
+            key,
+            config=self.options.remote,
+            identity=self.identity,
+            metrics=self.metrics,
+            beat=self._volume_beat,
+            stop=self.relay.stop,
+        )
+        if self._fetched != "hit" and self.relay.stop.is_set():
+            raise Interrupted(self.relay.received or 15)
+        return self._fetched == "hit"
+
+    def _finish_upload(self) -> None:
+        """A stopping pod waits a bounded time for its upload (a warm Job: up to the budget)."""
+        if self._upload is not None and self.options.remote is not None:
+            remote = self.options.remote
+            self._upload.wait(remote.budget if self.options.warm else remote.upload_wait)
 
     # --- compiling ----------------------------------------------------------------------
 
@@ -635,6 +671,16 @@ class Runner:
             compile_s=round(seconds, 2),
         )
         lease.release()
+        if outcome.published and self.options.remote is not None:
+            from cachemgr.remote.hooks import start_upload  # boto3 loads in the upload thread
+
+            self._upload = start_upload(
+                outcome.path,
+                config=self.options.remote,
+                identity=self.identity,
+                metrics=self.metrics,
+                fetched=self._fetched,
+            )
 
     def _publish_snapshot(
         self, root: CacheRoot, key: CacheKey, staging: Staging, lease: KeyLease, *, seconds: float

@@ -113,6 +113,13 @@ class EntryInfo:
     # The usage folder as this scan read it (None: not read): prune removes the entry only
     # while the folder still looks exactly like this (records.Usage.seen).
     usage_seen: frozenset[tuple[str, Mark]] | None = None
+    # Where the entry came from: compiled on this volume, or downloaded from the remote tier
+    # (summary.json's "origin", written by cachemgr.remote.hooks).
+    origin: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def origin_kind(self) -> str:
+        return str(self.origin.get("kind") or "local")
 
     @property
     def in_use(self) -> bool:
@@ -164,6 +171,7 @@ class EntryInfo:
             "status": self.status,
             "problem": self.problem,
             "recompiled_on_hit": self.recompiled_on_hit,
+            "origin": {"kind": self.origin_kind, **self.origin},
         }
 
 
@@ -301,6 +309,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         recompiled_on_hit=usage.recompiled_on_hit,
         silent_users=usage.silent,
         usage_seen=usage.seen,
+        origin=as_dict(summary.get("origin")),
     )
 
 

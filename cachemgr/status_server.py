@@ -134,6 +134,26 @@ class VolumeWatch:
 # --- /metrics -------------------------------------------------------------------------------
 
 
+def _remote_families(remote: dict[str, Any]) -> Iterator[Metric]:
+    """The remote tier (cachemgr.remote): 0 when it is off, so dashboards need no special case."""
+    yield _counter(
+        "cachemgr_remote_hits", "Local misses filled by a download from the remote", remote.get("hits", 0)
+    )
+    yield _counter("cachemgr_remote_bytes", "Bytes downloaded from the remote", remote.get("bytes", 0))
+    yield _counter(
+        "cachemgr_remote_seconds", "Seconds spent in downloads that published", remote.get("seconds", 0.0)
+    )
+    yield _counter("cachemgr_remote_uploads", "Entries uploaded to the remote", remote.get("uploads", 0))
+    failed = CounterMetricFamily(
+        "cachemgr_remote_failures",
+        "Remote downloads or uploads that failed, by problem (the pod compiled or went on)",
+        labels=["problem"],
+    )
+    for problem, count in sorted(remote.get("failures", {}).items()):
+        failed.add_metric([problem], count)
+    yield failed
+
+
 class RunCollector:
     """Builds every cachemgr_* family at scrape time from the Metrics object, the state and the volume."""
 
@@ -165,6 +185,7 @@ class RunCollector:
             "Hits after which the server compiled anyway: the key lacks an input the server hashes",
             snap.recompiled_on_hit,
         )
+        yield from _remote_families(snap.remote)
         failures = CounterMetricFamily(
             "cachemgr_failures",
             "Failed runs by reason (kept in the state dir across container restarts of this pod)",

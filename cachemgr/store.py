@@ -364,6 +364,15 @@ def publish(
         extra=extra,
     )
     write_manifest(staging.path, manifest)
+    return commit(root, staging, key, manifest)
+
+
+def commit(root: CacheRoot, staging: Staging, key: CacheKey, manifest: Manifest) -> PublishOutcome:
+    """Publish a staging directory whose manifest is written: fsync, rename, make read-only.
+
+    The one commit step of every publish: a local compile (:func:`publish`) and a download
+    from the remote tier (:mod:`cachemgr.remote.hooks`), which keeps the manifest it checked.
+    """
     fsync_tree(staging.path, within=root.path)
     target = root.entry_path(key)
     for attempt in (1, 2):

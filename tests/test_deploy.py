@@ -766,7 +766,7 @@ def test_dockerfile_installs_with_the_command_ci_runs() -> None:
 
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     assert ci_extra in extras
-    # The extra comes from the flavor's stage: modelserver on the SDK base, none on the slim one.
+    # The extra comes from the flavor's stage: modelserver on the SDK base, remote (boto3) on the slim one.
     assert extra == "$CACHEMGR_INSTALL_EXTRA"
     stages: dict[str, str] = {}
     stage = None
@@ -775,7 +775,7 @@ def test_dockerfile_installs_with_the_command_ci_runs() -> None:
             stage = rest.split(" AS ")[1] if " AS " in rest else None
         elif instruction == "ENV" and stage and rest.startswith("CACHEMGR_INSTALL_EXTRA="):
             stages[stage] = rest.partition("=")[2]
-    assert stages == {"modelserver": "modelserver", "slim": ""}
+    assert stages == {"modelserver": "modelserver", "slim": "remote"}
     assert set(stages.values()) - {""} <= extras
     global_args = [
         rest for i, rest in instructions[: [i for i, _ in instructions].index("FROM")] if i == "ARG"

@@ -440,6 +440,10 @@ _HEAVY = (
     "packaging",
     "tqdm",
     "cachemgr.runner",
+    "boto3",  # the remote tier's client: loaded on a remote path only
+    "botocore",
+    "s3transfer",
+    "cachemgr.remote",
 )
 
 

@@ -114,7 +114,7 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
             "created": e.created_str,
             "last_used": e.last_used_str,
             "in_use": _n(len(e.users), "pod") if e.in_use else "no",
-            "status": e.status,
+            "status": e.status if e.origin_kind == "local" else f"{e.status} ({e.origin_kind})",
         }
         for e in listing.entries
     ]
@@ -238,6 +238,20 @@ def show(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     return 0
 
 
+def _origin_pairs(origin: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``show``: where a downloaded entry came from (nothing for one compiled on this volume)."""
+    if origin.get("kind") != "remote":
+        return []
+    by = as_dict(origin.get("downloaded_by"))
+    return [
+        (
+            "downloaded",
+            f"{human_age(_float(origin.get('downloaded_at')))} from {origin.get('remote', '?')} "
+            f"in {human_duration(_float(origin.get('download_seconds')))} by pod {by.get('pod', '?')}",
+        )
+    ]
+
+
 def _show_text(d: EntryDetail) -> str:
     e, m = d.entry, d.manifest or {}
     created_by = m.get("created_by") or {}
@@ -255,6 +269,7 @@ def _show_text(d: EntryDetail) -> str:
                 "compiled in",
                 f"{human_duration(m.get('compile_seconds'))} ({m.get('strategy') or e.strategy} strategy)",
             ),
+            *_origin_pairs(e.origin),
             ("last used", e.last_used_str),
             (
                 "in use by",

@@ -51,8 +51,9 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
     return seconds
 
 
-def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
+def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, str] | None = None) -> Any:
     from cachemgr.meter import interval_from
+    from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
     from cachemgr.runner import RunOptions  # heavy imports only for run/warm
 
     lease = _seconds(args.lease_duration, "--lease-duration") or 30.0
@@ -83,19 +84,28 @@ def run_options(args: argparse.Namespace, *, warm: bool) -> Any:
         status_port=args.status_port,
         warm=warm,
         progress_interval=interval_from(args.progress_interval),
+        remote=remote_config(args.remote, environ or {}),
     )
 
 
 def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.runner import run as run_pod
 
-    return run_pod(key_request(args, server_argv, environ), run_options(args, warm=False), environ=environ)
+    return run_pod(
+        key_request(args, server_argv, environ),
+        run_options(args, warm=False, environ=environ),
+        environ=environ,
+    )
 
 
 def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.runner import run as run_pod
 
-    return run_pod(key_request(args, server_argv, environ), run_options(args, warm=True), environ=environ)
+    return run_pod(
+        key_request(args, server_argv, environ),
+        run_options(args, warm=True, environ=environ),
+        environ=environ,
+    )
 
 
 def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
@@ -122,6 +132,10 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
 
 
 def demo(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    if args.remote:
+        from cachemgr.remote.demo import run_remote_demo
+
+        return run_remote_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)
     from cachemgr.demo import run_demo
 
     return run_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)

@@ -30,7 +30,11 @@ _HANDLERS: dict[str, tuple[str, bool]] = {
     "prune": ("cachemgr.cli.cmd_inspect:prune", False),
     "locks": ("cachemgr.cli.cmd_inspect:locks", False),
     "probe": ("cachemgr.cli.cmd_probe:probe", False),
+    "push": ("cachemgr.cli.cmd_remote:push", False),
+    "pull": ("cachemgr.cli.cmd_remote:pull", False),
 }
+# `ls --remote` and `prune --remote` act on the bucket: the remote tier's handlers.
+_REMOTE_VARIANTS = {"ls", "prune"}
 _NEEDS_SERVER_ARGV = {"run", "warm", "key", "explain"}
 
 
@@ -147,6 +151,13 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="serve /livez /readyz /startupz /status /metrics (0: any free port)",
     )
+    group.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="second tier on S3-compatible storage, s3://bucket/prefix: download on a miss, upload after "
+        "a compile [env CACHEMGR_REMOTE; endpoint: CACHEMGR_REMOTE_ENDPOINT; default: off]",
+    )
 
 
 def _port(text: str) -> int:
@@ -189,9 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmd = sub.add_parser("demo", help="two prefill and two decode pods, cold then warm, with stand-ins")
     cmd.add_argument("--dir", default="demo-cache", help="where the demo volumes go (default ./demo-cache)")
     cmd.add_argument("--compile-seconds", type=float, default=3.0, help="stand-in compile time")
+    cmd.add_argument(
+        "--remote",
+        action="store_true",
+        help="two clusters and one bucket (a local SeaweedFS: needs weed, boto3)",
+    )
     _add_log(cmd)
 
     _add_inspection(sub)
+    _add_remote_commands(sub)
 
     cmd = sub.add_parser("probe", help="Kubernetes exec probe: startup, live or ready")
     cmd.add_argument("kind", choices=["startup", "live", "ready"])
@@ -211,6 +228,8 @@ def _add_inspection(sub: Any) -> None:
         _add_output(cmd)
         _add_compat(cmd)
         _add_log(cmd)
+        if name == "ls":
+            _add_remote(cmd, listing=True)
     cmd = sub.add_parser("show", help="every key input, manifest summary, users and failures of one entry")
     cmd.add_argument("key", help="a unique prefix of the key, or the entry name")
     _add_root(cmd)
@@ -244,10 +263,50 @@ def _add_inspection(sub: Any) -> None:
     cmd.add_argument("--damaged", action="store_true", help="quarantined entries")
     cmd.add_argument("--dry-run", action="store_true", help="print the plan only")
     cmd.add_argument("--yes", action="store_true", help="do it without asking (required without a TTY)")
+    _add_remote(cmd, listing=True)
+    cmd.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="with --remote: this entry (repeatable); --unused-for counts from the upload there",
+    )
     _add_root(cmd)
     _add_output(cmd)
     _add_compat(cmd)
     _add_progress(cmd)
+    _add_log(cmd)
+
+
+def _add_remote(parser: argparse.ArgumentParser, *, listing: bool = False) -> None:
+    if listing:  # `ls --remote`: the flag alone means the remote in CACHEMGR_REMOTE
+        parser.add_argument(
+            "--remote",
+            nargs="?",
+            const="",
+            default=None,
+            metavar="URL",
+            help="act on the remote tier (s3://bucket/prefix; default: CACHEMGR_REMOTE) instead of the volume",
+        )
+        return
+    parser.add_argument(
+        "--remote", default=None, metavar="URL", help="s3://bucket/prefix [env CACHEMGR_REMOTE]"
+    )
+
+
+def _add_remote_commands(sub: Any) -> None:
+    cmd = sub.add_parser("push", help="upload published entries to the remote tier (manifest last)")
+    cmd.add_argument("keys", nargs="*", help="key prefixes or entry names (default: every entry)")
+    cmd.add_argument("--force", action="store_true", help="upload even if the remote has the entry")
+    _add_remote(cmd)
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_log(cmd)
+    cmd = sub.add_parser("pull", help="download an entry from the remote tier, check it, publish it here")
+    cmd.add_argument("key", help="a key prefix or entry name ('cachemgr ls --remote' lists them)")
+    _add_remote(cmd)
+    _add_root(cmd)
+    _add_output(cmd)
     _add_log(cmd)
 
 
@@ -295,8 +354,13 @@ def _check_server_argv(command: str, server_argv: list[str]) -> None:
         raise UsageError(f"cachemgr {command} takes no server argv", remedy="drop the part after '--'")
 
 
-def _handler(command: str) -> Callable[[argparse.Namespace, list[str], Mapping[str, str]], int]:
-    module_name, _, func = _HANDLERS[command][0].partition(":")
+def _handler(
+    command: str, args: argparse.Namespace
+) -> Callable[[argparse.Namespace, list[str], Mapping[str, str]], int]:
+    spec = _HANDLERS[command][0]
+    if command in _REMOTE_VARIANTS and getattr(args, "remote", None) is not None:
+        spec = f"cachemgr.cli.cmd_remote:{command}"
+    module_name, _, func = spec.partition(":")
     handler: Callable[[argparse.Namespace, list[str], Mapping[str, str]], int] = getattr(
         importlib.import_module(module_name), func
     )
@@ -316,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from cachemgr.log import configure, resolve_format  # not for probes
 
             configure(resolve_format(args.log_format))
-        return _handler(command)(args, server_argv, environ)
+        return _handler(command, args)(args, server_argv, environ)
     except BaseException as error:  # noqa: BLE001  # the one error boundary: every failure gets a line and a code
         if isinstance(error, SystemExit):
             return int(error.code or 0) if isinstance(error.code, int | None) else int(ExitCode.USAGE)

@@ -1,0 +1,251 @@
+"""``push``, ``pull``, ``ls --remote`` and ``prune --remote``: the remote tier from a shell or a CI job.
+
+Parse, call :mod:`cachemgr.remote.ops`, render; tables on stdout, JSON with ``-o json``. A
+remote that cannot be used is one line and exit 74, as a volume that cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
+from typing import Any, TypeVar
+
+from cachemgr.cli.cmd_inspect import _image, _n, _root
+from cachemgr.cli.render import Column, emit, emit_json, table
+from cachemgr.errors import CacheMgrError, ConfigError, UsageError
+from cachemgr.records import PodIdentity
+from cachemgr.remote.config import RemoteConfig, remote_config
+from cachemgr.store import open_root
+from cachemgr.units import human_age, human_bytes, parse_duration, parse_size
+
+T = TypeVar("T")
+
+
+def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> RemoteConfig:
+    config = remote_config(args.remote or None, environ)
+    if config is None:
+        raise ConfigError(
+            "no remote was given",
+            remedy="pass --remote s3://bucket/prefix or set CACHEMGR_REMOTE (endpoint: CACHEMGR_REMOTE_ENDPOINT)",
+        )
+    return config
+
+
+@contextmanager
+def _remote_errors(config: RemoteConfig, doing: str) -> Iterator[None]:
+    """boto3's exceptions -> one RemoteError line (exit 74); our own errors pass through."""
+    try:
+        yield
+    except CacheMgrError:
+        raise
+    except Exception as error:
+        from cachemgr.remote.client import describe
+
+        raise describe(error, config, doing=doing) from error
+
+
+def _open(args: argparse.Namespace, environ: Mapping[str, str]) -> Any:
+    from cachemgr.remote.transfer import Remote
+
+    config = _config(args, environ)
+    with _remote_errors(config, "connecting"):
+        return Remote(config)
+
+
+def _call(remote: Any, doing: str, func: Callable[[], T]) -> T:
+    with _remote_errors(remote.config, doing):
+        return func()
+
+
+# --- ls --remote --------------------------------------------------------------------------------
+
+
+def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.remote.ops import list_remote
+
+    remote = _open(args, environ)
+    listing = _call(remote, "listing", lambda: list_remote(remote))
+    if args.output == "json":
+        emit_json(listing.to_json())
+    else:
+        rows = [
+            {
+                "key": e.key[:12],
+                "model": e.model or "?",
+                "role": e.role or "?",
+                "compiler": e.compiler or "?",
+                "npu": e.npu or "?",
+                "size": e.size_str,
+                "uploaded": human_age(e.uploaded_at),
+                "by": e.uploaded_by or "?",
+            }
+            for e in listing.entries
+        ]
+        cols = [Column(c, c, ">" if c == "size" else "<") for c in rows[0]] if rows else []
+        text = table(rows, cols) if rows else f"no entries in {remote.config.url}"
+        text += f"\n\n{_n(len(rows), 'entry')}, {human_bytes(sum(e.size_bytes for e in listing.entries))}"
+        if listing.uploads:
+            text += (
+                f"; {_n(len(listing.uploads), 'upload')} without a manifest (under way or cut short; "
+                "'cachemgr prune --remote --stale-staging' removes those older than a day)"
+            )
+        emit(text)
+    for line in listing.warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    return 0
+
+
+# --- push and pull ------------------------------------------------------------------------------
+
+
+def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.inspection import find_key
+    from cachemgr.remote.ops import PushResult, push_entry
+    from cachemgr.scan import entry_names
+
+    root = _root(args)
+    remote = _open(args, environ)
+    identity = PodIdentity.current(environ)
+    names = [find_key(root, q).entry for q in args.keys] if args.keys else entry_names(root)
+    results: list[PushResult] = []
+    for name in names:
+        if name is None:
+            raise UsageError("that key has no published entry here", remedy="'cachemgr ls' lists the entries")
+        try:
+            moved = _call(
+                remote,
+                f"uploading {name}",
+                partial(push_entry, remote, root.entries / name, identity=identity, force=args.force),
+            )
+            results.append(PushResult(name, moved))
+        except CacheMgrError as error:
+            results.append(PushResult(name, None, error.one_line()))
+    _render_moves(args, [(r.entry, r.moved, r.error) for r in results], verb="uploaded")
+    failed = [r for r in results if r.error]
+    if failed:
+        from cachemgr.remote.client import RemoteError
+
+        raise RemoteError(
+            f"{_n(len(failed), 'entry')} of {len(results)} not uploaded ({failed[0].entry}: {failed[0].error})",
+            remedy="fix what the first error says and run push again (entries already uploaded are skipped)",
+        )
+    return 0
+
+
+def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.remote.ops import find_remote, list_remote, pull_entry
+
+    root = open_root(_root(args).path, create=True)
+    remote = _open(args, environ)
+    entry = find_remote(_call(remote, "listing", lambda: list_remote(remote)), args.key)
+    identity = PodIdentity.current(environ)
+    outcome, moved = _call(
+        remote, f"downloading {entry.entry}", lambda: pull_entry(root, remote, entry, identity=identity)
+    )
+    verb = "downloaded" if outcome.published else "downloaded (already published here: kept that one)"
+    _render_moves(args, [(entry.entry, moved, None)], verb=verb)
+    return 0
+
+
+def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | None]], *, verb: str) -> None:
+    if args.output == "json":
+        emit_json(
+            [
+                {
+                    "entry": name,
+                    "result": "failed"
+                    if error
+                    else ("skipped" if moved.skipped else verb.split(maxsplit=1)[0]),
+                    "files": moved.files if moved else 0,
+                    "bytes": moved.bytes if moved else 0,
+                    "seconds": round(moved.seconds, 3) if moved else 0,
+                    "error": error,
+                }
+                for name, moved, error in rows_in
+            ]
+        )
+        return
+    rows = [
+        {
+            "entry": name,
+            "files": moved.files if moved and not moved.skipped else "-",
+            "size": human_bytes(moved.bytes) if moved and not moved.skipped else "-",
+            "seconds": f"{moved.seconds:.1f}" if moved else "-",
+            "mib_s": f"{moved.mib_per_s:.0f}" if moved and not moved.skipped else "-",
+            "result": error or ("already in the remote" if moved.skipped else verb),
+        }
+        for name, moved, error in rows_in
+    ]
+    cols = [Column(c, c, "<" if c in {"entry", "result"} else ">") for c in rows[0]] if rows else []
+    emit(table(rows, cols) if rows else "no entries to push")
+
+
+# --- prune --remote -----------------------------------------------------------------------------
+
+
+def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.remote.ops import list_remote, plan_remote_prune, remove
+
+    if args.damaged:
+        raise UsageError(
+            "prune --remote has no --damaged: a damaged remote entry is refused by every reader",
+            remedy="remove it with 'cachemgr prune --remote --key KEY'",
+        )
+    options = _remote_prune_options(args)
+    compat = _image(args, environ).require() if args.incompatible else None
+    remote = _open(args, environ)
+    listing = _call(remote, "listing", lambda: list_remote(remote))
+    plan = plan_remote_prune(listing, compat=compat, **options)
+    rows = [
+        {"entry": i.entry, "upload": i.upload_id or "-", "size": human_bytes(i.size_bytes), "reason": i.why}
+        for i in plan
+    ]
+    if args.dry_run or not plan or not args.yes:
+        _render_remote_plan(args, rows, executed=False)
+        if plan and not args.dry_run and not args.yes:
+            raise UsageError(
+                f"prune --remote would remove {_n(len(plan), 'item')} from {remote.config.url}",
+                remedy="pass --yes to remove them, or --dry-run to only print the plan",
+            )
+        return 0
+    for item in plan:
+        _call(remote, f"removing {item.entry}", partial(remove, remote, item))
+    _render_remote_plan(args, rows, executed=True)
+    return 0
+
+
+def _remote_prune_options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        older = parse_duration(args.unused_for) if args.unused_for is not None else None
+        keep = parse_size(args.keep_bytes) if args.keep_bytes is not None else None
+    except ValueError as error:
+        raise UsageError(
+            f"prune --remote: {error}", remedy="e.g. --unused-for 30d, --keep-bytes 2Ti"
+        ) from None
+    options = {
+        "keys": tuple(args.key),
+        "older_than": older,
+        "keep_bytes": keep,
+        "stale_uploads": args.stale_staging,
+    }
+    if not (args.key or args.incompatible or older is not None or keep is not None or args.stale_staging):
+        raise UsageError(
+            "prune --remote needs at least one of --key, --incompatible, --unused-for, --keep-bytes, --stale-staging",
+            remedy="say what may go, e.g. 'cachemgr prune --remote --unused-for 30d --dry-run'",
+        )
+    return options
+
+
+def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *, executed: bool) -> None:
+    if args.output == "json":
+        emit_json({"plan": rows, "executed": executed})
+        return
+    if not rows:
+        emit("nothing to prune")
+        return
+    cols = [Column(c, c, ">" if c == "size" else "<") for c in rows[0]]
+    done = f"removed {_n(len(rows), 'item')}" if executed else "(dry run: nothing removed)"
+    emit(table(rows, cols) + f"\n\nplan: {_n(len(rows), 'item')}\n{done}")

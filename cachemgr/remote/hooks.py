@@ -1,0 +1,276 @@
+"""The runner's two calls into the remote tier: fetch on a local miss, upload after a publish.
+
+fetch (the lease holder, after its re-check found no entry)
+    download the remote entry into private staging, check every file against the manifest,
+    record where it came from, and publish by the same rename as a compile. Anything wrong, be
+    it a damaged entry, an unreachable or slow store, refused credentials, a full volume, or
+    CACHEMGR_REMOTE_BUDGET running out, ends in one warning and ``False``: the pod compiles.
+
+upload (after this pod published a compile)
+    a daemon thread uploads the entry, manifest last, while the server starts. A stopping
+    ``run`` waits for it up to CACHEMGR_REMOTE_UPLOAD_WAIT (``warm`` up to the budget); a pod
+    that dies first leaves objects no manifest names, which no reader takes (``cachemgr push``
+    uploads the entry later; ``prune --remote --stale-uploads`` removes the leftovers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from cachemgr.fsutil import atomic_write_json, hash_file, is_disk_full, read_json
+from cachemgr.log import get_logger
+from cachemgr.manifest import SUMMARY_NAME, FileRecord, Manifest, write_manifest
+from cachemgr.remote.config import RemoteConfig
+from cachemgr.store import CacheRoot, commit, create_staging
+
+if TYPE_CHECKING:
+    from cachemgr.key import CacheKey
+    from cachemgr.metrics import Metrics
+    from cachemgr.records import Heartbeat, PodIdentity
+    from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
+    from cachemgr.store import PublishOutcome
+
+log = get_logger("cachemgr.remote")
+
+# How a fetch ended: the upload after a local compile follows from it (see start_upload).
+FetchOutcome = Literal["hit", "miss", "damaged", "unusable"]
+
+
+def fetch(
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    config: RemoteConfig,
+    identity: PodIdentity,
+    metrics: Metrics,
+    beat: Heartbeat,
+    stop: StopFlag,
+) -> FetchOutcome:
+    """Publish the remote's entry of ``key`` on this volume: "hit"; else why not (one warning at most)."""
+    started = time.monotonic()
+    try:
+        from cachemgr.remote.transfer import Remote  # boto3: a remote path only
+
+        fetched = download_and_publish(
+            root,
+            key,
+            Remote(config),
+            identity=identity,
+            deadline=started + config.budget,
+            stop=stop,
+            beat=beat,
+        )
+        if fetched is None:
+            metrics.remote_misses += 1
+            log.info("remote_miss", key=key.short, remote=config.url)
+            return "miss"
+        outcome, moved = fetched
+    except InterruptedError:
+        return "unusable"
+    except BaseException as error:  # the remote never stops a pod: any failure -> compile
+        if isinstance(error, KeyboardInterrupt | SystemExit):
+            raise
+        return _warn_fetch(error, key, config, metrics)
+    seconds = time.monotonic() - started
+    metrics.remote_hit(moved.bytes, seconds)
+    log.info(
+        "remote_hit" if outcome.published else "remote_hit_peer_published_first",
+        key=key.short,
+        entry=key.entry_name,
+        remote=config.url,
+        files=moved.files,
+        bytes=moved.bytes,
+        seconds=round(seconds, 2),
+        mib_per_s=round(moved.mib_per_s, 1),
+    )
+    return "hit"
+
+
+def download_and_publish(
+    root: CacheRoot,
+    key: CacheKey,
+    remote: Remote,
+    *,
+    identity: PodIdentity,
+    deadline: float | None,
+    stop: StopFlag | None = None,
+    beat: Heartbeat | None = None,
+    progress: Progress | None = None,
+) -> tuple[PublishOutcome, Moved] | None:
+    """Download into private staging, check, record the origin, publish by rename; None: no entry.
+
+    Raises what went wrong (RemoteError, RemoteDamageError, OSError, TimeoutError); staging is
+    removed in every case.
+    """
+    started = time.monotonic()
+    staging = create_staging(root, key, identity)
+    if beat is not None:
+        beat.add(staging.owner_file)
+    try:
+        result = remote.download(key, staging.path, deadline=deadline, stop=stop, progress=progress)
+        if result is None:
+            return None
+        manifest, moved = result
+        origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
+        return commit(root, staging, key, _with_origin(staging.path, manifest, origin)), moved
+    finally:
+        if beat is not None:
+            beat.discard(staging.owner_file)
+        if staging.path.exists():
+            staging.discard()
+
+
+def _warn_fetch(error: BaseException, key: CacheKey, config: RemoteConfig, metrics: Metrics) -> FetchOutcome:
+    from cachemgr.remote.client import RemoteDamageError, describe
+
+    damaged = False
+    if isinstance(error, OSError) and is_disk_full(error):
+        problem, message = "volume-full", f"the cache volume filled up while downloading from {config.url}"
+    else:
+        reported = describe(error, config, doing=f"downloading key {key.short}")
+        damaged = isinstance(reported, RemoteDamageError)
+        problem = "damaged" if damaged else str(reported.fields.get("problem", "other"))
+        message = reported.one_line()
+    metrics.remote_failure(problem)
+    log.warning("remote_unusable_compiling_locally", key=key.short, problem=problem, message=message)
+    return "damaged" if damaged else "unusable"
+
+
+def _origin(
+    config: RemoteConfig, identity: PodIdentity, *, seconds: float, manifest_doc: Manifest
+) -> dict[str, Any]:
+    return {
+        "kind": "remote",
+        "remote": config.url,
+        "downloaded_at": time.time(),
+        "download_seconds": round(seconds, 3),
+        "downloaded_by": identity.to_json(),
+        "compiled_by": dict(manifest_doc.created_by),
+    }
+
+
+def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any]) -> Manifest:
+    """Record the entry's origin in its summary (what ls/show read), and the manifest to match.
+
+    Beside the artifacts, never inside them; every other file keeps the record it was checked by.
+    """
+    path = staging / SUMMARY_NAME
+    summary = read_json(path)
+    summary["origin"] = origin
+    atomic_write_json(path, summary)
+    files = tuple(
+        _local(staging, FileRecord(SUMMARY_NAME, 0, hash_file(path)) if r.path == SUMMARY_NAME else r)
+        for r in manifest.files
+    )
+    updated = dataclasses.replace(manifest, files=files, extra={**manifest.extra, "origin": origin})
+    write_manifest(staging, updated)
+    return updated
+
+
+def _local(staging: Path, record: FileRecord) -> FileRecord:
+    """The record as this copy has it: its size, and the mtime every later fast check compares
+    (the remote manifest's mtimes are the uploading node's; its hashes were just checked)."""
+    st = os.lstat(staging / record.path)
+    return dataclasses.replace(record, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+
+# --- upload after a local publish -------------------------------------------------------------
+
+
+class Upload:
+    """A background upload of one published entry; ``wait`` bounds how long anyone waits for it."""
+
+    def __init__(self, entry: Path, *, config: RemoteConfig, identity: PodIdentity, metrics: Metrics) -> None:
+        self.entry = entry
+        self.config = config
+        self.identity = identity
+        self.metrics = metrics
+        self.done = threading.Event()
+        self.stop = threading.Event()
+        self.replace = False  # the remote's entry was damaged: upload ours over it
+        self.thread = threading.Thread(target=self._run, name="cachemgr-upload", daemon=True)
+
+    def start(self) -> Upload:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        try:
+            from cachemgr.remote.transfer import Remote
+
+            moved = Remote(self.config).upload(
+                self.entry,
+                uploaded_by=self.identity.to_json(),
+                deadline=started + self.config.budget,
+                stop=self.stop,
+                force=self.replace,
+            )
+            self.metrics.remote_upload(moved.bytes, moved.seconds)
+            log.info(
+                "remote_already_had_entry" if moved.skipped else "remote_uploaded",
+                entry=moved.entry,
+                remote=self.config.url,
+                files=moved.files,
+                bytes=moved.bytes,
+                seconds=round(moved.seconds, 2),
+            )
+        except BaseException as error:  # noqa: BLE001  # a failed upload is a warning, never a pod failure
+            self._warn(error)
+        finally:
+            self.done.set()
+
+    def _warn(self, error: BaseException) -> None:
+        from cachemgr.remote.client import describe
+
+        reported = describe(error, self.config, doing=f"uploading {self.entry.name}")
+        self.metrics.remote_failure(str(reported.fields.get("problem", "other")))
+        log.warning(
+            "remote_upload_failed",
+            entry=self.entry.name,
+            message=reported.one_line(),
+            note="nothing partial is visible remotely (the manifest goes last); 'cachemgr push' retries",
+        )
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; on time-out, stop the upload and say so once."""
+        if self.done.wait(timeout):
+            return True
+        self.stop.set()
+        log.warning(
+            "remote_upload_unfinished",
+            entry=self.entry.name,
+            waited_s=round(timeout),
+            note="the pod stops before its upload finished; the remote has no manifest for it, so no reader "
+            "takes it; 'cachemgr push' uploads it (CACHEMGR_REMOTE_UPLOAD_WAIT sets the wait)",
+        )
+        with contextlib.suppress(RuntimeError):
+            self.done.wait(5.0)  # let the cancel reach the transfer threads
+        return False
+
+
+def start_upload(
+    entry: Path,
+    *,
+    config: RemoteConfig,
+    identity: PodIdentity,
+    metrics: Metrics,
+    fetched: FetchOutcome | None,
+) -> Upload | None:
+    """Upload ``entry`` in the background; the caller goes on (the server starts at once).
+
+    After a fetch that found the remote unusable (down, slow, credentials refused) there is no
+    upload: it would fail the same way, and the pod has said so once. After a damaged one,
+    ours replaces it.
+    """
+    if fetched == "unusable":
+        return None
+    upload = Upload(entry, config=config, identity=identity, metrics=metrics)
+    upload.replace = fetched == "damaged"
+    return upload.start()

@@ -1,0 +1,84 @@
+"""The remote store's layout, and the checks a remote manifest must pass before anything is fetched.
+
+::
+
+    <prefix>entries/<entry name>/manifest.json          the commit record, written last
+    <prefix>entries/<entry name>/objects/<upload id>/   the files of one upload (key.json, summary.json,
+                                                        artifacts/...), by their manifest paths
+
+The remote manifest is the entry's local manifest plus ``"remote": {"objects": "<upload id>",
+...}``. Each upload writes its files under a fresh id, then the manifest: a reader takes only
+what a manifest names, so an upload cut short leaves objects no manifest points to (nothing a
+reader would take), and two clusters uploading one key at once cannot mix their files: the
+last manifest written decides, and every file it names is from its own upload.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from cachemgr.manifest import ARTIFACTS, KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, Manifest
+from cachemgr.remote.config import RemoteConfig
+
+OBJECTS = "objects"
+_UPLOAD_ID = re.compile(r"[0-9a-z][0-9a-z.-]{0,63}")
+_TOP_FILES = {KEY_NAME, SUMMARY_NAME}
+# A manifest of a MiB lists ~5,000 files; this bounds what a hostile one can make us buffer.
+MAX_MANIFEST_BYTES = 64 << 20
+
+
+def manifest_key(config: RemoteConfig, entry: str) -> str:
+    return config.entry_prefix(entry) + MANIFEST_NAME
+
+
+def objects_prefix(config: RemoteConfig, entry: str, upload_id: str) -> str:
+    return f"{config.entry_prefix(entry)}{OBJECTS}/{upload_id}/"
+
+
+def check_upload_id(value: object) -> str | None:
+    """The manifest's upload id, or None if it is not one (it becomes part of object keys)."""
+    if isinstance(value, str) and _UPLOAD_ID.fullmatch(value):
+        return value
+    return None
+
+
+def unsafe_paths(manifest: Manifest) -> list[str]:
+    """The manifest's file paths that could write outside a fresh staging directory, or clash.
+
+    The manifest parser already refuses absolute paths and ``..``; a remote manifest is also held
+    to what a publish writes: ``key.json``, ``summary.json`` and files under ``artifacts/``, with
+    no empty or ``.`` parts, no backslashes or control characters, no duplicates, and no file
+    that is also another file's directory.
+    """
+    problems = []
+    paths = [record.path for record in manifest.files]
+    seen: set[str] = set()
+    for path in paths:
+        why = _path_problem(path)
+        if why is None and path in seen:
+            why = "listed twice"
+        seen.add(path)
+        if why is not None:
+            problems.append(f"{path!r}: {why}")
+    folders = set(_parents(paths))
+    problems += [f"{p!r}: both a file and a directory" for p in paths if p in folders]
+    return problems
+
+
+def _path_problem(path: str) -> str | None:
+    if not path or path.startswith("/") or "\\" in path or any(ord(c) < 32 or c == "\x7f" for c in path):
+        return "not a plain relative path"
+    parts = path.split("/")
+    if any(part in {"", ".", ".."} for part in parts):
+        return "has an empty, '.' or '..' part"
+    if path not in _TOP_FILES and (parts[0] != ARTIFACTS or len(parts) < 2):
+        return "is not key.json, summary.json or under artifacts/"
+    return None
+
+
+def _parents(paths: Iterable[str]) -> Iterable[str]:
+    for path in paths:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            yield "/".join(parts[:i])

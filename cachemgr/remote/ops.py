@@ -1,0 +1,329 @@
+"""What ``push``, ``pull``, ``ls --remote`` and ``prune --remote`` do, as library calls.
+
+The CLI (:mod:`cachemgr.cli.cmd_remote`) parses and renders; everything that reads or writes
+the bucket is here. A listing reads each entry's manifest (a few hundred KiB at most) in
+parallel; an entry whose objects exist without a manifest is an upload cut short (or under
+way): listed apart, never taken, removed by ``prune --remote --stale-uploads`` once old.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachemgr.errors import MissError, UsageError
+from cachemgr.key import CacheKey, digest_of
+from cachemgr.manifest import ManifestError, check_files, read_manifest
+from cachemgr.records import PodIdentity
+from cachemgr.remote.client import RemoteDamageError
+from cachemgr.remote.hooks import download_and_publish
+from cachemgr.remote.layout import OBJECTS, check_upload_id
+from cachemgr.remote.transfer import Moved, Progress, Remote
+from cachemgr.scan import Compat
+from cachemgr.serving import ServerCommand
+from cachemgr.store import CacheRoot, PublishOutcome
+from cachemgr.units import human_bytes
+
+STALE_UPLOAD_AFTER = 86400.0  # objects without a manifest this old are a dead upload, not one under way
+
+
+@dataclass(frozen=True)
+class RemoteEntry:
+    """One committed entry in the remote, as its manifest describes it."""
+
+    entry: str
+    key: str
+    model: str
+    role: str
+    compiler: str
+    npu: str
+    size_bytes: int
+    files: int
+    uploaded_at: float
+    uploaded_by: str
+    upload_id: str
+    inputs: dict[str, Any]
+
+    @property
+    def size_str(self) -> str:
+        return human_bytes(self.size_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "remote-entry",
+            "key": self.key,
+            "entry": self.entry,
+            "model": self.model,
+            "role": self.role,
+            "compiler": self.compiler,
+            "npu": self.npu,
+            "size_bytes": self.size_bytes,
+            "files": self.files,
+            "uploaded_at": self.uploaded_at,
+            "uploaded_by": self.uploaded_by,
+            "upload_id": self.upload_id,
+        }
+
+
+@dataclass(frozen=True)
+class StaleUpload:
+    """Objects of an upload no manifest names: cut short, replaced, or still under way."""
+
+    entry: str
+    upload_id: str
+    objects: int
+    size_bytes: int
+    last_modified: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "upload-without-manifest", **self.__dict__}
+
+
+@dataclass(frozen=True)
+class RemoteListing:
+    entries: tuple[RemoteEntry, ...]
+    uploads: tuple[StaleUpload, ...]  # objects no manifest names
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [e.to_json() for e in self.entries] + [u.to_json() for u in self.uploads]
+
+
+# --- listing ------------------------------------------------------------------------------------
+
+
+def list_remote(remote: Remote) -> RemoteListing:
+    """Every entry in the remote (by manifest) and every upload no manifest names."""
+    objects = _objects_by_upload(remote)
+    names = sorted({entry for entry, _ in objects} | set(_manifest_names(remote)))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        read = list(pool.map(lambda name: _read_entry(remote, name), names))
+    entries, warnings = [], []
+    named: set[tuple[str, str]] = set()
+    for name, (entry, warning) in zip(names, read, strict=True):
+        if entry is not None:
+            entries.append(entry)
+            named.add((name, entry.upload_id))
+        if warning:
+            warnings.append(f"{name}: {warning}")
+    uploads = [
+        StaleUpload(entry, upload, len(items), sum(s for s, _ in items), max(t for _, t in items))
+        for (entry, upload), items in sorted(objects.items())
+        if (entry, upload) not in named
+    ]
+    return RemoteListing(tuple(entries), tuple(uploads), tuple(warnings))
+
+
+def _list(remote: Remote, prefix: str) -> Iterator[dict[str, Any]]:
+    paginator = remote.client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=remote.config.bucket, Prefix=prefix):
+        yield from page.get("Contents", [])
+
+
+def _manifest_names(remote: Remote) -> list[str]:
+    top = remote.config.entries_prefix
+    return [
+        item["Key"][len(top) :].rpartition("/")[0]
+        for item in _list(remote, top)
+        if item["Key"].endswith("/manifest.json") and item["Key"][len(top) :].count("/") == 1
+    ]
+
+
+def _objects_by_upload(remote: Remote) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(entry, upload id) -> [(size, mtime)] of every object under ``objects/``."""
+    top = remote.config.entries_prefix
+    found: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for item in _list(remote, top):
+        parts = item["Key"][len(top) :].split("/")
+        if len(parts) >= 4 and parts[1] == OBJECTS:
+            found.setdefault((parts[0], parts[2]), []).append(
+                (int(item["Size"]), item["LastModified"].timestamp())
+            )
+    return found
+
+
+def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | None]:
+    found = remote.get_manifest(name)
+    if found is None:
+        return None, None
+    raw, modified = found
+    try:
+        doc = json.loads(raw)
+        info = doc.get("remote") or {}
+        inputs = dict(doc["inputs"])
+        files = doc["files"]
+        return RemoteEntry(
+            entry=name,
+            key=str(doc["key"]),
+            model=str(doc.get("model_name", "")),
+            role=str(inputs.get("role", "")),
+            compiler=str(inputs.get("compiler", "")),
+            npu=str(inputs.get("npu", "")),
+            size_bytes=sum(int(f["size"]) for f in files),
+            files=len(files),
+            uploaded_at=float(info.get("uploaded_at") or modified),
+            uploaded_by=str((info.get("uploaded_by") or {}).get("pod", "")),
+            upload_id=check_upload_id(info.get("objects")) or "",
+            inputs=inputs,
+        ), None
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        return (
+            None,
+            f"manifest.json is not a cachemgr manifest ({error!r}): 'cachemgr prune --remote --key' removes it",
+        )
+
+
+def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
+    """An entry name or a unique key prefix -> the remote entry; UsageError / MissError otherwise."""
+    query = query.strip()
+    if not query:
+        raise UsageError("an empty KEY matches everything", remedy="pass a key prefix or an entry name")
+    found = [e for e in listing.entries if e.entry == query or e.key.startswith(query.lower())]
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise MissError(
+            f"the remote has no entry matching {query!r}",
+            remedy="'cachemgr ls --remote' lists the remote's entries",
+        )
+    raise UsageError(
+        f"{query!r} matches {len(found)} remote entries ({', '.join(e.key[:12] for e in found[:6])})",
+        remedy="pass a longer key prefix or the entry name",
+    )
+
+
+# --- push and pull ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PushResult:
+    entry: str
+    moved: Moved | None
+    error: str | None = None
+
+
+def push_entry(
+    remote: Remote, entry_dir: Path, *, identity: PodIdentity, force: bool, progress: Progress | None = None
+) -> Moved:
+    """Upload one published entry after checking its files' sizes against its manifest."""
+    try:
+        manifest = read_manifest(entry_dir)
+        problems = [str(p) for p in check_files(entry_dir, manifest, mode="fast")]
+    except ManifestError as error:
+        problems = [str(error)]
+    if problems:
+        raise RemoteDamageError(
+            f"local entry {entry_dir.name} does not match its manifest ({problems[0]}); not uploaded",
+            remedy="'cachemgr verify --fix' moves it aside; the next start compiles it again",
+        )
+    return remote.upload(entry_dir, uploaded_by=identity.to_json(), force=force, progress=progress)
+
+
+def key_of(entry: RemoteEntry) -> CacheKey:
+    """The key a remote entry claims, checked: its inputs must hash to its key and name its entry."""
+    key = CacheKey(
+        digest=digest_of(entry.inputs),
+        inputs=entry.inputs,
+        sources={},
+        server=ServerCommand(argv=(), kind="other"),
+        details={"model_name": entry.model},
+    )
+    if key.digest != entry.key or key.entry_name != entry.entry:
+        raise RemoteDamageError(
+            f"remote entry {entry.entry}: its manifest's inputs hash to key {key.digest[:16]}, "
+            f"not to the key it claims ({entry.key[:16]}) or its name",
+            remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy",
+        )
+    return key
+
+
+def pull_entry(
+    root: CacheRoot,
+    remote: Remote,
+    entry: RemoteEntry,
+    *,
+    identity: PodIdentity,
+    progress: Progress | None = None,
+) -> tuple[PublishOutcome, Moved]:
+    """Download, check and publish one remote entry here (as a pod's remote hit does)."""
+    key = key_of(entry)
+    fetched = download_and_publish(root, key, remote, identity=identity, deadline=None, progress=progress)
+    if fetched is None:
+        raise MissError(
+            f"remote entry {entry.entry} was removed while pulling it", remedy="'cachemgr ls --remote'"
+        )
+    return fetched
+
+
+# --- prune --remote -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemotePruneItem:
+    entry: str
+    upload_id: str  # "" for the whole entry (manifest first), else one upload no manifest names
+    size_bytes: int
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def plan_remote_prune(
+    listing: RemoteListing,
+    *,
+    keys: Sequence[str] = (),
+    compat: Compat | None = None,
+    older_than: float | None = None,
+    keep_bytes: int | None = None,
+    stale_uploads: bool = False,
+    now: float | None = None,
+) -> list[RemotePruneItem]:
+    """What ``prune --remote`` removes: each selector adds entries; nothing is removed here."""
+    now = time.time() if now is None else now
+    chosen: dict[str, RemotePruneItem] = {}
+    for query in keys:
+        entry = find_remote(listing, query)
+        chosen[entry.entry] = RemotePruneItem(entry.entry, "", entry.size_bytes, "named")
+    for entry in listing.entries:
+        why = compat.why_incompatible(entry.compiler, entry.npu) if compat is not None else None
+        if why:
+            chosen.setdefault(entry.entry, RemotePruneItem(entry.entry, "", entry.size_bytes, why))
+        if older_than is not None and now - entry.uploaded_at > older_than:
+            chosen.setdefault(entry.entry, RemotePruneItem(entry.entry, "", entry.size_bytes, "old"))
+    if keep_bytes is not None:
+        left = [e for e in listing.entries if e.entry not in chosen]
+        total = sum(e.size_bytes for e in left)
+        for entry in sorted(left, key=lambda e: e.uploaded_at):  # oldest first: no last-use in a bucket
+            if total <= keep_bytes:
+                break
+            chosen[entry.entry] = RemotePruneItem(entry.entry, "", entry.size_bytes, "over --keep-bytes")
+            total -= entry.size_bytes
+    items = list(chosen.values())
+    if stale_uploads:
+        items += [
+            RemotePruneItem(u.entry, u.upload_id, u.size_bytes, "upload without a manifest")
+            for u in listing.uploads
+            if now - u.last_modified > STALE_UPLOAD_AFTER
+        ]
+    return items
+
+
+def remove(remote: Remote, item: RemotePruneItem) -> int:
+    """Remove an entry (its manifest first: readers stop taking it at once) or one dead upload."""
+    config = remote.config
+    if item.upload_id:
+        prefix = f"{config.entry_prefix(item.entry)}{OBJECTS}/{item.upload_id}/"
+    else:
+        prefix = config.entry_prefix(item.entry)
+        remote.client.delete_object(Bucket=config.bucket, Key=prefix + "manifest.json")
+    keys = [obj["Key"] for obj in _list(remote, prefix)]
+    for start in range(0, len(keys), 1000):  # DeleteObjects takes up to 1,000 keys
+        batch = [{"Key": k} for k in keys[start : start + 1000]]
+        remote.client.delete_objects(Bucket=config.bucket, Delete={"Objects": batch, "Quiet": True})
+    return len(keys)
