@@ -9,13 +9,20 @@ pods (the stand-in compiler through ``--strategy command``, the stand-in server 
   aimed at a lease holder (compiling or publishing), a waiter, or any other pod;
 * ``prune-unused`` (``cachemgr prune --unused-for 0s --yes``) and ``prune-stale``
   (``--stale-staging``), run from a random node, and ``sigkill-prune`` (a prune killed mid-way);
-* ``ballast`` (tmpfs trials): a file that takes all but a few KiB of the free space, removed later.
+* ``ballast`` (tmpfs trials): a file that takes all but a few KiB of the free space, removed later;
+* ``symlink``: someone with write access to the volume plants a symlink to the *canary* (a
+  directory outside the root) where cachemgr lists, moves or deletes: ``staging/<digest>`` of a key
+  in use, a child of ``staging/<digest>``, ``quarantine/``, ``trash/``, ``usage/`` or ``leases/``;
+* ``intruder``: a second ``cachemgr run`` or a ``cachemgr warm`` typed into a serving pod
+  (``kubectl exec``: it inherits the pod's ``CACHEMGR_STATE_DIR``).
 
-Each pod takes one of the trial's two lease durations at random: pods with different
-``--lease-duration`` wait for and take over from each other (issue 12).
+Pods differ as a real fleet does: in a trial with mixed leases each pod takes one of two
+``--lease-duration`` values (a Deployment and a warm Job, two rollouts), and with clock skew some
+pods and prunes run with their wall clock minutes off (libfaketime, up to +-10 minutes).
 
-Between rounds a published file is damaged (``damage-truncate``, ``damage-flip``); the pods of the
-next round that use that key run with ``--verify full`` when the damage keeps the size.
+Between rounds a published entry is damaged (``damage-truncate``, ``damage-flip``, or
+``damage-symlink``: a file in it replaced by a symlink to the canary); the pods of the next round
+that use that key run with ``--verify full`` when the damage keeps the size.
 
 After every trial, once its faults stopped, these invariants must hold:
 
@@ -27,7 +34,9 @@ After every trial, once its faults stopped, these invariants must hold:
    digest of a clean compile of its pod's key (compiled once, outside cachemgr, in a clean dir),
    and no server died on its own integrity check;
 5. every pod ended as the faults explain: serving, killed or stopped by the campaign, or exit 73
-   on a volume that filled up. Anything else (a crash, a stuck pod) is reported with its log.
+   on a volume that filled up. Anything else (a crash, a stuck pod) is reported with its log;
+6. nothing outside the root was touched: the canary tree is byte for byte what it was;
+7. an intruder never disturbed its pod: the pod still serves, its probes pass, its view is whole.
 
 Short form (CI): ``CACHEMGR_CAMPAIGN_TRIALS`` (default 6: two of each volume kind). Long form::
 
@@ -41,6 +50,8 @@ replays it alone. ``CACHEMGR_CAMPAIGN_REPORT=FILE`` also writes the totals as JS
 from __future__ import annotations
 
 import contextlib
+import glob
+import hashlib
 import heapq
 import json
 import os
@@ -81,8 +92,14 @@ ROUND_FAULTS = (
     ("prune-unused", 3),
     ("prune-stale", 2),
     ("sigkill-prune", 1),
+    ("symlink", 2),
+    ("intruder", 2),
 )
+SKEWS = (-600, -180, 180, 600)  # seconds a skewed pod's or prune's wall clock is off
+INTRUDER_EXITS = {"run": {64}, "warm": {0}}  # a second run on a live state dir refuses (usage)
 STANDIN_DAMAGE = ("truncated or damaged (stand-in check)", "missing the required")
+# libfaketime (Debian package faketime): LD_PRELOAD it to skew one process's wall clock.
+FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
 
 pytestmark = [pytest.mark.campaign]
 
@@ -199,6 +216,7 @@ class PodInfo:
     round: int
     signals: list[str] = field(default_factory=list)  # what the campaign did to it
     check: bool = False  # a fresh pod of the lease check
+    options: list[str] = field(default_factory=list)
 
     @property
     def alive(self) -> bool:
@@ -227,6 +245,10 @@ class Trial:
         self.lease = round(self.rng.uniform(2.0, 3.5), 1)
         self.other_lease = round(self.rng.uniform(1.0, 6.0), 1)
         self.longest_lease = max(self.lease, self.other_lease)
+        self.skewed = FAKETIME_LIB is not None and self.rng.random() < 0.5
+        self.canary = _make_canary(work / "canary")
+        self.canary_digest = _tree_digest(self.canary)
+        self.intruders: list[tuple[PodInfo, str, subprocess.Popen[bytes], set[str]]] = []
         self.variants = list(range(self.rng.randint(1, 3)))
         self.compile_record = work / "compiler.jsonl"
         self.pods: list[PodInfo] = []
@@ -269,18 +291,29 @@ class Trial:
             "--verify", verify,
         ]  # fmt: skip
         pace = f"{self.rng.uniform(0.3, 3.0):.2f}"
+        skew, skewed = self.skew()
         pod = self.cluster.start(
             name,
             server_argv(free_port()),
             cache_root=self.roots[node],
             options=options,
             node=f"node-{node}",
-            env={"STANDIN_COMPILE_SECONDS": pace},
+            env={"STANDIN_COMPILE_SECONDS": pace, **skew},
         )
-        info = PodInfo(pod, variant, round_, check=check)
+        info = PodInfo(pod, variant, round_, check=check, options=options)
         self.pods.append(info)
-        self.note(f"start {name} on node-{node} (compile {pace}s, verify {verify}, lease {lease}s)")
+        self.note(f"start {name} on node-{node} (compile {pace}s, verify {verify}, lease {lease}s{skewed})")
         return info
+
+    def skew(self) -> tuple[dict[str, str], str]:
+        """In a skewed trial, half the processes run with their wall clock minutes off."""
+        if not self.skewed or FAKETIME_LIB is None or self.rng.random() < 0.5:
+            return {}, ""
+        offset = self.rng.choice(SKEWS)
+        self.faults["clock-skew"] += 1
+        # Only the wall clock: a node's monotonic clock has no meaning on another node anyway.
+        env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"{offset:+d}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        return env, f", clock {offset:+d}s"
 
     def role(self, info: PodInfo) -> str:
         phase = info.pod.phase
@@ -336,8 +369,9 @@ class Trial:
         argv = [sys.executable, "-m", "cachemgr", "prune", *what, "--yes", "-o", "json"]
         # On the node it pretends to run on: dead attempts of that node are seen as dead at once.
         argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', f"node-{node}", *argv]
-        env = {**self.cluster.base_env, "CACHEMGR_CACHE_ROOT": str(self.roots[node])}
-        self.note(f"{kind} on node-{node}")
+        skew, skewed = self.skew()
+        env = {**self.cluster.base_env, "CACHEMGR_CACHE_ROOT": str(self.roots[node]), **skew}
+        self.note(f"{kind} on node-{node}{skewed}")
         self.prunes.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
 
     def fault_kill_prune(self) -> None:
@@ -350,6 +384,94 @@ class Trial:
         self.note(f"sigkill-prune pid {victim.pid}")
         with contextlib.suppress(ProcessLookupError):
             victim.kill()
+
+    def fault_symlink(self) -> None:
+        """Someone with write access plants a symlink to the canary where cachemgr lists or deletes."""
+        root = self.roots[self.node()]
+        keys = [k for k in (p.pod.state().get("key") for p in self.pods) if isinstance(k, str) and k]
+        digest = self.rng.choice(keys) if keys else secrets.token_hex(16)
+        old = time.time() - 3600  # an owner record an hour old: a stale attempt to clean up
+        place = self.rng.choice(["staging", "attempt", "quarantine", "trash", "usage", "lease"])
+        target: Path = self.canary
+        if place == "staging" and not (root / "staging" / digest).is_dir():
+            link = root / "staging" / digest
+        elif place in {"staging", "attempt"}:
+            link = root / "staging" / digest / f"intruder.1.{secrets.token_hex(2)}"
+            owner = link.with_name(link.name + ".json")
+            owner.parent.mkdir(parents=True, exist_ok=True)
+            owner.write_text(json.dumps({"pod": "intruder", "host": "elsewhere", "pid": 1, "since": old}))
+            os.utime(owner, (old, old))
+        elif place in {"quarantine", "trash"}:
+            link = root / place / f"{digest[:8]}.planted"
+        elif place == "usage":
+            link = root / "usage" / digest / "intruder.json"
+            target = self.canary / "file.bin"
+        else:
+            link = root / "leases" / f"{digest}.holder.json"
+            target = self.canary / "file.bin"
+        self.faults[f"symlink:{place}"] += 1
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.is_file():  # a record in the way is replaced, as an attacker would
+                link.unlink()
+            link.symlink_to(target)
+        except OSError as error:  # the place is taken (a real attempt, a live lease): plant elsewhere
+            self.note(f"symlink {place}: {error.strerror} ({link})")
+            return
+        self.note(f"symlink {link.relative_to(root)} -> canary")
+
+    def fault_intruder(self, deadline: float, schedule: Callable[[float, Callable[[], None]], None]) -> None:
+        """A second run or a warm typed into a serving pod: same environment, same state dir."""
+        serving = [p for p in self.live_pods() if p.pod.phase == "serving" and not p.signals]
+        if not serving:
+            if time.monotonic() < deadline:
+                schedule(0.2, lambda: self.fault_intruder(deadline, schedule))
+            else:
+                self.note("intruder: no serving pod")
+            return
+        victim = self.rng.choice(serving)
+        command = self.rng.choice(["run", "warm"])
+        self.faults[f"intruder:{command}"] += 1
+        view = _view_paths(victim.pod.state_dir)
+        argv = [sys.executable, "-m", "cachemgr", command, *victim.options, "--", *server_argv(free_port())]
+        proc = subprocess.Popen(argv, env=victim.pod.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.intruders.append((victim, command, proc, view))
+        self.note(f"intruder: cachemgr {command} in {victim.pod.name} ({len(view)} view paths)")
+
+    def check_intruders(self) -> None:
+        """Invariant 7: the intruder ended as documented; its pod serves on, probes pass, view whole."""
+        for victim, command, proc, view in self.intruders:
+            try:
+                out, _ = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+            text = out.decode(errors="replace")[-800:]
+            if proc.returncode not in INTRUDER_EXITS[command]:
+                self.violate(f"intruder {command} in {victim.pod.name} exited {proc.returncode}: {text}")
+            if victim.signals or not victim.alive:
+                continue  # another fault ended the pod since: nothing left to disturb
+            missing = sorted(p for p in view if not os.path.lexists(p))
+            if missing:
+                self.violate(f"intruder {command} removed {len(missing)} paths of {victim.pod.name}'s view")
+            if victim.pod.state().get("pid") != victim.pod.proc.pid:
+                self.violate(
+                    f"intruder {command} replaced {victim.pod.name}'s state record: {victim.pod.state()}"
+                )
+            for kind in ("live", "ready"):
+                probe = subprocess.run(
+                    [sys.executable, "-m", "cachemgr", "probe", kind, "--timeout", "10"],
+                    env={**victim.pod.env},
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+                if probe.returncode != 0:
+                    self.violate(
+                        f"after intruder {command}, {victim.pod.name} fails probe {kind}: {probe.stdout}"
+                    )
+        self.intruders.clear()
 
     def fault_ballast(self) -> None:
         root = self.roots[0]
@@ -382,8 +504,13 @@ class Trial:
         except ManifestError:
             return
         record = self.rng.choice([f for f in manifest.files if f.path.startswith("artifacts/")])
-        kind = self.rng.choice(["damage-truncate", "damage-flip"])
+        kind = self.rng.choice(["damage-truncate", "damage-flip", "damage-symlink"])
         path = entry / record.path
+        if kind == "damage-symlink":  # root may unlink in the read-only directory, as in a pod
+            path.unlink()
+            path.symlink_to(self.canary / "file.bin")
+            self._damaged(kind, entry, manifest.key, f"{record.path} -> canary")
+            return
         os.chmod(path, 0o644)
         with path.open("r+b") as handle:
             if kind == "damage-truncate":
@@ -395,9 +522,12 @@ class Trial:
                 handle.seek(offset)
                 handle.write(bytes([byte[0] ^ (1 << self.rng.randrange(8))]))
         os.chmod(path, 0o444)
-        variant = self._variant_of(manifest.key)
+        self._damaged(kind, entry, manifest.key, record.path)
+
+    def _damaged(self, kind: str, entry: Path, key: str, what: str) -> None:
+        variant = self._variant_of(key)
         self.faults[kind] += 1
-        self.note(f"{kind} {entry.name}/{record.path} (variant {variant})")
+        self.note(f"{kind} {entry.name}/{what} (variant {variant})")
         if variant is not None:
             self.damaged[variant] = (kind, entry, entry.stat().st_ino)
 
@@ -464,6 +594,10 @@ class Trial:
             self.fault_prune(kind)
         elif kind == "sigkill-prune":
             self.fault_kill_prune()
+        elif kind == "symlink":
+            self.fault_symlink()
+        elif kind == "intruder":
+            self.fault_intruder(time.monotonic() + 2 * self.lease + 4.0, schedule)
         else:
             wanted = self.rng.choice(["holder", "holder", "waiter", "other"])
             self.fault_signal(kind, wanted, time.monotonic() + 1.5, schedule)
@@ -483,6 +617,7 @@ class Trial:
                 (list(map(str, proc.args)), proc.returncode, out.decode(errors="replace"))
             )  # type: ignore[arg-type]
         self.prunes.clear()
+        self.check_intruders()
 
     def settle(self, pods: list[PodInfo]) -> None:
         """Every pod serves or has exited, within a deadline: a pod stuck waiting is a violation."""
@@ -600,6 +735,8 @@ class Trial:
         loads = self.check_loads()
         self.check_entries()
         self.check_prunes()
+        if _tree_digest(self.canary) != self.canary_digest:
+            self.violate(f"the canary outside the root was changed: {sorted(_listing(self.canary))}")
         totals.trials += 1
         totals.faults.update(self.faults)
         totals.outcomes.update(outcomes)
@@ -616,6 +753,33 @@ def _entry_dirs(root: Path) -> list[Path]:
     if not entries.is_dir():
         return []
     return sorted(p for p in entries.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _make_canary(path: Path) -> Path:
+    """A directory outside the cache root that no command may touch (invariant 6)."""
+    (path / "sub").mkdir(parents=True)
+    (path / "file.bin").write_bytes(os.urandom(4096))
+    (path / "sub" / "weights.safetensors").write_bytes(os.urandom(1024))
+    return path
+
+
+def _listing(path: Path) -> list[str]:
+    return [str(p.relative_to(path)) for p in path.rglob("*")] if path.is_dir() else []
+
+
+def _tree_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(_listing(path)):
+        digest.update(name.encode())
+        if (path / name).is_file():
+            digest.update((path / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _view_paths(state_dir: Path) -> set[str]:
+    """Every path of the pod's current views (links included), as the server sees them."""
+    views = state_dir / "views"
+    return {os.path.join(d, n) for d, dirs, files in os.walk(views) for n in dirs + files}
 
 
 def _read(path: Path) -> str:
@@ -649,6 +813,8 @@ def test_trial(  # noqa: PLR0917  # pytest passes fixtures and parameters positi
     totals: Totals,
     references: dict[int, str],
 ) -> None:
+    if FAKETIME_LIB is None and os.environ.get("CACHEMGR_REQUIRE_MOUNTS") == "1":
+        pytest.fail("the campaign skews clocks with libfaketime: apt-get install faketime", pytrace=False)
     rng = random.Random(f"{SEED}:{index}:volume")
     roots = _roots(kind, request, tmp_path, rng)
     trial = Trial(index, kind, tmp_path / "work", roots, references)
