@@ -33,8 +33,9 @@ After every trial, once its faults stopped, these invariants must hold:
 4. no server ever started on a wrong or damaged entry: every stand-in ``load`` event carries the
    digest of a clean compile of its pod's key (compiled once, outside cachemgr, in a clean dir),
    and no server died on its own integrity check;
-5. every pod ended as the faults explain: serving, killed or stopped by the campaign, or exit 73
-   on a volume that filled up. Anything else (a crash, a stuck pod) is reported with its log;
+5. every pod ended as the faults explain: serving, killed or stopped by the campaign, exit 73
+   on a volume that filled up, or exit 74 naming a layout directory the campaign replaced by a
+   link (the documented refusal; an operator removes the link). Anything else (a crash, a stuck pod) is reported with its log;
 6. nothing outside the root was touched: the canary tree is byte for byte what it was;
 7. an intruder never disturbed its pod: the pod still serves, its probes pass, its view is whole.
 
@@ -83,6 +84,7 @@ ENTRY_BYTES = 384 << 10
 LEASE_SLACK = 5.0  # process start, imports and the 0.2 s lease poll, on a busy 2-core machine
 SETTLE_SECONDS = 60.0  # after the faults stop, every pod serves or has exited within this (+ 3 leases)
 DISK_FULL = 73
+VOLUME_UNUSABLE = 74
 SIGTERM_EXIT = 128 + signal.SIGTERM
 # (kind, weight): what may fire during a round.
 ROUND_FAULTS = (
@@ -100,6 +102,7 @@ INTRUDER_EXITS = {"run": {64}, "warm": {0}}  # a second run on a live state dir 
 STANDIN_DAMAGE = ("truncated or damaged (stand-in check)", "missing the required")
 # libfaketime (Debian package faketime): LD_PRELOAD it to skew one process's wall clock.
 FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+FAKETIME_SHIM = Path(__file__).resolve().parent / "faketime_shim"
 
 pytestmark = [pytest.mark.campaign]
 
@@ -249,6 +252,7 @@ class Trial:
         self.canary = _make_canary(work / "canary")
         self.canary_digest = _tree_digest(self.canary)
         self.intruders: list[tuple[PodInfo, str, subprocess.Popen[bytes], set[str]]] = []
+        self.planted_dirs: list[str] = []  # layout directories replaced by a link (relative to the root)
         self.variants = list(range(self.rng.randint(1, 3)))
         self.compile_record = work / "compiler.jsonl"
         self.pods: list[PodInfo] = []
@@ -312,7 +316,14 @@ class Trial:
         offset = self.rng.choice(SKEWS)
         self.faults["clock-skew"] += 1
         # Only the wall clock: a node's monotonic clock has no meaning on another node anyway.
-        env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"{offset:+d}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        # faketime_shim/sitecustomize.py says why libfaketime 0.9.10 needs it with Python 3.11.
+        shim = os.pathsep.join(filter(None, [str(FAKETIME_SHIM), os.environ.get("PYTHONPATH")]))
+        env = {
+            "LD_PRELOAD": FAKETIME_LIB,
+            "FAKETIME": f"{offset:+d}",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": shim,
+        }
         return env, f", clock {offset:+d}s"
 
     def role(self, info: PodInfo) -> str:
@@ -395,6 +406,8 @@ class Trial:
         target: Path = self.canary
         if place == "staging" and not (root / "staging" / digest).is_dir():
             link = root / "staging" / digest
+            # A layout directory that is a link: commands that need it refuse with exit 74 naming it.
+            self.planted_dirs.append(f"staging/{digest}")  # as every node's mount names it
         elif place in {"staging", "attempt"}:
             link = root / "staging" / digest / f"intruder.1.{secrets.token_hex(2)}"
             owner = link.with_name(link.name + ".json")
@@ -686,6 +699,8 @@ class Trial:
                 outcomes["stopped"] += 1
             elif code == DISK_FULL and self.kind == "tmpfs":
                 outcomes["disk-full"] += 1
+            elif code == VOLUME_UNUSABLE and self.names_planted_dir(log):
+                outcomes["refused-planted-link"] += 1
             else:
                 outcomes[f"unexpected-{code}"] += 1
                 self.violate(
@@ -724,8 +739,14 @@ class Trial:
             if problems:
                 self.violate(f"entry {entry.name} does not verify: {'; '.join(map(str, problems))}")
 
+    def names_planted_dir(self, output: str) -> bool:
+        """The documented refusal (exit 74) of a layout directory replaced by a link, naming it."""
+        return any(f"/{rel} is a symbolic link" in output for rel in self.planted_dirs)
+
     def check_prunes(self) -> None:
         for argv, code, out in self.prune_results:
+            if code == VOLUME_UNUSABLE and self.names_planted_dir(out):
+                continue
             if code not in {0, -signal.SIGKILL}:
                 self.violate(f"{' '.join(argv[-5:])} exited {code}: {out[-800:]}")
 
