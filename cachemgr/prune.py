@@ -42,10 +42,9 @@ from cachemgr import safefs
 from cachemgr.fsutil import fsync_dir, read_json, remove_tree, tree_bytes
 from cachemgr.key import CacheKey
 from cachemgr.log import get_logger
-from cachemgr.procs import pid_alive
-from cachemgr.records import Mark, PodIdentity, User, observe, observe_marks, read_usage, record_mark
+from cachemgr.records import Mark, PodIdentity, User, observe, read_usage, record_mark
 from cachemgr.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, scan
-from cachemgr.store import CacheRoot, StagingInfo, list_staging
+from cachemgr.store import CacheRoot, StagingInfo, dead_attempts, list_staging
 from cachemgr.units import human_bytes, human_duration
 
 if TYPE_CHECKING:
@@ -273,16 +272,7 @@ def _quarantined(root: CacheRoot) -> list[PruneItem]:
 def _stale_attempts(
     root: CacheRoot, staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
 ) -> list[PruneItem]:
-    """Attempts of dead pods. Silent by this node's clock is not enough (a node whose clock is
-    ahead sees every live attempt silent): the owner record must also not beat while watched
-    (records.observe), unless its pod is known dead on this very host."""
-    stale = [info for info in staging if info.is_stale(stale_after=request.stale_after, identity=identity)]
-    marks = {os.fspath(info.owner_file): record_mark(os.fspath(info.owner_file)) for info in stale}
-    unsure = {path: mark for path, mark in marks.items() if mark is not None}
-    for info in stale:
-        if _died_here(info, identity):
-            unsure.pop(os.fspath(info.owner_file), None)
-    alive = observe_marks(unsure) if unsure else frozenset()
+    """Attempts of dead pods, watched before they are taken (store.dead_attempts: no clocks)."""
     return [
         PruneItem(
             "staging",
@@ -291,16 +281,10 @@ def _stale_attempts(
             tree_bytes(info.path, within=root.path),
             _stale_reason(info.heartbeat_age),
             info.path.parent.name,
-            seen=_owner_seen(info, marks[os.fspath(info.owner_file)]),
+            seen=_owner_seen(info, mark),
         )
-        for info in stale
-        if os.fspath(info.owner_file) not in alive
+        for info, mark in dead_attempts(staging, stale_after=request.stale_after, identity=identity)
     ]
-
-
-def _died_here(info: StagingInfo, identity: PodIdentity) -> bool:
-    pid = info.owner.get("pid")
-    return info.owner.get("host") == identity.host and isinstance(pid, int) and not pid_alive(pid)
 
 
 def _owner_seen(info: StagingInfo, mark: Mark | None) -> frozenset[tuple[str, Mark]]:

@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -55,7 +55,7 @@ from cachemgr.manifest import (
     write_manifest,
 )
 from cachemgr.procs import pid_alive
-from cachemgr.records import PodIdentity
+from cachemgr.records import Mark, PodIdentity, observe_marks, record_mark
 
 
 def _token(nbytes: int) -> str:
@@ -457,11 +457,41 @@ class StagingInfo:
     heartbeat_age: float | None
 
     def is_stale(self, *, stale_after: float, identity: PodIdentity) -> bool:
-        """Dead for sure (same host, pid gone) or silent for longer than ``stale_after``."""
-        same_host = self.owner.get("host") == identity.host and self.owner.get("pid")
-        if same_host and not pid_alive(int(self.owner["pid"])):
+        """Dead for sure (same host, pid gone) or silent for longer than ``stale_after`` by this
+        node's clock (a candidate only: :func:`dead_attempts` watches it before anyone removes it)."""
+        if self.died_here(identity):
             return True
         return self.heartbeat_age is None or self.heartbeat_age > stale_after
+
+    def died_here(self, identity: PodIdentity) -> bool:
+        """Its owner ran on this host, and that pid is gone."""
+        pid = self.owner.get("pid")
+        return self.owner.get("host") == identity.host and isinstance(pid, int) and not pid_alive(pid)
+
+
+def dead_attempts(
+    found: Iterable[StagingInfo], *, stale_after: float, identity: PodIdentity
+) -> list[tuple[StagingInfo, Mark | None]]:
+    """The attempts whose pods are gone, each with its owner record as last seen.
+
+    Silent by this node's clock is not enough: from a node whose clock is minutes ahead every
+    live attempt looks silent. So the owner record of each candidate must also not beat while
+    this node watches it on its own monotonic clock (:func:`cachemgr.records.observe_marks`: up
+    to ``OBSERVE_SECONDS``, ended by the first beat), unless its pod is known dead on this host.
+    A live attempt therefore costs its watcher one heartbeat, a dead one the whole window: paid
+    only where an attempt looks long silent, on a miss or by prune, never on a hit.
+    """
+    stale = [info for info in found if info.is_stale(stale_after=stale_after, identity=identity)]
+    marks = {os.fspath(info.owner_file): record_mark(os.fspath(info.owner_file)) for info in stale}
+    unsure = {
+        os.fspath(info.owner_file): marks[os.fspath(info.owner_file)]
+        for info in stale
+        if marks[os.fspath(info.owner_file)] is not None and not info.died_here(identity)
+    }
+    alive = observe_marks(unsure) if unsure else frozenset()
+    return [
+        (info, marks[os.fspath(info.owner_file)]) for info in stale if os.fspath(info.owner_file) not in alive
+    ]
 
 
 def list_staging(root: CacheRoot, digest: str | None = None) -> list[StagingInfo]:
@@ -495,9 +525,8 @@ def clean_stale_staging(
     removed: list[Path] = []
     if digest is not None:
         safefs.check_dir(root.path, root.staging / digest)  # a link there: exit 74, never followed
-    for info in list_staging(root, digest):
-        if info.is_stale(stale_after=stale_after, identity=identity):
-            remove_tree(info.path, within=root.path)
-            safefs.unlink(root.path, info.owner_file)
-            removed.append(info.path)
+    for info, _ in dead_attempts(list_staging(root, digest), stale_after=stale_after, identity=identity):
+        remove_tree(info.path, within=root.path)
+        safefs.unlink(root.path, info.owner_file)
+        removed.append(info.path)
     return removed

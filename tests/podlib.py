@@ -12,6 +12,7 @@ process exit. Nothing here sleeps in the hope that something happened.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -32,6 +33,26 @@ from cachemgr.standin.shim import write_vllm_shim
 DEADLINE = 60.0
 STANDIN_SERVER = [sys.executable, "-m", "cachemgr.standin.server", "serve"]
 STANDIN_COMPILER = f"{sys.executable} -m cachemgr.standin.compiler"
+
+
+# libfaketime (Debian package faketime): LD_PRELOAD it to skew one process's wall clock.
+FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+FAKETIME_SHIM = Path(__file__).resolve().parent / "faketime_shim"
+
+
+def skewed_env(offset_seconds: int) -> dict[str, str]:
+    """Environment that puts a process (and its children) on a node whose wall clock is
+    ``offset_seconds`` off. Only the wall clock: a node's monotonic clock means nothing to
+    another node. faketime_shim/sitecustomize.py says why Python needs the shim with it."""
+    if FAKETIME_LIB is None:
+        raise AssertionError("libfaketime is not installed: apt-get install faketime (.ci/run does)")
+    path = os.pathsep.join(filter(None, [str(FAKETIME_SHIM), os.environ.get("PYTHONPATH")]))
+    return {
+        "LD_PRELOAD": FAKETIME_LIB,
+        "FAKETIME": f"{offset_seconds:+d}",
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "PYTHONPATH": path,
+    }
 
 
 def wait_for(

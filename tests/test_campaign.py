@@ -51,7 +51,6 @@ replays it alone. ``CACHEMGR_CAMPAIGN_REPORT=FILE`` also writes the totals as JS
 from __future__ import annotations
 
 import contextlib
-import glob
 import hashlib
 import heapq
 import json
@@ -69,10 +68,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import STANDIN_COMPILER, Cluster, Pod, free_port, read_jsonl
+from podlib import FAKETIME_LIB, STANDIN_COMPILER, Cluster, Pod, free_port, read_jsonl, skewed_env
 from scenarios import MODEL, server_argv
 
 from cachemgr.manifest import ManifestError, check_files, read_manifest
+from cachemgr.records import OBSERVE_SECONDS
 from cachemgr.softlease import default_confirm
 
 TRIALS = int(os.environ.get("CACHEMGR_CAMPAIGN_TRIALS") or 6)
@@ -100,9 +100,6 @@ ROUND_FAULTS = (
 SKEWS = (-600, -180, 180, 600)  # seconds a skewed pod's or prune's wall clock is off
 INTRUDER_EXITS = {"run": {64}, "warm": {0}}  # a second run on a live state dir refuses (usage)
 STANDIN_DAMAGE = ("truncated or damaged (stand-in check)", "missing the required")
-# libfaketime (Debian package faketime): LD_PRELOAD it to skew one process's wall clock.
-FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
-FAKETIME_SHIM = Path(__file__).resolve().parent / "faketime_shim"
 
 pytestmark = [pytest.mark.campaign]
 
@@ -315,16 +312,7 @@ class Trial:
             return {}, ""
         offset = self.rng.choice(SKEWS)
         self.faults["clock-skew"] += 1
-        # Only the wall clock: a node's monotonic clock has no meaning on another node anyway.
-        # faketime_shim/sitecustomize.py says why libfaketime 0.9.10 needs it with Python 3.11.
-        shim = os.pathsep.join(filter(None, [str(FAKETIME_SHIM), os.environ.get("PYTHONPATH")]))
-        env = {
-            "LD_PRELOAD": FAKETIME_LIB,
-            "FAKETIME": f"{offset:+d}",
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-            "PYTHONPATH": shim,
-        }
-        return env, f", clock {offset:+d}s"
+        return skewed_env(offset), f", clock {offset:+d}s"
 
     def role(self, info: PodInfo) -> str:
         phase = info.pod.phase
@@ -665,6 +653,9 @@ class Trial:
             info = self.start_pod(variant, -1, verify="full", check=True)
             started = time.monotonic()
             limit = self.longest_lease + default_confirm(self.roots[0]) + LEASE_SLACK
+            if "FAKETIME" in info.pod.env:
+                # Its clock ahead, a dead attempt looks long silent: it is watched before removal.
+                limit += OBSERVE_SECONDS
             while time.monotonic() - started < limit + 30:
                 if not info.alive or info.pod.phase in {"compiling", "publishing", "launching", "serving"}:
                     break

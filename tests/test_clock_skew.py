@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 from conftest import REQUIRE_MOUNTS_ENV
-from podlib import DEADLINE, Cluster, Pod, free_port
-from scenarios import compile_cmd, entry_dirs, server_argv
+from podlib import DEADLINE, Cluster, Pod, free_port, skewed_env
+from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.manifest import check_files, read_manifest
 from cachemgr.prune import PruneRequest, execute, plan_prune
@@ -229,3 +229,31 @@ def test_a_damaged_entry_of_unknown_key_in_use_survives_prune_damaged_under_skew
     assert [s["skipped_because"] for s in done["result"]["skipped"]] == ["in use now"]
     assert entry.is_dir()
     assert pod.proc.poll() is None
+
+
+def test_a_holder_whose_clock_is_ahead_never_cleans_a_live_pods_staging(pods: Cluster, root: Path) -> None:
+    """A pod serving from its own staging (a configuration that cannot be cached publishes
+    nothing) keeps beating its attempt's owner record. The next holder of that key, on a node
+    whose clock is 10 minutes ahead, sees the record 10 minutes old: it must watch the record
+    beat and leave the live server's files alone (store.dead_attempts), yet still clean up an
+    attempt whose pod is gone."""
+    argv = vllm_argv(free_port(), "--model-impl", "vllm", "--enforce-eager")
+    first = pods.start("eager", argv, cache_root=root, node="node-a")
+    first.wait_phase("serving")
+    (attempt,) = [p for p in (root / "staging").glob("*/*") if p.is_dir()]
+    files = {str(p) for p in attempt.rglob("*")}
+    assert files, "the serving pod's staging holds its server's files"
+
+    again = vllm_argv(free_port(), "--model-impl", "vllm", "--enforce-eager")
+    ahead = pods.start("ahead", again, cache_root=root, node="node-b", env=skewed_env(600))
+    ahead.wait_phase("serving", timeout=90)
+    assert files <= {str(p) for p in attempt.rglob("*")}, "the live pod's staging lost files"
+    assert first.proc.poll() is None, first.tail()
+
+    first.signal_pod(signal.SIGKILL)
+    first.wait_exit()
+    third = vllm_argv(free_port(), "--model-impl", "vllm", "--enforce-eager")
+    later = pods.start("later", third, cache_root=root, node="node-c", env=skewed_env(600))
+    later.wait_phase("serving", timeout=90 + OBSERVE_SECONDS)
+    assert not attempt.exists(), "a dead pod's attempt is removed once seen not to beat"
+    assert ahead.proc.poll() is None, ahead.tail()
