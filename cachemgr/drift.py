@@ -126,6 +126,7 @@ def record(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str, p
                 "count": len(merged),
                 "paths": merged[:_SHOWN],
             },
+            within=root.path,
         )
 
 

@@ -47,29 +47,62 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes_durably(path: Path, data: bytes) -> None:
-    """Write a new file's bytes, fsync them, and close: ENOSPC surfaces here, not later."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_bytes_durably(path: Path, data: bytes, *, dir_fd: int | None = None) -> None:
+    """Create a new file with ``data``, fsync it, and close: ENOSPC surfaces here, not later.
+
+    The file must not exist: ``O_EXCL|O_NOFOLLOW`` never writes through a name someone planted
+    (a symlink to a file outside the volume), and never truncates another writer's file.
+    """
+    fd = os.open(
+        path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd
+    )
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        _write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Replace ``path`` with JSON atomically: readers see the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def atomic_write_json(path: Path, obj: Any, *, within: Path | None = None) -> None:
+    """Replace ``path`` with JSON atomically: readers see the old or the new file, never half.
+
+    The new bytes go to a temporary name nobody can guess (created with ``O_EXCL|O_NOFOLLOW``,
+    so a planted symlink is never written through), renamed over ``path`` inside the parent
+    directory opened once: with ``within`` (the cache root) that directory is reached from the
+    root one level at a time (:func:`cachemgr.safefs.open_dir`), else only its last component
+    is refused as a symlink (pod-local paths).
+    """
+    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+    with _parent_dir(path, within=within) as parent:
+        tmp = f".{path.name}.{os.urandom(8).hex()}.tmp"
+        try:
+            write_bytes_durably(Path(tmp), data, dir_fd=parent)
+            os.replace(tmp, path.name, src_dir_fd=parent, dst_dir_fd=parent)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=parent)
+            raise
+        _fsync_fd(parent)
+
+
+@contextlib.contextmanager
+def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
+    if within is not None:
+        with safefs.open_dir(within, path.parent) as fd:
+            yield fd
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        write_bytes_durably(tmp, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path) -> Any:

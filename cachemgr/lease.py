@@ -236,7 +236,7 @@ class KeyLease:
     def _write_holder(self) -> None:
         record = {**self._identity.to_json(), "since": time.time(), "token": self._lease.token}
         with contextlib.suppress(OSError):
-            atomic_write_json(holder_path(self._root, self._digest), record)
+            atomic_write_json(holder_path(self._root, self._digest), record, within=self._root.path)
 
     def release(self) -> None:
         """Release if held (idempotent); the holder record goes with it."""

@@ -200,7 +200,7 @@ def record_path(root: CacheRoot, digest: str) -> Path:
 def write_record(root: CacheRoot, snapshot: Snapshot) -> None:
     """Best effort: a full volume or a lost mount must not end a compile over a progress note."""
     with contextlib.suppress(OSError):
-        atomic_write_json(record_path(root, snapshot.key), snapshot.to_json())
+        atomic_write_json(record_path(root, snapshot.key), snapshot.to_json(), within=root.path)
 
 
 def remove_record(root: CacheRoot, digest: str, *, token: str | None) -> None:

@@ -156,7 +156,7 @@ def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: 
     folder = root.usage / digest
     safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused, not written through
     record = folder / identity.record_name
-    atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()})
+    atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()}, within=root.path)
     touch(folder / "last-used")
     return record
 
@@ -324,7 +324,7 @@ def record_failure(
     path = folder / f"{stamp}.{identity.pod}.{identity.pid}.json"
     try:
         safefs.make_dirs(root.path, folder)
-        atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record})
+        atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record}, within=root.path)
     except OSError:
         return None
     return path

@@ -688,7 +688,7 @@ class Runner:
         """vllm strategy: publish a hard-linked copy; the server keeps its own directory."""
         snapshot = self._new_staging(root, key)
         try:
-            method = snapshot_tree(staging.artifacts, snapshot.artifacts)
+            method = snapshot_tree(staging.artifacts, snapshot.artifacts, within=root.path)
             log.info("snapshot", method=method, key=key.short)
             self._publish(root, key, snapshot, lease, seconds=seconds)
         except BaseException:

@@ -39,6 +39,7 @@ from cachemgr.fsutil import (
     read_json,
     remove_tree,
     walk_files,
+    write_bytes_durably,
 )
 from cachemgr.key import CacheKey, digest_of
 from cachemgr.manifest import (
@@ -183,11 +184,12 @@ def _initialise(root: CacheRoot, *, has_marker: bool) -> None:
 
 
 def _create_marker(path: Path) -> None:
-    tag = path / "CACHEDIR.TAG"
-    if not tag.exists():
-        tag.write_text(_CACHEDIR_TAG, encoding="ascii")
+    with contextlib.suppress(FileExistsError):  # O_EXCL|O_NOFOLLOW: never through a planted link
+        write_bytes_durably(path / "CACHEDIR.TAG", _CACHEDIR_TAG.encode("ascii"))
     tmp = path / f".{MARKER}.{os.getpid()}.{_token(4)}"
-    atomic_write_json(tmp, {"layout": LAYOUT_VERSION, "created_at": time.time(), "created_by": __version__})
+    atomic_write_json(
+        tmp, {"layout": LAYOUT_VERSION, "created_at": time.time(), "created_by": __version__}, within=path
+    )
     try:
         # link() fails if the marker exists: two pods initialising at once keep the first one's.
         os.link(tmp, path / MARKER)
@@ -267,7 +269,9 @@ def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
     with contextlib.suppress(OSError):
         safefs.check_dir(root.path, root.quarantine)  # the note is written by path: no link there
         atomic_write_json(
-            target.with_name(target.name + ".reason.json"), {"reason": reason, "at": time.time()}
+            target.with_name(target.name + ".reason.json"),
+            {"reason": reason, "at": time.time()},
+            within=root.path,
         )
     fsync_dir(root.entries)
     return target
@@ -321,11 +325,14 @@ def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Sta
         path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest, within=root.path
     )
     atomic_write_json(
-        staging.owner_file, {**identity.to_json(), "entry": key.entry_name, "since": time.time()}
+        staging.owner_file,
+        {**identity.to_json(), "entry": key.entry_name, "since": time.time()},
+        within=root.path,
     )
-    staging.path.mkdir()
-    staging.artifacts.mkdir()
-    atomic_write_json(staging.path / KEY_NAME, {**key.to_json(), "details": dict(key.details)})
+    safefs.make_dirs(root.path, staging.artifacts)
+    atomic_write_json(
+        staging.path / KEY_NAME, {**key.to_json(), "details": dict(key.details)}, within=root.path
+    )
     return staging
 
 

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import tempfile
 import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
+from cachemgr import safefs
+from cachemgr.errors import CompileError
 from cachemgr.fsutil import remove_tree
 from cachemgr.manifest import ARTIFACTS, Manifest
 from cachemgr.procs import same_process, start_ticks
@@ -113,32 +114,60 @@ def _owner_alive(name: str) -> bool:
     return pid != os.getpid() and same_process(pid, ticks or None)
 
 
-def snapshot_tree(source: Path, target: Path) -> str:
+def snapshot_tree(source: Path, target: Path, *, within: Path) -> str:
     """Hard-link every file of ``source`` into ``target`` (copy where links are refused).
 
-    Returns "hardlink" or "copy". Directory structure and empty directories are kept.
+    Returns "hardlink" or "copy". Directory structure and empty directories are kept. Both live
+    under the cache root ``within``: ``source`` is walked from directory descriptors, never
+    through a symlink (a link swapped in for the server's directory would otherwise publish,
+    hard-link and chmod files from outside the volume), and each file is linked or copied from
+    its own directory's descriptor. Anything but regular files and directories in the server's
+    output is a failed compile: an entry holds nothing else.
     """
     method = "hardlink"
-    for dirpath, dirnames, filenames in os.walk(source):
-        rel = os.path.relpath(dirpath, source)
-        dest_dir = target if rel == "." else target / rel
-        dest_dir.mkdir(parents=True, exist_ok=True)
-        for name in filenames:
-            src, dst = os.path.join(dirpath, name), dest_dir / name
-            if os.path.islink(src):
-                os.symlink(os.readlink(src), dst)
+    safefs.make_dirs(within, target)
+    with safefs.open_tree(source, within=within) as top:
+        for rel, entry, parent in safefs.walk(top):
+            dst = target / rel
+            if entry.is_dir(follow_symlinks=False):
+                safefs.make_dirs(within, dst)
                 continue
+            if not entry.is_file(follow_symlinks=False):
+                what = safefs.describe(entry.stat(follow_symlinks=False))
+                raise CompileError(
+                    f"the server left {what} at {rel} in its output; an entry holds only regular files "
+                    "and directories",
+                    remedy="nothing was published; the server's own compile cache must hold real files",
+                    path=rel,
+                )
             if method == "hardlink":
                 try:
-                    os.link(src, dst)
+                    os.link(entry.name, dst, src_dir_fd=parent, follow_symlinks=False)
                     continue
                 except OSError as error:
                     if error.errno not in _LINK_FALLBACK:
                         raise
                     method = "copy"
-            shutil.copy2(src, dst)
-        dirnames.sort()
+            _copy_at(parent, entry.name, dst)
     return method
+
+
+def _copy_at(parent: int, name: str, dst: Path) -> None:
+    """Copy file ``name`` of directory ``parent`` to a new ``dst``, mtime kept (never via a link)."""
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    try:
+        out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(out, view) :]
+            st = os.fstat(src)
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(out)
+    finally:
+        os.close(src)
 
 
 def default_health_url(host: str | None, port: int | None) -> str | None:

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podlib import DEADLINE, Cluster, cluster, free_port, run_cli
-from scenarios import compile_cmd, entry_dirs, server_argv
+from podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
+from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
+from cachemgr.fsutil import atomic_write_json
 from cachemgr.manifest import ManifestError, VerifyMode, check_files, read_manifest
+from cachemgr.safefs import UnsafePathError
+from cachemgr.store import open_root
 
 LAYOUT = ("entries", "staging", "quarantine", "trash", "usage", "leases", "failures")
 
@@ -465,3 +468,75 @@ def test_a_compile_that_leaves_a_symlink_in_its_output_is_a_failed_compile(volum
     message = (pod.state_dir / "termination-log").read_text()
     assert "a symbolic link at artifacts/a/link" in message
     assert len(entry_dirs(volume.root)) == 1, "nothing new was published"
+
+
+# --- records are written by a temporary name nobody can guess --------------------------------------
+
+
+def test_a_record_is_never_written_through_a_planted_temporary_name(tmp_path: Path) -> None:
+    """Records went to ``.NAME.PID.tmp`` opened with O_TRUNC: a symlink planted at that name
+    (a pod's pid is 1) made every write land outside the root. Temporary names are now random
+    and created with O_EXCL|O_NOFOLLOW; a planted link at the record's own name is replaced,
+    never written through."""
+    root = tmp_path / "root"
+    (root / "usage" / "d").mkdir(parents=True)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    record = root / "usage" / "d" / "pod.json"
+    for pid in (1, os.getpid()):
+        (record.parent / f".{record.name}.{pid}.tmp").symlink_to(outside)
+    (root / "usage" / "d" / "other.json").symlink_to(outside)
+
+    atomic_write_json(record, {"pod": "pod"}, within=root)
+    atomic_write_json(root / "usage" / "d" / "other.json", {"pod": "other"}, within=root)
+
+    assert outside.read_text() == "precious\n"
+    assert json.loads(record.read_text()) == {"pod": "pod"}
+    assert not (root / "usage" / "d" / "other.json").is_symlink()
+
+
+def test_a_record_is_never_written_through_a_planted_folder(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usage").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (root / "usage" / "d").symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        atomic_write_json(root / "usage" / "d" / "pod.json", {"pod": "pod"}, within=root)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_dangling_cachedir_tag_creates_nothing_outside(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    target = tmp_path / "outside" / "created-by-cachemgr"
+    target.parent.mkdir()
+    (root / "CACHEDIR.TAG").symlink_to(target)
+    open_root(root, create=True)
+    assert not target.exists()
+    assert (root / "CACHEDIR.TAG").is_symlink(), "left for the operator to see; never followed"
+
+
+def test_a_server_directory_swapped_for_a_link_publishes_nothing_from_outside(tmp_path: Path) -> None:
+    """vllm strategy: the server compiles into staging, then cachemgr hard-links a snapshot of
+    it and publishes that. A link swapped in for the staging's ``artifacts/`` made the snapshot
+    walk outside the volume: the outside files were published, hard-linked into the entry and
+    chmod 0444. The snapshot now walks from directory descriptors and refuses the link."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret-token"
+    secret.write_text("token\n")
+    mode = secret.stat().st_mode
+    with cluster(tmp_path / "work", STANDIN_COMPILE_SECONDS="3") as pods:
+        pod = pods.start("a", vllm_argv(free_port(), "--model-impl", "vllm"), cache_root=root)
+        pod.wait_phase("compiling")
+        (artifacts,) = wait_for(lambda: list((root / "staging").glob("*/*/artifacts")), what="the staging")
+        artifacts.rename(artifacts.with_name("artifacts.orig"))
+        artifacts.symlink_to(outside)
+        wait_for(lambda: pod.phase in {"serving", "failed", "stopped"}, what="the attempt to end")
+    published = [p.name for p in (root / "entries").rglob("*")] if (root / "entries").is_dir() else []
+    assert "secret-token" not in published
+    assert secret.stat().st_nlink == 1, "hard-linked into the volume"
+    assert secret.stat().st_mode == mode, "chmod through the link"
