@@ -154,7 +154,14 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
     if how == "missing":
         client.delete_object(Bucket=BUCKET, Key=base + artifact["path"])
         return
-    if how == "other-key":
+    if how == "no-summary":  # the file ls and show read, left out of the manifest
+        doc["files"] = [f for f in doc["files"] if f["path"] != "summary.json"]
+    elif how == "summary-a-list":  # listed and hashed right, but not what cachemgr writes
+        body = b"[]"
+        client.put_object(Bucket=BUCKET, Key=base + "summary.json", Body=body)
+        summary = next(f for f in doc["files"] if f["path"] == "summary.json")
+        summary.update(size=len(body), xxh3=xxhash.xxh3_128_hexdigest(body))
+    elif how == "other-key":
         doc["key"] = "0" * 32
     elif how == "other-inputs":
         doc["inputs"] = {**doc["inputs"], "role": "decode"}
@@ -182,6 +189,8 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
         "missing",
         "other-key",
         "other-inputs",
+        "no-summary",
+        "summary-a-list",
         "dotdot",
         "absolute",
         "dot-part",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.fsutil import atomic_write_json, hash_file, is_disk_full, read_json
 from cachemgr.log import get_logger
-from cachemgr.manifest import SUMMARY_NAME, FileRecord, Manifest, write_manifest
+from cachemgr.manifest import KEY_NAME, SUMMARY_NAME, FileRecord, Manifest, write_manifest
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.store import CacheRoot, commit, create_staging
 
@@ -160,8 +160,20 @@ def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any]) -> M
 
     Beside the artifacts, never inside them; every other file keeps the record it was checked by.
     """
+    from cachemgr.remote.client import RemoteDamageError
+
     path = staging / SUMMARY_NAME
-    summary = read_json(path)
+    listed = {record.path for record in manifest.files}
+    try:
+        summary = read_json(path) if {SUMMARY_NAME, KEY_NAME} <= listed else None
+    except (OSError, ValueError):
+        summary = None
+    if not isinstance(summary, dict):
+        # Every entry cachemgr publishes has both, listed and hashed: this one was not made by it.
+        raise RemoteDamageError(
+            f"remote entry {manifest.key[:12]} lacks a readable {SUMMARY_NAME} or {KEY_NAME} in its manifest",
+            remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles",
+        )
     summary["origin"] = origin
     atomic_write_json(path, summary)
     files = tuple(
