@@ -10,28 +10,18 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from podlib import DEADLINE, Cluster, free_port, wait_for
+from podlib import Cluster, free_port, run_cli, wait_for
 from scenarios import compile_cmd, server_argv, vllm_argv
 
 from cachemgr.scan import SILENT_ATTEMPT_AFTER
 
 
 def ls(root: Path, env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "cachemgr", "ls", *args],
-        env={**env, "CACHEMGR_CACHE_ROOT": str(root)},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
+    done = run_cli("ls", *args, env={**env, "CACHEMGR_CACHE_ROOT": str(root)})
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from podlib import DEADLINE, Cluster, free_port
+from podlib import Cluster, free_port, run_cli
 from scenarios import compile_cmd, entry_dirs, server_argv
 
 
@@ -33,15 +32,7 @@ def warm(pods: Cluster, root: Path, name: str, **env: str) -> None:
 
 
 def cachemgr(root: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cachemgr", *args],
-        env={**env, "CACHEMGR_CACHE_ROOT": str(root)},
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-        check=False,
-    )
+    return run_cli(*args, env={**env, "CACHEMGR_CACHE_ROOT": str(root)})
 
 
 def prune_json(root: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
