@@ -231,7 +231,9 @@ def test_a_damaged_entry_of_unknown_key_in_use_survives_prune_damaged_under_skew
     assert pod.proc.poll() is None
 
 
-def test_a_holder_whose_clock_is_ahead_never_cleans_a_live_pods_staging(pods: Cluster, root: Path) -> None:
+def test_a_holder_whose_clock_is_ahead_never_cleans_a_live_pods_staging(
+    pods: Cluster, root: Path, faketime: str
+) -> None:
     """A pod serving from its own staging (a configuration that cannot be cached publishes
     nothing) keeps beating its attempt's owner record. The next holder of that key, on a node
     whose clock is 10 minutes ahead, sees the record 10 minutes old: it must watch the record
