@@ -435,7 +435,11 @@ class Trial:
         self.faults[f"intruder:{command}"] += 1
         view = _view_paths(victim.pod.state_dir)
         argv = [sys.executable, "-m", "cachemgr", command, *victim.options, "--", *server_argv(free_port())]
-        proc = subprocess.Popen(argv, env=victim.pod.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        # Its own session: if the pod is gone by the time it starts, the intruder becomes the pod
+        # (the state dir is free) and starts a server that must be stopped with it.
+        proc = subprocess.Popen(
+            argv, env=victim.pod.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.intruders.append((victim, command, proc, view))
         self.note(f"intruder: cachemgr {command} in {victim.pod.name} ({len(view)} view paths)")
 
@@ -445,13 +449,16 @@ class Trial:
             try:
                 out, _ = proc.communicate(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                out, _ = proc.communicate()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate(timeout=30)
             text = out.decode(errors="replace")[-800:]
+            if victim.signals or not victim.alive:
+                # Another fault ended the pod meanwhile: the intruder may have found the state dir
+                # free and become the pod itself. Nothing was left to disturb.
+                continue
             if proc.returncode not in INTRUDER_EXITS[command]:
                 self.violate(f"intruder {command} in {victim.pod.name} exited {proc.returncode}: {text}")
-            if victim.signals or not victim.alive:
-                continue  # another fault ended the pod since: nothing left to disturb
             missing = sorted(p for p in view if not os.path.lexists(p))
             if missing:
                 self.violate(f"intruder {command} removed {len(missing)} paths of {victim.pod.name}'s view")
