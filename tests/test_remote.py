@@ -821,8 +821,8 @@ def test_a_full_bucket_costs_a_warning_after_the_compile_and_push_exits_73(
     wait_for(lambda: _events([pod], "remote_upload_failed"), what="the refused upload", timeout=90)
     assert compiles(record) == 1
     (warning,) = _warnings([pod])
-    assert warning["problem"] == "full", warning
     assert warning["message"].startswith("remote is full or over quota: "), warning
+    assert warning["problem"] == "full", warning
     assert "free space in the bucket" in warning["message"].lower()
     assert "unset CACHEMGR_REMOTE" in warning["message"]
     assert pod.proc.poll() is None, "a full bucket never stops a pod"
