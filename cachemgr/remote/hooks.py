@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import threading
 import time
@@ -202,7 +203,9 @@ def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any], *, w
 
 
 def _local(record: FileRecord, stats: dict[str, os.stat_result]) -> FileRecord:
-    st = stats[record.path]
+    st = stats.get(record.path)
+    if st is None:  # checked a moment ago: something removed it from our private staging since
+        raise FileNotFoundError(errno.ENOENT, "gone from staging after its check", record.path)
     return dataclasses.replace(record, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
