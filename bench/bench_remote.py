@@ -178,7 +178,11 @@ def _throughput(work: Path, env: dict[str, str], entry: Path, *, runs: int) -> d
     for run in range(runs):
         rows["upload boto3"].append(_timed(lambda: _boto3_upload(remote, entry, copy_prefix)))
         rows["upload cachemgr"].append(
-            _timed(lambda: remote.upload(entry, uploaded_by=identity.to_json(), force=True))
+            _timed(
+                lambda: remote.upload(
+                    entry, within=entry.parent.parent, uploaded_by=identity.to_json(), force=True
+                )
+            )
         )
         objects = f"{config.entry_prefix(entry.name)}objects/{list_remote(remote).entries[0].upload_id}/"
         keys = [objects + r.path for r in read_manifest(entry).files]
@@ -187,7 +191,7 @@ def _throughput(work: Path, env: dict[str, str], entry: Path, *, runs: int) -> d
         root = open_root(_fresh(work / f"pulled-{run}"), create=True)
         staging = create_staging(root, key, identity)
         started = time.monotonic()
-        fetched = remote.download(key, staging.path)
+        fetched = remote.download(key, staging.path, within=root.path)
         rows["download cachemgr"].append(time.monotonic() - started)
         assert fetched is not None
         rows["publish"].append(_timed(partial(commit, root, staging, key, fetched[0])))

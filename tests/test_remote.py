@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -609,3 +610,226 @@ def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
     assert plan(keep_bytes=40) == [("aaaa", "", "over --keep-bytes"), ("cccc", "", "over --keep-bytes")]
     assert plan(stale_uploads=True) == [("cccc", "dead", "upload without a manifest")]
     assert plan(keys=("bbbb",)) == [("bbbb", "", "named")]
+
+
+# --- nothing outside the root is read or written through a planted link ---------------------
+
+CANARY = b"CANARY-outside-the-cache-root-" * 64  # distinctive bytes: found in the bucket means leaked
+
+
+def _canary(path: Path, size: int) -> bytes:
+    """A file outside the root, ``size`` bytes of the canary pattern."""
+    data = (CANARY * (size // len(CANARY) + 1))[:size]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _plant_in_entry(entry: Path, where: str, outside: Path) -> Path:
+    """Replace an artifact file (``file``) or the ``artifacts/`` folder (``directory``) of a
+    published entry by a link to canary bytes of the same sizes outside the root; the planted path."""
+    manifest = read_manifest(entry)
+    os.chmod(entry, 0o755)  # published entries are read-only; their owner (or root) plants anyway
+    os.chmod(entry / "artifacts", 0o755)
+    if where == "file":
+        record = next(r for r in manifest.files if r.path.startswith("artifacts/") and r.size > 0)
+        _canary(outside / "weights.bin", record.size)
+        planted = entry / record.path
+        os.chmod(planted.parent, 0o755)
+        planted.unlink()
+        planted.symlink_to(outside / "weights.bin")
+        return planted
+    for record in manifest.files:
+        if record.path.startswith("artifacts/"):
+            _canary(outside / record.path.removeprefix("artifacts/"), record.size)
+    subprocess.run(["chmod", "-R", "u+w", str(entry / "artifacts")], check=True)
+    shutil.rmtree(entry / "artifacts")
+    (entry / "artifacts").symlink_to(outside)
+    return entry / "artifacts"
+
+
+def _bucket_holds(s3: S3Server, needle: bytes) -> list[str]:
+    client: Any = s3.client()
+    found = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
+        for item in page.get("Contents", []):
+            if needle in client.get_object(Bucket=BUCKET, Key=item["Key"])["Body"].read():
+                found.append(item["Key"])
+    return found
+
+
+def _connected(pid: int, port: int) -> bool:
+    """Process ``pid`` holds an established TCP connection to 127.0.0.1:``port`` (from /proc)."""
+    try:
+        sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        remote_port, state, inode = int(fields[2].split(":")[1], 16), fields[3], fields[9]
+        if remote_port == port and state == "01" and f"socket:[{inode}]" in sockets:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("where", ["file", "directory"])
+def test_push_never_reads_through_a_link_planted_in_the_entry(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server, where: str
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    pod = pods.start("a0", server_argv(free_port()), cache_root=root, options=_options(record))
+    pod.wait_phase("serving")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0
+    (entry,) = entry_dirs(root)
+    env = {
+        **pods.base_env,
+        **own_s3.env(),
+        "CACHEMGR_CACHE_ROOT": str(root),
+        "CACHEMGR_REMOTE_TIMEOUT": "60s",
+    }
+    # The link goes in after push checked the entry, while its first request waits on a frozen
+    # store: only the upload itself can refuse it.
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)
+    try:
+        push = subprocess.Popen(
+            [sys.executable, "-m", "cachemgr", "push"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+        port = int(own_s3.endpoint.rpartition(":")[2])
+        wait_for(lambda: _connected(push.pid, port), what="push to ask the store for the entry")
+        planted = _plant_in_entry(entry, where, tmp_path / "outside")
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    out, err = push.communicate(timeout=120)
+    assert push.returncode == 74, out + err
+    assert str(planted) in err, err
+    assert "symbolic link" in err, err
+    assert "Traceback" not in err
+    assert _bucket_holds(own_s3, CANARY[:64]) == [], "bytes from outside the root reached the bucket"
+    assert not [k for k in _objects(own_s3, own_s3.env()) if k.endswith("manifest.json")]
+
+
+def test_a_pods_upload_never_reads_through_a_link_planted_after_its_publish(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "60s"}
+    pod = pods.start(
+        "a0", server_argv(free_port()), cache_root=root, options=_options(tmp_path / "c.jsonl"), env=env
+    )
+    wait_for(lambda: _events([pod], "remote_miss"), what="the lease holder to look in the remote")
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # the upload after the publish waits on the store
+    try:
+        pod.wait_phase("serving")
+        (entry,) = entry_dirs(root)
+        planted = _plant_in_entry(entry, "file", tmp_path / "outside")
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    wait_for(lambda: _events([pod], "remote_upload_failed"), what="the refused upload", timeout=90)
+    (warning,) = _warnings([pod])
+    assert str(planted) in warning["message"], warning
+    assert "symbolic link" in warning["message"], warning
+    assert pod.proc.poll() is None, "a refused upload never stops the pod"
+    assert _bucket_holds(own_s3, CANARY[:64]) == [], "bytes from outside the root reached the bucket"
+
+
+@pytest.mark.parametrize("where", ["artifacts", "manifest.json"])
+def test_a_download_never_writes_through_a_link_planted_in_its_staging(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server, where: str
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "60s"}
+    _fill_remote(pods, root_a, env, record)
+    outside = tmp_path / "outside"
+    for rec in read_manifest(entry_dirs(root_a)[0]).files:  # every name the download would write
+        _canary(outside / rec.path.removeprefix("artifacts/"), 100)
+    before = _snapshot(outside)
+
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # the download waits for the remote manifest...
+    try:
+        pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=env)
+
+        def attempt() -> Path | None:
+            found = list((root_b / "staging").glob("*/*/key.json"))
+            return found[0].parent if found else None
+
+        wait_for(attempt, what="the download's staging")
+        staging = attempt()
+        assert staging is not None
+        # ...while a link replaces a folder of its staging, or takes a name it is about to write.
+        if where == "artifacts":
+            (staging / "artifacts").rmdir()
+            (staging / "artifacts").symlink_to(outside)
+        else:
+            (staging / "manifest.json").symlink_to(outside / "summary.json")
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    pod.wait_phase("serving", timeout=90)
+    assert _snapshot(outside) == before, "the download wrote outside the cache root"
+    assert compiles(record) == 2, "the download was refused: a local compile"
+    (warning,) = _warnings([pod])
+    assert warning["event"] == "remote_unusable_compiling_locally", warning
+    assert str(staging / where) in warning["message"], warning
+    assert_entries_valid(root_b)
+    assert "origin" not in json.loads((entry_dirs(root_b)[0] / "summary.json").read_text())
+
+
+# --- a full bucket never stops a pod -----------------------------------------------------------
+
+
+@pytest.fixture(params=[(507, "InsufficientStorage"), (403, "QuotaExceeded")], ids=["507", "403-quota"])
+def full_s3(s3: S3Server, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The endpoint of a bucket that refuses every write for space (tests/s3fault.py: SeaweedFS's
+    own enforced quota answers 500 InternalError, indistinguishable from a crash)."""
+    status, code = request.param
+    argv = [sys.executable, str(Path(__file__).with_name("s3fault.py")), "--upstream", s3.endpoint]
+    log = (tmp_path / "s3fault.log").open("w")
+    proc = subprocess.Popen(
+        [*argv, "--status", str(status), "--code", code], stdout=subprocess.PIPE, stderr=log, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the proxy prints its port once it listens, or exits
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}"
+    finally:
+        proc.kill()
+        proc.communicate()  # and close its stdout
+        log.close()
+
+
+def test_a_full_bucket_costs_a_warning_after_the_compile_and_push_exits_73(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], full_s3: str
+) -> None:
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    env = {**remote, "CACHEMGR_REMOTE_ENDPOINT": full_s3}
+    pod = pods.start("a0", server_argv(free_port()), cache_root=root, options=_options(record), env=env)
+    pod.wait_phase("serving")
+    wait_for(lambda: _events([pod], "remote_upload_failed"), what="the refused upload", timeout=90)
+    assert compiles(record) == 1
+    (warning,) = _warnings([pod])
+    assert warning["message"].startswith("remote is full or over quota: "), warning
+    assert warning["problem"] == "full", warning
+    assert "free space in the bucket" in warning["message"].lower()
+    assert "unset CACHEMGR_REMOTE" in warning["message"]
+    assert pod.proc.poll() is None, "a full bucket never stops a pod"
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0
+
+    refused = _cli("push", env={**pods.base_env, **env, "CACHEMGR_CACHE_ROOT": str(root)}, code=73)
+    line = refused.stderr.strip().splitlines()[-1]  # after the JSON log record of the failure
+    assert line.startswith("cachemgr push: remote is full or over quota: "), refused.stderr
+    assert "raise its quota" in line, line

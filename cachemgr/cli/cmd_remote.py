@@ -104,6 +104,7 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
 def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.ops.inspection import find_key
     from cachemgr.ops.scan import entry_names
+    from cachemgr.remote.client import RemoteFullError
     from cachemgr.remote.ops import PushResult, push_entry
 
     root = _root(args)
@@ -111,6 +112,7 @@ def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     identity = PodIdentity.current(environ)
     names = [find_key(root, q).entry for q in args.keys] if args.keys else entry_names(root)
     results: list[PushResult] = []
+    errors: list[CacheMgrError] = []
     for name in names:
         if name is None:
             raise UsageError("that key has no published entry here", remedy="'cachemgr ls' lists the entries")
@@ -118,21 +120,33 @@ def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
             moved = _call(
                 remote,
                 f"uploading {name}",
-                partial(push_entry, remote, root.entries / name, identity=identity, force=args.force),
+                partial(push_entry, remote, root, name, identity=identity, force=args.force),
             )
             results.append(PushResult(name, moved))
         except CacheMgrError as error:
             results.append(PushResult(name, None, error.one_line()))
+            errors.append(error)
+            if isinstance(error, RemoteFullError):
+                break  # a full bucket refuses the next entries too
     _render_moves(args, [(r.entry, r.moved, r.error) for r in results], verb="uploaded")
-    failed = [r for r in results if r.error]
-    if failed:
-        from cachemgr.remote.client import RemoteError
-
-        raise RemoteError(
-            f"{_n(len(failed), 'entry')} of {len(results)} not uploaded ({failed[0].entry}: {failed[0].error})",
-            remedy="fix what the first error says and run push again (entries already uploaded are skipped)",
-        )
+    if errors:
+        raise _push_failure(errors, not_uploaded=len(names) - len(results) + len(errors), total=len(names))
     return 0
+
+
+def _push_failure(errors: list[CacheMgrError], *, not_uploaded: int, total: int) -> CacheMgrError:
+    """The error push exits with: the first one, with its exit code (73 for a full bucket, as for a
+    full volume; 74 for a remote or volume that cannot be used), counting the entries left out."""
+    from cachemgr.remote.client import RemoteFullError
+
+    first = next((e for e in errors if isinstance(e, RemoteFullError)), errors[0])
+    if not_uploaded == 1:
+        return first
+    return type(first)(
+        f"{not_uploaded} of {_n(total, 'entry')} not uploaded; the first: {first.what}",
+        remedy=f"{first.remedy}; then run push again (entries already uploaded are skipped)",
+        **first.fields,
+    )
 
 
 def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:

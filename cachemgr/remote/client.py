@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemgr.core.errors import CacheMgrError
+from cachemgr.core.errors import CacheMgrError, ExitCode
 from cachemgr.remote.config import ENV_ENDPOINT, RemoteConfig
 
 
@@ -35,7 +35,21 @@ _CREDENTIAL_CODES = {
     "AuthorizationHeaderMalformed",
     "InvalidClientTokenId",
 }
+
+
+class RemoteFullError(RemoteError):
+    """The store refused a write for space or quota: exit 73, as a full volume (never stops a pod)."""
+
+    exit_code = ExitCode.DISK_FULL
+    reason = "remote-full"
+
+
+# Refusals for space or quota: S3's and MinIO's codes, Ceph RGW's QuotaExceeded (HTTP 403), and
+# WebDAV's 507 Insufficient Storage that some gateways answer with an empty body.
 _FULL_CODES = {"QuotaExceeded", "XMinioStorageFull", "InsufficientStorage", "EntityTooLarge", "StorageFull"}
+REMOTE_FULL_REMEDY = (
+    "free space in the bucket ('cachemgr prune --remote') or raise its quota, or unset CACHEMGR_REMOTE"
+)
 
 
 def make_client(config: RemoteConfig) -> Any:
@@ -69,6 +83,8 @@ def describe(error: BaseException, config: RemoteConfig, *, doing: str) -> Remot
     where = f"{config.url}" + (f" at {config.endpoint}" if config.endpoint else "")
     if isinstance(error, RemoteError):
         return error
+    if isinstance(error, CacheMgrError):  # the volume's own refusal (a planted link): said as it is
+        return RemoteError(error.what, remedy=error.remedy, problem=error.reason)
     if isinstance(error, bx.NoCredentialsError | bx.PartialCredentialsError):
         return RemoteError(
             f"no credentials for remote {where} while {doing}",
@@ -108,6 +124,12 @@ def _client_error(error: Any, *, where: str, doing: str) -> RemoteError:
     code = str(info.get("Code", ""))
     status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
     message = str(info.get("Message", "")) or code
+    if code in _FULL_CODES or status == 507:  # before credentials: Ceph RGW says QuotaExceeded with a 403
+        return RemoteFullError(
+            f"remote is full or over quota: {where} refused {doing} ({code or status}: {message})",
+            remedy=REMOTE_FULL_REMEDY,
+            problem="full",
+        )
     if code in _CREDENTIAL_CODES or status in {401, 403}:
         return RemoteError(
             f"remote {where} refused the credentials while {doing} ({code or status}: {message})",
@@ -119,12 +141,6 @@ def _client_error(error: Any, *, where: str, doing: str) -> RemoteError:
             f"remote bucket of {where} does not exist ({message})",
             remedy="create the bucket, or fix --remote / CACHEMGR_REMOTE",
             problem="bucket",
-        )
-    if code in _FULL_CODES or status == 507:
-        return RemoteError(
-            f"remote {where} is full or over quota while {doing} ({code or status}: {message})",
-            remedy="free space in the bucket ('cachemgr prune --remote') or raise its quota",
-            problem="full",
         )
     return RemoteError(
         f"remote {where} answered {code or status} while {doing} ({message})",

@@ -17,17 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from cachemgr.core.fsutil import atomic_write_json, hash_file, is_disk_full, read_json
+from cachemgr.core.fsutil import atomic_write_json, hash_fd, is_disk_full, loads_json, walk_files
 from cachemgr.core.log import get_logger
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.manifest import KEY_NAME, SUMMARY_NAME, FileRecord, Manifest, write_manifest
+from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, FileRecord, Manifest
 from cachemgr.volume.store import commit, create_staging
 
 if TYPE_CHECKING:
@@ -127,12 +128,16 @@ def download_and_publish(
     if beat is not None:
         beat.add(staging.owner_file)
     try:
-        result = remote.download(key, staging.path, deadline=deadline, stop=stop, progress=progress)
+        result = remote.download(
+            key, staging.path, within=root.path, deadline=deadline, stop=stop, progress=progress
+        )
         if result is None:
             return None
         manifest, moved = result
         origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
-        return commit(root, staging, key, _with_origin(staging.path, manifest, origin)), moved
+        return commit(
+            root, staging, key, _with_origin(staging.path, manifest, origin, within=root.path)
+        ), moved
     finally:
         if beat is not None:
             beat.discard(staging.owner_file)
@@ -171,40 +176,52 @@ def _origin(
     }
 
 
-def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any]) -> Manifest:
+def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any], *, within: Path) -> Manifest:
     """Record the entry's origin in its summary (what ls/show read), and the manifest to match.
 
     Beside the artifacts, never inside them; every other file keeps the record it was checked by.
+    Every file is reached from the cache root ``within``, never through a link.
     """
     from cachemgr.remote.client import RemoteDamageError
+    from cachemgr.remote.localfiles import LocalDir
 
-    path = staging / SUMMARY_NAME
     listed = {record.path for record in manifest.files}
-    try:
-        summary = read_json(path) if {SUMMARY_NAME, KEY_NAME} <= listed else None
-    except (OSError, ValueError):
-        summary = None
-    if not isinstance(summary, dict):
-        # Every entry cachemgr publishes has both, listed and hashed: this one was not made by it.
-        raise RemoteDamageError(
-            f"remote entry {manifest.key[:12]} lacks a readable {SUMMARY_NAME} or {KEY_NAME} in its manifest",
-            remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles",
-        )
-    summary["origin"] = origin
-    atomic_write_json(path, summary)
+    with LocalDir.open(within, staging) as local:
+        try:
+            summary = (
+                loads_json(local.read_bytes(SUMMARY_NAME, limit=1 << 20))
+                if {SUMMARY_NAME, KEY_NAME} <= listed
+                else None
+            )
+        except (OSError, ValueError):
+            summary = None
+        if not isinstance(summary, dict):
+            # Every entry cachemgr publishes has both, listed and hashed: this one was not made by it.
+            raise RemoteDamageError(
+                f"remote entry {manifest.key[:12]} lacks a readable {SUMMARY_NAME} or {KEY_NAME} in its manifest",
+                remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles",
+            )
+        summary["origin"] = origin
+        atomic_write_json(staging / SUMMARY_NAME, summary, within=within)
+        handle, _ = local.open_file(SUMMARY_NAME)
+        with handle:
+            summary_hash = hash_fd(handle.fileno())
+    # This copy's sizes and mtimes, which every later fast check compares (the remote manifest's
+    # mtimes are the uploading node's; its hashes were just checked): one walk, no lstat per file.
+    stats = dict(walk_files(staging, within=within))
     files = tuple(
-        _local(staging, FileRecord(SUMMARY_NAME, 0, hash_file(path)) if r.path == SUMMARY_NAME else r)
+        _local(FileRecord(SUMMARY_NAME, 0, summary_hash) if r.path == SUMMARY_NAME else r, stats)
         for r in manifest.files
     )
     updated = dataclasses.replace(manifest, files=files, extra={**manifest.extra, "origin": origin})
-    write_manifest(staging, updated)
+    atomic_write_json(staging / MANIFEST_NAME, updated.to_json(), within=within)
     return updated
 
 
-def _local(staging: Path, record: FileRecord) -> FileRecord:
-    """The record as this copy has it: its size, and the mtime every later fast check compares
-    (the remote manifest's mtimes are the uploading node's; its hashes were just checked)."""
-    st = os.lstat(staging / record.path)
+def _local(record: FileRecord, stats: dict[str, os.stat_result]) -> FileRecord:
+    st = stats.get(record.path)
+    if st is None:  # checked a moment ago: something removed it from our private staging since
+        raise FileNotFoundError(errno.ENOENT, "gone from staging after its check", record.path)
     return dataclasses.replace(record, size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
@@ -215,9 +232,16 @@ class Upload:
     """A background upload of one published entry; ``wait`` bounds how long anyone waits for it."""
 
     def __init__(
-        self, entry: Path, *, config: RemoteConfig, identity: PodIdentity, metrics: RemoteCounters
+        self,
+        entry: Path,
+        *,
+        within: Path,
+        config: RemoteConfig,
+        identity: PodIdentity,
+        metrics: RemoteCounters,
     ) -> None:
         self.entry = entry
+        self.within = within
         self.config = config
         self.identity = identity
         self.metrics = metrics
@@ -237,6 +261,7 @@ class Upload:
 
             moved = Remote(self.config).upload(
                 self.entry,
+                within=self.within,
                 uploaded_by=self.identity.to_json(),
                 deadline=started + self.config.budget,
                 stop=self.stop,
@@ -260,10 +285,12 @@ class Upload:
         from cachemgr.remote.client import describe
 
         reported = describe(error, self.config, doing=f"uploading {self.entry.name}")
-        self.metrics.remote_failure(str(reported.fields.get("problem", "other")))
+        problem = str(reported.fields.get("problem", "other"))
+        self.metrics.remote_failure(problem)
         log.warning(
             "remote_upload_failed",
             entry=self.entry.name,
+            problem=problem,
             message=reported.one_line(),
             note="nothing partial is visible remotely (the manifest goes last); 'cachemgr push' retries",
         )
@@ -288,6 +315,7 @@ class Upload:
 def start_upload(
     entry: Path,
     *,
+    within: Path,
     config: RemoteConfig,
     identity: PodIdentity,
     metrics: RemoteCounters,
@@ -301,6 +329,6 @@ def start_upload(
     """
     if fetched == "unusable":
         return None
-    upload = Upload(entry, config=config, identity=identity, metrics=metrics)
+    upload = Upload(entry, within=within, config=config, identity=identity, metrics=metrics)
     upload.replace = fetched == "damaged"
     return upload.start()

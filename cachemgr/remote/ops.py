@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cachemgr.core.errors import MissError, UsageError
@@ -209,12 +208,23 @@ class PushResult:
 
 
 def push_entry(
-    remote: Remote, entry_dir: Path, *, identity: PodIdentity, force: bool, progress: Progress | None = None
+    remote: Remote,
+    root: CacheRoot,
+    name: str,
+    *,
+    identity: PodIdentity,
+    force: bool,
+    progress: Progress | None = None,
 ) -> Moved:
-    """Upload one published entry after checking its files' sizes against its manifest."""
+    """Upload one published entry after checking its files' sizes against its manifest.
+
+    The upload reads each file from the root, never through a link (a link planted after this
+    check is refused there): an UnsafePathError naming it.
+    """
+    entry_dir = root.entries / name
     try:
         manifest = read_manifest(entry_dir)
-        problems = [str(p) for p in check_files(entry_dir, manifest, mode="fast")]
+        problems = [str(p) for p in check_files(entry_dir, manifest, mode="fast", within=root.path)]
     except ManifestError as error:
         problems = [str(error)]
     if problems:
@@ -222,7 +232,9 @@ def push_entry(
             f"local entry {entry_dir.name} does not match its manifest ({problems[0]}); not uploaded",
             remedy="'cachemgr verify --fix' moves it aside; the next start compiles it again",
         )
-    return remote.upload(entry_dir, uploaded_by=identity.to_json(), force=force, progress=progress)
+    return remote.upload(
+        entry_dir, within=root.path, uploaded_by=identity.to_json(), force=force, progress=progress
+    )
 
 
 def key_of(entry: RemoteEntry) -> CacheKey:

@@ -5,6 +5,10 @@ splits large files into multipart uploads and ranged downloads, so a 2,000-file 
 GiB moves at the link's speed rather than at one request's latency per file. A transfer is
 bounded by a deadline and a stop event: past either, it is cancelled and raises.
 
+Local files are opened from the cache root, never by path (:mod:`cachemgr.remote.localfiles`):
+the transfer manager gets open file objects, at most a window of them at a time, each closed
+as soon as its transfer is done.
+
 A download never trusts what it reads: the manifest must parse, name this key and its inputs,
 and list only plain paths (:func:`cachemgr.remote.layout.unsafe_paths`); each file is written
 into private staging and then hashed against the manifest (the same check as ``--verify
@@ -18,12 +22,13 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import queue
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
@@ -35,9 +40,20 @@ from cachemgr.remote.layout import (
     objects_prefix,
     unsafe_paths,
 )
-from cachemgr.volume.manifest import MANIFEST_NAME, Manifest, ManifestError, check_files, read_manifest
+from cachemgr.remote.localfiles import LocalDir
+from cachemgr.volume.manifest import (
+    KEY_NAME,
+    MANIFEST_NAME,
+    FileRecord,
+    Manifest,
+    ManifestError,
+    check_files,
+    parse_manifest,
+)
 
 Progress = Callable[[int], None]
+# Submits one file's transfer to the manager: (its future, the open local file to close after it).
+Job = Callable[[Any, list[Any]], tuple[Any, BinaryIO]]
 
 
 class StopFlag(Protocol):
@@ -50,6 +66,7 @@ class StopFlag(Protocol):
 
 _CHUNK = 16 << 20  # multipart part / ranged GET size: few requests for big files, parallel within one
 _WORKERS = 16
+_OPEN_PER_WORKER = 4  # files open at once: enough queued per transfer thread, far below any fd limit
 
 
 @dataclass(frozen=True)
@@ -114,34 +131,33 @@ class Remote:
         self,
         entry_dir: Path,
         *,
+        within: Path,
         uploaded_by: Mapping[str, Any],
         deadline: float | None = None,
         stop: StopFlag | None = None,
         progress: Progress | None = None,
         force: bool = False,
     ) -> Moved:
-        """Upload a published entry: its files under a fresh upload id, then its manifest."""
+        """Upload a published entry: its files under a fresh upload id, then its manifest.
+
+        ``entry_dir`` is reached from the cache root ``within`` and each file opened from it
+        (:class:`LocalDir`): a symlink at any level, or anything but a regular file, stops the
+        upload with an UnsafePathError naming it, before a byte of it is read.
+        """
         started = time.monotonic()
-        manifest = read_manifest(entry_dir)
         name = entry_dir.name
-        if not force and self.get_manifest(name) is not None:
-            return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
-        upload_id = f"{int(time.time()):x}-{os.urandom(6).hex()}"
-        prefix = objects_prefix(self.config, name, upload_id)
-        self._run_all(
-            lambda manager, subscribers: [
-                manager.upload(
-                    os.path.join(entry_dir, rec.path),
-                    self.config.bucket,
-                    prefix + rec.path,
-                    subscribers=subscribers,
-                )
-                for rec in manifest.files
-            ],
-            deadline=deadline,
-            stop=stop,
-            progress=progress,
-        )
+        with LocalDir.open(within, entry_dir) as local:
+            manifest = _local_manifest(local)
+            if not force and self.get_manifest(name) is not None:
+                return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
+            upload_id = f"{int(time.time()):x}-{os.urandom(6).hex()}"
+            prefix = objects_prefix(self.config, name, upload_id)
+            self._run_all(
+                (partial(self._upload_one, local, rec, prefix + rec.path) for rec in manifest.files),
+                deadline=deadline,
+                stop=stop,
+                progress=progress,
+            )
         doc = manifest.to_json()
         doc["remote"] = {"objects": upload_id, "uploaded_at": time.time(), "uploaded_by": dict(uploaded_by)}
         # Last: until this object exists, no reader takes the entry.
@@ -153,6 +169,25 @@ class Remote:
         )
         return Moved(name, len(manifest.files), manifest.total_bytes, time.monotonic() - started, upload_id)
 
+    def _upload_one(
+        self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
+    ) -> tuple[Any, BinaryIO]:
+        handle, st = local.open_file(record.path)
+        if st.st_size != record.size:
+            handle.close()
+            raise RemoteDamageError(
+                f"local entry {local.shown.name}: {record.path} is {st.st_size} bytes, its manifest says "
+                f"{record.size}; not uploaded",
+                remedy="'cachemgr verify --fix' moves it aside; the next start compiles it again",
+            )
+        return manager.upload(handle, self.config.bucket, key, subscribers=subscribers), handle
+
+    def _download_one(
+        self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
+    ) -> tuple[Any, BinaryIO]:
+        handle = local.create_file(record.path)
+        return manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
+
     # --- download ----------------------------------------------------------------------------
 
     def download(
@@ -160,14 +195,17 @@ class Remote:
         key: CacheKey,
         staging: Path,
         *,
+        within: Path,
         deadline: float | None = None,
         stop: StopFlag | None = None,
         progress: Progress | None = None,
     ) -> tuple[Manifest, Moved] | None:
         """Fetch the entry of ``key`` into ``staging`` and check it; None when the remote has none.
 
-        ``staging`` is a fresh private directory; on return every file in it matches the manifest
-        (written there as ``manifest.json``), which names this key. Raises RemoteDamageError.
+        ``staging`` is a fresh private directory under the cache root ``within``, reached from it
+        without following a link; every file is created there new (``O_EXCL|O_NOFOLLOW``). On
+        return every file in it matches the manifest (written there as ``manifest.json``), which
+        names this key. Raises RemoteDamageError, or UnsafePathError for a link planted in staging.
         """
         started = time.monotonic()
         found = self.get_manifest(key.entry_name)
@@ -176,26 +214,19 @@ class Remote:
         raw, _ = found
         manifest, upload_id = _checked_manifest(raw, staging, key)
         prefix = objects_prefix(self.config, key.entry_name, upload_id)
-        for folder in sorted({rec.path.rpartition("/")[0] for rec in manifest.files} - {""}):
-            (staging / folder).mkdir(parents=True, exist_ok=True)
-        self._run_all(
-            lambda manager, subscribers: [
-                manager.download(
-                    self.config.bucket,
-                    prefix + rec.path,
-                    os.path.join(staging, rec.path),
-                    subscribers=subscribers,
-                )
-                for rec in manifest.files
-            ],
-            deadline=deadline,
-            stop=stop,
-            progress=progress,
-            missing_is_damage=key.entry_name,
-        )
+        with LocalDir.open(within, staging) as local:
+            local.write_new(MANIFEST_NAME, raw)
+            local.unlink(KEY_NAME)  # create_staging's own copy: the remote's, hashed, replaces it
+            self._run_all(
+                (partial(self._download_one, local, rec, prefix + rec.path) for rec in manifest.files),
+                deadline=deadline,
+                stop=stop,
+                progress=progress,
+                missing_is_damage=key.entry_name,
+            )
         # The content, not the times: a remote manifest's mtimes are the uploading node's files'.
         # This copy's own go into the local manifest (cachemgr.remote.hooks._with_origin).
-        problems = check_files(staging, _without_mtimes(manifest), mode="full")
+        problems = check_files(staging, _without_mtimes(manifest), mode="full", within=within)
         if problems:
             shown = "; ".join(str(p) for p in problems[:3]) + (" ..." if len(problems) > 3 else "")
             raise RemoteDamageError(
@@ -209,24 +240,37 @@ class Remote:
 
     def _run_all(
         self,
-        submit: Callable[[Any, list[Any]], Sequence[Any]],
+        jobs: Iterable[Job],
         *,
         deadline: float | None,
         stop: StopFlag | None,
         progress: Progress | None,
         missing_is_damage: str | None = None,
     ) -> None:
-        """Submit every transfer at once, then wait for all of them within the deadline."""
+        """Run every transfer, a window of open files at a time, within the deadline.
+
+        A transfer's file is closed as soon as it is done (the subscriber's ``on_done`` tells),
+        and the next one opened: a 2,000-file entry never holds 2,000 descriptors.
+        """
         manager = self._manager()
+        finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        subscribers = [_Subscriber(progress, finished)]
+        running: dict[Any, BinaryIO] = {}
         cancelled = False
         try:
-            futures = submit(manager, [_Subscriber(progress)] if progress else [])
-            _wait_all(futures, deadline=deadline, stop=stop)
-            for future in futures:
-                future.result()
+            for job in jobs:
+                while len(running) >= self.workers * _OPEN_PER_WORKER:
+                    _reap_one(running, finished, deadline=deadline, stop=stop)
+                future, handle = job(manager, subscribers)
+                running[future] = handle
+            while running:
+                _reap_one(running, finished, deadline=deadline, stop=stop)
         except BaseException as error:
             cancelled = True
-            manager.shutdown(cancel=True)
+            # Cancel what is in flight. Not shutdown(cancel=True): s3transfer 0.19.3 passes its
+            # arguments shifted there (TypeError: 'str' object is not callable) once a transfer
+            # is in flight; the context-manager exit cancels with the error as the reason.
+            manager.__exit__(type(error), error, error.__traceback__)
             if missing_is_damage and _is_missing(error):
                 raise RemoteDamageError(
                     f"remote entry {missing_is_damage} lacks a file its manifest lists ({error})",
@@ -236,31 +280,52 @@ class Remote:
         finally:
             if not cancelled:
                 manager.shutdown()
+            for handle in running.values():  # after the shutdown: no transfer thread uses them now
+                handle.close()
 
 
-def _wait_all(futures: Sequence[Any], *, deadline: float | None, stop: StopFlag | None) -> None:
-    """Until every transfer is done; TimeoutError past the deadline, InterruptedError on stop.
+def _reap_one(
+    running: dict[Any, BinaryIO],
+    finished: queue.SimpleQueue[Any],
+    *,
+    deadline: float | None,
+    stop: StopFlag | None,
+) -> None:
+    """Close the file of one finished transfer and raise its error; TimeoutError past the
+    deadline, InterruptedError on stop (the caller cancels the rest)."""
+    while True:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError("the transfer did not finish within CACHEMGR_REMOTE_BUDGET")
+        if stop is not None and stop.is_set():
+            raise InterruptedError("stopped")
+        try:
+            future = finished.get(timeout=0.02)
+        except queue.Empty:
+            continue
+        handle = running.pop(future, None)
+        if handle is None:
+            continue
+        handle.close()
+        future.result()
+        return
 
-    One future at a time, in submission order (about the order they finish): a sweep over all
-    2,000 at every tick would take the GIL from the transfer threads it waits for.
-    """
-    wake: StopFlag = stop or threading.Event()
-    for future in futures:
-        while not future.done():
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError("the transfer did not finish within CACHEMGR_REMOTE_BUDGET")
-            if stop is not None and stop.is_set():
-                raise InterruptedError("stopped")
-            wake.wait(0.02)
+
+def _local_manifest(local: LocalDir) -> Manifest:
+    """The manifest of the entry open as ``local``, read through its descriptor."""
+    shown = local.shown / MANIFEST_NAME
+    try:
+        raw = local.read_bytes(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise ManifestError(f"{shown} is missing: the entry was never committed") from None
+    return parse_manifest(raw, path=shown)
 
 
 def _checked_manifest(raw: bytes, staging: Path, key: CacheKey) -> tuple[Manifest, str]:
     """Parse the remote manifest with the volume's own parser and hold it to this key."""
     where = f"remote manifest of {key.entry_name}"
     remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"
-    (staging / MANIFEST_NAME).write_bytes(raw)
     try:
-        manifest = read_manifest(staging)
+        manifest = parse_manifest(raw, path=staging / MANIFEST_NAME)
         doc = json.loads(raw)
     except (ManifestError, ValueError) as error:
         raise RemoteDamageError(f"{where} is not a manifest ({error})", remedy=remedy) from None
@@ -286,19 +351,22 @@ def _is_missing(error: BaseException) -> bool:
 
 
 class _Subscriber:
-    """s3transfer calls ``on_progress`` with bytes moved; the other hooks are not needed."""
+    """s3transfer calls ``on_progress`` with bytes moved, ``on_done`` once a transfer ended (its
+    future is done by then): the waiting loop closes its file and opens the next."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress | None, finished: queue.SimpleQueue[Any]) -> None:
         self._progress = progress
+        self._finished = finished
 
     def on_queued(self, future: Any, **kwargs: Any) -> None:
         pass
 
     def on_progress(self, future: Any, bytes_transferred: int, **kwargs: Any) -> None:
-        self._progress(bytes_transferred)
+        if self._progress is not None:
+            self._progress(bytes_transferred)
 
     def on_done(self, future: Any, **kwargs: Any) -> None:
-        pass
+        self._finished.put(future)
 
 
 __all__ = ["Moved", "Progress", "Remote", "RemoteDamageError", "RemoteError", "describe"]

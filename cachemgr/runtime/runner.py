@@ -669,6 +669,7 @@ class Runner:
 
             self._upload = start_upload(
                 outcome.path,
+                within=root.path,
                 config=self.options.remote,
                 identity=self.identity,
                 metrics=self.metrics,

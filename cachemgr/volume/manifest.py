@@ -122,9 +122,21 @@ def read_manifest(entry_dir: Path) -> Manifest:
     """Parse ``entry_dir/manifest.json``; ``ManifestError`` for missing or damaged ones."""
     path = entry_dir / MANIFEST_NAME
     try:
-        data = json.loads(_read_regular(path))
+        raw = _read_regular(path)
     except (FileNotFoundError, NotADirectoryError):
         raise ManifestError(f"{path} is missing: the entry was never committed") from None
+    except ValueError as error:
+        raise ManifestError(f"{path} is not valid JSON ({error})") from None
+    return parse_manifest(raw, path=path)
+
+
+def parse_manifest(raw: bytes, *, path: Path) -> Manifest:
+    """A manifest's bytes, read by the caller (from a descriptor, or from the remote) -> Manifest.
+
+    ``ManifestError`` naming ``path`` if they are not a cachemgr manifest.
+    """
+    try:
+        data = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as error:
         raise ManifestError(f"{path} is not valid JSON ({error})") from None
     try:

@@ -1,0 +1,149 @@
+"""The local side of a transfer: every file opened from the cache root, never by its path.
+
+boto3's ``upload_file`` and ``download_file`` open a local file by its path, and the kernel
+follows a symlink at any level of a path. On the shared volume anyone can replace an entry's
+artifact file, its ``artifacts/`` directory or a pod's staging directory by a link (to
+``/etc/shadow``, to the pod's model weights): an upload would then send a file from outside the
+cache root to the bucket, and a download would write through the link, outside the root
+(DESIGN.md, principle 6).
+
+So a transfer opens the entry's (or the staging attempt's) directory once from the root
+(:func:`cachemgr.core.safefs.open_dir`: one level at a time, ``O_NOFOLLOW|O_DIRECTORY``, on the root's
+filesystem), each directory below it relative to its parent the same way, and each file with
+``O_NOFOLLOW`` for reading (it must be a regular file; ``O_NONBLOCK``: a FIFO cannot block the
+open) or ``O_CREAT|O_EXCL|O_NOFOLLOW`` for writing (a new file in private staging: nothing that
+is already there is ever written through or over). boto3 then moves the open file objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from cachemgr.core import safefs
+
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NOT_A_FILE = frozenset({errno.ELOOP, errno.ENXIO})  # a symlink; a socket
+
+
+class LocalDir:
+    """A directory under the cache root held open, with the directories below it as they are reached.
+
+    Directory descriptors are kept until :meth:`close`: an entry of 2,000 files in a few folders
+    costs one open per folder, not one walk from the root per file (a round trip each on FUSE).
+    """
+
+    def __init__(self, fd: int, shown: Path) -> None:
+        self.fd = fd
+        self.shown = shown
+        self._dev = os.fstat(fd).st_dev
+        self._dirs: dict[str, int] = {}
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, root: Path, path: Path) -> Iterator[LocalDir]:
+        """``path`` (under the cache root ``root``) reached safely; UnsafePathError otherwise."""
+        with safefs.open_dir(root, path) as fd:
+            local = cls(fd, path)
+            try:
+                yield local
+            finally:
+                local.close()
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+
+    def open_file(self, rel: str) -> tuple[BinaryIO, os.stat_result]:
+        """``rel`` opened for reading and its ``fstat``: a regular file, reached without a link."""
+        parent, name = self._parent(rel, create=False)
+        shown = self.shown / rel
+        try:
+            fd = os.open(name, READ_FLAGS, dir_fd=parent)
+        except OSError as error:
+            if error.errno in _NOT_A_FILE:
+                raise not_a_file(shown, parent, name, doing="reads") from None
+            raise
+        handle = os.fdopen(fd, "rb")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device: O_NONBLOCK let the open return
+            handle.close()
+            raise not_a_file(shown, parent, name, doing="reads")
+        return handle, st
+
+    def read_bytes(self, rel: str, *, limit: int) -> bytes:
+        """Up to ``limit`` bytes of ``rel`` (a record; one byte more tells the caller it is larger)."""
+        handle, _ = self.open_file(rel)
+        with handle:
+            return handle.read(limit + 1)
+
+    def create_file(self, rel: str) -> BinaryIO:
+        """A new file ``rel`` for writing; its folders are made as needed. Never opens what exists."""
+        parent, name = self._parent(rel, create=True)
+        try:
+            fd = os.open(name, CREATE_FLAGS, 0o644, dir_fd=parent)
+        except FileExistsError:
+            raise not_a_file(self.shown / rel, parent, name, doing="writes", planted=True) from None
+        return os.fdopen(fd, "wb")
+
+    def write_new(self, rel: str, data: bytes) -> None:
+        with self.create_file(rel) as handle:
+            handle.write(data)
+
+    def unlink(self, rel: str) -> None:
+        """Remove file ``rel`` (missing is fine): a name of ours the transfer is about to create."""
+        parent, name = self._parent(rel, create=False)
+        safefs.unlink_at(parent, name)
+
+    def _parent(self, rel: str, *, create: bool) -> tuple[int, str]:
+        folder, _, name = rel.rpartition("/")
+        if not name or any(part in {"", ".", ".."} for part in rel.split("/")):
+            raise ValueError(f"{rel!r} is not a plain relative path")
+        return (self._dir(folder, create=create) if folder else self.fd), name
+
+    def _dir(self, folder: str, *, create: bool) -> int:
+        known = self._dirs.get(folder)
+        if known is not None:
+            return known
+        above, _, part = folder.rpartition("/")
+        parent = self._dir(above, create=create) if above else self.fd
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=parent)
+        fd = safefs.open_below(parent, part, dev=self._dev, shown=self.shown / folder)
+        self._dirs[folder] = fd
+        return fd
+
+
+def not_a_file(
+    shown: Path, parent: int, name: str, *, doing: str, planted: bool = False
+) -> safefs.UnsafePathError:
+    """The refusal of ``shown``: what it is instead of a regular file, and what to do."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        what = "gone"
+    else:
+        what = safefs.describe(st)
+        if stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                what += f" (to {os.readlink(name, dir_fd=parent)[:200]!r})"
+    if planted:
+        return safefs.UnsafePathError(
+            f"{shown} already exists ({what}) in this transfer's private staging; cachemgr never "
+            "writes through or over it",
+            remedy=f"find what else writes into {shown.parent} on the cache volume",
+            path=str(shown),
+        )
+    return safefs.UnsafePathError(
+        f"{shown} is {what}, not a regular file; cachemgr never {doing} through it",
+        remedy=f"remove it (rm {shown}); 'cachemgr verify --fix' moves the damaged entry aside",
+        path=str(shown),
+    )
