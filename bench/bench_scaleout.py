@@ -49,13 +49,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr_testkit.mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm
+from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl
+
+from cachemgr.standin.compiler import load_compiled_dir
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
-from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl  # noqa: E402
-
-from cachemgr.standin.compiler import load_compiled_dir  # noqa: E402
 
 MODEL = "rebellions/Bench-LLM"
 MODES = {  # label -> directory name

@@ -58,15 +58,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachemgr_testkit.mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm
+
+from cachemgr.key import CacheKey, KeyRequest, compute_key
+from cachemgr.manifest import check_files, read_manifest
+from cachemgr.records import PodIdentity
+from cachemgr.store import create_staging, open_root, publish
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
-
-from cachemgr.key import CacheKey, KeyRequest, compute_key  # noqa: E402
-from cachemgr.manifest import check_files, read_manifest  # noqa: E402
-from cachemgr.records import PodIdentity  # noqa: E402
-from cachemgr.store import create_staging, open_root, publish  # noqa: E402
 
 TARGET_MS = 150.0
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cachemgr"

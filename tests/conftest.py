@@ -25,13 +25,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mounts import juicefs_volume, mount_unavailable_reason, seaweedfs_volume, tmpfs_volume
-from podlib import Cluster, cluster
+from cachemgr_testkit.mounts import (
+    REQUIRE_MOUNTS_ENV,
+    juicefs_volume,
+    mount_unavailable_reason,
+    seaweedfs_volume,
+    tmpfs_volume,
+)
+from cachemgr_testkit.podlib import Cluster, cluster
 
 # --------------------------------------------------------------------------------------------------
 # Real filesystems (tests/mounts.py)
-
-REQUIRE_MOUNTS_ENV = "CACHEMGR_REQUIRE_MOUNTS"
 
 # fixture name -> marker name; pytest_collection_modifyitems marks every test that uses the fixture.
 _MOUNT_FIXTURE_MARKERS = {

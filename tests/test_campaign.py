@@ -68,8 +68,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import FAKETIME_LIB, STANDIN_COMPILER, Cluster, Pod, free_port, read_jsonl, skewed_env
-from scenarios import MODEL, server_argv
+from cachemgr_testkit.podlib import (
+    FAKETIME_LIB,
+    STANDIN_COMPILER,
+    Cluster,
+    Pod,
+    free_port,
+    read_jsonl,
+    skewed_env,
+)
+from cachemgr_testkit.scenarios import MODEL, server_argv
 
 from cachemgr.manifest import ManifestError, check_files, read_manifest
 from cachemgr.records import OBSERVE_SECONDS

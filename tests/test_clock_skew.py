@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REQUIRE_MOUNTS_ENV
-from podlib import DEADLINE, Cluster, Pod, free_port, skewed_env
-from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
+from cachemgr_testkit.mounts import REQUIRE_MOUNTS_ENV
+from cachemgr_testkit.podlib import DEADLINE, Cluster, Pod, free_port, skewed_env
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.manifest import check_files, read_manifest
 from cachemgr.prune import PruneRequest, execute, plan_prune

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
-from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
+from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.fsutil import atomic_write_json
 from cachemgr.manifest import ManifestError, VerifyMode, check_files, read_manifest

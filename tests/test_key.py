@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cachemgr_testkit.podlib import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from podlib import run_cli
 
 from cachemgr import standin
 from cachemgr.errors import ConfigError, UsageError

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from scenarios import command_key
+from cachemgr_testkit.scenarios import command_key
 
 from cachemgr.manifest import Problem, check_files, read_manifest
 from cachemgr.records import PodIdentity

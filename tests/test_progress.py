@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, Pod, free_port, run_cli, wait_for
-from scenarios import compile_cmd, compiles, server_argv, vllm_argv
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, compiles, server_argv, vllm_argv
 
 from cachemgr.lease import KeyLease
 from cachemgr.meter import interval_from

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
-from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
+from cachemgr_testkit.scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.manifest import check_files, read_manifest
 from cachemgr.records import users

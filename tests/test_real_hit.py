@@ -16,9 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from podlib import Cluster, Pod, free_port, run_cli, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import entry_dirs, vllm_argv
 from prometheus_client.parser import text_string_to_metric_families
-from scenarios import entry_dirs, vllm_argv
 
 CPU_NODE = {"STANDIN_NPU_NAME": "none", "RBLN_FORCE_NPU_NAME": "RBLN-CA25", "VLLM_RBLN_COMPILE_ONLY": "1"}
 

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, free_port, read_jsonl
-from scenarios import command_key, compile_cmd, server_argv
+from cachemgr_testkit.podlib import Cluster, free_port, read_jsonl
+from cachemgr_testkit.scenarios import command_key, compile_cmd, server_argv
 
 import cachemgr.manifest
 from cachemgr.key import CacheKey

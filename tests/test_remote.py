@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 import xxhash
-from podlib import Cluster, free_port, run_cli, wait_for
-from s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
-from scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
+from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, status_port, wait_for
+from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
+from cachemgr_testkit.scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
 
 from cachemgr.manifest import read_manifest
 
@@ -413,8 +413,6 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
 
 
 def test_a_remote_hit_is_counted_in_metrics(pods: Cluster, tmp_path: Path, remote: dict[str, str]) -> None:
-    from test_probes import metrics, status_port
-
     root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
     record = tmp_path / "compiler.jsonl"
     _fill_remote(pods, root_a, remote, record)
