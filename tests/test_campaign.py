@@ -168,6 +168,10 @@ class Totals:
 
 def _say(config: pytest.Config, *lines: str) -> None:
     """Straight to the terminal, past output capture: the campaign's figures belong in the CI log."""
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker's terminal is not the run's: conftest prints these
+        workeroutput.setdefault("terminal_lines", []).extend(lines)
+        return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is None:

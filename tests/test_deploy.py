@@ -107,6 +107,7 @@ def env_values(spec: dict[str, Any]) -> dict[str, str]:
 # --- the manifests parse and say what the chart page says ------------------------------------------
 
 
+@pytest.mark.quick
 def test_every_manifest_parses_and_every_kustomization_names_real_files() -> None:
     files = sorted(DEPLOY.rglob("*.yaml"))
     assert len(files) >= 10
@@ -517,6 +518,7 @@ def install_calls(text: str) -> list[list[str]]:
     return calls
 
 
+@pytest.mark.quick
 def test_dockerfile_installs_with_the_command_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "exec scripts/test" in ci
@@ -598,6 +600,7 @@ def test_dockerfile_runs_the_entrypoint_as_a_non_root_user_with_labels(base: lis
     assert f'org.opencontainers.image.licenses="{license_}"' in labels
 
 
+@pytest.mark.quick
 def test_dockerignore_keeps_what_the_install_needs() -> None:
     patterns = [
         line.strip()

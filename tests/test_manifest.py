@@ -13,6 +13,8 @@ from cachemgr.manifest import Problem, check_files, read_manifest
 from cachemgr.records import PodIdentity
 from cachemgr.store import create_staging, open_root, publish
 
+pytestmark = pytest.mark.quick  # unit tests: no process, mount or server (conftest checks)
+
 FILES = {
     "graph_0.rbln": 4096,
     "layers/0/attn.rbln": 3000,

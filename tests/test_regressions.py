@@ -102,6 +102,7 @@ def moved_while_hashing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tupl
     return root, key, entry
 
 
+@pytest.mark.quick
 def test_full_check_reports_files_of_an_entry_moved_away_midway_as_missing(
     moved_while_hashing: tuple[CacheRoot, CacheKey, Path],
 ) -> None:
@@ -112,6 +113,7 @@ def test_full_check_reports_files_of_an_entry_moved_away_midway_as_missing(
     assert [problem.what for problem in problems] == ["missing"] * (len(manifest.files) - 1)
 
 
+@pytest.mark.quick
 def test_full_lookup_of_an_entry_moved_away_midway_is_not_a_volume_error(
     moved_while_hashing: tuple[CacheRoot, CacheKey, Path],
 ) -> None:
@@ -152,6 +154,7 @@ def _full(path: str | os.PathLike[str], dir_fd: int | None) -> Path:
     return Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path
 
 
+@pytest.mark.quick
 def test_publish_retries_a_rename_that_failed_with_estale(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -164,6 +167,7 @@ def test_publish_retries_a_rename_that_failed_with_estale(
     assert check_files(entry, read_manifest(entry), mode="full") == []
 
 
+@pytest.mark.quick
 def test_publish_after_estale_finds_the_peers_entry_and_discards_its_own(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -216,6 +220,7 @@ def test_a_full_volume_when_taking_the_lease_is_reported_as_disk_full(
 # --- 4. a prune takes the entry away right after its publish -----------------------------------------
 
 
+@pytest.mark.quick
 def test_publish_carries_on_when_a_prune_takes_the_new_entry_at_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -282,6 +287,7 @@ def test_a_prune_right_after_publish_leaves_the_entry_its_publisher_is_about_to_
     assert len(entries) == 1, "the entry the pod serves is still published"
 
 
+@pytest.mark.quick
 def test_publish_after_estale_twice_goes_by_the_peers_entry(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -526,6 +526,7 @@ def test_a_stopping_pod_waits_for_its_upload_only_so_long(
 # --- configuration and names, without a server --------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("url", "bucket", "prefix"),
     [("s3://b", "b", ""), ("s3://b/", "b", ""), ("s3://b/p/q/", "b", "p/q/"), ("s3://b//p", "b", "p/")],
@@ -545,6 +546,7 @@ def test_a_bad_remote_url_is_a_usage_error_before_anything_runs(tmp_path: Path, 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.quick
 def test_unsafe_manifest_paths_are_named() -> None:
     from cachemgr.manifest import FileRecord, Manifest
     from cachemgr.remote.layout import unsafe_paths
@@ -572,6 +574,7 @@ def test_unsafe_manifest_paths_are_named() -> None:
     ]
 
 
+@pytest.mark.quick
 def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
     from cachemgr.remote.ops import RemoteEntry, RemoteListing, StaleUpload, plan_remote_prune
     from cachemgr.scan import Compat

@@ -25,6 +25,8 @@ from cachemgr.errors import ConfigError
 from cachemgr.key import canonical_json
 from cachemgr.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
 
+pytestmark = pytest.mark.quick  # unit tests: no process, mount or server (conftest checks)
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 
