@@ -1,7 +1,7 @@
 """Shared pytest fixtures for the cachemgr tests.
 
 Layout: one section per concern, each with a short header. Add new fixtures in a section of their own
-(or to the one they belong to) and keep the heavy lifting in helper modules, as tests/mounts.py does
+(or to the one they belong to) and keep the heavy lifting in helper modules, as cachemgr_testkit.mounts does
 for real filesystems.
 
 Real filesystems
@@ -40,7 +40,7 @@ from cachemgr_testkit.mounts import (
 from cachemgr_testkit.podlib import Cluster, cluster
 
 # --------------------------------------------------------------------------------------------------
-# Real filesystems (tests/mounts.py)
+# Real filesystems (cachemgr_testkit.mounts)
 
 # fixture name -> marker name; pytest_collection_modifyitems marks every test that uses the fixture.
 _MOUNT_FIXTURE_MARKERS = {
@@ -63,6 +63,22 @@ _ONE_WORKER_MODULES = {
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup with the groups above. Not xdist_group marks: xdist 3.8 groups by renaming
+    ``item._nodeid``, which pytest 9.2 no longer reads, so its groups silently spread."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # only under xdist
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).name in _ONE_WORKER_MODULES else nodeid
+
+    return ModuleGroups(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller
 def pytest_testnodedown(node: Any, error: object) -> None:
     """Lines a worker kept for the run's terminal (the campaign's seed and totals), as it ends."""
     reporter = node.config.pluginmanager.get_plugin("terminalreporter")
@@ -71,15 +87,12 @@ def pytest_testnodedown(node: Any, error: object) -> None:
             reporter.write_line(line)
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    grouped = config.pluginmanager.hasplugin("xdist")  # xdist_group is xdist's marker
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for fixture, marker in _MOUNT_FIXTURE_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
-        if grouped and item.path.name in _ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
 
 
 def require_mount(kind: str) -> None:
