@@ -36,12 +36,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from bench_warm import volumes as warm_volumes
+from cachemgr_testkit.mounts import unmount_on_sigterm
+from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, wait_for
 
-from bench_warm import volumes as warm_volumes  # noqa: E402
-from mounts import unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
-from podlib import STANDIN_COMPILER, Cluster, Pod, wait_for  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 HANDOFF_TARGET_S = 1.0
 TAKEOVER_SLACK_S = 2.0

@@ -138,8 +138,10 @@ def main() -> int:
 
 
 def _on_juicefs(args: argparse.Namespace) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from mounts import juicefs_volume, unmount_on_sigterm  # tests/ is on sys.path above
+    from cachemgr_testkit.mounts import (  # test support: only for --fs juicefs
+        juicefs_volume,
+        unmount_on_sigterm,
+    )
 
     unmount_on_sigterm()
     work = Path(tempfile.mkdtemp(prefix="cachemgr-bench-"))

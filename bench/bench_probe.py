@@ -25,10 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+from cachemgr_testkit.podlib import cluster, free_port
 
-from podlib import cluster, free_port  # noqa: E402  # tests/ is not a package: on sys.path above
+REPO = Path(__file__).resolve().parent.parent
 
 TARGET_MS = 100.0
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cachemgr"

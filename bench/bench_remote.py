@@ -36,19 +36,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from cachemgr_testkit.s3server import BUCKET, S3Server, s3_server
+
+from cachemgr.core.units import human_bytes, parse_size
+from cachemgr.remote.config import remote_config
+from cachemgr.remote.ops import key_of, list_remote
+from cachemgr.remote.transfer import _CHUNK, _WORKERS, Remote
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.manifest import read_manifest
+from cachemgr.volume.store import commit, create_staging
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
-from s3server import BUCKET, S3Server, s3_server  # noqa: E402
-
-from cachemgr.core.units import human_bytes, parse_size  # noqa: E402
-from cachemgr.remote.config import remote_config  # noqa: E402
-from cachemgr.remote.ops import key_of, list_remote  # noqa: E402
-from cachemgr.remote.transfer import _CHUNK, _WORKERS, Remote  # noqa: E402
-from cachemgr.volume.identity import PodIdentity  # noqa: E402
-from cachemgr.volume.layout import open_root  # noqa: E402
-from cachemgr.volume.manifest import read_manifest  # noqa: E402
-from cachemgr.volume.store import commit, create_staging  # noqa: E402
 
 STANDIN = f"{sys.executable} -m cachemgr_standin.compiler"
 

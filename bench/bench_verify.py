@@ -50,7 +50,7 @@ from bench_warm import (
     parse_size,
     volumes,
 )
-from mounts import unmount_on_sigterm
+from cachemgr_testkit.mounts import unmount_on_sigterm
 
 from cachemgr.volume.manifest import check_files, read_manifest
 

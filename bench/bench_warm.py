@@ -58,16 +58,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cachemgr_testkit.mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm
+
+from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.manifest import check_files, read_manifest
+from cachemgr.volume.store import create_staging, publish
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-
-from mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
-
-from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key  # noqa: E402
-from cachemgr.volume.identity import PodIdentity  # noqa: E402
-from cachemgr.volume.layout import open_root  # noqa: E402
-from cachemgr.volume.manifest import check_files, read_manifest  # noqa: E402
-from cachemgr.volume.store import create_staging, publish  # noqa: E402
 
 TARGET_MS = 150.0
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cachemgr"

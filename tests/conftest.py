@@ -1,7 +1,7 @@
 """Shared pytest fixtures for the cachemgr tests.
 
 Layout: one section per concern, each with a short header. Add new fixtures in a section of their own
-(or to the one they belong to) and keep the heavy lifting in helper modules, as tests/mounts.py does
+(or to the one they belong to) and keep the heavy lifting in helper modules, as cachemgr_testkit.mounts does
 for real filesystems.
 
 Real filesystems
@@ -14,24 +14,33 @@ Real filesystems
 Tests using them are marked `juicefs` / `seaweedfs` / `tmpfs` automatically (select with -m, e.g. -m "not juicefs").
 Where mounting is impossible (not root, no /dev/fuse, no juicefs or weed binary) they skip with the reason;
 with CACHEMGR_REQUIRE_MOUNTS=1 (CI sets it) they fail instead, so CI never skips them silently.
+
+The helpers themselves (pods, mounts, the S3 server, scenarios, the manifests' harness) are the
+package cachemgr_testkit (testkit/, installed by ``scripts/install .venv test``); tests import it,
+never each other. Tiers and parallel runs: tests/README.md.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mounts import juicefs_volume, mount_unavailable_reason, seaweedfs_volume, tmpfs_volume
-from podlib import Cluster, cluster
+from cachemgr_testkit.mounts import (
+    REQUIRE_MOUNTS_ENV,
+    juicefs_volume,
+    mount_unavailable_reason,
+    seaweedfs_volume,
+    tmpfs_volume,
+)
+from cachemgr_testkit.podlib import Cluster, cluster
 
 # --------------------------------------------------------------------------------------------------
-# Real filesystems (tests/mounts.py)
-
-REQUIRE_MOUNTS_ENV = "CACHEMGR_REQUIRE_MOUNTS"
+# Real filesystems (cachemgr_testkit.mounts)
 
 # fixture name -> marker name; pytest_collection_modifyitems marks every test that uses the fixture.
 _MOUNT_FIXTURE_MARKERS = {
@@ -40,6 +49,42 @@ _MOUNT_FIXTURE_MARKERS = {
     "seaweedfs_mounts": "seaweedfs",
     "tmpfs_small": "tmpfs",
 }
+
+
+# Parallel runs (scripts/test: pytest-xdist, --dist loadgroup) spread the tests one by one over the
+# workers, except these modules, each kept on one worker: a module-scoped fixture there is costly or
+# gathers the whole module's results, and would otherwise be made once per worker.
+_ONE_WORKER_MODULES = {
+    "test_campaign.py": "the campaign's totals and its clean-compile references: one summary",
+    "test_deploy.py": "the manifests, rendered once by kubectl",
+    "test_inspect.py": "one volume built by seven warm Jobs",
+    "test_remote.py": "one S3 server (weed mini)",
+}
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """--dist loadgroup with the groups above. Not xdist_group marks: xdist 3.8 groups by renaming
+    ``item._nodeid``, which pytest 9.2 no longer reads, so its groups silently spread."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # only under xdist
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if Path(path).name in _ONE_WORKER_MODULES else nodeid
+
+    return ModuleGroups(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)  # an xdist hook, on the controller
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Lines a worker kept for the run's terminal (the campaign's seed and totals), as it ends."""
+    reporter = node.config.pluginmanager.get_plugin("terminalreporter")
+    for line in getattr(node, "workeroutput", {}).get("terminal_lines", []):
+        if reporter is not None:
+            reporter.write_line(line)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -124,3 +169,44 @@ def pods(tmp_path: Path) -> Iterator[Cluster]:
     """Real `cachemgr run` pods for one test; every one of them is killed at teardown."""
     with cluster(tmp_path / "work") as group:
         yield group
+
+
+# --------------------------------------------------------------------------------------------------
+# The quick tier (tests/README.md): tests marked `quick` start no process, mount nothing and serve
+# nothing. An audit hook holds them to it in every run, CI's full one included: a quick test that
+# spawns a process or binds a socket fails, so the mark cannot drift from what the test does.
+
+_NOT_QUICK_EVENTS = frozenset(
+    {"subprocess.Popen", "os.posix_spawn", "os.fork", "os.forkpty", "os.system", "os.exec", "socket.bind"}
+)
+_quick_guard: dict[str, Any] = {"on": False, "seen": []}
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _quick_guard["on"] and event in _NOT_QUICK_EVENTS:
+        _quick_guard["seen"].append(f"{event}{args[:2]!r}")
+        raise RuntimeError(f"a test marked quick may not {event}: move it out of the quick tier")
+
+
+sys.addaudithook(_audit)  # cannot be removed; idle outside the quick tests
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    if item.get_closest_marker("quick") is None:
+        return (yield)
+    _quick_guard["on"], _quick_guard["seen"] = True, []
+    try:
+        return (yield)
+    finally:
+        _quick_guard["on"] = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> pytest.TestReport:
+    report: pytest.TestReport = yield
+    if item.get_closest_marker("quick") is not None and _quick_guard["seen"] and report.when == "call":
+        # Also when the test swallowed the hook's exception: the mark is wrong either way.
+        report.outcome = "failed"
+        report.longrepr = f"marked quick, but it did: {'; '.join(_quick_guard['seen'])}"
+    return report

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podlib import Cluster, free_port, run_cli, wait_for
-from scenarios import compile_cmd, server_argv, vllm_argv
+from cachemgr_testkit.podlib import Cluster, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, server_argv, vllm_argv
 
 from cachemgr.ops.scan import SILENT_ATTEMPT_AFTER
 

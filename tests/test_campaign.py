@@ -68,8 +68,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import FAKETIME_LIB, STANDIN_COMPILER, Cluster, Pod, free_port, read_jsonl, skewed_env
-from scenarios import MODEL, server_argv
+from cachemgr_testkit.podlib import (
+    FAKETIME_LIB,
+    STANDIN_COMPILER,
+    Cluster,
+    Pod,
+    free_port,
+    read_jsonl,
+    skewed_env,
+)
+from cachemgr_testkit.scenarios import MODEL, server_argv
 
 from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
 from cachemgr.volume.records import OBSERVE_SECONDS
@@ -160,6 +168,10 @@ class Totals:
 
 def _say(config: pytest.Config, *lines: str) -> None:
     """Straight to the terminal, past output capture: the campaign's figures belong in the CI log."""
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker's terminal is not the run's: conftest prints these
+        workeroutput.setdefault("terminal_lines", []).extend(lines)
+        return
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
     if reporter is None:

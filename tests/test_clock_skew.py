@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REQUIRE_MOUNTS_ENV
-from podlib import DEADLINE, Cluster, Pod, free_port, skewed_env
-from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
+from cachemgr_testkit.mounts import REQUIRE_MOUNTS_ENV
+from cachemgr_testkit.podlib import DEADLINE, FAKETIME_LIB, Cluster, Pod, free_port, skewed_env
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.ops.prune import PruneRequest, execute, plan_prune
 from cachemgr.ops.scan import scan
@@ -42,7 +41,10 @@ SKEWS = ("+3m", "+10m", "-10m")
 
 @pytest.fixture
 def faketime() -> str:
-    found = shutil.which("faketime")
+    """libfaketime itself, preloaded (not the ``faketime`` wrapper): the wrapper makes a /dev/shm
+    semaphore named by its pid and exits with "sem_open: File exists" when a killed earlier wrapper
+    left one under a pid now reused (pid_max is 32768 here), a name shared by every run on the machine."""
+    found = FAKETIME_LIB
     if found is None:
         if os.environ.get(REQUIRE_MOUNTS_ENV) == "1":
             pytest.fail("faketime is not installed (Debian package faketime; .ci/run installs it)")
@@ -68,11 +70,11 @@ def cachemgr_at(
 ) -> dict[str, Any]:
     """``cachemgr ARGS -o json`` on ``root``, its clock shifted by ``skew`` (None: the real clock)."""
     argv = [sys.executable, "-m", "cachemgr", *args, "-o", "json"]
-    if skew is not None:
-        argv = [faketime, "-f", skew, *argv]
+    # As `faketime -f SKEW`, which sets these two and fakes the monotonic clock too.
+    clock = {} if skew is None else {"LD_PRELOAD": faketime, "FAKETIME": skew}
     done = subprocess.run(
         argv,
-        env={**env, "CACHEMGR_CACHE_ROOT": str(root)},
+        env={**env, "CACHEMGR_CACHE_ROOT": str(root), **clock},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -33,9 +33,9 @@ from typing import Any
 
 import psutil
 import pytest
-from mounts import tmpfs_volume
-from podlib import wait_for
-from test_deploy import DEPLOY, ROOT, Container, Node, container, render, workload
+from cachemgr_testkit.kube import DEPLOY, ROOT, Container, Node, container, render, workload
+from cachemgr_testkit.mounts import tmpfs_volume
+from cachemgr_testkit.podlib import wait_for
 
 GUIDE = ROOT / "README.md"
 SECTION = "## Operator guide"  # the guide runs from this heading to the next of its level

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
-from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
+from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.core.fsutil import atomic_write_json
 from cachemgr.core.safefs import UnsafePathError
@@ -473,6 +473,7 @@ def test_a_compile_that_leaves_a_symlink_in_its_output_is_a_failed_compile(volum
 # --- records are written by a temporary name nobody can guess --------------------------------------
 
 
+@pytest.mark.quick
 def test_a_record_is_never_written_through_a_planted_temporary_name(tmp_path: Path) -> None:
     """Records went to ``.NAME.PID.tmp`` opened with O_TRUNC: a symlink planted at that name
     (a pod's pid is 1) made every write land outside the root. Temporary names are now random
@@ -495,6 +496,7 @@ def test_a_record_is_never_written_through_a_planted_temporary_name(tmp_path: Pa
     assert not (root / "usage" / "d" / "other.json").is_symlink()
 
 
+@pytest.mark.quick
 def test_a_record_is_never_written_through_a_planted_folder(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "usage").mkdir(parents=True)
@@ -506,6 +508,7 @@ def test_a_record_is_never_written_through_a_planted_folder(tmp_path: Path) -> N
     assert list(elsewhere.iterdir()) == []
 
 
+@pytest.mark.quick
 def test_a_dangling_cachedir_tag_creates_nothing_outside(tmp_path: Path) -> None:
     root = tmp_path / "root"
     root.mkdir()

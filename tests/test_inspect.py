@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import DEADLINE, Cluster, cluster, free_port, npu_node, wait_for
-from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, npu_node, wait_for
+from cachemgr_testkit.scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.volume.manifest import read_manifest
 

@@ -13,9 +13,9 @@ from typing import Any
 import cachemgr_standin as standin
 import pytest
 from cachemgr_standin import DECLARED_VERSIONS
+from cachemgr_testkit.podlib import run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from podlib import run_cli
 
 from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.key.cachekey import KeyRequest, canonical_json, compute_key, major_minor
@@ -52,6 +52,7 @@ GOLDEN = {
 }  # fmt: skip
 
 
+@pytest.mark.quick
 def test_golden_digest_of_the_command_strategy_is_unchanged() -> None:
     """The same digest as before the server versions entered the vllm strategy's key."""
     command = {
@@ -64,6 +65,7 @@ def test_golden_digest_of_the_command_strategy_is_unchanged() -> None:
     )
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_golden_digest(name: str) -> None:
     argv, extra, expected = GOLDEN[name]
@@ -72,6 +74,7 @@ def test_golden_digest(name: str) -> None:
     assert digest(argv, role=role, env=extra) == expected
 
 
+@pytest.mark.quick
 def test_canonical_json_is_sorted_and_compact() -> None:
     assert canonical_json({"b": 1, "a": [1, {"d": 2, "c": 3}]}) == b'{"a":[1,{"c":3,"d":2}],"b":1}'
 
@@ -79,6 +82,7 @@ def test_canonical_json_is_sorted_and_compact() -> None:
 # --- invariance: what must not change the key -----------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     "argv",
     [
@@ -106,11 +110,13 @@ def test_same_key_for_the_same_compile(argv: list[str]) -> None:
     assert digest(argv) == digest()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("version", ["0.12.0", "0.12.3", "0.12.0rc1", "0.12.1.dev4+gabc", "0.12"])
 def test_patch_releases_share_the_cache(version: str) -> None:
     assert digest(env={"CACHEMGR_COMPILER_VERSION": version}) == digest()
 
 
+@pytest.mark.quick
 def test_npu_type_is_keyed_as_the_server_names_it() -> None:
     """No device: RBLN_FORCE_NPU_NAME decides, raw, as vllm-rbln hashes it (mega_cache.py 143-146)."""
     only_force = {k: v for k, v in BASE_ENV.items() if k != "CACHEMGR_NPU_TYPE"}
@@ -130,6 +136,7 @@ def test_npu_type_is_keyed_as_the_server_names_it() -> None:
     )
 
 
+@pytest.mark.quick
 def test_npu_settings_that_disagree_are_an_error() -> None:
     with pytest.raises(ConfigError, match=r"CACHEMGR_NPU_TYPE=RBLN-CA12 disagrees.*RBLN-CA25"):
         digest(env={"CACHEMGR_NPU_TYPE": "RBLN-CA12", "RBLN_FORCE_NPU_NAME": "RBLN-CA25"})
@@ -170,6 +177,7 @@ def test_the_device_decides_the_npu_type(tmp_path: Path) -> None:
     assert compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env)).inputs["npu"] == "rbln-ca25"
 
 
+@pytest.mark.quick
 def test_without_a_device_node_the_device_is_not_asked(tmp_path: Path) -> None:
     env = _device_env(tmp_path, answers="RBLN-CA12", RBLN_FORCE_NPU_NAME="RBLN-CA25")
     (tmp_path / "dev" / "rbln0").unlink()
@@ -177,10 +185,12 @@ def test_without_a_device_node_the_device_is_not_asked(tmp_path: Path) -> None:
     assert (key.inputs["npu"], key.details["npu_from_device"]) == ("RBLN-CA25", False)
 
 
+@pytest.mark.quick
 def test_runtime_only_vllm_rbln_env_does_not_count() -> None:
     assert digest(env={"VLLM_RBLN_COMPILE_ONLY": "1", "VLLM_RBLN_METRICS": "1", "UNRELATED": "x"}) == digest()
 
 
+@pytest.mark.quick
 @settings(max_examples=60, deadline=None)
 @given(
     port=st.integers(1024, 65535),
@@ -208,6 +218,7 @@ def test_runtime_flags_and_order_never_change_the_key(
 # --- sensitivity: every input changes the key -------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("change", "kwargs"),
     [
@@ -231,6 +242,7 @@ def test_each_input_changes_the_key(change: str, kwargs: dict[str, Any]) -> None
     assert digest(**kwargs) != digest(), change
 
 
+@pytest.mark.quick
 @settings(max_examples=40, deadline=None)
 @given(a=st.integers(1, 64), b=st.integers(1, 64))
 def test_distinct_compile_settings_never_collide(a: int, b: int) -> None:
@@ -242,6 +254,7 @@ def test_distinct_compile_settings_never_collide(a: int, b: int) -> None:
 # --- inputs read as production reads them -----------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
@@ -256,6 +269,7 @@ def test_major_minor(raw: str, expected: str) -> None:
     assert major_minor(raw) == expected
 
 
+@pytest.mark.quick
 def test_invalid_compiler_version_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a version number"):
         major_minor("twelve")
@@ -325,16 +339,19 @@ def test_npu_type_is_read_from_the_rbln_driver_tool(tmp_path: Path) -> None:
     assert key.digest == digest()
 
 
+@pytest.mark.quick
 def test_role_is_required() -> None:
     with pytest.raises(ConfigError, match="CACHEMGR_ROLE"):
         compute_key(KeyRequest(argv=ARGV, role=None, environ=BASE_ENV))
 
 
+@pytest.mark.quick
 def test_non_vllm_server_needs_a_compile_command() -> None:
     with pytest.raises(UsageError, match="--strategy command"):
         compute_key(KeyRequest(argv=["my-server", "--port", "1"], role="prefill", environ=BASE_ENV))
 
 
+@pytest.mark.quick
 def test_other_servers_are_keyed_on_their_argv_minus_runtime_flags() -> None:
     def other(*argv: str) -> str:
         request = KeyRequest(
@@ -358,6 +375,7 @@ def _model_dir(path: Path, *, layers: int = 2, shard_bytes: int = 100) -> Path:
     return path
 
 
+@pytest.mark.quick
 def test_local_model_is_keyed_by_content_not_by_mount_path(tmp_path: Path) -> None:
     one = _model_dir(tmp_path / "mnt-a" / "llm")
     two = _model_dir(tmp_path / "mnt-b" / "weights")
@@ -371,6 +389,7 @@ def test_local_model_is_keyed_by_content_not_by_mount_path(tmp_path: Path) -> No
     assert keys["bigger"] != keys["one"], "other weights at the same path miss"
 
 
+@pytest.mark.quick
 def test_vllm_strategy_keys_local_models_by_path_too(tmp_path: Path) -> None:
     """vllm-rbln names its own cache after the model path: another path would compile in the server."""
     one = _model_dir(tmp_path / "mnt-a" / "llm")
@@ -379,6 +398,7 @@ def test_vllm_strategy_keys_local_models_by_path_too(tmp_path: Path) -> None:
     assert digest(["vllm", "serve", str(one)]) == digest(["vllm", "serve", str(one), "--port", "1"])
 
 
+@pytest.mark.quick
 def test_missing_local_model_path_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         digest(["vllm", "serve", str(tmp_path / "nope")])
@@ -436,6 +456,7 @@ def test_without_the_server_versions_the_vllm_strategy_exits_78(tmp_path: Path) 
     assert other.returncode == 0, other.stderr
 
 
+@pytest.mark.quick
 def test_model_redirect_is_resolved_before_keying(tmp_path: Path) -> None:
     """vLLM replaces the model by its VLLM_MODEL_REDIRECT_PATH entry (config/model.py 558)."""
     local = _model_dir(tmp_path / "models" / "llm")
@@ -457,6 +478,7 @@ def test_model_redirect_is_resolved_before_keying(tmp_path: Path) -> None:
     assert digest(env={"VLLM_MODEL_REDIRECT_PATH": str(table)}) == digest()
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("argv_extra", "env", "says"),
     [

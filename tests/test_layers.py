@@ -18,6 +18,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "cachemgr"
 LAYERS = ("core", "key", "volume", "ops", "remote", "runtime", "cli")
 
+pytestmark = pytest.mark.quick
+
 
 def _modules() -> dict[str, Path]:
     found = {}

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from podlib import Cluster, Pod, free_port
-from scenarios import (
+from cachemgr_testkit.podlib import Cluster, Pod, free_port
+from cachemgr_testkit.scenarios import (
     assert_entries_valid,
     compiles,
     entry_dirs,

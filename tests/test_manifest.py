@@ -7,12 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from scenarios import command_key
+from cachemgr_testkit.scenarios import command_key
 
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 from cachemgr.volume.manifest import Problem, check_files, read_manifest
 from cachemgr.volume.store import create_staging, publish
+
+pytestmark = pytest.mark.quick  # unit tests: no process, mount or server (conftest checks)
 
 FILES = {
     "graph_0.rbln": 4096,

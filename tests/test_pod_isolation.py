@@ -15,8 +15,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from podlib import Cluster, Pod, free_port, read_jsonl, run_cli, wait_for
-from scenarios import compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, read_jsonl, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
 from cachemgr.runtime.strategies import remove_old_views
 from cachemgr.volume.manifest import ARTIFACTS, read_manifest

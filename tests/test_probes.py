@@ -22,17 +22,25 @@ from typing import Any
 
 import psutil
 import pytest
-from podlib import Cluster, Pod, free_port, npu_node, run_cli, wait_for
-from prometheus_client.parser import text_string_to_metric_families
-from scenarios import compile_cmd, server_argv, vllm_argv
+from cachemgr_testkit.podlib import (
+    LOOPBACK,
+    Cluster,
+    Pod,
+    free_port,
+    metrics,
+    npu_node,
+    run_cli,
+    status_get,
+    status_port,
+    wait_for,
+)
+from cachemgr_testkit.scenarios import compile_cmd, server_argv, vllm_argv
 
 from cachemgr.core.errors import ConfigError
 from cachemgr.runtime.metrics import Metrics
 from cachemgr.runtime.state import StateWriter, read_status_port
 from cachemgr.runtime.status_server import start_status_server
 
-# Straight to 127.0.0.1, whatever http_proxy the environment has.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 STATUS = ["--status-port", "0"]
 
 
@@ -49,19 +57,6 @@ def probe(state_dir: Path, kind: str, *, env: dict[str, str] | None = None) -> t
     return result.returncode == 0, lines[0]
 
 
-def get(port: int, path: str, *, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with _OPENER.open(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
-
-
-def status_port(pod: Pod) -> int:
-    port: int = wait_for(lambda: read_status_port(pod.state_dir), what=f"{pod.name}'s status port")
-    return port
-
-
 def expect(pod: Pod, *, startup: bool, live: bool, ready: bool, says: str) -> None:
     """Each exec probe and its HTTP twin agree, and every line says ``says``."""
     port = status_port(pod)
@@ -73,22 +68,10 @@ def expect(pod: Pod, *, startup: bool, live: bool, ready: bool, says: str) -> No
         passed, line = probe(pod.state_dir, kind, env=pod.env)
         assert passed is wanted, f"{pod.name}: {line}"
         assert says in line, line
-        code, body = get(port, path)
+        code, body = status_get(port, path)
         assert code == (200 if wanted else 503), f"{pod.name} {path}: {code} {body}"
         assert body.startswith(f"{kind} {'ok' if wanted else 'failed'}: "), body
         assert says in body, body
-
-
-def metrics(port: int) -> dict[str, float]:
-    """``/metrics`` through prometheus_client's own parser: {sample name{labels}: value}."""
-    code, text = get(port, "/metrics")
-    assert code == 200
-    samples: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return samples
 
 
 def child(pod: Pod, module: str) -> psutil.Process:
@@ -155,12 +138,12 @@ def test_probes_follow_a_cold_start_and_a_waiting_peer_through_every_phase(pods:
         passed, line = probe(first.state_dir, "ready")
         assert not passed
         assert "did not answer" in line
-        code, body = get(status_port(first), "/readyz")
+        code, body = status_get(status_port(first), "/readyz")
         assert code == 503, body
         assert probe(first.state_dir, "live")[0], "a slow server is not a dead pod"
     assert probe(first.state_dir, "ready")[0]
 
-    status = json.loads(get(status_port(first), "/status")[1])
+    status = json.loads(status_get(status_port(first), "/status")[1])
     assert status["phase"] == "serving"
     assert status["probes"]["ready"]["ok"] is True
     assert status["metrics"]["compiles"] == 1
@@ -218,7 +201,7 @@ def test_live_fails_on_a_stalled_compile(pods: Cluster, root: Path, strategy: st
     passed, line = probe(pod.state_dir, "startup")
     assert not passed
     assert "compile stalled" in line
-    code, body = get(port, "/livez")
+    code, body = status_get(port, "/livez")
     assert code == 503
     assert "compile stalled" in body
     assert metrics(port)["cachemgr_compile_stalled"] == 1.0
@@ -265,11 +248,11 @@ def test_live_fails_on_a_frozen_process_and_recovers_when_thawed(pods: Cluster, 
         assert not probe(pod.state_dir, "startup")[0]
         assert probe(pod.state_dir, "ready")[0], "the server still answers; liveness restarts the pod"
         with pytest.raises(TimeoutError):
-            get(port, "/livez", timeout=0.5)  # what the kubelet's httpGet sees: no answer at all
+            status_get(port, "/livez", timeout=0.5)  # what the kubelet's httpGet sees: no answer at all
     finally:
         pod.signal(signal.SIGCONT)
     wait_for(lambda: probe(pod.state_dir, "live")[0], timeout=20, what="live to pass after SIGCONT")
-    assert get(port, "/livez")[0] == 200
+    assert status_get(port, "/livez")[0] == 200
 
     pod.signal_pod(
         signal.SIGKILL
@@ -309,7 +292,7 @@ def test_failed_phase_fails_every_probe_with_the_reason(pods: Cluster, root: Pat
         assert samples["cachemgr_failures_total{reason=compile-failed}"] == 1.0
         assert samples["cachemgr_failures_total{reason=disk-full}"] == 0.0
         for path in ("/startupz", "/livez", "/readyz"):
-            code, body = get(port, path)
+            code, body = status_get(port, path)
             assert code == 503
             assert "failed: the compile command exited with code 3" in body
     finally:
@@ -348,7 +331,7 @@ def test_every_phase_gives_the_documented_verdicts(tmp_path: Path, root: Path) -
                 if kind == "ready" and phase == "serving":
                     because = "no health URL is known" if ok else f"127.0.0.1:{closed}/health did not answer"
                     assert because in line
-                assert get(port, path)[0] == (200 if ok else 503), f"{phase} {path}"
+                assert status_get(port, path)[0] == (200 if ok else 503), f"{phase} {path}"
             samples = metrics(port)
             assert samples[f"cachemgr_phase{{phase={phase}}}"] == 1.0
             assert sum(v for k, v in samples.items() if k.startswith("cachemgr_phase{")) == 1.0
@@ -405,7 +388,7 @@ def test_metrics_parse_and_count_what_happened(pods: Cluster, root: Path) -> Non
     assert samples["cachemgr_lease_wait_seconds_total"] == 0
     assert samples["cachemgr_phase_seconds_total{phase=launching}"] > 0
 
-    openmetrics = _OPENER.open(
+    openmetrics = LOOPBACK.open(
         urllib.request.Request(
             f"http://127.0.0.1:{status_port(warm)}/metrics",
             headers={"Accept": "application/openmetrics-text; version=1.0.0"},

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, Pod, free_port, run_cli, wait_for
-from scenarios import compile_cmd, compiles, server_argv, vllm_argv
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, compiles, server_argv, vllm_argv
 
 from cachemgr.core.units import human_bytes
 from cachemgr.ops.meter import interval_from
@@ -67,6 +67,7 @@ def _digest(pods: Cluster, root: Path, options: list[str]) -> str:
 # --- the rate limit and its default -----------------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_progress_lines_default_to_one_per_30_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CACHEMGR_PROGRESS_INTERVAL", raising=False)
     assert DEFAULT_INTERVAL == 30.0
@@ -77,6 +78,7 @@ def test_progress_lines_default_to_one_per_30_seconds(monkeypatch: pytest.Monkey
     assert interval_from("1.5") == 1.5
 
 
+@pytest.mark.quick
 def test_every_lets_one_through_per_interval() -> None:
     every = Every(30.0)
     seen = [t for t in (0.0, 1.0, 5.0, 29.9, 30.0, 31.0, 59.9, 60.0, 60.1) if every.due(t)]

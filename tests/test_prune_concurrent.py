@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 from cachemgr_standin.compiler import load_compiled_dir
-from podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
-from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
+from cachemgr_testkit.scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import check_files, read_manifest

@@ -14,8 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from podlib import Cluster, free_port, run_cli
-from scenarios import compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.podlib import Cluster, free_port, run_cli
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
 
 def warm(pods: Cluster, root: Path, name: str, **env: str) -> None:

@@ -98,6 +98,7 @@ def test_the_tool_finds_every_fact() -> None:
     assert "compute_hash_version" in done.stdout
 
 
+@pytest.mark.quick
 def test_versions_the_stand_in_declares_are_the_pinned_ones(facts: dict[str, str]) -> None:
     assert facts["vllm_pin"] == standin.VLLM_VERSION == "0.30.0+cpu"
     assert facts["vllm_rbln_version"] == standin.VLLM_RBLN_VERSION
@@ -107,6 +108,7 @@ def test_versions_the_stand_in_declares_are_the_pinned_ones(facts: dict[str, str
     assert facts["signature_compute_hash"] == "vllm_config.compute_hash()"
 
 
+@pytest.mark.quick
 def test_npu_order_is_the_servers(facts: dict[str, str]) -> None:
     order = re.findall(r'"([A-Z_]+)"', facts["npu_order"])
     assert facts["npu_order"].startswith("rebel.get_npu_name(device_id)")
@@ -115,6 +117,7 @@ def test_npu_order_is_the_servers(facts: dict[str, str]) -> None:
     assert facts["device_nodes"] == 'RBLN_DEV_DIR = "/dev"'
 
 
+@pytest.mark.quick
 def test_loadable_artifacts_are_named_as_the_server_names_them(facts: dict[str, str]) -> None:
     assert facts["rbln_config_name"] == loadable.RBLN_CONFIG
     assert facts["bundle_path"] == loadable.BUNDLE
@@ -122,6 +125,7 @@ def test_loadable_artifacts_are_named_as_the_server_names_them(facts: dict[str, 
     assert facts["modelinfos"] == "modelinfos"
 
 
+@pytest.mark.quick
 def test_what_is_never_saved(facts: dict[str, str]) -> None:
     assert facts["warmup_skip"] == "envs.VLLM_RBLN_ENABLE_WARM_UP"
     # The same parse as vllm-rbln's envs.py: anything but true/1 turns warm-up off.
@@ -133,6 +137,7 @@ def test_what_is_never_saved(facts: dict[str, str]) -> None:
     assert not vllm_rbln.never_saved({}, {"VLLM_DISABLE_COMPILE_CACHE": "0"})
 
 
+@pytest.mark.quick
 def test_model_impl_aliases_match(facts: dict[str, str]) -> None:
     text = (SRC / "vllm_rbln/vllm_rbln/config.py").read_text(encoding="utf-8")
     block = re.search(r"_MODEL_IMPL_ALIASES: dict\[str, ModelImpl \| None\] = (\{.*?\n\})", text, re.DOTALL)
@@ -142,6 +147,7 @@ def test_model_impl_aliases_match(facts: dict[str, str]) -> None:
     assert facts["model_impl_aliases"] == "transformers"
 
 
+@pytest.mark.quick
 def test_compile_only_acts_on_the_vllm_model_path_only(facts: dict[str, str]) -> None:
     assert _tool().compile_only_readers(SRC) == ["compilation/compiler.py", "platform/vllm_impl.py"]
     assert facts["optimum_device_check"] == "tp_and_devices_are_ok"
@@ -149,6 +155,7 @@ def test_compile_only_acts_on_the_vllm_model_path_only(facts: dict[str, str]) ->
     assert facts["optimum_tmpdir"] == "TemporaryDirectory()"
 
 
+@pytest.mark.quick
 def test_version_env_names_are_fixed() -> None:
     assert {env for _, env in vllm_rbln.VERSION_ENV.values()} == set(standin.DECLARED_VERSIONS)
     assert [dist for dist, _ in vllm_rbln.VERSION_ENV.values()] == ["vllm", "vllm-rbln", "optimum-rbln"]

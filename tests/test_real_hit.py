@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from podlib import Cluster, Pod, free_port, run_cli, wait_for
+import pytest
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import entry_dirs, vllm_argv
 from prometheus_client.parser import text_string_to_metric_families
-from scenarios import entry_dirs, vllm_argv
 
 CPU_NODE = {"STANDIN_NPU_NAME": "none", "RBLN_FORCE_NPU_NAME": "RBLN-CA25", "VLLM_RBLN_COMPILE_ONLY": "1"}
 
@@ -180,6 +181,7 @@ def test_recompiled_on_hit_fires_on_drift_and_never_on_a_true_hit(pods: Cluster,
     assert len(_events(pods, "drifted", "recompiled_on_hit")) == 1, "once per new path"
 
 
+@pytest.mark.quick
 def test_recompiled_on_hit_ignores_tmp_files_and_modelinfos(tmp_path: Path) -> None:
     """Unit: what the watcher counts, on a real view built from a real manifest."""
     from cachemgr.volume.drift import new_artifacts

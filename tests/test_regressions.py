@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, free_port, read_jsonl
-from scenarios import command_key, compile_cmd, server_argv
+from cachemgr_testkit.podlib import Cluster, free_port, read_jsonl
+from cachemgr_testkit.scenarios import command_key, compile_cmd, server_argv
 
 import cachemgr.volume.manifest
 from cachemgr.key.cachekey import CacheKey
@@ -103,6 +103,7 @@ def moved_while_hashing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tupl
     return root, key, entry
 
 
+@pytest.mark.quick
 def test_full_check_reports_files_of_an_entry_moved_away_midway_as_missing(
     moved_while_hashing: tuple[CacheRoot, CacheKey, Path],
 ) -> None:
@@ -113,6 +114,7 @@ def test_full_check_reports_files_of_an_entry_moved_away_midway_as_missing(
     assert [problem.what for problem in problems] == ["missing"] * (len(manifest.files) - 1)
 
 
+@pytest.mark.quick
 def test_full_lookup_of_an_entry_moved_away_midway_is_not_a_volume_error(
     moved_while_hashing: tuple[CacheRoot, CacheKey, Path],
 ) -> None:
@@ -153,6 +155,7 @@ def _full(path: str | os.PathLike[str], dir_fd: int | None) -> Path:
     return Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path
 
 
+@pytest.mark.quick
 def test_publish_retries_a_rename_that_failed_with_estale(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -165,6 +168,7 @@ def test_publish_retries_a_rename_that_failed_with_estale(
     assert check_files(entry, read_manifest(entry), mode="full") == []
 
 
+@pytest.mark.quick
 def test_publish_after_estale_finds_the_peers_entry_and_discards_its_own(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -217,6 +221,7 @@ def test_a_full_volume_when_taking_the_lease_is_reported_as_disk_full(
 # --- 4. a prune takes the entry away right after its publish -----------------------------------------
 
 
+@pytest.mark.quick
 def test_publish_carries_on_when_a_prune_takes_the_new_entry_at_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -283,6 +288,7 @@ def test_a_prune_right_after_publish_leaves_the_entry_its_publisher_is_about_to_
     assert len(entries) == 1, "the entry the pod serves is still published"
 
 
+@pytest.mark.quick
 def test_publish_after_estale_twice_goes_by_the_peers_entry(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 import xxhash
-from podlib import Cluster, free_port, run_cli, wait_for
-from s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
-from scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
+from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, status_port, wait_for
+from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
+from cachemgr_testkit.scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
 
 from cachemgr.volume.manifest import read_manifest
 
@@ -414,8 +414,6 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
 
 
 def test_a_remote_hit_is_counted_in_metrics(pods: Cluster, tmp_path: Path, remote: dict[str, str]) -> None:
-    from test_probes import metrics, status_port
-
     root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
     record = tmp_path / "compiler.jsonl"
     _fill_remote(pods, root_a, remote, record)
@@ -529,6 +527,7 @@ def test_a_stopping_pod_waits_for_its_upload_only_so_long(
 # --- configuration and names, without a server --------------------------------------------------
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("url", "bucket", "prefix"),
     [("s3://b", "b", ""), ("s3://b/", "b", ""), ("s3://b/p/q/", "b", "p/q/"), ("s3://b//p", "b", "p/")],
@@ -548,6 +547,7 @@ def test_a_bad_remote_url_is_a_usage_error_before_anything_runs(tmp_path: Path, 
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.quick
 def test_unsafe_manifest_paths_are_named() -> None:
     from cachemgr.remote.layout import unsafe_paths
     from cachemgr.volume.manifest import FileRecord, Manifest
@@ -575,6 +575,7 @@ def test_unsafe_manifest_paths_are_named() -> None:
     ]
 
 
+@pytest.mark.quick
 def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
     from cachemgr.ops.scan import Compat
     from cachemgr.remote.ops import RemoteEntry, RemoteListing, StaleUpload, plan_remote_prune

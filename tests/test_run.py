@@ -11,8 +11,8 @@ import os
 import signal
 from pathlib import Path
 
-from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, run_cli, wait_for
-from scenarios import (
+from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, run_cli, wait_for
+from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
     compile_cmd,
     entry_dirs,

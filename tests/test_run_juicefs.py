@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from podlib import Cluster
-from scenarios import (
+from cachemgr_testkit.podlib import Cluster
+from cachemgr_testkit.scenarios import (
     concurrent_runs_compile_once,
     entry_dirs,
     frozen_holder_late_publish_is_discarded,

@@ -25,6 +25,8 @@ from cachemgr.key import serving, vllm_flags
 from cachemgr.key.cachekey import canonical_json
 from cachemgr.key.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
 
+pytestmark = pytest.mark.quick  # unit tests: no process, mount or server (conftest checks)
+
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podlib import Cluster, Pod, free_port, run_cli
-from scenarios import (
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli
+from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
     assert_entries_valid,
     compile_cmd,

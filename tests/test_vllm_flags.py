@@ -17,11 +17,13 @@ INTROSPECTION_PYTHON = Path("/tmp/vllm-introspect/bin/python")
 ARITIES = {"0", "1", "?", "+", "*"}
 
 
+@pytest.mark.quick
 def test_versions() -> None:
     assert vf.VLLM_VERSION == "0.30.0"
     assert vf.VLLM_RBLN_VERSION == "0.12.0"
 
 
+@pytest.mark.quick
 def test_well_known_value_flags() -> None:
     assert vf.FLAGS["tensor-parallel-size"] == "1"
     assert vf.ALIASES["-tp"] == "tensor-parallel-size"
@@ -37,6 +39,7 @@ def test_well_known_value_flags() -> None:
     assert "-O" not in vf.ALIASES
 
 
+@pytest.mark.quick
 def test_well_known_switches() -> None:
     assert vf.FLAGS["enforce-eager"] == "0"
     assert "enforce-eager" in vf.NEGATABLE
@@ -46,6 +49,7 @@ def test_well_known_switches() -> None:
     assert vf.ALIASES["-h"] == "help"
 
 
+@pytest.mark.quick
 def test_json_flags() -> None:
     for name in ("additional-config", "compilation-config", "speculative-config", "kv-transfer-config"):
         assert name in vf.JSON_FLAGS, name
@@ -55,6 +59,7 @@ def test_json_flags() -> None:
     assert "tensor-parallel-size" not in vf.JSON_FLAGS
 
 
+@pytest.mark.quick
 def test_rbln_flags() -> None:
     assert vf.RBLN_FLAGS["rbln-use-w8a8"] == "use_w8a8"
     assert vf.FLAGS["rbln-use-w8a8"] == "0"
@@ -66,6 +71,7 @@ def test_rbln_flags() -> None:
         assert key not in vf.RBLN_FLAGS.values()
 
 
+@pytest.mark.quick
 def test_table_is_consistent() -> None:
     assert set(vf.FLAGS.values()) <= ARITIES
     for name in vf.FLAGS:
@@ -86,6 +92,7 @@ def test_table_is_consistent() -> None:
     assert len(strings) == len(set(strings))
 
 
+@pytest.mark.quick
 def test_table_is_sorted() -> None:
     for table in (vf.FLAGS, vf.ALIASES, vf.RBLN_FLAGS):
         assert list(table) == sorted(table)

@@ -21,6 +21,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +31,15 @@ from typing import Any
 import cachemgr_standin as standin
 from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_standin.shim import write_vllm_shim
+from prometheus_client.parser import text_string_to_metric_families
+
+from cachemgr.runtime.state import read_status_port
 
 DEADLINE = 60.0
 STANDIN_SERVER = [sys.executable, "-m", "cachemgr_standin.server", "serve"]
 STANDIN_COMPILER = f"{sys.executable} -m cachemgr_standin.compiler"
+# Straight to 127.0.0.1, whatever http_proxy the environment has.
+LOOPBACK = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 # libfaketime (Debian package faketime): LD_PRELOAD it to skew one process's wall clock.
@@ -267,3 +274,32 @@ def run_cli(
         check=False,
         stdin=subprocess.DEVNULL,  # no TTY: a command must never prompt
     )
+
+
+# --- a pod's status server ----------------------------------------------------------------------
+
+
+def status_get(port: int, path: str, *, timeout: float = 5.0) -> tuple[int, str]:
+    """GET ``path`` from a pod's status server: (HTTP status, body), errors included."""
+    try:
+        with LOOPBACK.open(f"http://127.0.0.1:{port}{path}", timeout=timeout) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+
+
+def status_port(pod: Pod) -> int:
+    port: int = wait_for(lambda: read_status_port(pod.state_dir), what=f"{pod.name}'s status port")
+    return port
+
+
+def metrics(port: int) -> dict[str, float]:
+    """``/metrics`` through prometheus_client's own parser: {sample name{labels}: value}."""
+    code, text = status_get(port, "/metrics")
+    assert code == 200
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return samples

@@ -7,11 +7,10 @@ import signal
 import time
 from pathlib import Path
 
-from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, wait_for
-
 from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
 from cachemgr.volume.lease import read_marker
 from cachemgr.volume.manifest import check_files, read_manifest
+from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, wait_for
 
 MODEL = "rebellions/Test-LLM"
 

