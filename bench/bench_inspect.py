@@ -28,9 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from cachemgr.key import KeyRequest, compute_key
-from cachemgr.records import PodIdentity, register_use, release_use
-from cachemgr.store import create_staging, open_root, publish
+from cachemgr.key.cachekey import KeyRequest, compute_key
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.records import register_use, release_use
+from cachemgr.volume.store import create_staging, publish
 
 TARGET_SECONDS = 1.0
 COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"])

@@ -41,15 +41,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from s3server import BUCKET, S3Server, s3_server  # noqa: E402
 
-from cachemgr.manifest import read_manifest  # noqa: E402
-from cachemgr.records import PodIdentity  # noqa: E402
+from cachemgr.core.units import human_bytes, parse_size  # noqa: E402
 from cachemgr.remote.config import remote_config  # noqa: E402
 from cachemgr.remote.ops import key_of, list_remote  # noqa: E402
 from cachemgr.remote.transfer import _CHUNK, _WORKERS, Remote  # noqa: E402
-from cachemgr.store import commit, create_staging, open_root  # noqa: E402
-from cachemgr.units import human_bytes, parse_size  # noqa: E402
+from cachemgr.volume.identity import PodIdentity  # noqa: E402
+from cachemgr.volume.layout import open_root  # noqa: E402
+from cachemgr.volume.manifest import read_manifest  # noqa: E402
+from cachemgr.volume.store import commit, create_staging  # noqa: E402
 
-STANDIN = f"{sys.executable} -m cachemgr.standin.compiler"
+STANDIN = f"{sys.executable} -m cachemgr_standin.compiler"
 
 
 def main() -> int:

@@ -52,10 +52,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from cachemgr_standin.compiler import load_compiled_dir  # noqa: E402
 from mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
 from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl  # noqa: E402
-
-from cachemgr.standin.compiler import load_compiled_dir  # noqa: E402
 
 MODEL = "rebellions/Bench-LLM"
 MODES = {  # label -> directory name

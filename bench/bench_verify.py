@@ -52,7 +52,7 @@ from bench_warm import (
 )
 from mounts import unmount_on_sigterm
 
-from cachemgr.manifest import check_files, read_manifest
+from cachemgr.volume.manifest import check_files, read_manifest
 
 TARGET = 0.85
 

@@ -63,10 +63,11 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from mounts import juicefs_volume, mount_unavailable_reason, unmount_on_sigterm  # noqa: E402  # tests/ is on sys.path above
 
-from cachemgr.key import CacheKey, KeyRequest, compute_key  # noqa: E402
-from cachemgr.manifest import check_files, read_manifest  # noqa: E402
-from cachemgr.records import PodIdentity  # noqa: E402
-from cachemgr.store import create_staging, open_root, publish  # noqa: E402
+from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key  # noqa: E402
+from cachemgr.volume.identity import PodIdentity  # noqa: E402
+from cachemgr.volume.layout import open_root  # noqa: E402
+from cachemgr.volume.manifest import check_files, read_manifest  # noqa: E402
+from cachemgr.volume.store import create_staging, publish  # noqa: E402
 
 TARGET_MS = 150.0
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cachemgr"
@@ -111,7 +112,7 @@ def pct(values: list[float], q: float) -> float:
 def compile_cmd(files: int, size: int) -> str:
     """Key material only: the entry is published ahead, so a hit never runs it."""
     return (
-        f"{sys.executable} -m cachemgr.standin.compiler --output-dir {{output_dir}} --files {files} "
+        f"{sys.executable} -m cachemgr_standin.compiler --output-dir {{output_dir}} --files {files} "
         f"--bytes {size}"
     )
 
@@ -294,7 +295,7 @@ def check_hit(start: Start, key: CacheKey) -> None:
 # --- where the time goes ------------------------------------------------------------------------
 
 # Runs as `python -c TRACE cachemgr run ...`: the real CLI, with the library functions the runner
-# calls wrapped to time them. Modules are imported where the CLI imports them (cachemgr.runner when
+# calls wrapped to time them. Modules are imported where the CLI imports them (cachemgr.runtime.runner when
 # `run` starts), so the import order and cost are the real ones. Spans go to $BENCH_TRACE_FILE
 # once the server has been spawned; a marker on stderr then splits -X importtime's report.
 TRACE = r"""
@@ -333,15 +334,15 @@ def handler(command):
     record("import cachemgr.cli.cmd_run", began)
     def traced_run(args, server_argv, environ):
         began = time.time_ns()
-        import cachemgr.runner as r, cachemgr.launcher  # what cmd_run.run imports first
-        record("import cachemgr.runner", began)
+        import cachemgr.runtime.runner as r, cachemgr.runtime.launcher  # what cmd_run.run imports first
+        record("import cachemgr.runtime.runner", began)
         wrap(r.Runner, "__init__", "runner setup (state, heartbeats)")
         wrap(r, "compute_key", "key")
         wrap(r, "open_root", "open root")
         wrap(r, "lookup", "lookup + fast check")
         wrap(r, "register_use", "use record")
         wrap(r, "build_view", "view")
-        wrap(cachemgr.launcher, "start", "spawn server")
+        wrap(cachemgr.runtime.launcher, "start", "spawn server")
         return run(args, server_argv, environ)
     return traced_run
 main._handler = handler
@@ -351,7 +352,7 @@ sys.exit(main.main())
 
 STEPS = (
     "import cachemgr.cli.cmd_run",
-    "import cachemgr.runner",
+    "import cachemgr.runtime.runner",
     "runner setup (state, heartbeats)",
     "key",
     "open root",

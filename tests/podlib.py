@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr import standin
-from cachemgr.standin import DECLARED_VERSIONS
-from cachemgr.standin.shim import write_vllm_shim
+import cachemgr_standin as standin
+from cachemgr_standin import DECLARED_VERSIONS
+from cachemgr_standin.shim import write_vllm_shim
 
 DEADLINE = 60.0
-STANDIN_SERVER = [sys.executable, "-m", "cachemgr.standin.server", "serve"]
-STANDIN_COMPILER = f"{sys.executable} -m cachemgr.standin.compiler"
+STANDIN_SERVER = [sys.executable, "-m", "cachemgr_standin.server", "serve"]
+STANDIN_COMPILER = f"{sys.executable} -m cachemgr_standin.compiler"
 
 
 # libfaketime (Debian package faketime): LD_PRELOAD it to skew one process's wall clock.

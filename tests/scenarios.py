@@ -9,9 +9,9 @@ from pathlib import Path
 
 from podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, wait_for
 
-from cachemgr.key import CacheKey, KeyRequest, compute_key
-from cachemgr.lease import read_marker
-from cachemgr.manifest import check_files, read_manifest
+from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
+from cachemgr.volume.lease import read_marker
+from cachemgr.volume.manifest import check_files, read_manifest
 
 MODEL = "rebellions/Test-LLM"
 

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from cachemgr.standin import DECLARED_VERSIONS
+from cachemgr_standin import DECLARED_VERSIONS
 
 _LOG_EVENT = re.compile(r"\d{4}-\d\d-\d\dT\S+ \[(info|warning|error)")  # a console log line
 MESSAGE_LIMIT = 1000  # characters: a message is one readable line, whatever the input's size

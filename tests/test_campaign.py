@@ -71,9 +71,9 @@ import pytest
 from podlib import FAKETIME_LIB, STANDIN_COMPILER, Cluster, Pod, free_port, read_jsonl, skewed_env
 from scenarios import MODEL, server_argv
 
-from cachemgr.manifest import ManifestError, check_files, read_manifest
-from cachemgr.records import OBSERVE_SECONDS
-from cachemgr.softlease import default_confirm
+from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
+from cachemgr.volume.records import OBSERVE_SECONDS
+from cachemgr.volume.softlease import default_confirm
 
 TRIALS = int(os.environ.get("CACHEMGR_CAMPAIGN_TRIALS") or 6)
 SEED = int(os.environ.get("CACHEMGR_CAMPAIGN_SEED") or secrets.randbelow(1_000_000))

@@ -30,11 +30,12 @@ from conftest import REQUIRE_MOUNTS_ENV
 from podlib import DEADLINE, Cluster, Pod, free_port, skewed_env
 from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
-from cachemgr.manifest import check_files, read_manifest
-from cachemgr.prune import PruneRequest, execute, plan_prune
-from cachemgr.records import OBSERVE_SECONDS, PodIdentity, register_use
-from cachemgr.scan import scan
-from cachemgr.store import CacheRoot
+from cachemgr.ops.prune import PruneRequest, execute, plan_prune
+from cachemgr.ops.scan import scan
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import check_files, read_manifest
+from cachemgr.volume.records import OBSERVE_SECONDS, register_use
 
 SKEWS = ("+3m", "+10m", "-10m")
 

@@ -27,14 +27,14 @@ from typing import Any
 
 import pytest
 import yaml
+from cachemgr_standin import DECLARED_VERSIONS
+from cachemgr_standin.shim import write_vllm_shim
 from podlib import DEADLINE, free_port, read_jsonl, wait_for
 
 from cachemgr.cli.main import build_parser
-from cachemgr.probes import stale_after
-from cachemgr.standin import DECLARED_VERSIONS
-from cachemgr.standin.shim import write_vllm_shim
-from cachemgr.state import State
-from cachemgr.units import parse_duration, parse_size
+from cachemgr.core.units import parse_duration, parse_size
+from cachemgr.runtime.probes import stale_after
+from cachemgr.runtime.state import State
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy" / "kubernetes"
@@ -302,7 +302,7 @@ def test_tmpdir_is_a_sized_emptydir_and_warm_jobs_name_the_vllm_model_path(
 def test_the_entrypoint_scripts_name_only_what_the_code_accepts() -> None:
     known = code_env_names()
     key_source = "".join(
-        (ROOT / "cachemgr" / name).read_text() for name in ("key.py", "npu.py", "vllm_rbln.py")
+        (ROOT / "cachemgr" / "key" / name).read_text() for name in ("cachekey.py", "npu.py", "vllm_rbln.py")
     )
     for name in entrypoint_env_names():
         if name.startswith("CACHEMGR_"):
@@ -782,6 +782,21 @@ def test_dockerfile_installs_with_the_command_ci_runs() -> None:
     ]
     assert "FLAVOR=modelserver" in global_args
     assert ("FROM", "${FLAVOR}") in instructions
+
+
+def test_the_image_never_carries_the_stand_ins() -> None:
+    """The stand-in compiler and server are not product code: out of the build context, and
+    installed only by the ``test`` and ``demo`` set-ups (never by an extra an image names)."""
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert "standin" in ignored
+    install = (ROOT / "scripts" / "install").read_text()
+    (line,) = [line for line in install.splitlines() if '"$here/standin"' in line]
+    assert line.strip().startswith("test | demo)")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert not [dep for deps in extras.values() for dep in deps if "standin" in dep]
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert packages["include"] == ["cachemgr", "cachemgr.*"]
+    assert not (ROOT / "cachemgr" / "standin").exists()
 
 
 def test_dockerfile_runs_the_entrypoint_as_a_non_root_user_with_labels(base: list[dict[str, Any]]) -> None:

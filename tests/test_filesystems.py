@@ -209,7 +209,7 @@ def test_rename_dir_onto_empty_dir_replaces_it(views: Views) -> None:
 
 
 def test_exclusive_create_has_one_winner_across_nodes(views: Views) -> None:
-    # The compile lease (cachemgr/softlease.py) is an O_CREAT|O_EXCL file. On JuiceFS the metadata
+    # The compile lease (cachemgr/volume/softlease.py) is an O_CREAT|O_EXCL file. On JuiceFS the metadata
     # engine makes the create exclusive; on SeaweedFS it is not (test_lease.py).
     node1, node2 = views
     os.close(os.open(node1 / "key.lock", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))

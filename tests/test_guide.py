@@ -204,7 +204,7 @@ def server_child(pod: Container) -> psutil.Process:
 
     def find() -> psutil.Process | None:
         for proc in psutil.Process(pod.proc.pid).children(recursive=True):
-            if "cachemgr.standin.server" in " ".join(proc.cmdline()):
+            if "cachemgr_standin.server" in " ".join(proc.cmdline()):
                 return proc
         return None
 

@@ -26,10 +26,10 @@ import pytest
 from podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
 from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
-from cachemgr.fsutil import atomic_write_json
-from cachemgr.manifest import ManifestError, VerifyMode, check_files, read_manifest
-from cachemgr.safefs import UnsafePathError
-from cachemgr.store import open_root
+from cachemgr.core.fsutil import atomic_write_json
+from cachemgr.core.safefs import UnsafePathError
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.manifest import ManifestError, VerifyMode, check_files, read_manifest
 
 LAYOUT = ("entries", "staging", "quarantine", "trash", "usage", "leases", "failures")
 

@@ -28,7 +28,7 @@ import pytest
 from podlib import DEADLINE, Cluster, cluster, free_port, npu_node, wait_for
 from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
-from cachemgr.manifest import read_manifest
+from cachemgr.volume.manifest import read_manifest
 
 LIST_FIELDS = {
     "key",
@@ -380,8 +380,8 @@ def test_a_slow_volume_is_scanned_with_threads_to_the_same_result(
     cache: Built, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Where reading entries one by one is slow (a network filesystem), the rest are read by threads."""
-    from cachemgr import scan as scanning
-    from cachemgr.store import open_root
+    from cachemgr.ops import scan as scanning
+    from cachemgr.volume.layout import open_root
 
     root = open_root(cache.root, create=False)
     damage(cache.root)  # damaged entries too: they take the other path through _entry_info

@@ -10,15 +10,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import cachemgr_standin as standin
 import pytest
+from cachemgr_standin import DECLARED_VERSIONS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from podlib import run_cli
 
-from cachemgr import standin
-from cachemgr.errors import ConfigError, UsageError
-from cachemgr.key import KeyRequest, canonical_json, compute_key, major_minor
-from cachemgr.standin import DECLARED_VERSIONS
+from cachemgr.core.errors import ConfigError, UsageError
+from cachemgr.key.cachekey import KeyRequest, canonical_json, compute_key, major_minor
 
 BASE_ENV = {
     "CACHEMGR_COMPILER_VERSION": "0.12.3",

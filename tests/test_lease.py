@@ -27,7 +27,7 @@ from scenarios import (
     server_argv,
 )
 
-from cachemgr.softlease import SoftLease, filesystem_type
+from cachemgr.volume.softlease import SoftLease, filesystem_type
 
 SLACK = 2.5  # waiters poll every 0.2 s; the last refresh seen can be up to a heartbeat old
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from scenarios import command_key
 
-from cachemgr.manifest import Problem, check_files, read_manifest
-from cachemgr.records import PodIdentity
-from cachemgr.store import create_staging, open_root, publish
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.manifest import Problem, check_files, read_manifest
+from cachemgr.volume.store import create_staging, publish
 
 FILES = {
     "graph_0.rbln": 4096,

@@ -26,10 +26,10 @@ from podlib import Cluster, Pod, free_port, npu_node, run_cli, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from scenarios import compile_cmd, server_argv, vllm_argv
 
-from cachemgr.errors import ConfigError
-from cachemgr.metrics import Metrics
-from cachemgr.state import StateWriter, read_status_port
-from cachemgr.status_server import start_status_server
+from cachemgr.core.errors import ConfigError
+from cachemgr.runtime.metrics import Metrics
+from cachemgr.runtime.state import StateWriter, read_status_port
+from cachemgr.runtime.status_server import start_status_server
 
 # Straight to 127.0.0.1, whatever http_proxy the environment has.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -130,7 +130,7 @@ def test_probes_follow_a_cold_start_and_a_waiting_peer_through_every_phase(pods:
     first = pods.start("first", server_argv(free_port()), cache_root=root, options=options, env=slow_load)
 
     first.wait_phase("compiling")
-    with frozen(child(first, "cachemgr.standin.compiler")):
+    with frozen(child(first, "cachemgr_standin.compiler")):
         # The start budget does not have to cover the compile: startup passes while it runs.
         expect(first, startup=True, live=True, ready=False, says="compiling key ")
         peer = pods.start("peer", server_argv(free_port()), cache_root=root, options=options)
@@ -140,7 +140,7 @@ def test_probes_follow_a_cold_start_and_a_waiting_peer_through_every_phase(pods:
         assert "pod first" in line, "the waiter names whose compile it waits for"
 
     first.wait_phase("launching")
-    with frozen(child(first, "cachemgr.standin.server")):
+    with frozen(child(first, "cachemgr_standin.server")):
         expect(first, startup=True, live=True, ready=False, says="launching the server on ")
 
     first.wait_phase("serving")
@@ -151,7 +151,7 @@ def test_probes_follow_a_cold_start_and_a_waiting_peer_through_every_phase(pods:
     expect(peer, startup=True, live=True, ready=True, says="serving ")
 
     # Ready means the server answers now, not that it once did.
-    with frozen(child(first, "cachemgr.standin.server")):
+    with frozen(child(first, "cachemgr_standin.server")):
         passed, line = probe(first.state_dir, "ready")
         assert not passed
         assert "did not answer" in line
@@ -439,7 +439,7 @@ _HEAVY = (
     "filelock",
     "packaging",
     "tqdm",
-    "cachemgr.runner",
+    "cachemgr.runtime.runner",
     "boto3",  # the remote tier's client: loaded on a remote path only
     "botocore",
     "s3transfer",
@@ -458,6 +458,6 @@ def test_the_probe_imports_only_the_standard_library(tmp_path: Path) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False
     )
     loaded = set(result.stderr.split())
-    assert "cachemgr.probes" in loaded
+    assert "cachemgr.runtime.probes" in loaded
     heavy = sorted(m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY)
     assert heavy == [], f"cachemgr probe must stay stdlib-only, but loaded {heavy}"

@@ -23,9 +23,9 @@ import pytest
 from podlib import Cluster, Pod, free_port, run_cli, wait_for
 from scenarios import compile_cmd, compiles, server_argv, vllm_argv
 
-from cachemgr.lease import KeyLease
-from cachemgr.meter import interval_from
-from cachemgr.progress import (
+from cachemgr.core.units import human_bytes
+from cachemgr.ops.meter import interval_from
+from cachemgr.ops.progress import (
     DEFAULT_INTERVAL,
     RECORD_MAX,
     Every,
@@ -34,10 +34,10 @@ from cachemgr.progress import (
     record_path,
     write_record,
 )
-from cachemgr.records import PodIdentity
-from cachemgr.runner import RunOptions
-from cachemgr.store import CacheRoot, open_root
-from cachemgr.units import human_bytes
+from cachemgr.runtime.runner import RunOptions
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot, open_root
+from cachemgr.volume.lease import KeyLease
 
 MiB = 1 << 20
 
@@ -400,7 +400,7 @@ def test_a_compiler_that_removes_its_partial_output_still_proves_the_volume_too_
     compile filled the volume. The report and the next preflight must not believe the estimate."""
     root = tmpfs_small(30 * MiB)
     earlier = pods.start(
-        # A warm Job on a CPU node compiles only on vllm-rbln's vLLM-model path (cachemgr.vllm_rbln).
+        # A warm Job on a CPU node compiles only on vllm-rbln's vLLM-model path (cachemgr.key.vllm_rbln).
         "earlier", vllm_argv(free_port(), "--tensor-parallel-size", "8", "--model-impl", "vllm"),
         cache_root=root, command="warm",
         env={"STANDIN_ARTIFACT_BYTES": str(8 * MiB), "STANDIN_COMPILE_SECONDS": "0.2"},

@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cachemgr_standin.compiler import load_compiled_dir
 from podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
 from scenarios import MODEL, compile_cmd, entry_dirs, server_argv
 
-from cachemgr.manifest import check_files, read_manifest
-from cachemgr.records import users
-from cachemgr.standin.compiler import load_compiled_dir
-from cachemgr.store import CacheRoot
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import check_files, read_manifest
+from cachemgr.volume.records import users
 
 REPLICAS = 2
 STARTS_PER_REPLICA = 7

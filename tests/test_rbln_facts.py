@@ -16,9 +16,11 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import cachemgr_standin as standin
 import pytest
 
-from cachemgr import loadable, npu, standin, vllm_rbln
+from cachemgr.key import npu, vllm_rbln
+from cachemgr.runtime import loadable
 
 REPO = Path(__file__).resolve().parent.parent
 TOOL = REPO / "tools" / "rbln_facts.py"

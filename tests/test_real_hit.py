@@ -182,8 +182,8 @@ def test_recompiled_on_hit_fires_on_drift_and_never_on_a_true_hit(pods: Cluster,
 
 def test_recompiled_on_hit_ignores_tmp_files_and_modelinfos(tmp_path: Path) -> None:
     """Unit: what the watcher counts, on a real view built from a real manifest."""
-    from cachemgr.drift import new_artifacts
-    from cachemgr.manifest import FileRecord, Manifest
+    from cachemgr.volume.drift import new_artifacts
+    from cachemgr.volume.manifest import FileRecord, Manifest
 
     view = tmp_path / "view"
     bundle = "rbln/m-1/sig/rank0/mega_cache.bin"

@@ -43,11 +43,12 @@ import pytest
 from podlib import Cluster, free_port, read_jsonl
 from scenarios import command_key, compile_cmd, server_argv
 
-import cachemgr.manifest
-from cachemgr.key import CacheKey
-from cachemgr.manifest import check_files, read_manifest
-from cachemgr.records import PodIdentity
-from cachemgr.store import CacheRoot, Staging, create_staging, lookup, open_root, publish
+import cachemgr.volume.manifest
+from cachemgr.key.cachekey import CacheKey
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot, open_root
+from cachemgr.volume.manifest import check_files, read_manifest
+from cachemgr.volume.store import Staging, create_staging, lookup, publish
 
 IDENTITY = PodIdentity(pod="test", node="node-a", host="test", pid=os.getpid())
 
@@ -91,14 +92,14 @@ def moved_while_hashing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tupl
     is arranged, since a real race hits that window only now and then (a FUSE round trip wide).
     """
     root, key, entry = _published(tmp_path)
-    real_hash = cachemgr.manifest.hash_fd
+    real_hash = cachemgr.volume.manifest.hash_fd
 
     def hash_after_a_peer_moved_the_entry(fd: int) -> str:
         if entry.exists():
             os.rename(entry, root.quarantine / f"{entry.name}.moved-by-a-peer")
         return real_hash(fd)
 
-    monkeypatch.setattr(cachemgr.manifest, "hash_fd", hash_after_a_peer_moved_the_entry)
+    monkeypatch.setattr(cachemgr.volume.manifest, "hash_fd", hash_after_a_peer_moved_the_entry)
     return root, key, entry
 
 
@@ -238,9 +239,9 @@ def test_publish_carries_on_when_a_prune_takes_the_new_entry_at_once(
 
 PRUNE_RIGHT_AFTER_PUBLISH = """
 import subprocess, sys
-import cachemgr.runner
+import cachemgr.runtime.runner
 
-_publish = cachemgr.runner.publish
+_publish = cachemgr.runtime.runner.publish
 
 def publish_then_prune(*args, **kwargs):
     outcome = _publish(*args, **kwargs)
@@ -253,7 +254,7 @@ def publish_then_prune(*args, **kwargs):
         out.write(done.stdout)
     return outcome
 
-cachemgr.runner.publish = publish_then_prune
+cachemgr.runtime.runner.publish = publish_then_prune
 """
 
 

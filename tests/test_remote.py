@@ -24,7 +24,7 @@ from podlib import Cluster, free_port, run_cli, wait_for
 from s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
 
-from cachemgr.manifest import read_manifest
+from cachemgr.volume.manifest import read_manifest
 
 REQUIRE_ENV = "CACHEMGR_REQUIRE_MOUNTS"
 
@@ -548,8 +548,8 @@ def test_a_bad_remote_url_is_a_usage_error_before_anything_runs(tmp_path: Path, 
 
 
 def test_unsafe_manifest_paths_are_named() -> None:
-    from cachemgr.manifest import FileRecord, Manifest
     from cachemgr.remote.layout import unsafe_paths
+    from cachemgr.volume.manifest import FileRecord, Manifest
 
     def manifest(*paths: str) -> Manifest:
         files = tuple(FileRecord(p, 1, "0" * 32) for p in paths)
@@ -575,8 +575,8 @@ def test_unsafe_manifest_paths_are_named() -> None:
 
 
 def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
+    from cachemgr.ops.scan import Compat
     from cachemgr.remote.ops import RemoteEntry, RemoteListing, StaleUpload, plan_remote_prune
-    from cachemgr.scan import Compat
 
     def entry(name: str, *, compiler: str, uploaded_at: float, size: int) -> RemoteEntry:
         return RemoteEntry(

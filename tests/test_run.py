@@ -20,7 +20,7 @@ from scenarios import (
     vllm_argv,
 )
 
-from cachemgr.manifest import read_manifest
+from cachemgr.volume.manifest import read_manifest
 
 
 def test_eight_concurrent_runs_compile_once_and_read_identical_artifacts(pods: Cluster, root: Path) -> None:

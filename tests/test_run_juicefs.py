@@ -21,7 +21,7 @@ from scenarios import (
     killed_holder_is_taken_over,
 )
 
-from cachemgr.softlease import default_confirm
+from cachemgr.volume.softlease import default_confirm
 
 LEASE = 3.0
 TAKEOVER_SLACK = 2.5  # waiter polls every 0.2 s; the holder's last refresh can be up to lease/3 old

@@ -1,4 +1,4 @@
-"""cachemgr.serving reads a vLLM argv as vLLM 0.30.0 (+ vllm-rbln 0.12.0) does, and keys it safely.
+"""cachemgr.key.serving reads a vLLM argv as vLLM 0.30.0 (+ vllm-rbln 0.12.0) does, and keys it safely.
 
 The golden tests replay tests/data/vllm_serve_golden.json, what the REAL parser made of ~600 argvs
 (recorded by tools/gen_serving_golden.py; CI has no vLLM). The property that matters most: two argvs
@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cachemgr import serving, vllm_flags
-from cachemgr.errors import ConfigError
-from cachemgr.key import canonical_json
-from cachemgr.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
+from cachemgr.core.errors import ConfigError
+from cachemgr.key import serving, vllm_flags
+from cachemgr.key.cachekey import canonical_json
+from cachemgr.key.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"

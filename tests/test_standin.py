@@ -1,4 +1,4 @@
-"""Real-process tests of the stand-in compiler and server (cachemgr.standin, not the real tools).
+"""Real-process tests of the stand-in compiler and server (cachemgr_standin, not the real tools).
 
 Every wait polls a file, a process or an HTTP port against a deadline; no test sleeps and hopes.
 """
@@ -21,13 +21,12 @@ from typing import Any
 
 import psutil
 import pytest
-
-from cachemgr.standin.compiler import load_compiled_dir
-from cachemgr.standin.shim import write_vllm_shim
+from cachemgr_standin.compiler import load_compiled_dir
+from cachemgr_standin.shim import write_vllm_shim
 
 DEADLINE = 20.0
-SERVER = [sys.executable, "-m", "cachemgr.standin.server"]
-COMPILER = [sys.executable, "-m", "cachemgr.standin.compiler"]
+SERVER = [sys.executable, "-m", "cachemgr_standin.server"]
+COMPILER = [sys.executable, "-m", "cachemgr_standin.compiler"]
 # Straight to 127.0.0.1, whatever http_proxy the environment has.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -181,7 +180,7 @@ def test_compiler_output_loads_with_identical_digest(tmp_path: Path, spawn: Spaw
     extra = ["--record", str(record), "--max-seq-len", "4096"]
     compiler = spawn([*COMPILER, "--output-dir", str(out), *flags, *extra], name="compiler")
     assert compiler.wait() == 0, compiler.stderr()
-    assert compiler.stderr().startswith("STAND-IN RBLN compiler (cachemgr.standin, not rebel-compiler)")
+    assert compiler.stderr().startswith("STAND-IN RBLN compiler (cachemgr_standin, not rebel-compiler)")
     assert "[standin] compiling graph 3/3" in compiler.stdout()
     rbln = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.rbln"))
     assert rbln == ["graph_000.rbln", "graph_001.rbln", "submodule/graph_002.rbln"]
@@ -238,7 +237,7 @@ def test_compiler_faults_leave_no_compiled_dir(
 def test_vllm_path_compiles_then_hits_and_saves_again(tmp_path: Path, spawn: Spawn) -> None:
     first, port = serve(spawn, "org/model", VLLM_RBLN_USE_VLLM_MODEL="1")
     wait_healthy(first, port)
-    assert first.stderr().startswith("STAND-IN vllm server (cachemgr.standin, not vLLM): ")
+    assert first.stderr().startswith("STAND-IN vllm server (cachemgr_standin, not vLLM): ")
     assert events(tmp_path, first.pid) == ["compile", "compiled", "save"]
     bundles = list((tmp_path / "cache" / "rbln").glob("org_model-*/*/rank0/mega_cache.bin"))
     assert len(bundles) == 1

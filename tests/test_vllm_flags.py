@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from cachemgr import vllm_flags as vf
+from cachemgr.key import vllm_flags as vf
 
 REPO = Path(__file__).resolve().parent.parent
 GENERATOR = REPO / "tools" / "gen_vllm_flags.py"

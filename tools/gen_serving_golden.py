@@ -1,6 +1,6 @@
 """Record how the REAL `vllm serve` parser (vLLM 0.30.0 + vllm-rbln 0.12.0) reads a corpus of argvs.
 
-``cachemgr/serving.py`` reads a vLLM argv without vLLM. This script is the oracle it is checked
+``cachemgr/key/serving.py`` reads a vLLM argv without vLLM. This script is the oracle it is checked
 against: it runs the real parser, built exactly as ``tools/gen_vllm_flags.py`` builds it (the same
 introspection venv, the CPU platform, vllm-rbln's ``add_rbln_cli_args`` from the wheel), over
 hand-picked tricky argvs and a few hundred generated ones, and writes what vLLM made of each to
@@ -27,7 +27,7 @@ cachemgr deliberately keys the document, not the validated dataclass. The real p
 strings, arities and value kinds are recorded too, so the tests can check serving.py's copies.
 
 ``--fuzz N`` generates N argvs from another seed, runs them through the real parser and through
-``cachemgr.serving``, and reports every disagreement with the same checks the tests apply.
+``cachemgr.key.serving``, and reports every disagreement with the same checks the tests apply.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def hand_picked() -> list[dict[str, Any]]:
 
 
 def _names() -> tuple[dict[str, str], dict[str, str], frozenset[str], frozenset[str], dict[str, str]]:
-    from cachemgr import vllm_flags  # stdlib-only module; imported lazily so --worker never needs it
+    from cachemgr.key import vllm_flags  # stdlib-only module; imported lazily so --worker never needs it
 
     return (vllm_flags.FLAGS, vllm_flags.ALIASES, vllm_flags.NEGATABLE, vllm_flags.JSON_FLAGS,
             vllm_flags.RBLN_FLAGS)  # fmt: skip
@@ -413,7 +413,7 @@ class CaseGenerator:
 
     def value(self, name: str) -> str:
         rng = self.rng
-        from cachemgr import serving  # stdlib + cachemgr only
+        from cachemgr.key import serving  # stdlib + cachemgr only
 
         kinds = serving.VALUE_KINDS
         if rng.random() < 0.15:
@@ -640,7 +640,7 @@ def run_real(cases: list[dict[str, Any]], python: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
-# checks: cachemgr.serving against a recorded outcome (used by tests/test_serving.py and --fuzz)
+# checks: cachemgr.key.serving against a recorded outcome (used by tests/test_serving.py and --fuzz)
 # --------------------------------------------------------------------------------------------------
 
 
@@ -649,7 +649,7 @@ def full_argv(case: dict[str, Any]) -> list[str]:
 
 
 def _canonical(name: str, value: Any) -> Any:
-    from cachemgr.serving import canonical_setting
+    from cachemgr.key.serving import canonical_setting
 
     return canonical_setting(name, value)
 
@@ -661,7 +661,7 @@ def expected_view(outcome: dict[str, Any], kinds: dict[str, Any]) -> dict[str, A
     JSON document is the value), through serving's documented policy; additional_config with nothing
     compile-relevant left counts as absent.
     """
-    from cachemgr.serving import RUNTIME_ONLY
+    from cachemgr.key.serving import RUNTIME_ONLY
 
     view: dict[str, Any] = {}
     for dest, value in outcome["values"].items():
@@ -678,9 +678,9 @@ def expected_view(outcome: dict[str, Any], kinds: dict[str, Any]) -> dict[str, A
 
 
 def check_case(case: dict[str, Any], outcome: dict[str, Any]) -> list[str]:
-    """Where cachemgr.serving disagrees with the real parser on one argv (empty: they agree)."""
-    from cachemgr.errors import ConfigError
-    from cachemgr.serving import parse_server_argv
+    """Where cachemgr.key.serving disagrees with the real parser on one argv (empty: they agree)."""
+    from cachemgr.core.errors import ConfigError
+    from cachemgr.key.serving import parse_server_argv
 
     try:
         ours = parse_server_argv(full_argv(case))
@@ -707,7 +707,7 @@ def check_case(case: dict[str, Any], outcome: dict[str, Any]) -> list[str]:
 
 
 def _check_value(dest: str, outcome: dict[str, Any], ours: Any) -> list[str]:
-    from cachemgr.serving import RUNTIME_ONLY
+    from cachemgr.key.serving import RUNTIME_ONLY
 
     name = dest.replace("_", "-")
     if name in RUNTIME_ONLY:
@@ -744,7 +744,7 @@ def check_safety(
     differ must get different (model, revision, settings); two with equal views and the same
     explicit non-runtime options must get equal ones.
     """
-    from cachemgr.serving import RUNTIME_ONLY
+    from cachemgr.key.serving import RUNTIME_ONLY
 
     stats = {} if stats is None else stats
     by_ours: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -790,8 +790,8 @@ def check_safety(
 
 
 def _ours(case: dict[str, Any]) -> Any:
-    from cachemgr.errors import ConfigError
-    from cachemgr.serving import parse_server_argv
+    from cachemgr.core.errors import ConfigError
+    from cachemgr.key.serving import parse_server_argv
 
     try:
         return parse_server_argv(full_argv(case))

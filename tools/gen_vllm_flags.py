@@ -1,4 +1,4 @@
-"""Generate ``cachemgr/vllm_flags.py``: every option of ``vllm serve`` (vLLM 0.30.0 + vllm-rbln 0.12.0).
+"""Generate ``cachemgr/key/vllm_flags.py``: every option of ``vllm serve`` (vLLM 0.30.0 + vllm-rbln 0.12.0).
 
 cachemgr parses a ``vllm serve MODEL ...`` argv without importing vLLM, so it needs vLLM's option
 table as data. This script takes that table from the real parser: it builds the ``serve`` sub-parser
@@ -18,7 +18,7 @@ Sources on disk::
 Commands, from the repository root::
 
     .venv/bin/python tools/gen_vllm_flags.py --setup-venv   # builds /tmp/vllm-introspect (a few minutes)
-    .venv/bin/python tools/gen_vllm_flags.py                # writes cachemgr/vllm_flags.py (about 10 s)
+    .venv/bin/python tools/gen_vllm_flags.py                # writes cachemgr/key/vllm_flags.py (about 10 s)
     .venv/bin/python tools/gen_vllm_flags.py --check        # exit 0 if the committed file is current
 
 ``--setup-venv`` makes a throwaway venv outside the repo, installs the vLLM wheel with ``--no-deps``,
@@ -77,7 +77,7 @@ VLLM_VERSION = "0.30.0"
 VLLM_RBLN_VERSION = "0.12.0"
 
 REPO = Path(__file__).resolve().parent.parent
-OUTPUT = REPO / "cachemgr" / "vllm_flags.py"
+OUTPUT = REPO / "cachemgr" / "key" / "vllm_flags.py"
 # Where the sources lay when the table was made; read only, never written (hence the noqa).
 DEFAULT_PYTHON = Path("/tmp/vllm-introspect/bin/python")  # noqa: S108
 DEFAULT_VLLM_WHEEL = Path("/tmp/wheels/vllmwhl/vllm-0.30.0-cp38-abi3-manylinux_2_28_x86_64.whl")  # noqa: S108

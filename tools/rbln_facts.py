@@ -1,7 +1,7 @@
 """Re-derive, from the real sources, the facts the ``vllm`` strategy's key and checks depend on.
 
 cachemgr does not import vLLM, vllm-rbln or optimum-rbln; it follows what their code does to the
-compile cache (cachemgr/vllm_rbln.py, npu.py, loadable.py, drift.py, the stand-in). Each fact below
+compile cache (cachemgr/key/vllm_rbln.py, npu.py, loadable.py, drift.py, the stand-in). Each fact below
 is a pattern in one file of the unpacked wheels; this script finds it and prints ``file:line``
 and what it says, so a reader can check every citation, and tests/test_rbln_facts.py fails when a
 fact moves or disappears (a new SDK release: read the diff, update cachemgr, then the citations).

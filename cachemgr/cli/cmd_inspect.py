@@ -14,10 +14,12 @@ from typing import Any
 
 from cachemgr.cli.cmd_run import cache_root, key_request
 from cachemgr.cli.render import Column, emit, emit_json, emit_long_json, flatten, table
-from cachemgr.errors import UsageError, VolumeError
-from cachemgr.explain import Explanation
-from cachemgr.explain import explain as explain_key
-from cachemgr.inspection import (
+from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.units import human_age, human_bytes, human_duration, parse_duration, parse_size
+from cachemgr.key.cachekey import compute_key
+from cachemgr.ops.explain import Explanation
+from cachemgr.ops.explain import explain as explain_key
+from cachemgr.ops.inspection import (
     DiskUsage,
     EntryDetail,
     ImageInfo,
@@ -29,16 +31,14 @@ from cachemgr.inspection import (
     resolve_image,
     volume_errors,
 )
-from cachemgr.inspection import show as show_key
-from cachemgr.key import compute_key
-from cachemgr.meter import interval_from, open_meter
-from cachemgr.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
-from cachemgr.records import PodIdentity
-from cachemgr.scan import EntryInfo, as_dict, lease_stale, scan
-from cachemgr.store import CacheRoot, open_root
-from cachemgr.units import human_age, human_bytes, human_duration, parse_duration, parse_size
-from cachemgr.verify import VerifyReport
-from cachemgr.verify import verify as verify_entries
+from cachemgr.ops.inspection import show as show_key
+from cachemgr.ops.meter import interval_from, open_meter
+from cachemgr.ops.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
+from cachemgr.ops.scan import EntryInfo, as_dict, lease_stale, scan
+from cachemgr.ops.verify import VerifyReport
+from cachemgr.ops.verify import verify as verify_entries
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot, open_root
 
 _TOP_ENTRIES = 15  # du lists the largest entries; -o json has them all
 

@@ -2,7 +2,7 @@
 
 Prints one line saying why the probe passes or fails, and exits 0 (pass) or 1 (fail), as
 exec probes expect; the kubelet shows the line in the pod's events when a probe fails. The
-rules are in :mod:`cachemgr.probes`. Standard library only, like everything this command
+rules are in :mod:`cachemgr.runtime.probes`. Standard library only, like everything this command
 imports: it runs in every pod every few seconds.
 """
 
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from cachemgr.probes import check
-from cachemgr.state import DEFAULT_STATE_DIR
+from cachemgr.runtime.probes import check
+from cachemgr.runtime.state import DEFAULT_STATE_DIR
 
 PASS, FAIL = 0, 1
 

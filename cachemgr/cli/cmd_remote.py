@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 from cachemgr.cli.cmd_inspect import _image, _n, _root
 from cachemgr.cli.render import Column, emit, emit_json, table
-from cachemgr.errors import CacheMgrError, ConfigError, UsageError
-from cachemgr.records import PodIdentity
+from cachemgr.core.errors import CacheMgrError, ConfigError, UsageError
+from cachemgr.core.units import human_age, human_bytes, parse_duration, parse_size
 from cachemgr.remote.config import RemoteConfig, remote_config
-from cachemgr.store import open_root
-from cachemgr.units import human_age, human_bytes, parse_duration, parse_size
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
 
 T = TypeVar("T")
 
@@ -102,9 +102,9 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
 
 
 def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.inspection import find_key
+    from cachemgr.ops.inspection import find_key
+    from cachemgr.ops.scan import entry_names
     from cachemgr.remote.ops import PushResult, push_entry
-    from cachemgr.scan import entry_names
 
     root = _root(args)
     remote = _open(args, environ)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from cachemgr.cli.render import Column, emit, emit_json, flatten, table
-from cachemgr.errors import ConfigError, UsageError
-from cachemgr.key import KeyRequest, Strategy, compute_key
-from cachemgr.state import DEFAULT_STATE_DIR
-from cachemgr.units import parse_duration, parse_size
+from cachemgr.core.errors import ConfigError, UsageError
+from cachemgr.core.units import parse_duration, parse_size
+from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
+from cachemgr.runtime.state import DEFAULT_STATE_DIR
 
 
 def key_request(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> KeyRequest:
@@ -52,9 +53,9 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
 
 
 def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, str] | None = None) -> Any:
-    from cachemgr.meter import interval_from
+    from cachemgr.ops.meter import interval_from
     from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
-    from cachemgr.runner import RunOptions  # heavy imports only for run/warm
+    from cachemgr.runtime.runner import RunOptions  # heavy imports only for run/warm
 
     lease = _seconds(args.lease_duration, "--lease-duration") or 30.0
     heartbeat = _seconds(args.lease_heartbeat, "--lease-heartbeat")
@@ -89,7 +90,7 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
 
 
 def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.runner import run as run_pod
+    from cachemgr.runtime.runner import run as run_pod
 
     return run_pod(
         key_request(args, server_argv, environ),
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
 
 
 def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.runner import run as run_pod
+    from cachemgr.runtime.runner import run as run_pod
 
     return run_pod(
         key_request(args, server_argv, environ),
@@ -132,10 +133,21 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
 
 
 def demo(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    _require_standin()
     if args.remote:
-        from cachemgr.remote.demo import run_remote_demo
+        from cachemgr.cli.demo_remote import run_remote_demo
 
         return run_remote_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)
-    from cachemgr.demo import run_demo
+    from cachemgr.cli.demo import run_demo
 
     return run_demo(Path(args.dir), compile_seconds=args.compile_seconds, environ=environ)
+
+
+def _require_standin() -> None:
+    """The demo runs the stand-in compiler and server, a package of their own that no image has."""
+    if importlib.util.find_spec("cachemgr_standin") is None:
+        raise ConfigError(
+            "cachemgr demo needs the stand-in compiler and server (the cachemgr-standin package), "
+            "which this installation does not have (the modelserver image never carries them)",
+            remedy="run scripts/demo from a clone of the cachemgr repository, or pip install its standin/ directory",
+        )

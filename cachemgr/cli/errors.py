@@ -13,7 +13,14 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from cachemgr.errors import MESSAGE_LIMIT, CacheMgrError, ExitCode, Interrupted, StateDirInUseError, shorten
+from cachemgr.core.errors import (
+    MESSAGE_LIMIT,
+    CacheMgrError,
+    ExitCode,
+    Interrupted,
+    StateDirInUseError,
+    shorten,
+)
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message
@@ -55,9 +62,9 @@ def report(error: BaseException, *, command: str, environ: Mapping[str, str], en
 
 
 def _log(error: BaseException, *, command: str, code: int, line: str) -> None:
-    if "cachemgr.log" not in sys.modules:
+    if "cachemgr.core.log" not in sys.modules:
         return
-    from cachemgr.log import configured_format, get_logger, release
+    from cachemgr.core.log import configured_format, get_logger, release
 
     release()  # events held by a run that failed early come first
     if configured_format() != "json":

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NoReturn
 
 from cachemgr import __version__
-from cachemgr.errors import ExitCode, UsageError
+from cachemgr.core.errors import ExitCode, UsageError
 
 # command -> (handler "module:function", entrypoint?): entrypoints write the termination message.
 _HANDLERS: dict[str, tuple[str, bool]] = {
@@ -377,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = args.command
         _check_server_argv(command, server_argv)
         if hasattr(args, "log_format"):
-            from cachemgr.log import configure, resolve_format  # not for probes
+            from cachemgr.core.log import configure, resolve_format  # not for probes
 
             configure(resolve_format(args.log_format))
         return _handler(command, args)(args, server_argv, environ)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cachemgr.errors import CacheMgrError
+from cachemgr.core.errors import CacheMgrError
 from cachemgr.remote.config import ENV_ENDPOINT, RemoteConfig
 
 

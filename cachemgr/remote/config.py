@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cachemgr.errors import UsageError
-from cachemgr.units import parse_duration
+from cachemgr.core.errors import UsageError
+from cachemgr.core.units import parse_duration
 
 ENV_URL = "CACHEMGR_REMOTE"
 ENV_ENDPOINT = "CACHEMGR_REMOTE_ENDPOINT"

@@ -21,22 +21,36 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from cachemgr.fsutil import atomic_write_json, hash_file, is_disk_full, read_json
-from cachemgr.log import get_logger
-from cachemgr.manifest import KEY_NAME, SUMMARY_NAME, FileRecord, Manifest, write_manifest
+from cachemgr.core.fsutil import atomic_write_json, hash_file, is_disk_full, read_json
+from cachemgr.core.log import get_logger
 from cachemgr.remote.config import RemoteConfig
-from cachemgr.store import CacheRoot, commit, create_staging
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import KEY_NAME, SUMMARY_NAME, FileRecord, Manifest, write_manifest
+from cachemgr.volume.store import commit, create_staging
 
 if TYPE_CHECKING:
-    from cachemgr.key import CacheKey
-    from cachemgr.metrics import Metrics
-    from cachemgr.records import Heartbeat, PodIdentity
+    from cachemgr.key.cachekey import CacheKey
     from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
-    from cachemgr.store import PublishOutcome
+    from cachemgr.volume.identity import PodIdentity
+    from cachemgr.volume.records import Heartbeat
+    from cachemgr.volume.store import PublishOutcome
 
 log = get_logger("cachemgr.remote")
+
+
+class RemoteCounters(Protocol):
+    """What the remote tier counts; the pod's metrics (cachemgr.runtime.metrics) are one."""
+
+    remote_misses: int
+
+    def remote_hit(self, nbytes: int, seconds: float) -> None: ...
+
+    def remote_upload(self, nbytes: int, seconds: float) -> None: ...
+
+    def remote_failure(self, problem: str) -> None: ...
+
 
 # How a fetch ended: the upload after a local compile follows from it (see start_upload).
 FetchOutcome = Literal["hit", "miss", "damaged", "unusable"]
@@ -48,7 +62,7 @@ def fetch(
     *,
     config: RemoteConfig,
     identity: PodIdentity,
-    metrics: Metrics,
+    metrics: RemoteCounters,
     beat: Heartbeat,
     stop: StopFlag,
 ) -> FetchOutcome:
@@ -126,7 +140,9 @@ def download_and_publish(
             staging.discard()
 
 
-def _warn_fetch(error: BaseException, key: CacheKey, config: RemoteConfig, metrics: Metrics) -> FetchOutcome:
+def _warn_fetch(
+    error: BaseException, key: CacheKey, config: RemoteConfig, metrics: RemoteCounters
+) -> FetchOutcome:
     from cachemgr.remote.client import RemoteDamageError, describe
 
     damaged = False
@@ -198,7 +214,9 @@ def _local(staging: Path, record: FileRecord) -> FileRecord:
 class Upload:
     """A background upload of one published entry; ``wait`` bounds how long anyone waits for it."""
 
-    def __init__(self, entry: Path, *, config: RemoteConfig, identity: PodIdentity, metrics: Metrics) -> None:
+    def __init__(
+        self, entry: Path, *, config: RemoteConfig, identity: PodIdentity, metrics: RemoteCounters
+    ) -> None:
         self.entry = entry
         self.config = config
         self.identity = identity
@@ -272,7 +290,7 @@ def start_upload(
     *,
     config: RemoteConfig,
     identity: PodIdentity,
-    metrics: Metrics,
+    metrics: RemoteCounters,
     fetched: FetchOutcome | None,
 ) -> Upload | None:
     """Upload ``entry`` in the background; the caller goes on (the server starts at once).

@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from cachemgr.manifest import ARTIFACTS, KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, Manifest
 from cachemgr.remote.config import RemoteConfig
+from cachemgr.volume.manifest import ARTIFACTS, KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, Manifest
 
 OBJECTS = "objects"
 _UPLOAD_ID = re.compile(r"[0-9a-z][0-9a-z.-]{0,63}")

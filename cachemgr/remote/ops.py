@@ -16,18 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cachemgr.errors import MissError, UsageError
-from cachemgr.key import CacheKey, digest_of
-from cachemgr.manifest import ManifestError, check_files, read_manifest
-from cachemgr.records import PodIdentity
+from cachemgr.core.errors import MissError, UsageError
+from cachemgr.core.units import human_bytes
+from cachemgr.key.cachekey import CacheKey, digest_of
+from cachemgr.key.serving import ServerCommand
+from cachemgr.ops.scan import Compat
 from cachemgr.remote.client import RemoteDamageError
 from cachemgr.remote.hooks import download_and_publish
 from cachemgr.remote.layout import OBJECTS, check_upload_id
 from cachemgr.remote.transfer import Moved, Progress, Remote
-from cachemgr.scan import Compat
-from cachemgr.serving import ServerCommand
-from cachemgr.store import CacheRoot, PublishOutcome
-from cachemgr.units import human_bytes
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
+from cachemgr.volume.store import PublishOutcome
 
 STALE_UPLOAD_AFTER = 86400.0  # objects without a manifest this old are a dead upload, not one under way
 

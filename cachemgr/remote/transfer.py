@@ -25,8 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from cachemgr.key import CacheKey
-from cachemgr.manifest import MANIFEST_NAME, Manifest, ManifestError, check_files, read_manifest
+from cachemgr.key.cachekey import CacheKey
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.remote.layout import (
@@ -36,6 +35,7 @@ from cachemgr.remote.layout import (
     objects_prefix,
     unsafe_paths,
 )
+from cachemgr.volume.manifest import MANIFEST_NAME, Manifest, ManifestError, check_files, read_manifest
 
 Progress = Callable[[int], None]
 

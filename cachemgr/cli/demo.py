@@ -1,0 +1,223 @@
+"""``cachemgr demo``: two prefill and two decode pods, cold then warm, on this machine.
+
+Each "pod" is a real ``cachemgr run`` process with its own state directory, pod and node
+name; each role has its own cache volume (a directory standing in for the role's PVC). The
+server is the STAND-IN vLLM server (``cachemgr_standin``, put on PATH as ``vllm``), because
+there is no NPU here; cachemgr itself runs exactly as in a pod. The demo prints a timeline
+of phase changes, then checks the promise: one compile per role when cold, none when warm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from cachemgr_standin import DECLARED_VERSIONS
+from cachemgr_standin.shim import write_vllm_shim
+
+MODEL = "rebellions/Demo-LLM-8B"
+_DEADLINE = 120.0
+
+
+@dataclass
+class Pod:
+    name: str
+    role: str
+    node: str
+    port: int
+    state_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    phase: str = "-"
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _read_phase(pod: Pod) -> tuple[str, dict[str, object]]:
+    try:
+        data = json.loads((pod.state_dir / "state.json").read_bytes())
+    except (OSError, ValueError):
+        return "-", {}
+    return str(data.get("phase", "-")), dict(data.get("detail") or {})
+
+
+def _env(
+    base: Mapping[str, str], pod: Pod, work: Path, bin_dir: Path, compile_seconds: float
+) -> dict[str, str]:
+    return {
+        **base,
+        "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}",
+        "CACHEMGR_ROLE": pod.role,
+        "CACHEMGR_CACHE_ROOT": str(work / f"{pod.role}-volume"),
+        "CACHEMGR_STATE_DIR": str(pod.state_dir),
+        "CACHEMGR_COMPILER_VERSION": "0.12.0",
+        **DECLARED_VERSIONS,
+        "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+        "CACHEMGR_LOG_FORMAT": "json",
+        "CACHEMGR_TERMINATION_LOG": str(pod.state_dir / "termination-log"),
+        "POD_NAME": pod.name,
+        "NODE_NAME": pod.node,
+        "STANDIN_COMPILE_SECONDS": str(compile_seconds),
+        "STANDIN_RECORD": str(work / "standin-record.jsonl"),
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _start(pod: Pod, env: dict[str, str]) -> None:
+    pod.state_dir.mkdir(parents=True, exist_ok=True)
+    for stale in ("state.json", "heartbeat"):
+        (pod.state_dir / stale).unlink(missing_ok=True)
+    pod.log_file = pod.log_path.open("ab")
+    argv = [sys.executable, "-m", "cachemgr", "run", "--lease-duration", "10", "--", "vllm", "serve", MODEL,
+            "--tensor-parallel-size", "4", "--max-model-len", "8192", "--port", str(pod.port)]  # fmt: skip
+    pod.proc = subprocess.Popen(argv, env=env, stdout=pod.log_file, stderr=pod.log_file)
+    pod.phase = "-"
+
+
+def _watch(pods: list[Pod], started: float, *, until: str) -> bool:
+    """Print each phase change as it happens; True once every pod reached ``until``."""
+    deadline = time.monotonic() + _DEADLINE
+    while time.monotonic() < deadline:
+        for pod in pods:
+            phase, detail = _read_phase(pod)
+            if phase != pod.phase:
+                pod.phase = phase
+                note = _note(phase, detail)
+                print(f"  {time.monotonic() - started:6.2f}s  {pod.name:<10} {phase:<11} {note}", flush=True)
+            if pod.proc is not None and pod.proc.poll() is not None and phase != until:
+                print(f"  {pod.name} exited with code {pod.proc.returncode}: see {pod.log_path}", flush=True)
+                return False
+        if all(pod.phase == until for pod in pods):
+            return True
+        time.sleep(0.05)
+    print(f"  timed out after {_DEADLINE:.0f}s waiting for every pod to reach {until}", flush=True)
+    return False
+
+
+def _note(phase: str, detail: dict[str, object]) -> str:
+    if phase == "waiting":
+        holder = (
+            f"{detail['holder']} on {detail.get('holder_node') or '?'}" if detail.get("holder") else "a peer"
+        )
+        return f"({holder} is compiling; watching for its entry)"
+    if phase == "compiling":
+        return "(holds the lease; the stand-in compiler runs)"
+    if phase == "launching":
+        return "(cache hit: model load only)"
+    if detail.get("downloading"):
+        return f"(looking in the remote tier {detail.get('remote')})"
+    return ""
+
+
+def _stop(pods: list[Pod]) -> list[int]:
+    codes = []
+    for pod in pods:
+        if pod.proc is not None and pod.proc.poll() is None:
+            pod.proc.send_signal(signal.SIGTERM)
+    for pod in pods:
+        if pod.proc is not None:
+            try:
+                codes.append(pod.proc.wait(timeout=30))
+            except subprocess.TimeoutExpired:
+                pod.proc.kill()
+                codes.append(pod.proc.wait())
+        if pod.log_file is not None:
+            pod.log_file.close()
+    return codes
+
+
+def compiles(work: Path) -> dict[str, int]:
+    counts = {"prefill": 0, "decode": 0}
+    record = work / "standin-record.jsonl"
+    if not record.exists():
+        return counts
+    for line in record.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("event") == "compile":
+            role = "prefill" if "prefill-volume" in str(event.get("cache_root", "")) else "decode"
+            counts[role] += 1
+    return counts
+
+
+def run_round(
+    title: str, pods: list[Pod], *, work: Path, bin_dir: Path, environ: Mapping[str, str], secs: float
+) -> bool:
+    print(f"\n{title}", flush=True)
+    started = time.monotonic()
+    for pod in pods:
+        _start(pod, _env(environ, pod, work, bin_dir, secs))
+    ok = _watch(pods, started, until="serving")
+    elapsed = time.monotonic() - started
+    codes = _stop(pods)
+    print(f"  all four serving after {elapsed:.2f}s; stopped with SIGTERM, exit codes {codes}", flush=True)
+    return ok and all(code == 0 for code in codes)
+
+
+def prepare(work: Path) -> tuple[Path, list[Pod]]:
+    """A fresh demo "cluster" under ``work``: the stand-in on PATH, a volume per role, four pods."""
+    if work.exists():
+        shutil.rmtree(work)
+    bin_dir = work / "bin"
+    bin_dir.mkdir(parents=True)
+    write_vllm_shim(bin_dir)
+    for role in ("prefill", "decode"):
+        (work / f"{role}-volume").mkdir()
+    pods = [
+        Pod(name, role, node, _free_port(), work / "pods" / name, work / "logs" / f"{name}.log")
+        for name, role, node in (
+            ("prefill-0", "prefill", "node-a"), ("prefill-1", "prefill", "node-b"),
+            ("decode-0", "decode", "node-a"), ("decode-1", "decode", "node-b"),
+        )
+    ]  # fmt: skip
+    (work / "logs").mkdir()
+    return bin_dir, pods
+
+
+def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) -> int:
+    """Cold start, then warm restart; 0 when each role compiled exactly once and then never."""
+    work = work.resolve()
+    bin_dir, pods = prepare(work)
+    print(f"cachemgr demo in {work}: 2 prefill + 2 decode pods, one cache volume per role")
+    print(f"server: STAND-IN vllm (cachemgr_standin, not vLLM), compile takes {compile_seconds:g}s")
+    print(f"argv:   vllm serve {MODEL} --tensor-parallel-size 4 --max-model-len 8192 --port PORT")
+    cold_ok = run_round(
+        "cold start (empty caches):", pods, work=work, bin_dir=bin_dir, environ=environ, secs=compile_seconds
+    )
+    cold = compiles(work)
+    warm_ok = run_round(
+        "warm restart (same pods, caches filled):",
+        pods,
+        work=work,
+        bin_dir=bin_dir,
+        environ=environ,
+        secs=compile_seconds,
+    )
+    warm = {role: total - cold[role] for role, total in compiles(work).items()}
+    print(f"\ncompiles: cold prefill={cold['prefill']} decode={cold['decode']}; "
+          f"warm prefill={warm['prefill']} decode={warm['decode']}")  # fmt: skip
+    print(f"inspect:  cachemgr ls --cache-root {work / 'prefill-volume'}")
+    passed = (
+        cold_ok and warm_ok and cold == {"prefill": 1, "decode": 1} and warm == {"prefill": 0, "decode": 0}
+    )
+    print(
+        "demo: OK, each role compiled once, then never again"
+        if passed
+        else "demo: FAILED, see the logs above"
+    )
+    return 0 if passed else 70

@@ -1,0 +1,158 @@
+"""Structured logging to stderr: JSON in a pod, a readable console on a terminal.
+
+Results go to stdout through :mod:`cachemgr.cli.render`; logs never carry results.
+
+structlog renders every event, but it is imported on first use, not at start-up: importing
+it (asyncio comes with it) costs more than half of what a warm start may add before the server
+runs (bench/bench_warm.py's import breakdown; docs/benchmarks.md, "Warm start"). ``run`` therefore *holds* the events of its first steps (key,
+lookup, view) with their own timestamps and writes them, in order, right after the server
+is launched or as soon as anything else happens (a miss, a failure, the exit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Literal
+
+from cachemgr.core.errors import ConfigError
+
+LogFormat = Literal["json", "console"]
+# The stdlib logging levels, without importing logging (~15 ms) for four numbers.
+DEBUG, INFO, WARNING, ERROR = 10, 20, 30, 40
+_LEVELS = {"debug": DEBUG, "info": INFO, "warning": WARNING, "error": ERROR}
+
+
+class _Sink:
+    """Where events go: held in memory, or rendered by structlog (configured on first write)."""
+
+    def __init__(self) -> None:
+        self.format: LogFormat | None = None
+        self.level = INFO
+        self.held: list[tuple[str, str, dict[str, Any], float]] | None = None
+        self.lock = threading.Lock()
+        self.logger: Any = None
+
+    def emit(self, level: str, event: str, fields: dict[str, Any]) -> None:
+        if _LEVELS[level] < self.level:
+            return
+        record = (level, event, fields, time.time())
+        with self.lock:
+            if self.held is not None:
+                self.held.append(record)
+                return
+            self.write(record)
+
+    def write(self, record: tuple[str, str, dict[str, Any], float]) -> None:
+        level, event, fields, at = record
+        if self.logger is None:
+            self.logger = _structlog_logger(self.format or resolve_format(None), self.level)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
+        with terminal_guard():
+            getattr(self.logger, level)(event, timestamp=stamp, **fields)
+
+
+_GUARD: list[Callable[[], AbstractContextManager[Any]]] = []
+
+
+def set_write_guard(guard: Callable[[], AbstractContextManager[Any]] | None) -> None:
+    """While a progress bar is drawn on the terminal, writes to it go through ``guard()``,
+    which clears the bar first and redraws it after (see cachemgr.ops.meter)."""
+    _GUARD[:] = [guard] if guard is not None else []
+
+
+def terminal_guard() -> AbstractContextManager[Any]:
+    """Wrap a write to stderr/stdout: log events here, a compiler's output in the launcher."""
+    guard = _GUARD[:1]
+    return guard[0]() if guard else contextlib.nullcontext()
+
+
+_SINK = _Sink()
+
+
+class Logger:
+    """The subset of structlog's bound logger cachemgr uses: ``log.info("event", key=value)``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def debug(self, event: str, **fields: Any) -> None:
+        _SINK.emit("debug", event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        _SINK.emit("info", event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        _SINK.emit("warning", event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        _SINK.emit("error", event, fields)
+
+
+def get_logger(name: str) -> Logger:
+    return Logger(name)
+
+
+def resolve_format(value: str | None) -> LogFormat:
+    """``json`` or ``console``; unset means console on a terminal and JSON otherwise (a pod)."""
+    if not value:
+        return "console" if sys.stderr.isatty() else "json"
+    lowered = value.strip().lower()
+    if lowered == "json":
+        return "json"
+    if lowered == "console":
+        return "console"
+    raise ConfigError(
+        f"log format {value!r} is not json or console",
+        remedy="set CACHEMGR_LOG_FORMAT (or --log-format) to json or console",
+    )
+
+
+def configure(fmt: LogFormat, *, level: int = INFO) -> None:
+    """Choose the format; structlog itself is set up when the first event is written."""
+    with _SINK.lock:
+        _SINK.format, _SINK.level, _SINK.logger = fmt, level, None
+
+
+def configured_format() -> LogFormat | None:
+    return _SINK.format
+
+
+def hold() -> None:
+    """Keep events in memory (with their timestamps) until :func:`release`."""
+    with _SINK.lock:
+        if _SINK.held is None:
+            _SINK.held = []
+
+
+def release() -> None:
+    """Write the held events, in order, and log directly from now on. Idempotent."""
+    with _SINK.lock:
+        held, _SINK.held = _SINK.held, None
+        for record in held or ():
+            _SINK.write(record)
+
+
+def _structlog_logger(fmt: LogFormat, level: int) -> Any:
+    import structlog  # the costly import, paid at the first written event (see the module doc)
+
+    renderer: Any = (
+        structlog.processors.JSONRenderer(sort_keys=False)
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+    return structlog.get_logger()

@@ -1,0 +1,383 @@
+"""Walking, listing, moving and removing under the cache root without ever leaving it.
+
+The volume is untrusted ground (docs/design.md, principle 6): any pod, Job or person in ``kubectl
+exec`` can replace ``quarantine/`` or ``staging/<digest>`` by a symlink to the pod's model
+weights, and a path-based ``shutil.rmtree(root / "quarantine" / name)`` then deletes them: the
+kernel follows a symlink at any level of a path, and ``O_NOFOLLOW`` guards only the last one.
+(``shutil.rmtree`` itself refuses a symlink at the top and unlinks, never follows, the ones it
+meets inside; the hole is the path leading to it.)
+
+So everything here goes ``openat``-style: the root is opened once (the operator's path, trusted
+as given), and every level below it is opened relative to its parent with
+``O_NOFOLLOW | O_DIRECTORY`` and checked to be on the root's filesystem (``st_dev``). A level
+that is a symlink, not a directory, or another filesystem stops the operation with an
+:class:`UnsafePathError` naming the path and the remedy (exit 74). Removal, renames and walks
+then work on the directory descriptors, so a symlink swapped in after a check cannot redirect
+them either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from cachemgr.core.errors import VolumeError
+
+# O_NOFOLLOW|O_DIRECTORY: a symlink fails with ELOOP, a file or FIFO with ENOTDIR, never blocking.
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_REFUSED = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
+_TARGET_SHOWN = 200
+
+
+class UnsafePathError(VolumeError):
+    """A directory of the layout is a symlink, not a directory, or on another filesystem."""
+
+
+def describe(st: os.stat_result) -> str:
+    """What a non-directory is, in an operator's words."""
+    mode = st.st_mode
+    for test, what in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    ):
+        if test(mode):
+            return what
+    return "not a regular file or directory"
+
+
+def unsafe_error(shown: Path, parent_fd: int | None, name: str) -> UnsafePathError:
+    """The one-line refusal for ``shown`` (``name`` in ``parent_fd``), saying what it is instead."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except OSError:
+        what = "not a directory"
+    else:
+        what = describe(st)
+        if stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                target = os.readlink(name, dir_fd=parent_fd)
+                what += f" (to {target[:_TARGET_SHOWN]!r})"
+    noun = "symlink" if what.startswith("a symbolic link") else "file"
+    return UnsafePathError(
+        f"{shown} is {what}, not a directory of the cache volume; cachemgr never follows or "
+        "removes anything through it",
+        remedy=f"remove the {noun} {shown} (rm {shown}); cachemgr recreates the directory",
+        path=str(shown),
+    )
+
+
+def other_filesystem_error(shown: Path) -> UnsafePathError:
+    return UnsafePathError(
+        f"{shown} is on another filesystem than the cache root (a mount inside the layout)",
+        remedy=f"unmount {shown}: the cache layout must live on the cache volume itself",
+        path=str(shown),
+    )
+
+
+def open_below(parent_fd: int, name: str, *, dev: int, shown: Path) -> int:
+    """Open directory ``name`` of ``parent_fd`` without following a symlink, on device ``dev``."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except OSError as error:
+        if error.errno in _REFUSED:
+            raise unsafe_error(shown, parent_fd, name) from None
+        raise
+    if os.fstat(fd).st_dev != dev:
+        os.close(fd)
+        raise other_filesystem_error(shown)
+    return fd
+
+
+def _parts(root: Path, path: Path) -> tuple[str, ...]:
+    parts = path.relative_to(root).parts
+    if any(part in {"..", "."} for part in parts):
+        raise ValueError(f"{path} is not a plain path under {root}")
+    return parts
+
+
+@contextlib.contextmanager
+def open_dir(root: Path, path: Path) -> Iterator[int]:
+    """A descriptor of directory ``path`` under ``root``, reached one level at a time.
+
+    ``FileNotFoundError`` if a level is missing; :class:`UnsafePathError` if one is a symlink,
+    not a directory, or on another filesystem.
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dev = os.fstat(fd).st_dev
+        shown = root
+        for part in _parts(root, path):
+            shown = shown / part
+            child = open_below(fd, part, dev=dev, shown=shown)
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def check_dir(root: Path, path: Path) -> bool:
+    """True if ``path`` is a real directory of the volume, False if missing; refuses the rest."""
+    try:
+        with open_dir(root, path):
+            return True
+    except FileNotFoundError:
+        return False
+
+
+def check_children(root: Path, names: Iterable[str]) -> None:
+    """``check_dir`` for directories right under ``root``, with one open of the root."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dev = os.fstat(fd).st_dev
+        for name in names:
+            try:
+                os.close(open_below(fd, name, dev=dev, shown=root / name))
+            except FileNotFoundError:
+                continue
+    finally:
+        os.close(fd)
+
+
+def listdir(root: Path, path: Path) -> list[str]:
+    """Names in directory ``path`` under ``root``, sorted; [] if it is missing."""
+    try:
+        with open_dir(root, path) as fd:
+            return sorted(os.listdir(fd))
+    except FileNotFoundError:
+        return []
+
+
+def subdirs(root: Path, path: Path) -> list[str]:
+    """Names of the real directories (never symlinks) in ``path`` under ``root``, sorted."""
+    try:
+        with open_dir(root, path) as fd, os.scandir(fd) as found:
+            return sorted(e.name for e in found if e.is_dir(follow_symlinks=False))
+    except FileNotFoundError:
+        return []
+
+
+def lstat(root: Path, path: Path) -> os.stat_result | None:
+    """``lstat`` of ``path`` under ``root`` (its parents reached safely); None if missing."""
+    try:
+        with open_dir(root, path.parent) as fd:
+            return os.stat(path.name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def make_dirs(root: Path, path: Path) -> None:
+    """``mkdir -p`` under ``root``, refusing a level that is a symlink or not a directory."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dev = os.fstat(fd).st_dev
+        shown = root
+        for part in _parts(root, path):
+            shown = shown / part
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, dir_fd=fd)
+            child = open_below(fd, part, dev=dev, shown=shown)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+
+
+def rename(root: Path, source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target`` (both under ``root``) from safely opened parents.
+
+    A rename never follows its own last components, so a symlink there moves as a link.
+    """
+    with open_dir(root, source.parent) as src_fd, open_dir(root, target.parent) as dst_fd:
+        os.rename(source.name, target.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+def unlink(root: Path, path: Path) -> None:
+    """Remove a file or symlink under ``root``; missing (also a missing parent) is fine."""
+    try:
+        with open_dir(root, path.parent) as fd:
+            unlink_at(fd, path.name)
+    except FileNotFoundError:
+        return
+
+
+def rmdir(root: Path, path: Path) -> None:
+    """Remove an empty directory under ``root`` (``OSError`` if it is not empty)."""
+    with open_dir(root, path.parent) as fd:
+        os.rmdir(path.name, dir_fd=fd)
+
+
+def remove(root: Path, path: Path) -> None:
+    """Remove ``path`` under ``root``: a file or symlink is unlinked, a directory emptied first.
+
+    Missing is fine. Nothing is followed at any level, nothing on another filesystem is touched.
+    """
+    try:
+        with open_dir(root, path.parent) as fd:
+            remove_at(fd, path.name, shown=path)
+    except FileNotFoundError:
+        return
+
+
+def remove_at(parent_fd: int, name: str, *, shown: Path) -> None:
+    """Remove ``name`` in ``parent_fd`` and, for a real directory, everything below it."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        unlink_at(parent_fd, name)
+        return
+    top = open_below(parent_fd, name, dev=os.fstat(parent_fd).st_dev, shown=shown)
+    try:
+        _clear(top, shown=shown)
+    finally:
+        os.close(top)
+    _retry_in(parent_fd, lambda: os.rmdir(name, dir_fd=parent_fd))
+
+
+def _clear(top: int, *, shown: Path) -> None:
+    """Empty the directory open as ``top``: depth first, one descriptor per level, no recursion."""
+    dev = os.fstat(top).st_dev
+    stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = [(top, _entries(top), "")]
+    try:
+        while stack:
+            fd, items, rel = stack[-1]
+            entry = next(items, None)
+            if entry is None:
+                stack.pop()
+                if stack:
+                    os.close(fd)
+                    _rmdir_in(stack[-1][0], rel.rpartition("/")[2])
+                continue
+            child_rel = f"{rel}/{entry.name}" if rel else entry.name
+            if not entry.is_dir(follow_symlinks=False):
+                unlink_at(fd, entry.name)
+                continue
+            try:
+                child = open_below(fd, entry.name, dev=dev, shown=shown / child_rel)
+            except FileNotFoundError:
+                continue  # a concurrent remover took it
+            _push(stack, child, child_rel)
+    finally:
+        for fd, _, _ in stack[1:]:
+            os.close(fd)
+
+
+def _rmdir_in(parent: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _retry_in(parent, lambda: os.rmdir(name, dir_fd=parent))
+
+
+def _entries(fd: int) -> Iterator[os.DirEntry[str]]:
+    with os.scandir(fd) as found:
+        return iter(list(found))
+
+
+def unlink_at(fd: int, name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        _retry_in(fd, lambda: os.unlink(name, dir_fd=fd))
+
+
+def _retry_in(fd: int, action: Callable[[], None]) -> None:
+    """Run ``action`` (an unlink or rmdir in directory ``fd``); once more after making the
+    directory writable: a published entry's directories may be read-only (0555), which refuses
+    removals inside them even to their owner."""
+    try:
+        action()
+    except PermissionError:
+        os.fchmod(fd, 0o755)  # our own directory, being emptied anyway
+        action()
+
+
+def walk(top: int) -> Iterator[tuple[str, os.DirEntry[str], int]]:
+    """Everything below the directory open as ``top``: (posix relative path, its entry, and a
+    descriptor of the directory holding it, to act on the entry by name without a path walk).
+
+    Depth first, one descriptor per level; only real directories of the same filesystem are
+    entered (a symlink is yielded, never followed). Each entry is yielded while its directory
+    is open, so ``entry.stat(follow_symlinks=False)`` works on it.
+    """
+    dev = os.fstat(top).st_dev
+    first = os.dup(top)
+    stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = []
+    try:
+        stack.append((first, _entries(first), ""))
+    except BaseException:
+        os.close(first)
+        raise
+    try:
+        while stack:
+            fd, items, rel = stack[-1]
+            entry = next(items, None)
+            if entry is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            child_rel = f"{rel}/{entry.name}" if rel else entry.name
+            yield child_rel, entry, fd
+            if entry.is_dir(follow_symlinks=False):
+                child = _open_quietly(fd, entry.name, dev)
+                if child is not None:
+                    _push(stack, child, child_rel)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _open_quietly(parent_fd: int, name: str, dev: int) -> int | None:
+    """A subdirectory to walk into; None if it went away, turned into a symlink, or is a mount."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        if error.errno in _REFUSED:
+            return None
+        raise
+    if os.fstat(fd).st_dev != dev:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _push(stack: list[tuple[int, Iterator[os.DirEntry[str]], str]], fd: int, rel: str) -> None:
+    try:
+        stack.append((fd, _entries(fd), rel))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def open_tree(path: Path, *, within: Path | None) -> Iterator[int]:
+    """``path`` opened for a walk: reached safely from ``within`` (the cache root) when given,
+    else with only its last component refused as a symlink (a pod-local path)."""
+    if within is not None:
+        with open_dir(within, path) as fd:
+            yield fd
+        return
+    try:
+        fd = os.open(path, DIR_FLAGS)
+    except OSError as error:
+        if error.errno in _REFUSED:
+            raise unsafe_error(path, None, os.fspath(path)) from None
+        raise
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def is_plain(st: os.stat_result) -> bool:
+    """A regular file or a real directory: all a published entry may hold (principle 6)."""
+    return stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)

@@ -1,0 +1,296 @@
+"""``explain``: hit or miss for one server argv here, and on a miss, why, field by field.
+
+Every entry keeps its full key inputs in ``key.json``. On a miss, the entries of the same role
+are ranked by how few inputs differ from this argv's (then the same model, then the latest
+used); for the nearest, each differing input is shown with both values (``compiler 0.12 ->
+0.13``, ``serving.tensor_parallel_size 4 -> 8``), and the advice says what the difference means
+and what to do: an SDK upgrade compiles again and leaves old entries to prune, a serving flag
+changed, the model's revision moved, the NPU type differs, or nothing was compiled for this
+role yet. A compile in progress and earlier failures of the key are named too. Read-only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from cachemgr.core.units import human_age, human_bytes, human_duration
+from cachemgr.key.cachekey import CacheKey
+from cachemgr.ops.inspection import holder_json, read_holder_of
+from cachemgr.ops.scan import Compat, EntryInfo, FailureHistory, as_dict, lease_stale, number, read_dict, scan
+from cachemgr.volume.drift import records as drift_records
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import KEY_NAME
+from cachemgr.volume.records import failures
+from cachemgr.volume.store import lookup
+
+if TYPE_CHECKING:
+    from cachemgr.volume.lease import Holder
+
+# The order fields are shown in: what operators change most, and the likeliest cause, first.
+_FIELD_ORDER = (
+    "compiler", "versions", "npu", "model", "serving", "env", "strategy", "server", "compile_cmd", "schema",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One key input that differs: the entry's value, then this argv's."""
+
+    field: str
+    entry: Any
+    here: Any
+
+    def __str__(self) -> str:
+        return f"{self.field} {_value(self.entry)} -> {_value(self.here)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"field": self.field, "entry": self.entry, "here": self.here}
+
+
+@dataclass(frozen=True)
+class Nearest:
+    entry: EntryInfo
+    differences: tuple[Difference, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.entry.to_json(), "differences": [d.to_json() for d in self.differences]}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """``explain``: hit or miss for one argv here, and on a miss, why, field by field."""
+
+    key: CacheKey
+    result: Literal["hit", "miss", "damaged"]
+    entry: EntryInfo | None
+    problems: tuple[str, ...]
+    nearest: tuple[Nearest, ...]
+    holder: Holder | None
+    history: FailureHistory | None
+    other_roles: tuple[str, ...]
+    advice: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+    recompiled: tuple[Mapping[str, Any], ...] = ()  # recompiled_on_hit records of the key
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "result": self.result,
+            **self.key.to_json(),
+            "found": self.entry.to_json() if self.entry else None,
+            "problems": list(self.problems),
+            "compiling": holder_json(self.holder),
+            "failures": self.history.count if self.history else 0,
+            "last_failure": dict(self.history.last) if self.history else None,
+            "nearest": [n.to_json() for n in self.nearest],
+            "other_roles": list(self.other_roles),
+            "advice": list(self.advice),
+            "warnings": list(self.warnings),
+            "recompiled_on_hit": [dict(r) for r in self.recompiled],
+        }
+
+
+def explain(root: CacheRoot, key: CacheKey, *, limit: int = 3) -> Explanation:
+    """Look the key up (read-only, sizes checked) and, on a miss, rank the entries of its role."""
+    compat = Compat(str(key.inputs["compiler"]), str(key.inputs["npu"]))
+    found = lookup(root, key, mode="fast")
+    found_entries = scan(root, compat=compat, with_staging=False).entries
+    role = str(key.inputs["role"])
+    warnings: list[str] = []
+    nearest: tuple[Nearest, ...] = ()
+    if found.status != "hit":
+        same_role = [
+            e for e in found_entries if e.role == role and e.key != key.digest and e.status != "damaged"
+        ]
+        nearest = tuple(_rank(key, same_role, warnings)[:limit])
+    records = failures(root, key.digest)
+    history = FailureHistory(key.digest, tuple(records), len(records)) if records else None
+    partial = Explanation(
+        key=key,
+        result=found.status,
+        entry=next((e for e in found_entries if e.key == key.digest), None),
+        problems=tuple(str(p) for p in found.problems),
+        nearest=nearest,
+        holder=read_holder_of(root, key.digest) if found.status != "hit" else None,
+        history=history,
+        other_roles=tuple(sorted({e.role for e in found_entries if e.role and e.role != role})),
+        advice=(),
+        warnings=tuple(warnings),
+        recompiled=tuple(drift_records(root, key.digest)),
+    )
+    return replace(partial, advice=tuple(_advice(partial, found_entries)))
+
+
+def _rank(key: CacheKey, candidates: list[EntryInfo], warnings: list[str]) -> list[Nearest]:
+    """Fewest differing inputs first; among equals, the same model, then the latest used."""
+    here = _flat(dict(key.inputs))
+    ranked = []
+    for entry in candidates:
+        inputs = as_dict(read_dict(entry.path / KEY_NAME).get("inputs"))
+        if not inputs:
+            warnings.append(f"{entry.name}: key.json is missing or damaged; it cannot be compared")
+            continue
+        theirs = _flat(inputs)
+        fields = sorted(set(here) | set(theirs), key=_field_rank)
+        diffs = tuple(
+            Difference(f, theirs.get(f), here.get(f)) for f in fields if theirs.get(f) != here.get(f)
+        )
+        model_differs = any(d.field.startswith("model") for d in diffs)
+        ranked.append(
+            (len(diffs), model_differs, -(entry.last_used_at or entry.created_at or 0.0), entry, diffs)
+        )
+    ranked.sort(key=lambda r: r[:3])
+    return [Nearest(entry, diffs) for *_, entry, diffs in ranked]
+
+
+def _flat(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"serving": {"tp": 4}}`` -> ``{"serving.tp": 4}``; an empty mapping adds nothing."""
+    out: dict[str, Any] = {}
+    for name, item in value.items():
+        path = f"{prefix}.{name}" if prefix else str(name)
+        if isinstance(item, dict):
+            out.update(_flat(item, path))
+        else:
+            out[path] = item
+    return out
+
+
+def _field_rank(name: str) -> tuple[int, str]:
+    top = name.split(".", 1)[0]
+    return (_FIELD_ORDER.index(top) if top in _FIELD_ORDER else len(_FIELD_ORDER), name)
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]:
+    return _cache_advice(ex) + _lookup_advice(ex, entries)
+
+
+def _cache_advice(ex: Explanation) -> list[str]:
+    """What no lookup changes: a configuration that cannot be cached, a hit that compiled anyway."""
+    advice = [
+        f"this configuration cannot be cached: {reason}" for reason in ex.key.details.get("uncacheable", ())
+    ]
+    if ex.recompiled:
+        last = ex.recompiled[-1]
+        advice.append(
+            f"recompiled_on_hit: {len(ex.recompiled)} pod start(s) found this entry and the server compiled anyway, "
+            f"the last {human_age(number(last.get('time')))} (pod {last.get('pod', '?')}, new files: "
+            f"{', '.join([str(p) for p in last.get('paths') or []][:3])}): the server keys on something cachemgr does not. "
+            "Report it with 'cachemgr show KEY -o json'; meanwhile such pods compile at every start"
+        )
+    return advice
+
+
+def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]:
+    key = ex.key
+    if ex.result == "hit":
+        assert ex.entry is not None  # a hit has an entry
+        return [f"a pod with this argv loads entry {ex.entry.name} ({ex.entry.size_str}) without compiling"]
+    advice = []
+    if ex.result == "damaged":
+        advice.append(
+            f"entry {key.entry_name} is here but damaged ({'; '.join(ex.problems)}): the next pod start moves "
+            "it to quarantine and compiles again; 'cachemgr verify --fix' moves it now"
+        )
+    if ex.holder is not None and not lease_stale(ex.holder):
+        advice.append(
+            f"{ex.holder.describe()} is compiling this key now: pods starting now wait for it, then load it"
+        )
+    elif ex.holder is not None:
+        advice.append(
+            f"the lease of this key is stale ({ex.holder.describe()}, silent "
+            f"{human_duration(ex.holder.refreshed_age)}): the next pod takes it over and compiles"
+        )
+    if ex.history is not None:
+        last = ex.history.last
+        advice.append(
+            f"{ex.history.count} earlier compile(s) of this key failed, the last {human_age(number(last.get('time')))} "
+            f"({last.get('reason')}): {last.get('message')} 'cachemgr show {key.short}' has the last output lines"
+        )
+    if not ex.nearest:
+        role = key.inputs["role"]
+        elsewhere = (
+            f" (this volume holds entries for {', '.join(ex.other_roles)}: is it the {role} volume?)"
+            if ex.other_roles
+            else ""
+        )
+        advice.append(
+            f"nothing compiled yet for role {role} here{elsewhere}: the first pod (or a 'cachemgr warm' Job) "
+            "compiles once, later pods reuse it"
+        )
+        return advice
+    return advice + _differences_advice(key, ex.nearest[0].differences, entries)
+
+
+def _differences_advice(
+    key: CacheKey, diffs: tuple[Difference, ...], entries: tuple[EntryInfo, ...]
+) -> list[str]:
+    by_top: dict[str, list[Difference]] = defaultdict(list)
+    for diff in diffs:
+        by_top[diff.field.split(".", 1)[0]].append(diff)
+    advice = []
+    if "compiler" in by_top:
+        old = [e for e in entries if e.status == "incompatible" and e.compiler != key.inputs["compiler"]]
+        idle = [e for e in old if not e.in_use]
+        advice.append(
+            f"the nearest entry was compiled by RBLN Compiler {by_top['compiler'][0].entry}, this image has "
+            f"{key.inputs['compiler']}: another SDK image always compiles again (reuse needs the same "
+            f"major.minor). Entries of other versions are never used by this image: once no pod runs the old "
+            f"image, 'cachemgr prune --incompatible' frees them ({human_bytes(sum(e.size_bytes for e in old))} "
+            f"in {len(old)} entries, {len(old) - len(idle)} in use now)"
+        )
+    if "versions" in by_top:
+        changes = ", ".join(map(str, by_top["versions"]))
+        advice.append(
+            f"the nearest entry was made by another server ({changes}): vllm-rbln keys its compile cache on the "
+            "vLLM version, so a server upgrade compiles again; once no pod runs the old image, prune its entries"
+        )
+    if "npu" in by_top:
+        advice.append(
+            f"the nearest entry targets {by_top['npu'][0].entry}, this pod {key.inputs['npu']}: each NPU type "
+            "compiles its own (pods on that hardware use theirs: 'prune --incompatible' keeps them, "
+            "'prune --npu TYPE' names them); if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME "
+            "and the node pool"
+        )
+    if "model" in by_top:
+        advice.append(
+            f"the model differs ({', '.join(map(str, by_top['model']))}): other weights or another revision "
+            "compile separately; pin --revision so every pod resolves the same one"
+        )
+    if "serving" in by_top:
+        flags = ", ".join(
+            f"{_flag(d.field)} {_value(d.entry)} -> {_value(d.here)}" for d in by_top["serving"]
+        )
+        advice.append(
+            f"serving settings differ ({flags}): each combination compiles its own graphs. If intended, the first "
+            "pod compiles once and the others reuse it; if not, pass the entry's values"
+        )
+    if "env" in by_top:
+        names = ", ".join(d.field.split(".", 1)[-1] for d in by_top["env"])
+        advice.append(
+            f"the compile environment differs ({names}): set it as the entry had it to reuse the entry"
+        )
+    if "schema" in by_top:
+        advice.append(
+            "the entry was keyed by another cachemgr version's key schema: it is never reused; prune it"
+        )
+    if by_top.keys() & {"strategy", "server", "compile_cmd"}:
+        advice.append("the compile strategy or command differs (--strategy, --compile-cmd)")
+    return advice
+
+
+def _flag(name: str) -> str:
+    """``serving.tensor_parallel_size`` -> ``--tensor-parallel-size`` (nested JSON: the flag, then the path)."""
+    parts = name.split(".")[1:]
+    flag = "--" + parts[0].replace("_", "-")
+    return flag if len(parts) == 1 else f"{flag} {'.'.join(parts[1:])}"

@@ -1,0 +1,400 @@
+"""Compile progress: what a compiling pod logs, and the record its waiting peers read.
+
+A compile takes minutes (about 11 for the chart page's model). The holder of a key's lease
+logs ``compile_progress`` every ``--progress-interval`` (30 s by default): elapsed time, CPU
+seconds, bytes staged, the expected size and where it came from, and an ETA when an earlier
+compile of the same model with the same compiler on this volume says how long it took.
+
+Beside its lease the holder keeps ``leases/<digest>.progress.json``, rewritten atomically as
+often as its volume heartbeat beats (every 10 s, or the progress interval if shorter). Waiting
+pods and ``cachemgr locks`` read it to show the compile as the holder sees it. The volume is
+untrusted ground (docs/design.md principle 6), so a reader opens the record without following a
+symlink and without blocking on a FIFO, reads at most ``RECORD_MAX`` bytes, and treats
+anything it cannot use (missing, garbage, huge, another holder's, not a regular file) as no
+record: a waiter never fails because of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import math
+import os
+import stat
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cachemgr.core.fsutil import atomic_write_json, tree_bytes
+from cachemgr.core.log import get_logger
+from cachemgr.core.units import human_bytes
+from cachemgr.key.cachekey import CacheKey, digest_of
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.records import HEARTBEAT_SECONDS
+
+if TYPE_CHECKING:
+    from cachemgr.ops.meter import Meter
+    from cachemgr.ops.space import Preflight
+
+log = get_logger("cachemgr.ops.progress")
+
+# How often a compiling pod logs compile_progress and a waiting pod logs waiting_for_compile:
+# about 22 lines per pod for an 11-minute compile (it was every 5 s: 130 lines).
+DEFAULT_INTERVAL = 30.0
+INTERVAL_ENV = "CACHEMGR_PROGRESS_INTERVAL"
+RECORD_MAX = 64 * 1024  # a record is a few hundred bytes; anything larger is not one
+_SUFFIX = ".progress.json"
+_MAX_SECONDS = 1e7  # 115 days: a compile time beyond this is a damaged summary
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class Every:
+    """A rate limit on the monotonic clock: :meth:`due` is true at most once per ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last: float | None = None
+
+    def due(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        if self._last is not None and now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+def clock(seconds: float | None) -> str:
+    """``10m52s``, ``1h04m``, ``45s``: precise enough to say what an estimate rests on."""
+    if seconds is None:
+        return "?"
+    total = round(max(0.0, seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def about(seconds: float) -> str:
+    """``~11m``, ``~40s``: an ETA is an estimate, shown as one."""
+    if seconds >= 90:
+        return f"~{round(seconds / 60)}m"
+    return f"~{max(1, round(seconds))}s"
+
+
+# --- what the estimate rests on --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Duration:
+    """How long this compile should take, and what that rests on."""
+
+    seconds: float | None
+    source: str
+
+
+def learned_duration(entries: Iterable[Any], key: CacheKey) -> Duration:
+    """The compile time of the closest earlier entry of the same model and compiler version.
+
+    Closest: same NPU type and pipeline-parallel degree first, then the most recent. Entries
+    of another compiler are not used: a compiler release can change the compile time a lot.
+    """
+    model_id = digest_of(key.inputs["model"])[:16]
+    compiler = str(key.inputs["compiler"])
+    npu, pp = str(key.inputs["npu"]), key.server.pipeline_parallel_size
+    same = [
+        e
+        for e in entries
+        if e.model_id == model_id
+        and e.compiler == compiler
+        and e.status != "damaged"
+        and 0 < (e.compile_seconds or 0) < _MAX_SECONDS  # nan and inf from a damaged summary fail too
+    ]
+    if not same:
+        return Duration(None, f"no earlier compile of this model with compiler {compiler} on this volume")
+    best = max(same, key=lambda e: (e.npu == npu, e.pipeline_parallel_size == pp, e.created_at or 0.0))
+    seconds = float(best.compile_seconds)
+    differs = [f"NPU {best.npu}"] if best.npu != npu else []
+    differs += [f"PP {best.pipeline_parallel_size}"] if best.pipeline_parallel_size != pp else []
+    note = f" ({', '.join(differs)})" if differs else ""
+    return Duration(seconds, f"from entry {best.short} compiled in {clock(seconds)}{note}")
+
+
+# --- the record ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The compile as its holder sees it: logged as compile_progress, kept beside the lease."""
+
+    key: str
+    token: str | None
+    pod: str
+    elapsed_s: float
+    cpu_seconds: float
+    staged_bytes: int
+    expected_bytes: int | None
+    expected_source: str
+    eta_s: float | None
+    eta_source: str
+    every_s: float
+
+    def describe(self) -> str:
+        """``4m12s in, 5m10s CPU, 1.2 GiB staged of ~7.6 GiB, ETA ~6m (from entry ... in 10m52s)``."""
+        staged = human_bytes(self.staged_bytes) + " staged"
+        if self.expected_bytes:
+            staged += f" of ~{human_bytes(self.expected_bytes)}"
+        text = f"{clock(self.elapsed_s)} in, {clock(self.cpu_seconds)} CPU, {staged}"
+        if self.eta_s is None:
+            return f"{text}, no ETA ({self.eta_source})"
+        if self.eta_s <= 0:
+            return f"{text}, past the estimate ({self.eta_source})"
+        return f"{text}, ETA {about(self.eta_s)} ({self.eta_source})"
+
+    def log_fields(self) -> dict[str, Any]:
+        return {
+            "elapsed_s": round(self.elapsed_s),
+            "cpu_seconds": round(self.cpu_seconds, 1),
+            "staged_bytes": self.staged_bytes,
+            "expected_bytes": self.expected_bytes,
+            "expected_source": self.expected_source,
+            "eta_s": None if self.eta_s is None else round(max(0.0, self.eta_s)),
+            "eta_source": self.eta_source,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": 1, **asdict(self)}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A holder's record as a reader found it; ``age_s`` by the reader's clock from its mtime."""
+
+    snapshot: Snapshot
+    age_s: float
+
+    @property
+    def stale(self) -> bool:
+        """Not rewritten for three of its own periods: the holder may be frozen or gone."""
+        return self.age_s > 3 * max(self.snapshot.every_s, 1.0) + 5
+
+    def describe(self) -> str:
+        text = self.snapshot.describe()
+        if self.stale:
+            text += f" [as of {clock(self.age_s)} ago: not refreshed since]"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        fields = self.snapshot.log_fields()
+        return {**fields, "summary": self.describe(), "age_s": round(self.age_s, 1), "stale": self.stale}
+
+
+def record_path(root: CacheRoot, digest: str) -> Path:
+    return root.leases / f"{digest}{_SUFFIX}"
+
+
+def write_record(root: CacheRoot, snapshot: Snapshot) -> None:
+    """Best effort: a full volume or a lost mount must not end a compile over a progress note."""
+    with contextlib.suppress(OSError):
+        atomic_write_json(record_path(root, snapshot.key), snapshot.to_json(), within=root.path)
+
+
+def remove_record(root: CacheRoot, digest: str, *, token: str | None) -> None:
+    """Remove our own record (never a newer holder's)."""
+    seen = read_record(root, digest, token=token)
+    if seen is not None:
+        with contextlib.suppress(OSError):
+            record_path(root, digest).unlink()
+
+
+def read_record(root: CacheRoot, digest: str, *, token: str | None) -> Seen | None:
+    """The holder's record, or None when there is none this reader can trust to be it.
+
+    ``token`` is the current lease token (from the holder record): a record of an earlier
+    holder that died before removing it is ignored.
+    """
+    raw = _read_capped(record_path(root, digest))
+    if raw is None:
+        return None
+    data, mtime = raw
+    snapshot = _parse(data, digest)
+    if snapshot is None or (token is not None and snapshot.token != token):
+        return None
+    return Seen(snapshot, max(0.0, time.time() - mtime))
+
+
+def _read_capped(path: Path) -> tuple[Any, float] | None:
+    try:
+        # O_NOFOLLOW: a symlink planted in leases/ is not read through; O_NONBLOCK: a FIFO
+        # there does not hang the waiter (it is then refused as not a regular file).
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as error:
+        if error.errno not in {errno.ENOENT, errno.ELOOP, errno.EACCES, errno.ENXIO, errno.EISDIR}:
+            log.debug("progress_record_unreadable", path=str(path), error=error.strerror)
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX:
+            return None
+        data = os.read(fd, RECORD_MAX + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(data) > RECORD_MAX:
+        return None
+    try:
+        return json.loads(data), st.st_mtime
+    except (ValueError, RecursionError):
+        return None
+
+
+def _parse(data: Any, digest: str) -> Snapshot | None:
+    """A Snapshot from the record's JSON, or None if any field is not what the writer writes."""
+    if not isinstance(data, Mapping) or data.get("key") != digest:
+        return None
+    try:
+        return Snapshot(
+            key=digest,
+            token=_opt(data.get("token"), str),
+            pod=str(data.get("pod") or "?")[:253],
+            elapsed_s=_num(data["elapsed_s"]),
+            cpu_seconds=_num(data["cpu_seconds"]),
+            staged_bytes=int(_num(data["staged_bytes"])),
+            expected_bytes=_opt_int(data.get("expected_bytes")),
+            expected_source=str(data.get("expected_source") or "")[:300],
+            eta_s=None if data.get("eta_s") is None else _num(data["eta_s"], negative=True),
+            eta_source=str(data.get("eta_source") or "")[:300],
+            every_s=_num(data.get("every_s", HEARTBEAT_SECONDS)),
+        )
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+
+
+def holder_detail(root: CacheRoot, digest: str, *, token: str | None) -> dict[str, Any]:
+    """The fields a waiting pod logs about the holder's compile; never fails on a bad record."""
+    seen = read_record(root, digest, token=token)
+    if seen is None:
+        return {"holder_progress": "not reported yet"}
+    fields = {f"holder_{k}": v for k, v in seen.snapshot.log_fields().items()}
+    return {"holder_progress": seen.describe(), **fields, "progress_age_s": round(seen.age_s)}
+
+
+def _num(value: Any, *, negative: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError("not a number")
+    number = float(value)
+    if not math.isfinite(number) or (number < 0 and not negative):
+        raise ValueError("not a finite figure")
+    return number
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(_num(value))
+
+
+def _opt(value: Any, kind: type[str]) -> str | None:
+    return value if isinstance(value, kind) else None
+
+
+# --- the holder's side -----------------------------------------------------------------------------
+
+
+class CompileProgress:
+    """Turns the compile monitor's samples into compile_progress events and the progress record."""
+
+    def __init__(
+        self,
+        root: CacheRoot,
+        key: CacheKey,
+        *,
+        token: str | None,
+        pod: str,
+        expected_bytes: int | None,
+        expected_source: str,
+        duration: Duration,
+        interval: float = DEFAULT_INTERVAL,
+        meter: Meter | None = None,
+    ) -> None:
+        self._root, self._key, self._token, self._pod = root, key, token, pod
+        self._expected = (expected_bytes, expected_source)
+        self._duration = duration
+        self._started = time.monotonic()
+        self._every = min(interval, HEARTBEAT_SECONDS)
+        self._log, self._write = Every(interval), Every(self._every)
+        self._meter = meter  # a bar on a terminal (warm); None in a pod
+        self.peak_staged = 0  # a lower bound for what the compile writes, if it fails
+        self._log.due()  # the first event comes one interval in: "compiling" was just logged
+
+    def snapshot(self, *, cpu_seconds: float, staged_bytes: int) -> Snapshot:
+        elapsed = time.monotonic() - self._started
+        eta = None if self._duration.seconds is None else self._duration.seconds - elapsed
+        return Snapshot(
+            key=self._key.digest,
+            token=self._token,
+            pod=self._pod,
+            elapsed_s=elapsed,
+            cpu_seconds=cpu_seconds,
+            staged_bytes=staged_bytes,
+            expected_bytes=self._expected[0],
+            expected_source=self._expected[1],
+            eta_s=eta,
+            eta_source=self._duration.source,
+            every_s=self._every,
+        )
+
+    def tick(self, *, cpu_seconds: float, staged_bytes: int) -> None:
+        """Called on every monitor sample (twice a second); logs and writes at their own pace."""
+        now = time.monotonic()
+        self.peak_staged = max(self.peak_staged, staged_bytes)
+        snap = self.snapshot(cpu_seconds=cpu_seconds, staged_bytes=staged_bytes)
+        if self._meter is not None:
+            self._meter.set(staged_bytes)
+        if self._log.due(now):
+            log.info("compile_progress", key=self._key.short, **snap.log_fields(), progress=snap.describe())
+        if self._write.due(now):
+            write_record(self._root, snap)
+
+    def close(self, *, staged: Path | None = None) -> None:
+        """``staged``: a compile that succeeded; the bar ends at what it wrote, not at the last sample."""
+        if self._meter is not None:
+            if staged is not None:
+                self._meter.set(tree_bytes(staged))
+            self._meter.close()
+        remove_record(self._root, self._key.digest, token=self._token)
+
+
+def start_compile_progress(
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    token: str | None,
+    pod: str,
+    preflight: Preflight | None,
+    interval: float,
+    bar: bool,
+) -> CompileProgress:
+    """The reporter of one compile, with what the preflight learned; a bar only on a terminal."""
+    expectation = preflight.expectation if preflight is not None else None
+    meter = None
+    if bar and sys.stderr.isatty():
+        from cachemgr.ops.meter import open_meter  # tqdm: a terminal only
+
+        meter = open_meter(
+            what="compiling", event="warm_progress", total=(expectation and expectation.bytes) or 0
+        )
+    return CompileProgress(
+        root,
+        key,
+        token=token,
+        pod=pod,
+        expected_bytes=expectation.bytes if expectation is not None else None,
+        expected_source=expectation.source if expectation is not None else "not checked",
+        duration=learned_duration(preflight.entries if preflight is not None else (), key),
+        interval=interval,
+        meter=meter,
+    )

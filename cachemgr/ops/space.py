@@ -1,0 +1,439 @@
+"""Disk space: see a full volume coming, and say exactly what to do when it comes anyway.
+
+The chart page warns that a too-small compile cache volume fails the pod's compile step with
+``Disk quota exceeded``. Before compiling, cachemgr compares the volume's free space
+(statvfs; on CephFS and JuiceFS a directory quota shows there) with the expected size of
+this compile: the operator's ``--expected-size``, else what earlier compiles of the same
+model took (scaled by the pipeline-parallel degree: each rank's output grows with PP), else
+an estimate from the weights. During the compile, ENOSPC/EDQUOT from any write end the
+attempt. Either way the same report names the volume, the figures, what can be pruned now
+and the chart key to raise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cachemgr.core.errors import DiskFullError
+from cachemgr.core.log import get_logger
+from cachemgr.core.units import human_bytes, human_duration
+from cachemgr.key.cachekey import CacheKey, digest_of
+from cachemgr.ops.scan import Compat, EntryInfo, scan
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.records import failures
+
+log = get_logger("cachemgr.ops.space")
+
+# Compiled RBLN models carry the weights plus graphs and metadata: a little more than the weights.
+WEIGHTS_FACTOR = 1.1
+UNUSED_AFTER = 14 * 86400.0
+SpaceCheck = Literal["fail", "warn"]
+CHART_KEY = "storage.compileCache.size"
+
+
+@dataclass(frozen=True)
+class VolumeSpace:
+    """statvfs of the cache volume, in bytes (what an unprivileged writer may use)."""
+
+    path: str
+    total_bytes: int
+    free_bytes: int
+
+    @property
+    def used_bytes(self) -> int:
+        return max(0, self.total_bytes - self.free_bytes)
+
+    @classmethod
+    def measure(cls, path: Path) -> VolumeSpace:
+        st = os.statvfs(path)
+        return cls(str(path), st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize)
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """How many bytes this compile is expected to write, and where that figure comes from."""
+
+    bytes: int | None
+    source: str
+    # True when learned from an attempt that ran out of space: the compile needs more than this.
+    lower_bound: bool = False
+
+    def fits(self, free_bytes: int) -> bool:
+        if self.bytes is None:
+            return True
+        return free_bytes > self.bytes if self.lower_bound else free_bytes >= self.bytes
+
+
+def expected_size(
+    root: CacheRoot, key: CacheKey, *, given: int | None, entries: tuple[EntryInfo, ...] = ()
+) -> Expectation:
+    """The operator's figure, else learned from earlier compiles, else estimated from the weights."""
+    if given is not None:
+        return Expectation(given, "--expected-size")
+    learned = _learned(root, key, entries)
+    if learned is not None:
+        return learned
+    weights = _weight_bytes(key)
+    if weights:
+        pp = key.server.pipeline_parallel_size
+        estimate = int(weights * WEIGHTS_FACTOR * pp)
+        return Expectation(
+            estimate, f"estimated from the weights ({human_bytes(weights)} x {WEIGHTS_FACTOR} x PP {pp})"
+        )
+    return Expectation(
+        None, "unknown: nothing compiled for this model yet and no local weights; pass --expected-size"
+    )
+
+
+def _learned(root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...]) -> Expectation | None:
+    model_id = digest_of(key.inputs["model"])[:16]
+    pp = key.server.pipeline_parallel_size
+    best: tuple[int, str, bool] | None = None
+    for entry in entries:
+        if entry.model_id != model_id or entry.status == "damaged" or not entry.size_bytes:
+            continue
+        scaled = entry.size_bytes * pp // max(1, entry.pipeline_parallel_size)
+        if best is None or scaled > best[0]:
+            note = (
+                f", scaled by PP {entry.pipeline_parallel_size} -> {pp}"
+                if entry.pipeline_parallel_size != pp
+                else ""
+            )
+            best = (
+                scaled,
+                f"learned from entry {entry.short} ({human_bytes(entry.size_bytes)}{note})",
+                False,
+            )
+    for record in failures(root, key.digest):
+        failed = _failed_attempt(record)
+        if failed is not None and (best is None or failed[0] >= best[0]):
+            best = failed
+    return Expectation(*best) if best else None
+
+
+def _failed_attempt(record: Mapping[str, Any]) -> tuple[int, str, bool] | None:
+    """What an attempt that ran out of space proved: it needs more than it wrote, and more than
+    the volume had free when it started (it filled that). A lower bound, never an estimate."""
+    if record.get("reason") != "disk-full":
+        return None
+    report = record.get("report")
+    report = report if isinstance(report, Mapping) else {}
+    try:
+        written = int(record.get("bytes_written") or 0)
+        free = int(report.get("free_at_start_bytes") or 0)
+    except (TypeError, ValueError):
+        return None
+    if not (written or free):
+        return None
+    if free > written:
+        source = f"an earlier attempt filled the {human_bytes(free)} that were free when it started"
+    else:
+        source = f"an earlier attempt ran out of space after writing {human_bytes(written)}"
+    return max(written, free), source, True
+
+
+def _weight_bytes(key: CacheKey) -> int:
+    local = key.details.get("weight_bytes")
+    if isinstance(local, int) and local > 0:
+        return local
+    model = key.inputs.get("model", {})
+    if isinstance(model, Mapping) and model.get("kind") == "hub":
+        return _hub_cache_weights(str(model["id"]), model.get("revision"))
+    return 0
+
+
+def _hub_cache_weights(model_id: str, revision: Any) -> int:
+    """Weights already downloaded to the Hugging Face cache, if any (no network)."""
+    hub = Path(
+        os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub"
+    )
+    snapshots = hub.expanduser() / f"models--{model_id.replace('/', '--')}" / "snapshots"
+    if not snapshots.is_dir():
+        return 0
+    candidates = [snapshots / str(revision)] if revision else sorted(snapshots.iterdir())
+    for snapshot in candidates:
+        if snapshot.is_dir():
+            total = sum(
+                p.stat().st_size for p in snapshot.iterdir() if p.suffix in {".safetensors", ".bin", ".pt"}
+            )
+            if total:
+                return total
+    return 0
+
+
+@dataclass(frozen=True)
+class Prunable:
+    """What ``cachemgr prune`` could free right now, never counting an entry in use."""
+
+    incompatible: tuple[EntryInfo, ...]
+    unused: tuple[EntryInfo, ...]
+
+    @property
+    def incompatible_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.incompatible)
+
+    @property
+    def unused_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.unused)
+
+
+def prunable_now(entries: tuple[EntryInfo, ...], *, unused_after: float = UNUSED_AFTER) -> Prunable:
+    idle = [e for e in entries if not e.in_use]
+    incompatible = tuple(e for e in idle if e.status == "incompatible")
+    unused = tuple(e for e in idle if e.status != "incompatible" and e.unused_for() >= unused_after)
+    return Prunable(incompatible, unused)
+
+
+@dataclass(frozen=True)
+class DiskReport:
+    """The one report for a full volume: the same in the log, termination message and failure record.
+
+    Mid-compile it says what was free when the compile started (the figure "free now" is
+    measured after the attempt was removed), what the attempt was seen writing, and advises on
+    the larger of the estimate and what the attempt filled (a lower bound: it stopped because it
+    could not write more). An estimate learned from another configuration may be far too low,
+    and the attempt just proved it so; the failure record keeps the figures for the next
+    preflight (``_failed_attempt``).
+    """
+
+    volume: str
+    total_bytes: int
+    free_bytes: int
+    expected: Expectation
+    cause: str
+    prunable: Prunable
+    written_bytes: int = 0
+    free_at_start: int | None = None  # statvfs when the compile started (None: before it did)
+
+    @property
+    def filled_bytes(self) -> int:
+        """What the volume proved too small for: mid-compile it filled all that was free at the
+        start (unless another writer took part of it), however much of its output the compiler
+        removed before it exited; always at least what the attempt was seen writing."""
+        return max(self.written_bytes, self.free_at_start or 0)
+
+    @property
+    def needed_bytes(self) -> int | None:
+        """What this compile needs at least: the larger of the estimate and what it filled."""
+        if self.expected.bytes is None:
+            return self.filled_bytes or None
+        return max(self.expected.bytes, self.filled_bytes)
+
+    @property
+    def needed_source(self) -> str:
+        if self.filled_bytes and self.filled_bytes >= (self.expected.bytes or 0):
+            estimate = (
+                f"; the estimate was {human_bytes(self.expected.bytes)}, {self.expected.source}"
+                if self.expected.bytes is not None
+                else ""
+            )
+            return f"the space the attempt filled{estimate}"
+        return self.expected.source
+
+    def what(self) -> str:
+        head = f"compile cache volume {self.volume} is out of space ({self.cause}): "
+        if self.free_at_start is None and not self.written_bytes:
+            return (
+                head
+                + f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}; {self._need()}"
+            )
+        start = (
+            f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile "
+            "started and the volume filled during it"
+            if self.free_at_start is not None
+            else f"the volume has {human_bytes(self.total_bytes)}"
+        )
+        return (
+            head + f"{start}; the attempt was seen writing {human_bytes(self.written_bytes)} "
+            f"(removed since: {human_bytes(self.free_bytes)} free now); {self._need()}"
+        )
+
+    def _need(self) -> str:
+        needed = self.needed_bytes
+        if needed is None:
+            return f"expected size {self.expected.source}"
+        if self.filled_bytes or self.expected.lower_bound:
+            return f"this compile needs more than {human_bytes(needed)} ({self.needed_source})"
+        return f"this compile needs about {human_bytes(needed)} ({self.needed_source})"
+
+    def remedy(self) -> str:
+        steps = []
+        if self.filled_bytes and self.needed_bytes is not None:
+            steps.append(f"give it more than {human_bytes(self.needed_bytes)} of free space")
+        pruning = []
+        if self.prunable.incompatible:
+            pruning.append(
+                f"free {human_bytes(self.prunable.incompatible_bytes)} now with 'cachemgr prune --incompatible --yes' "
+                f"({_count(self.prunable.incompatible, 'entry', 'entries')} for another compiler version)"
+            )
+        if self.prunable.unused:
+            pruning.append(
+                f"free {human_bytes(self.prunable.unused_bytes)} with 'cachemgr prune --unused-for 14d --yes' "
+                f"({_count(self.prunable.unused, 'entry', 'entries')} unused for {human_duration(UNUSED_AFTER)})"
+            )
+        steps += pruning or ["nothing can be pruned now ('cachemgr du' shows what uses the space)"]
+        steps.append(
+            f"or raise {CHART_KEY} (it can only grow, and only where the StorageClass allows volume expansion)"
+        )
+        return "; ".join(steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "volume": self.volume,
+            "total_bytes": self.total_bytes,
+            "free_bytes": self.free_bytes,
+            "free_at_start_bytes": self.free_at_start,
+            "expected_bytes": self.expected.bytes,
+            "expected_source": self.expected.source,
+            "cause": self.cause,
+            "written_bytes": self.written_bytes,
+            "filled_bytes": self.filled_bytes,
+            "needed_bytes": self.needed_bytes,
+            "needed_source": self.needed_source,
+            "prunable_incompatible_bytes": self.prunable.incompatible_bytes,
+            "prunable_incompatible": [e.name for e in self.prunable.incompatible],
+            "prunable_unused_bytes": self.prunable.unused_bytes,
+            "prunable_unused": [e.name for e in self.prunable.unused],
+            "chart_key": CHART_KEY,
+        }
+
+    def error(self) -> DiskFullError:
+        return DiskFullError(self.what(), remedy=self.remedy(), report=self.to_json())
+
+
+def _count(items: tuple[EntryInfo, ...], one: str, many: str) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many}"
+
+
+def disk_report(
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    cause: str,
+    given: int | None,
+    written: int = 0,
+    free_at_start: int | None = None,
+) -> DiskReport:
+    """Measure the volume and the cache now and build the report.
+
+    Called after the attempt was removed and before its failure record is written, so the
+    estimate here does not include this attempt yet; ``needed_bytes`` takes the larger of the two.
+    """
+    entries = scan(root, compat=_compat(key), with_staging=False).entries
+    space = VolumeSpace.measure(root.path)
+    return DiskReport(
+        volume=str(root.path),
+        total_bytes=space.total_bytes,
+        free_bytes=space.free_bytes,
+        expected=expected_size(root, key, given=given, entries=entries),
+        cause=cause,
+        prunable=prunable_now(entries),
+        written_bytes=written,
+        free_at_start=free_at_start,
+    )
+
+
+def _compat(key: CacheKey) -> Compat:
+    return Compat(compiler=str(key.inputs["compiler"]), npu=str(key.inputs["npu"]))
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the check before compiling found: the expectation, the volume then, the entries."""
+
+    expectation: Expectation
+    space: VolumeSpace
+    entries: tuple[EntryInfo, ...]
+
+
+def preflight(
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    given: int | None,
+    check: SpaceCheck,
+    environ: Mapping[str, str] | None = None,
+) -> Preflight:
+    """Stop before compiling when the volume (or the pod's $TMPDIR) cannot hold the expected output."""
+    entries = scan(root, compat=_compat(key), with_staging=False).entries
+    expectation = expected_size(root, key, given=given, entries=entries)
+    space = VolumeSpace.measure(root.path)
+    tmp_shares_volume = False
+    if environ is not None and expectation.bytes is not None:
+        tmp_shares_volume = _tmpdir_preflight(root, key, expectation, environ=environ, check=check)
+    if tmp_shares_volume and expectation.bytes is not None:
+        # The $TMPDIR copy and the cache copy live side by side on one filesystem for a moment.
+        expectation = Expectation(
+            2 * expectation.bytes,
+            f"{expectation.source}, twice: $TMPDIR is on this volume",
+            lower_bound=expectation.lower_bound,
+        )
+    log.info(
+        "space_preflight",
+        volume=str(root.path),
+        free_bytes=space.free_bytes,
+        total_bytes=space.total_bytes,
+        expected_bytes=expectation.bytes,
+        expected_source=expectation.source,
+    )
+    found = Preflight(expectation, space, entries)
+    if expectation.fits(space.free_bytes):
+        return found
+    report = DiskReport(
+        volume=str(root.path),
+        total_bytes=space.total_bytes,
+        free_bytes=space.free_bytes,
+        expected=expectation,
+        cause="checked before compiling",
+        prunable=prunable_now(entries),
+    )
+    if check == "warn":
+        log.warning("space_preflight_short", message=report.what(), remedy=report.remedy())
+        return found
+    raise report.error()
+
+
+def _tmpdir_preflight(
+    root: CacheRoot, key: CacheKey, expectation: Expectation, *, environ: Mapping[str, str], check: SpaceCheck
+) -> bool:
+    """The optimum path compiles the whole model into ``$TMPDIR`` first (optimum-rbln modeling.py
+    145-147), then copies it to the cache (modeling_base.py 681-718): that copy needs room too.
+
+    Returns whether ``$TMPDIR`` is on the cache volume itself (then the volume needs both copies).
+    """
+    from cachemgr.key.vllm_rbln import model_impl  # the vllm strategy's facts, on the miss path only
+
+    if key.inputs.get("strategy") != "vllm" or model_impl(key.server.settings, environ) == "vllm":
+        return False
+    tmp = Path(environ.get("TMPDIR") or "/tmp")  # noqa: S108  # tempfile's own default on Linux
+    try:
+        space = VolumeSpace.measure(tmp)
+        same = os.stat(tmp).st_dev == os.stat(root.path).st_dev
+    except OSError:
+        return False  # no such TMPDIR: the server's tempfile falls back to another directory
+    need = expectation.bytes or 0
+    log.info(
+        "tmpdir_preflight", tmpdir=str(tmp), free_bytes=space.free_bytes, expected_bytes=need, on_volume=same
+    )
+    if same or space.free_bytes >= need:
+        return same
+    message = (
+        f"the pod's temporary directory {tmp} has {human_bytes(space.free_bytes)} free, and the optimum-rbln "
+        f"compile writes the whole compiled model there first (about {human_bytes(need)}, {expectation.source})"
+    )
+    remedy = (
+        f"give the pod a temporary directory of at least {human_bytes(need)}: an emptyDir mounted at {tmp} with "
+        "that sizeLimit (deploy/kubernetes: the 'tmp' volume), or set TMPDIR to a directory with room"
+    )
+    if check == "warn":
+        log.warning("tmpdir_preflight_short", message=message, remedy=remedy)
+        return False
+    raise DiskFullError(
+        message,
+        remedy=remedy,
+        report={"tmpdir": str(tmp), "free_bytes": space.free_bytes, "expected_bytes": need},
+    )

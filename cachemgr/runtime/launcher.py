@@ -1,0 +1,272 @@
+"""Child processes: start, watch, signal, reap.
+
+cachemgr is the pod's entrypoint, often PID 1. It forwards SIGTERM, SIGINT, SIGHUP and
+SIGQUIT to the server, returns the server's exit code (128+N when killed by signal N), and
+reaps orphaned zombies: it registers as the child subreaper, so the server's own workers
+come back to it when their parent dies.
+
+While something compiles, its output is pumped through line by line (to the same stream)
+so cachemgr can spot ``Disk quota exceeded`` / ``No space left on device`` and end the
+attempt cleanly, and a progress monitor (CPU time, bytes written, output lines) tells a
+slow compile from a stalled one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from cachemgr.core.errors import ConfigError
+from cachemgr.core.fsutil import tree_bytes
+from cachemgr.core.log import terminal_guard
+from cachemgr.core.procs import Flag, StopFlag
+
+# What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT).
+DISK_FULL_LINE = re.compile(
+    r"disk quota exceeded|no space left on device|\[errno (?:28|122)\]|out of disk space", re.IGNORECASE
+)
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's view of a child's status: 128+N when it was killed by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux), so their zombies are ours to reap."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+class SignalRelay:
+    """Termination signals stop cachemgr's own work and reach the attached child.
+
+    Handlers run in the main thread; they only forward the signal and set a lock-free flag,
+    so waiting code notices it and cleans up in the normal flow (staging removed, lease
+    released).
+    """
+
+    def __init__(self) -> None:
+        self.stop = StopFlag()
+        self.received: int | None = None
+        self._child: subprocess.Popen[bytes] | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> SignalRelay:
+        for signum in FORWARDED_SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def attach(self, child: subprocess.Popen[bytes] | None) -> None:
+        self._child = child
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        child = self._child
+        if child is not None and child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
+        if signum in _TERMINATING:
+            self.received = signum
+            self.stop.set()
+
+
+class OutputWatch:
+    """Pumps a child's stdout and stderr to ours, keeps the tail, and spots disk-full lines."""
+
+    def __init__(self, child: subprocess.Popen[bytes], *, tail_lines: int = 40) -> None:
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.lines = 0
+        self.disk_full_line: str | None = None
+        self.disk_full = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._pump, args=(stream, sink), daemon=True, name="cachemgr-output")
+            for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
+            if stream is not None
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, stream: IO[bytes], sink: IO[str]) -> None:
+        out = getattr(sink, "buffer", None)
+        for raw in iter(stream.readline, b""):
+            with contextlib.suppress(OSError, ValueError), terminal_guard():
+                if out is not None:
+                    out.write(raw)
+                    out.flush()
+                else:
+                    sink.write(raw.decode(errors="replace"))
+            line = raw.decode(errors="replace").rstrip()
+            with self._lock:
+                self.lines += 1
+                self.tail.append(line)
+                if self.disk_full_line is None and DISK_FULL_LINE.search(line):
+                    self.disk_full_line = line.strip()
+                    self.disk_full.set()
+        stream.close()
+
+    def join(self, timeout: float = 5.0) -> None:
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+
+    def tail_text(self) -> list[str]:
+        with self._lock:
+            return list(self.tail)
+
+
+def start(
+    argv: Sequence[str], *, env: Mapping[str, str], capture: bool, what: str
+) -> subprocess.Popen[bytes]:
+    """Start a child in our process group (a pod's death takes it too)."""
+    pipe = subprocess.PIPE if capture else None
+    try:
+        return subprocess.Popen(list(argv), env=dict(env), stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{what} '{argv[0]}' was not found on PATH",
+            remedy="run in the modelserver image, or fix the command after '--' / in --compile-cmd",
+        ) from None
+    except PermissionError:
+        raise ConfigError(
+            f"{what} '{argv[0]}' is not executable", remedy="fix its path or permissions"
+        ) from None
+
+
+def terminate_tree(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
+    """SIGTERM the child and its descendants, SIGKILL what is left after ``grace`` seconds."""
+    import psutil  # only when something must be stopped: the hit path never pays for it
+
+    try:
+        procs = [psutil.Process(child.pid), *psutil.Process(child.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _gone, alive = psutil.wait_procs(procs, timeout=grace)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=grace)
+
+
+def wait_reaping(child: subprocess.Popen[bytes], *, reaper: bool) -> int:
+    """Wait for the server, reaping any orphan zombie meanwhile; its exit status (128+N on signal N)."""
+    if not reaper:
+        return exit_status(child.wait())
+    while child.returncode is None:
+        try:
+            pid, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            # Reaped elsewhere (Popen.poll in another thread); it knows the code.
+            return exit_status(child.wait())
+        if pid == child.pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+    return exit_status(child.returncode)
+
+
+@dataclass
+class Progress:
+    """The last observed compile activity, for the state record and stall detection."""
+
+    cpu_seconds: float = 0.0
+    written_bytes: int = 0
+    staging_bytes: int = 0
+    output_lines: int = 0
+    last_progress: float = 0.0  # monotonic
+
+
+class ProgressMonitor:
+    """Samples a process tree: any change in CPU time, bytes read or written, or output is progress.
+
+    Used while compiling and while a server loads its model; reads count so a load that only
+    streams weights in is not taken for a stall.
+    """
+
+    def __init__(self, child: subprocess.Popen[bytes], *, staging: Path | None, output: OutputWatch | None):
+        self._child = child
+        self._staging = staging
+        self._output = output
+        self.progress = Progress(last_progress=time.monotonic())
+        self._seen: tuple[float, int, int, int, int] | None = None
+
+    def sample(self) -> Progress:
+        cpu, written, read = _tree_usage(self._child.pid)
+        staged = tree_bytes(self._staging) if self._staging is not None else 0
+        lines = self._output.lines if self._output is not None else 0
+        now_seen = (round(cpu, 2), written, read, staged, lines)
+        changed = now_seen != self._seen
+        self._seen = now_seen
+        last = time.monotonic() if changed else self.progress.last_progress
+        self.progress = Progress(cpu, written, staged, lines, last)
+        return self.progress
+
+    def stalled_for(self) -> float:
+        return time.monotonic() - self.progress.last_progress
+
+
+def _tree_usage(pid: int) -> tuple[float, int, int]:
+    """CPU seconds, bytes written and bytes read by a process and its descendants."""
+    import psutil  # compile and load watching only
+
+    cpu, written, read = 0.0, 0, 0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return cpu, written, read
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            times = proc.cpu_times()
+            io = proc.io_counters()
+            cpu += times.user + times.system
+            written += getattr(io, "write_chars", 0)
+            read += getattr(io, "read_chars", 0)
+    return cpu, written, read
+
+
+def run_until(
+    child: subprocess.Popen[bytes],
+    *,
+    events: Sequence[Flag],
+    every: Callable[[], None] | None = None,
+    tick: float = 0.2,
+) -> int | None:
+    """Wait until the child exits (its return code) or one of ``events`` is set (None).
+
+    ``every()`` runs once per tick while waiting: progress sampling, health checks.
+    """
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            return child.wait(timeout=tick)
+        if any(event.is_set() for event in events):
+            return None
+        if every is not None:
+            every()

@@ -1,0 +1,420 @@
+"""``run --status-port``: the probes, the state and Prometheus metrics over HTTP.
+
+* ``/startupz``, ``/livez``, ``/readyz``: 200 or 503, with the probe's one-line reason
+  (the same verdicts as ``cachemgr probe``, from :mod:`cachemgr.runtime.probes`);
+* ``/status``: the state record as JSON, with the heartbeat age, the three verdicts, the
+  run's counters and the volume's figures;
+* ``/metrics``: the Prometheus text format (OpenMetrics when the scraper asks for it).
+
+The server is a daemon thread in the ``run`` process, so a frozen ``run`` stops answering,
+as a frozen process should. Figures that cost a walk of the shared volume (cache bytes) or
+may block on it (statvfs on a hung NFS mount) are measured by a background thread, at most
+every :data:`VOLUME_REFRESH_SECONDS` and soon after this pod publishes or quarantines an
+entry; a request only reads the last measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+
+from cachemgr import __version__
+from cachemgr.core.errors import ConfigError
+from cachemgr.ops.scan import scan, total_bytes
+from cachemgr.ops.space import VolumeSpace
+from cachemgr.runtime.metrics import FAILURE_REASONS, Metrics
+from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check
+from cachemgr.runtime.state import (
+    PHASES,
+    STATUS_PORT_FILE,
+    State,
+    heartbeat_age,
+    read_state,
+    write_status_port,
+)
+from cachemgr.volume.layout import open_root
+
+VOLUME_REFRESH_SECONDS = 30.0
+READY_TIMEOUT = 0.8  # under the kubelet's default 1s timeoutSeconds, so /readyz says why itself
+_PROBE_PATHS: dict[str, ProbeKind] = {"/startupz": "startup", "/livez": "live", "/readyz": "ready"}
+
+
+# --- the volume's figures -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VolumeFigures:
+    """The cache volume as last measured: None where a figure could not be taken."""
+
+    path: str
+    measured_at: float | None = None
+    free_bytes: int | None = None
+    size_bytes: int | None = None
+    cache_bytes: int | None = None
+    entries: int | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "measured_at": self.measured_at,
+            "free_bytes": self.free_bytes,
+            "size_bytes": self.size_bytes,
+            "cache_bytes": self.cache_bytes,
+            "entries": self.entries,
+            "error": self.error,
+        }
+
+
+def measure_volume(cache_root: Path) -> VolumeFigures:
+    """statvfs, and the entries' sizes from their summaries (a scan, never a hash)."""
+    try:
+        space = VolumeSpace.measure(cache_root)
+    except OSError as error:
+        return VolumeFigures(str(cache_root), time.time(), error=f"statvfs: {error.strerror or error}")
+    figures = VolumeFigures(
+        str(cache_root), time.time(), free_bytes=space.free_bytes, size_bytes=space.total_bytes
+    )
+    try:
+        found = scan(open_root(cache_root, create=False), with_staging=False)
+    except OSError as error:  # VolumeError is one: no layout yet, or a newer one
+        return VolumeFigures(**{**figures.__dict__, "error": str(error)})
+    return VolumeFigures(
+        **{**figures.__dict__, "cache_bytes": total_bytes(found.entries), "entries": len(found.entries)}
+    )
+
+
+class VolumeWatch:
+    """Re-measures the volume in the background: every 30s, and soon after the entries change."""
+
+    def __init__(self, cache_root: Path, metrics: Metrics, *, every: float = VOLUME_REFRESH_SECONDS):
+        self.figures = VolumeFigures(str(cache_root))
+        self._root = cache_root
+        self._metrics = metrics
+        self._every = every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cachemgr-volume", daemon=True)
+
+    def start(self) -> VolumeWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _changes(self) -> tuple[int, int, int]:
+        """What moves when this pod changes the entries: a publish, a quarantine."""
+        return (self._metrics.compiles, self._metrics.damaged, self._metrics.hits)
+
+    def _run(self) -> None:
+        seen: tuple[int, int, int] | None = None
+        last = 0.0
+        while not self._stop.is_set():
+            changes = self._changes()
+            if changes != seen or time.monotonic() - last >= self._every:
+                seen, last = changes, time.monotonic()
+                self.figures = measure_volume(self._root)  # one reference swap: readers see old or new
+            self._stop.wait(1.0)
+
+
+# --- /metrics -------------------------------------------------------------------------------
+
+
+def _remote_families(remote: dict[str, Any]) -> Iterator[Metric]:
+    """The remote tier (cachemgr.remote): 0 when it is off, so dashboards need no special case."""
+    yield _counter(
+        "cachemgr_remote_hits", "Local misses filled by a download from the remote", remote.get("hits", 0)
+    )
+    yield _counter("cachemgr_remote_bytes", "Bytes downloaded from the remote", remote.get("bytes", 0))
+    yield _counter(
+        "cachemgr_remote_seconds", "Seconds spent in downloads that published", remote.get("seconds", 0.0)
+    )
+    yield _counter("cachemgr_remote_uploads", "Entries uploaded to the remote", remote.get("uploads", 0))
+    failed = CounterMetricFamily(
+        "cachemgr_remote_failures",
+        "Remote downloads or uploads that failed, by problem (the pod compiled or went on)",
+        labels=["problem"],
+    )
+    for problem, count in sorted(remote.get("failures", {}).items()):
+        failed.add_metric([problem], count)
+    yield failed
+
+
+class RunCollector:
+    """Builds every cachemgr_* family at scrape time from the Metrics object, the state and the volume."""
+
+    def __init__(self, metrics: Metrics, state_dir: Path, volume: VolumeWatch) -> None:
+        self._metrics = metrics
+        self._state_dir = state_dir
+        self._volume = volume
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._metrics.snapshot()
+        yield _counter("cachemgr_cache_hits", "Starts that found a published entry and used it", snap.hits)
+        yield _counter(
+            "cachemgr_cache_misses", "Lookups that found no usable entry (before the lease)", snap.misses
+        )
+        yield _counter("cachemgr_compiles", "Compiles this pod finished and published", snap.compiles)
+        yield _counter(
+            "cachemgr_compile_seconds", "Seconds spent in compiles that were published", snap.compile_seconds
+        )
+        yield _counter(
+            "cachemgr_lease_wait_seconds",
+            "Seconds spent waiting on another pod's compile lease",
+            snap.lease_wait_seconds,
+        )
+        yield _counter(
+            "cachemgr_damaged_entries", "Damaged entries found and moved to quarantine", snap.damaged
+        )
+        yield _counter(
+            "cachemgr_recompiled_on_hit",
+            "Hits after which the server compiled anyway: the key lacks an input the server hashes",
+            snap.recompiled_on_hit,
+        )
+        yield from _remote_families(snap.remote)
+        failures = CounterMetricFamily(
+            "cachemgr_failures",
+            "Failed runs by reason (kept in the state dir across container restarts of this pod)",
+            labels=["reason"],
+        )
+        for reason in sorted(set(FAILURE_REASONS) | set(snap.failures)):
+            failures.add_metric([reason], snap.failures.get(reason, 0))
+        yield failures
+        spent = CounterMetricFamily(
+            "cachemgr_phase_seconds", "Seconds spent in each phase, counted when it ends", labels=["phase"]
+        )
+        for phase in PHASES:
+            spent.add_metric([phase], snap.phase_seconds.get(phase, 0.0))
+        yield spent
+        yield from self._state_families(snap.phase)
+        yield from self._volume_families()
+
+    def _state_families(self, fallback_phase: str) -> Iterator[Metric]:
+        try:
+            state: State | None = read_state(self._state_dir)
+        except (OSError, ValueError, KeyError, TypeError):
+            state = None
+        current = state.phase if state is not None else fallback_phase
+        phase = GaugeMetricFamily(
+            "cachemgr_phase", "1 for the phase run is in, 0 for the others", labels=["phase"]
+        )
+        for name in PHASES:
+            phase.add_metric([name], 1.0 if name == current else 0.0)
+        yield phase
+        info = GaugeMetricFamily(
+            "cachemgr_info", "The cache key and entry of this run", labels=["version", "key", "entry"]
+        )
+        key = (state.key or "") if state else ""
+        info.add_metric([__version__, key, (state.entry or "") if state else ""], 1.0)
+        yield info
+        if state is None:
+            return
+        yield _gauge("cachemgr_phase_started_timestamp_seconds", "When the current phase began", state.since)
+        age = heartbeat_age(self._state_dir)
+        if age is not None:
+            yield _gauge("cachemgr_heartbeat_age_seconds", "Age of run's heartbeat file", age)
+        detail = state.detail
+        yield _gauge(
+            "cachemgr_compile_stalled",
+            "1 while a compile has shown no progress for --stall-timeout",
+            1.0 if detail.get("stalled") else 0.0,
+        )
+        if "no_progress_s" in detail:
+            yield _gauge(
+                "cachemgr_compile_no_progress_seconds",
+                "Seconds since the compile last used CPU, wrote or printed",
+                float(detail["no_progress_s"]),
+            )
+            yield _gauge(
+                "cachemgr_compile_staging_bytes",
+                "Bytes the compile has written to its staging directory so far",
+                float(detail.get("staging_bytes", 0)),
+            )
+
+    def _volume_families(self) -> Iterator[Metric]:
+        figures = self._volume.figures
+        for name, text, value in (
+            ("cachemgr_cache_bytes", "Bytes of published entries on the cache volume", figures.cache_bytes),
+            ("cachemgr_cache_entries", "Published entries on the cache volume", figures.entries),
+            ("cachemgr_volume_free_bytes", "Free bytes on the cache volume (statvfs)", figures.free_bytes),
+            ("cachemgr_volume_size_bytes", "Size of the cache volume in bytes (statvfs)", figures.size_bytes),
+            (
+                "cachemgr_volume_measured_timestamp_seconds",
+                "When the volume figures were last measured",
+                figures.measured_at,
+            ),
+        ):
+            if value is not None:
+                yield _gauge(name, text, float(value))
+
+
+def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, text, value=value)
+
+
+def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, text, value=value)
+
+
+def build_registry(metrics: Metrics, state_dir: Path, volume: VolumeWatch) -> CollectorRegistry:
+    """A registry of its own (not the global one): this run's families and the process's."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(metrics, state_dir, volume))
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, open fds, start time
+    return registry
+
+
+# --- HTTP -----------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # a stuck client must not hold up run's exit
+
+    def __init__(
+        self,
+        port: int,
+        *,
+        family: socket.AddressFamily,
+        state_dir: Path,
+        metrics: Metrics,
+        volume: VolumeWatch,
+    ) -> None:
+        self.address_family = family
+        self.state_dir = state_dir
+        self.metrics = metrics
+        self.volume = volume
+        self.registry = build_registry(metrics, state_dir, volume)
+        host = "::" if family == socket.AF_INET6 else "0.0.0.0"  # noqa: S104  # kubelet and Prometheus come from outside
+        super().__init__((host, port), _Handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            # Dual stack: IPv4 clients (the kubelet on an IPv4 cluster) reach the same socket.
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        # HTTPServer.server_bind resolves our own name (getfqdn), which can hang on a pod's DNS.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name = "cachemgr"
+        self.server_port = int(self.server_address[1])
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = f"cachemgr/{__version__}"
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        server = cast(_Server, self.server)
+        route = self.path.split("?", 1)[0]
+        if route in _PROBE_PATHS:
+            verdict = check(_PROBE_PATHS[route], server.state_dir, timeout=READY_TIMEOUT)
+            self._send(200 if verdict.ok else 503, (verdict.line() + "\n").encode())
+        elif route == "/status":
+            code, body = _status(server)
+            self._send(code, json.dumps(body, indent=2, sort_keys=True).encode() + b"\n", "application/json")
+        elif route == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self._send(200, encoder(server.registry), content_type)
+        else:
+            self._send(404, b"not found: try /startupz /livez /readyz /status /metrics\n")
+
+    def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: a probe every few seconds would drown the compile log."""
+
+
+def _status(server: _Server) -> tuple[int, dict[str, Any]]:
+    """The state record, plus what the probes say, the counters and the volume."""
+    verdicts: dict[str, Verdict] = {
+        kind: check(kind, server.state_dir, timeout=READY_TIMEOUT) for kind in KINDS
+    }
+    extra = {
+        "heartbeat_age_s": heartbeat_age(server.state_dir),
+        "probes": {kind: verdict.to_json() for kind, verdict in verdicts.items()},
+        "metrics": server.metrics.snapshot().to_json(),
+        "volume": server.volume.figures.to_json(),
+    }
+    try:
+        state = read_state(server.state_dir).to_json()
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return 503, {"error": f"no readable state record: {error}", **extra}
+    return 200, {**state, **extra}
+
+
+class StatusServer:
+    """The running status server: ``port`` is the one bound; ``close()`` stops it."""
+
+    def __init__(self, httpd: _Server, volume: VolumeWatch, state_dir: Path) -> None:
+        self._httpd = httpd
+        self._volume = volume
+        self._state_dir = state_dir
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.5}, name="cachemgr-status", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_port
+
+    def start(self) -> StatusServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._volume.stop()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with contextlib.suppress(OSError):
+            (self._state_dir / STATUS_PORT_FILE).unlink(missing_ok=True)
+
+
+def start_status_server(*, port: int, state_dir: Path, metrics: Metrics, cache_root: Path) -> StatusServer:
+    """Serve the probes, /status and /metrics on ``port`` (0: any free one) from a daemon thread.
+
+    The bound port is written to ``state_dir/status-port``.
+    """
+    metrics.keep_failures_in(state_dir)
+    volume = VolumeWatch(cache_root, metrics)
+    httpd = _bind(port, state_dir=state_dir, metrics=metrics, volume=volume)
+    server = StatusServer(httpd, volume, state_dir)
+    write_status_port(state_dir, server.port)
+    volume.start()
+    return server.start()
+
+
+def _bind(port: int, *, state_dir: Path, metrics: Metrics, volume: VolumeWatch) -> _Server:
+    families = [socket.AF_INET6, socket.AF_INET] if socket.has_dualstack_ipv6() else [socket.AF_INET]
+    for family in families:
+        try:
+            return _Server(port, family=family, state_dir=state_dir, metrics=metrics, volume=volume)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise ConfigError(
+                    f"--status-port {port} is already in use in this pod",
+                    remedy="give --status-port a free port (not the server's own)",
+                ) from None
+            if family == families[-1]:
+                raise ConfigError(
+                    f"cannot serve --status-port {port}: {error.strerror or error}",
+                    remedy="give --status-port a free port above 1024, or drop it and use the exec probes",
+                ) from None
+    raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover

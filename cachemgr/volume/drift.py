@@ -1,0 +1,150 @@
+"""``recompiled_on_hit``: the alarm for a key that misses something the server hashes.
+
+A hit is worth something only if the server then loads instead of compiling. On a hit with the
+``vllm`` strategy the server's ``VLLM_CACHE_ROOT`` is a pod-local view of the entry, so what it
+writes lands there, where it can be seen. New compiled artifacts mean the server did not find
+what cachemgr promised it: its own key (vllm-rbln's optimum directory name or bundle signature)
+differs from the entry's, because of an input cachemgr does not key on. That is reported once
+per new path, as a warning event, a Prometheus counter and a record beside the entry that
+``ls``, ``show`` and ``explain`` read; the server keeps running.
+
+What counts, from vllm-rbln 0.12's code:
+
+- a new file under ``compiled_models/``: the optimum path compiled a directory of its own
+  (``utils/optimum/converter/dispatch.py`` 114-125, ``models/optimum/model_base.py`` 273);
+- a new ``rbln/**/mega_cache.bin``: a bundle under another model directory or signature
+  (``v1/worker/mega_cache.py`` 161-174).
+
+What does not: the re-save of the same bundle after every warm-up (tmp file + rename onto the
+same path, ``mega_cache.py`` 206-227), anything named ``*.tmp`` on its way to a rename, and
+vLLM's model-info records under ``modelinfos/`` (vLLM ``model_executor/models/registry.py`` 963).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cachemgr.core import safefs
+from cachemgr.core.fsutil import atomic_write_json, read_json
+from cachemgr.volume.manifest import ARTIFACTS, Manifest
+from cachemgr.volume.records import RECOMPILED_PREFIX
+
+if TYPE_CHECKING:
+    from cachemgr.volume.identity import PodIdentity
+    from cachemgr.volume.layout import CacheRoot
+
+EVENT = "recompiled_on_hit"
+# Beside the entry's use records (usage/<digest>/), one per pod start that saw it; not *.json,
+# so it is never read as a use record, and prune drops it with the entry's other bookkeeping.
+RECORD_PREFIX = RECOMPILED_PREFIX  # one name, kept in cachemgr.volume.records
+_SHOWN = 20  # paths named in the log line and the record; the count says how many in all
+_POLL = 0.5
+
+
+def new_artifacts(view: Path, manifest: Manifest) -> list[str]:
+    """Compiled artifacts in ``view`` that the entry does not hold (paths relative to the view)."""
+    cut = len(ARTIFACTS) + 1
+    known = {record.path[cut:] for record in manifest.files if record.path.startswith(ARTIFACTS + "/")}
+    found = []
+    for dirpath, dirnames, filenames in os.walk(view):
+        rel_dir = os.path.relpath(dirpath, view)
+        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == "." and d == "modelinfos"))
+        for name in filenames:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+            if rel not in known and _is_compiled(rel):
+                found.append(rel)
+    return sorted(found)
+
+
+def _is_compiled(rel: str) -> bool:
+    parts = rel.split("/")
+    if any(part.endswith(".tmp") for part in parts):
+        return False
+    if parts[0] == "compiled_models":
+        return len(parts) > 1
+    return parts[0] == "rbln" and parts[-1] == "mega_cache.bin"
+
+
+class DriftWatch:
+    """Looks at the view once the server is serving, and once more when it exits."""
+
+    def __init__(self, view: Path, manifest: Manifest, *, report: Callable[[list[str]], None]) -> None:
+        self._view = view
+        self._manifest = manifest
+        self._report = report
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def check(self) -> list[str]:
+        """Report the paths not reported before; return them."""
+        with self._lock:
+            new = [p for p in new_artifacts(self._view, self._manifest) if p not in self._seen]
+            self._seen.update(new)
+        if new:
+            self._report(new)
+        return new
+
+    def start(self, *, serving: Callable[[], bool], exited: threading.Event) -> None:
+        """In the background: check when the server first serves (warm-up, and any save, is done)."""
+
+        def watch() -> None:
+            while not exited.is_set():
+                if serving():
+                    self.check()
+                    return
+                exited.wait(_POLL)
+
+        threading.Thread(target=watch, name="cachemgr-drift", daemon=True).start()
+
+
+def record(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str, paths: list[str]) -> None:
+    """Keep the event beside the entry (best effort: the hit path may have no write access)."""
+    folder = root.usage / digest
+    target = folder / f"{RECORD_PREFIX}{identity.pod}.{identity.pid}"
+    previous: Any = None
+    with contextlib.suppress(OSError, ValueError):
+        previous = read_json(target)
+    earlier = previous.get("paths", []) if isinstance(previous, dict) else []
+    merged = sorted(set(earlier) | set(paths))
+    with contextlib.suppress(OSError):  # VolumeError (a planted symlink) is an OSError too
+        safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused
+        atomic_write_json(
+            target,
+            {
+                "event": EVENT,
+                "entry": entry,
+                "key": digest,
+                "pod": identity.pod,
+                "node": identity.node,
+                "time": time.time(),
+                "count": len(merged),
+                "paths": merged[:_SHOWN],
+            },
+            within=root.path,
+        )
+
+
+def records(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
+    """Every ``recompiled_on_hit`` record of a key, oldest first."""
+    folder = root.usage / digest
+    try:
+        names = [n for n in safefs.listdir(root.path, folder) if n.startswith(RECORD_PREFIX)]
+    except OSError:  # a symlink planted as usage/<digest>: no records to show from it
+        return []
+    found = []
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(folder / name)
+            if isinstance(data, dict):
+                found.append(data)
+    return sorted(found, key=lambda r: float(r.get("time") or 0.0))
+
+
+def shown(paths: list[str]) -> list[str]:
+    return paths[:_SHOWN]

@@ -1,0 +1,250 @@
+"""The compile lease: one pod compiles a key while its peers wait.
+
+The mechanism is :class:`cachemgr.volume.softlease.SoftLease`, a marker lease with the semantics of
+filelock's ``SoftFileLease`` (a marker its holder refreshes; contenders judge expiry on their own
+monotonic clock from the last change they observed, so clock skew between nodes does not matter;
+a holder on the same host whose process is gone is taken over at once, any other after its lease
+duration). That module says where filelock's falls short: pods with different
+``--lease-duration`` crashed on each other's markers, and on FUSE mounts such as SeaweedFS's a
+marker held open is invisible to other nodes and two nodes can both win the exclusive create.
+It needs no flock, so it works where NFS ``nolock`` or FUSE would make flock lie.
+
+The lease only saves duplicate work. Correctness rests on private staging and an atomic
+publish (see :mod:`cachemgr.volume.store`), so a lease that fails or is stolen can cost at most a
+second compile.
+
+Beside the marker, the holder writes ``<digest>.holder.json`` (pod, node, since, token) so
+waiters and ``cachemgr locks`` can say who is compiling and for how long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cachemgr.core.fsutil import atomic_write_json, read_json
+from cachemgr.core.log import get_logger
+from cachemgr.core.procs import Flag
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.softlease import SoftLease, default_confirm
+
+log = get_logger("cachemgr.volume.lease")
+
+DEFAULT_DURATION = 30.0
+_POLL = 0.2  # waiters look for the published entry this often: start within a second of it
+_LOG_EVERY = 5.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a key's lease, as recorded beside its marker."""
+
+    pod: str
+    node: str
+    pid: int
+    host: str
+    since: float
+    token: str | None
+    current: bool  # the record's token matches the live marker
+    refreshed_age: float | None = None  # since the holder's last heartbeat, by this node's clock
+    duration: float | None = None
+
+    @property
+    def stale(self) -> bool:
+        """Not refreshed for longer than the lease: dead or frozen, and a contender may take over."""
+        return (
+            self.refreshed_age is not None
+            and self.duration is not None
+            and self.refreshed_age > self.duration
+        )
+
+    @property
+    def held_for(self) -> float:
+        return max(0.0, time.time() - self.since)
+
+    def describe(self) -> str:
+        where = f" on node {self.node}" if self.node else ""
+        return f"pod {self.pod}{where} (pid {self.pid}), for {self.held_for:.0f}s"
+
+
+@dataclass(frozen=True)
+class MarkerState:
+    """What a reader can see of a lease marker without taking it."""
+
+    exists: bool
+    token: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    duration: float | None = None
+    age: float | None = None  # since the holder's last refresh, by this node's clock
+
+
+def marker_path(root: CacheRoot, digest: str) -> Path:
+    return root.leases / f"{digest}.lock"
+
+
+def holder_path(root: CacheRoot, digest: str) -> Path:
+    return root.leases / f"{digest}.holder.json"
+
+
+def read_marker(path: Path) -> MarkerState:
+    """Parse filelock's marker (``filelock/2`` protocol: key=value lines) tolerantly."""
+    try:
+        st = path.stat()
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return MarkerState(exists=False)
+    fields = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+    try:
+        duration = float(fields["duration"]) if "duration" in fields else None
+        pid = int(fields["pid"]) if "pid" in fields else None
+    except ValueError:
+        duration, pid = None, None
+    return MarkerState(
+        exists=True,
+        token=fields.get("token"),
+        pid=pid,
+        host=fields.get("host"),
+        duration=duration,
+        age=max(0.0, time.time() - st.st_mtime),
+    )
+
+
+def read_holder(root: CacheRoot, digest: str) -> Holder | None:
+    """The current holder, or None when nobody holds the key's lease."""
+    marker = read_marker(marker_path(root, digest))
+    if not marker.exists:
+        return None
+    try:
+        data: Any = read_json(holder_path(root, digest))
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    token = data.get("token")
+    return Holder(
+        pod=str(data.get("pod") or marker.host or "?"),
+        node=str(data.get("node", "")),
+        pid=int(data.get("pid") or marker.pid or 0),
+        host=str(data.get("host") or marker.host or ""),
+        since=float(data.get("since") or time.time() - (marker.age or 0.0)),
+        token=token,
+        current=token is not None and token == marker.token,
+        refreshed_age=marker.age,
+        duration=marker.duration,
+    )
+
+
+WaitOutcome = Literal["acquired", "published"]
+
+
+class KeyLease:
+    """The lease on one key, held by this process while it compiles."""
+
+    def __init__(
+        self,
+        root: CacheRoot,
+        digest: str,
+        identity: PodIdentity,
+        *,
+        duration: float = DEFAULT_DURATION,
+        heartbeat: float | None = None,
+        confirm: float | None = None,
+    ) -> None:
+        """``confirm``: seconds a won create is held before it counts (None: by filesystem type)."""
+        self._root = root
+        self._digest = digest
+        self._identity = identity
+        path = marker_path(root, digest)
+        self._lease = SoftLease(
+            path,
+            duration=duration,
+            heartbeat=heartbeat,
+            confirm=default_confirm(root.path) if confirm is None else confirm,
+            on_lost=self._on_lost,
+        )
+
+    @property
+    def duration(self) -> float:
+        return self._lease.duration
+
+    @property
+    def token(self) -> str | None:
+        """This holder's marker token: its progress record carries it (cachemgr.ops.progress)."""
+        return self._lease.token
+
+    @property
+    def lost(self) -> bool:
+        """True once another pod took the lease over (we were frozen or cut off).
+
+        Checks the marker itself too: a frozen process may reach publish before its heartbeat
+        thread has looked.
+        """
+        return self._lease.lost
+
+    def _on_lost(self, reason: str) -> None:
+        log.warning("lease_lost", key=self._digest[:12], reason=reason)
+
+    def wait_or_acquire(
+        self,
+        *,
+        published: Callable[[], bool],
+        stop: Flag,
+        wait_timeout: float | None,
+        on_wait: Callable[[Holder | None, float], None] | None = None,
+        notify_every: float = _LOG_EVERY,
+    ) -> WaitOutcome:
+        """Take the lease, or return as soon as a peer publishes the entry.
+
+        Raises ``TimeoutError`` after ``wait_timeout`` seconds and ``InterruptedError`` when
+        ``stop`` is set (a termination signal): the caller turns these into exit codes.
+        """
+        started = time.monotonic()
+        last_log = [started - notify_every]
+        outcome: list[WaitOutcome] = []
+
+        def should_stop() -> bool:
+            now = time.monotonic()
+            if published():
+                outcome.append("published")
+                return True
+            if stop.is_set() or (wait_timeout is not None and now - started >= wait_timeout):
+                return True
+            # While confirming its own create this pod is not waiting for anyone.
+            if now - last_log[0] >= notify_every and self._lease.token is None:
+                last_log[0] = now
+                if on_wait is not None:
+                    on_wait(read_holder(self._root, self._digest), now - started)
+            return False
+
+        if published():
+            return "published"
+        if not self._lease.acquire(poll=_POLL, cancel=should_stop):
+            if outcome:
+                return outcome[0]
+            if stop.is_set():
+                raise InterruptedError("stopped while waiting for the lease")
+            raise TimeoutError(f"waited {time.monotonic() - started:.0f}s for the lease")
+        self._write_holder()
+        return "acquired"
+
+    def _write_holder(self) -> None:
+        record = {**self._identity.to_json(), "since": time.time(), "token": self._lease.token}
+        with contextlib.suppress(OSError):
+            atomic_write_json(holder_path(self._root, self._digest), record, within=self._root.path)
+
+    def release(self) -> None:
+        """Release if held (idempotent); the holder record goes with it."""
+        token = self._lease.token
+        if token is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(holder_path(self._root, self._digest))
+            if isinstance(data, dict) and data.get("token") == token:
+                holder_path(self._root, self._digest).unlink(missing_ok=True)
+        self._lease.release()

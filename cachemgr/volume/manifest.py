@@ -1,0 +1,316 @@
+"""The manifest: an entry's commit record, written last, checked on every hit.
+
+An entry is ``key.json`` (its full key inputs, for explaining misses), ``artifacts/`` (what
+the compiler produced) and ``manifest.json``: every file's path, size, mtime and xxh3-128, and
+the key it was compiled for. The manifest is written last in private staging, so a directory
+without a valid one was never committed. A hit checks the manifest against the files: sizes
+and mtimes on every start (fast), hashes on request (full).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from stat import S_ISREG
+from typing import Any, Literal
+
+from cachemgr import __version__
+from cachemgr.core import safefs
+from cachemgr.core.fsutil import atomic_write_json, hash_fd, hash_file, walk_files
+
+MANIFEST_NAME = "manifest.json"
+KEY_NAME = "key.json"
+# A few hundred bytes that `ls` and `du` read instead of the manifest (which lists every file).
+SUMMARY_NAME = "summary.json"
+ARTIFACTS = "artifacts"
+MANIFEST_FORMAT = 1
+
+VerifyMode = Literal["fast", "full"]
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    size: int
+    xxh3: str
+    # Nanoseconds, as published: a write into the entry (root, or its owner after a chmod) moves
+    # it, and the fast check compares it from the lstat it makes anyway. None in older manifests.
+    mtime_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What was published: files with sizes and hashes, and the key they were compiled for."""
+
+    key: str
+    inputs: Mapping[str, Any]
+    files: tuple[FileRecord, ...]
+    created_at: float
+    created_by: Mapping[str, Any]
+    compile_seconds: float
+    strategy: str
+    model_name: str = ""
+    format: int = MANIFEST_FORMAT
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(record.size for record in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["files"] = [asdict(record) for record in self.files]
+        data["total_bytes"] = self.total_bytes
+        return data
+
+
+class ManifestError(ValueError):
+    """A manifest is missing or not a manifest: the entry was never committed or is damaged."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an entry, in words an operator can act on."""
+
+    path: str
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.what}"
+
+
+def build_manifest(
+    entry_dir: Path,
+    *,
+    key: str,
+    inputs: Mapping[str, Any],
+    created_by: Mapping[str, Any],
+    compile_seconds: float,
+    strategy: str,
+    model_name: str,
+    extra: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """Hash every file under ``entry_dir`` (key.json and artifacts/) into a manifest."""
+    files = tuple(
+        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel), mtime_ns=st.st_mtime_ns)
+        for rel, st in walk_files(entry_dir)
+        if rel != MANIFEST_NAME
+    )
+    return Manifest(
+        key=key,
+        inputs=dict(inputs),
+        files=files,
+        created_at=time.time(),
+        created_by={**created_by, "cachemgr": __version__},
+        compile_seconds=round(compile_seconds, 3),
+        strategy=strategy,
+        model_name=model_name,
+        extra=dict(extra or {}),
+    )
+
+
+def write_manifest(entry_dir: Path, manifest: Manifest) -> None:
+    atomic_write_json(entry_dir / MANIFEST_NAME, manifest.to_json())
+
+
+def read_manifest(entry_dir: Path) -> Manifest:
+    """Parse ``entry_dir/manifest.json``; ``ManifestError`` for missing or damaged ones."""
+    path = entry_dir / MANIFEST_NAME
+    try:
+        data = json.loads(_read_regular(path))
+    except (FileNotFoundError, NotADirectoryError):
+        raise ManifestError(f"{path} is missing: the entry was never committed") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{path} is not valid JSON ({error})") from None
+    try:
+        return _from_json(data)
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
+        raise ManifestError(f"{path} is not a cachemgr manifest ({error!r})") from None
+
+
+def _read_regular(path: Path) -> bytes:
+    """A file's bytes; ``ValueError`` if it is a directory, symlink, FIFO... (damage, not an I/O
+    error: a pod quarantines the entry and compiles, instead of exiting 74 on every start)."""
+    try:
+        fd = os.open(path, _OPEN_NOFOLLOW)
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            raise ValueError("it is not a regular file") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not S_ISREG(st.st_mode):
+            raise ValueError(f"it is {safefs.describe(st)}, not a regular file")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return handle.read()
+    finally:
+        os.close(fd)
+
+
+def _from_json(data: Any) -> Manifest:
+    if not isinstance(data, dict):
+        raise TypeError("top level is not an object")
+    if int(data["format"]) > MANIFEST_FORMAT:
+        raise ValueError(f"manifest format {data['format']} is newer than this cachemgr reads")
+    files = tuple(
+        FileRecord(
+            path=str(item["path"]),
+            size=int(item["size"]),
+            xxh3=str(item["xxh3"]),
+            mtime_ns=None if item.get("mtime_ns") is None else int(item["mtime_ns"]),
+        )
+        for item in data["files"]
+    )
+    for record in files:
+        if record.path.startswith("/") or ".." in record.path.split("/"):
+            raise ValueError(f"file path {record.path!r} leaves the entry")
+    if not isinstance(data["inputs"], dict):
+        raise TypeError("inputs is not an object")
+    return Manifest(
+        key=str(data["key"]),
+        inputs=data["inputs"],
+        files=files,
+        created_at=float(data["created_at"]),
+        created_by=dict(data.get("created_by") or {}),
+        compile_seconds=float(data.get("compile_seconds") or 0.0),
+        strategy=str(data.get("strategy", "")),
+        model_name=str(data.get("model_name", "")),
+        format=int(data["format"]),
+        extra=dict(data.get("extra") or {}),
+    )
+
+
+# O_NONBLOCK: a FIFO where a file should be must not block the check; reads of files ignore it.
+_OPEN_NOFOLLOW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _survey(
+    base: str, files: Sequence[FileRecord], *, within: Path | None
+) -> tuple[dict[str, os.stat_result], list[Problem]]:
+    """One walk of the entry: the ``lstat`` of each manifest path found, and what the entry holds
+    besides regular files and real directories (principle 6: a symlink, FIFO, socket or device
+    anywhere in it is damage, listed in the manifest or not; a symlinked directory would serve
+    files from outside the volume).
+
+    The walk reads each directory once, relative to its parent's descriptor and never through a
+    symlink. A listing brings each file's attributes along on network filesystems (FUSE
+    READDIRPLUS, NFS READDIRPLUS), so the size check that follows needs no round trip per file
+    (against an ``lstat`` per path: docs/benchmarks.md, "Warm start", from bench/bench_warm.py).
+    An entry that is gone leaves its files out: missing.
+    """
+    wanted = {record.path for record in files}
+    found: dict[str, os.stat_result] = {}
+    problems: list[Problem] = []
+    try:
+        with safefs.open_tree(Path(base), within=within) as top:
+            for rel, entry, _ in safefs.walk(top):
+                plain = entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False)
+                if plain and rel not in wanted:
+                    continue
+                st = _lstat(entry)
+                if st is None:
+                    continue
+                if rel in wanted:
+                    found[rel] = st
+                elif not safefs.is_plain(st):
+                    problems.append(
+                        Problem(rel, f"{safefs.describe(st)}: an entry holds only files and directories")
+                    )
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, []
+    except safefs.UnsafePathError as error:
+        return {}, [Problem(".", error.what)]
+    return found, problems
+
+
+def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:  # only while its directory is open
+    try:
+        return entry.stat(follow_symlinks=False)
+    except FileNotFoundError:  # listed, then removed: a peer moved the entry away meanwhile
+        return None
+
+
+def check_files(
+    entry_dir: Path,
+    manifest: Manifest,
+    *,
+    mode: VerifyMode,
+    within: Path | None = None,
+    on_file: Callable[[int], None] | None = None,
+) -> list[Problem]:
+    """Compare the files with the manifest: presence, type and size, and with ``full`` their hashes.
+
+    Anything in the entry other than regular files and real directories is a problem too.
+    ``within`` (the cache root) makes the walk refuse a symlink above the entry as well.
+    Raises ``OSError`` for I/O errors other than a missing file: a flaky volume is not damage.
+    ``on_file(size)`` follows each file of a full check (a progress bar's bytes).
+    """
+    base = os.fspath(entry_dir)
+    found, problems = _survey(base, manifest.files, within=within)
+    if mode == "full":
+        # Each file is opened by its path, not from the survey's descriptors: an entry a peer
+        # moves away meanwhile then shows its files missing, never a hit for a gone path.
+        bad = tuple(p.path + "/" for p in problems)
+        for record in manifest.files:
+            if record.path.startswith(bad):
+                problem: Problem | None = Problem(record.path, "missing")  # never read through a link
+            else:
+                problem = _check_full(base, record)
+            if problem is not None:
+                problems.append(problem)
+            if on_file is not None:
+                on_file(record.size)
+        return problems
+    for record in manifest.files:
+        problem = _check_stat(record, found.get(record.path))
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _check_stat(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    return _check_shape(record, st) or _check_mtime(record, st)
+
+
+def _check_shape(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    if st is None:
+        return Problem(record.path, "missing")
+    if not S_ISREG(st.st_mode):
+        return Problem(record.path, "not a regular file")
+    if st.st_size != record.size:
+        return Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}")
+    return None
+
+
+def _check_mtime(record: FileRecord, st: os.stat_result | None) -> Problem | None:
+    if st is not None and record.mtime_ns is not None and st.st_mtime_ns != record.mtime_ns:
+        return Problem(record.path, "modified after it was published (its mtime changed)")
+    return None
+
+
+def _check_full(base: str, record: FileRecord) -> Problem | None:
+    """One file as ``cat`` reads it: open (no symlink followed), fstat, hash what was opened."""
+    try:
+        fd = os.open(os.path.join(base, record.path), _OPEN_NOFOLLOW)
+    except (FileNotFoundError, NotADirectoryError):
+        # Also a file gone since the check began: a peer quarantined the entry, or prune took it.
+        return Problem(record.path, "missing")
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            return Problem(record.path, "not a regular file")
+        raise
+    try:
+        st = os.fstat(fd)
+        problem = _check_shape(record, st)
+        if problem is None and hash_fd(fd) != record.xxh3:
+            problem = Problem(record.path, "content differs from the manifest's xxh3-128")
+        # A changed mtime with the same bytes is still a write into a published entry.
+        problem = problem or _check_mtime(record, st)
+    finally:
+        os.close(fd)
+    return problem

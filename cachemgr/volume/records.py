@@ -1,0 +1,370 @@
+"""Bookkeeping kept beside entries, never inside them: who uses an entry, and failed compiles.
+
+A published entry is immutable, so its users and its last use are recorded under
+``usage/<digest>/``: one file per running pod, refreshed by a heartbeat and removed on exit,
+and a ``last-used`` file touched at each start. Failed compiles are recorded under
+``failures/<digest>/`` for inspection and never replayed.
+
+Whether a use record belongs to a live pod (docs/design.md principle 6: no decision depends on
+clocks agreeing across nodes). A record's mtime is set by whoever wrote it last, and that
+clock is not ours: on a local disk and NFS (``utime(NULL)`` is SET_TO_SERVER_TIME) it is the
+kernel's or the server's, but on JuiceFS and CephFS it is the writing client's: for a
+``utime(NULL)`` FUSE sends MTIME_NOW and JuiceFS's client sets ``cur.Mtime = now`` from its own
+``time.Now()`` (juicedata/juicefs pkg/meta/redis.go and tkv.go, ``SetAttr``). So
+"now minus mtime" on a node whose clock is ten minutes ahead makes every live record look ten
+minutes old, and a probe file touched on the volume would only move the problem (on JuiceFS
+the probe gets *our* client's clock, not the writer's). What no clock can fake is change:
+the heartbeat rewrites the record's mtime every ``HEARTBEAT_SECONDS``, and an observer that
+sees the (inode, mtime, size) of a record differ from one look to the next, by its own
+monotonic clock, has seen its pod alive. Hence three verdicts:
+
+* fresh: within ``IN_USE_WINDOW`` of this node's clock, either way. Kept as in use without
+  looking twice. Skew can only make a dead record look fresh (our clock behind theirs), and
+  then its use expires that much later: the cost of skew is a late expiry, never a removal.
+* silent: older than the window, or further ahead in the future. Alive or dead is then told
+  only by ``observe``: a record that does not change for ``OBSERVE_SECONDS`` on our monotonic
+  clock (three beats and the JuiceFS attribute cache) is a dead pod's.
+* gone: removed, its pod stopped using the entry.
+
+A dead pod's use therefore still expires (after the window, plus the skew if our clock is
+behind), while skew of any size in either direction never turns a live record into a dead
+one: removal needs a record seen silent *and* unchanged by our own clock. The cost: ``ls``
+and ``du`` never wait (they show silent records apart); ``prune`` waits up to
+``OBSERVE_SECONDS`` once, for all silent records of the entries it would remove together,
+and only when there are any (a pod killed without cleanup, or a node whose clock is off by
+more than the window); live records end the wait at their next beat. A running pod pays one
+``utime`` on the volume per record every ``HEARTBEAT_SECONDS``.
+
+``prune`` also keeps what it saw (``Usage.seen``): between its plan and each removal it
+compares the usage folder with that, not with a clock, so a pod that registers meanwhile,
+whatever its clock, stops the removal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cachemgr.core import safefs
+from cachemgr.core.fsutil import atomic_write_json, read_json, touch
+from cachemgr.volume.identity import PodIdentity
+
+if TYPE_CHECKING:
+    from cachemgr.volume.layout import CacheRoot
+
+# A use record within this of this node's clock is taken as live without looking twice.
+IN_USE_WINDOW = 120.0
+# How often a running pod touches its records on the volume (one utime each: cheap even on a
+# busy metadata server, and it keeps prune's observation of a silent record short).
+HEARTBEAT_SECONDS = 2.0
+# How long prune watches a silent record for a beat: three beats, plus JuiceFS's default 1 s
+# attribute cache, plus a margin for a heartbeat thread delayed by a busy node.
+OBSERVE_SECONDS = 3 * HEARTBEAT_SECONDS + 2.0
+_OBSERVE_POLL = 0.25
+
+
+# --- usage ---------------------------------------------------------------------------------
+
+
+# (inode, mtime in ns, size): what changes at each heartbeat (utime) or re-registration (rename).
+Mark = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class User:
+    """A pod using an entry, as recorded on the volume."""
+
+    pod: str
+    node: str
+    since: float
+    age: float  # by this node's clock: only a hint, skew shifts it
+    # Older than the in-use window by this node's clock, or from its future: alive only if
+    # ``observe`` sees it beat (see the module docstring).
+    silent: bool = False
+    path: str = field(default="", repr=False, compare=False)
+    mark: Mark | None = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "node": self.node,
+            "since": self.since,
+            "age": self.age,
+            "silent": self.silent,
+        }
+
+
+# usage/<digest>/recompiled-on-hit.<pod>.<pid>: a hit whose server compiled anyway (cachemgr.volume.drift).
+# Not ".json", so never read as a use record; prune removes them with the entry's usage folder.
+RECOMPILED_PREFIX = "recompiled-on-hit."
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One read of ``usage/<digest>/``: live and silent users, and what was seen, to compare later."""
+
+    live: tuple[User, ...] = ()
+    silent: tuple[User, ...] = ()
+    # (name, mark) of each record, with "." for the folder itself: equal to a later read
+    # exactly when nobody registered, beat or left in between.
+    seen: frozenset[tuple[str, Mark]] = frozenset()
+    last: float | None = None  # the latest mtime there: when a pod last started, beat or left
+    recompiled_on_hit: int = 0  # records of hits that saw the server compile anyway (cachemgr.volume.drift)
+
+    @property
+    def records(self) -> frozenset[tuple[str, Mark]]:
+        """What ``seen`` holds of the use records alone."""
+        return frozenset(item for item in self.seen if item[0] != ".")
+
+
+def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str) -> Path:
+    """Record that this pod uses the entry now (before it is checked, so prune sees us first)."""
+    folder = root.usage / digest
+    safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused, not written through
+    record = folder / identity.record_name
+    atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()}, within=root.path)
+    touch(folder / "last-used")
+    return record
+
+
+def release_use(record: Path | None) -> None:
+    """Remove this pod's use record (``ROOT/usage/<digest>/<name>``, as :func:`register_use` made it).
+
+    Reached from the root one level at a time: if ``usage/<digest>`` was swapped for a symlink
+    since registration, nothing in the link's target is removed. A pod that is leaving does not
+    fail for that: the record it could not remove stops beating, and prune expires it.
+    """
+    if record is not None:
+        with contextlib.suppress(OSError):
+            safefs.unlink(record.parents[2], record)
+
+
+def read_usage(
+    root: CacheRoot,
+    digest: str,
+    *,
+    usage_fd: int | None = None,
+    now: float | None = None,
+    window: float = IN_USE_WINDOW,
+) -> Usage:
+    """The use records in ``usage/<digest>``, judged fresh or silent.
+
+    The folder is opened one level at a time without following a link (from ``usage_fd``, the
+    open ``usage/``, when a scan has it): a symlink or a file planted as ``usage/<digest>`` is
+    refused (exit 74), never read through, and never taken for "nobody uses it".
+    """
+    shown = root.usage / digest
+    try:
+        if usage_fd is None:
+            with safefs.open_dir(root.path, shown) as folder:
+                return _read_usage(folder, os.fspath(shown), now=now, window=window)
+        folder = safefs.open_below(usage_fd, digest, dev=os.fstat(usage_fd).st_dev, shown=shown)
+        try:
+            return _read_usage(folder, os.fspath(shown), now=now, window=window)
+        finally:
+            os.close(folder)
+    except FileNotFoundError:
+        return Usage()
+
+
+def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float) -> Usage:
+    names = os.listdir(folder_fd)
+    st = os.fstat(folder_fd)
+    now = time.time() if now is None else now
+    seen: set[tuple[str, Mark]] = {(".", _mark_of(st))}
+    live: list[User] = []
+    silent: list[User] = []
+    last = st.st_mtime
+    recompiled = sum(1 for name in names if name.startswith(RECOMPILED_PREFIX))
+    for name in sorted(names):
+        if name.startswith(".") or not name.endswith(".json"):
+            # A record being written (tmp file, then rename) shows in the folder's mtime; so
+            # does a pod that came and went. ``last-used`` adds nothing to those.
+            continue
+        path = f"{folder}/{name}"
+        mark = record_mark(path)
+        if mark is None:
+            continue
+        seen.add((name, mark))
+        last = max(last, mark[1] / 1e9)
+        user = _user(path, name, mark, now - mark[1] / 1e9, window)
+        (silent if user.silent else live).append(user)
+    return Usage(tuple(live), tuple(silent), frozenset(seen), last, recompiled)
+
+
+def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:
+    silent = not -window <= age <= window
+    try:
+        data = read_json(Path(path))
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        # Unreadable (half-written, damaged): someone may be there; prune must not guess.
+        return User(name.removesuffix(".json"), "", 0.0, age, silent, path, mark)
+    try:
+        since = float(data.get("since") or 0)
+    except (TypeError, ValueError):
+        since = 0.0
+    return User(str(data.get("pod", "")), str(data.get("node", "")), since, age, silent, path, mark)
+
+
+def record_mark(path: str) -> Mark | None:
+    """The record as the volume has it now; None if it is gone.
+
+    Opened, not only stat'ed: NFS revalidates attributes on open (close-to-open consistency),
+    where a bare stat may answer from an attribute cache up to a minute old.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        # Unreadable to us (mode, a symlink planted there): its own attributes still tell change.
+        try:
+            return _mark_of(os.lstat(path))
+        except FileNotFoundError:
+            return None
+    try:
+        return _mark_of(os.fstat(fd))
+    finally:
+        os.close(fd)
+
+
+def _mark_of(st: os.stat_result) -> Mark:
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def observe(silent: Iterable[User], *, seconds: float = OBSERVE_SECONDS) -> frozenset[str]:
+    """Watch silent records for a beat; returns the paths of those seen alive.
+
+    A record whose mark changes is alive (its pod beat or registered again); one that vanishes
+    is not (its pod left); one unchanged for ``seconds`` of this node's monotonic clock is a
+    dead pod's. Ends as soon as every record has been told, so live ones cost one beat.
+    """
+    return observe_marks({user.path: user.mark for user in silent if user.path}, seconds=seconds)
+
+
+def observe_marks(marks: Mapping[str, Mark | None], *, seconds: float = OBSERVE_SECONDS) -> frozenset[str]:
+    """``observe`` for any heartbeat files (a staging attempt's owner record): path -> mark seen."""
+    pending = dict(marks)
+    alive: set[str] = set()
+    deadline = time.monotonic() + seconds
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(_OBSERVE_POLL, left))
+        for path, mark in list(pending.items()):
+            now = record_mark(path)
+            if now == mark:
+                continue
+            del pending[path]
+            if now is not None:
+                alive.add(path)
+    return frozenset(alive)
+
+
+def users(
+    root: CacheRoot, digest: str, *, window: float = IN_USE_WINDOW, now: float | None = None
+) -> list[User]:
+    """Pods whose use record is fresh by this node's clock (silent ones need ``observe``)."""
+    return list(read_usage(root, digest, now=now, window=window).live)
+
+
+def last_used(root: CacheRoot, digest: str) -> float | None:
+    try:
+        return (root.usage / digest / "last-used").stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+# --- failures ------------------------------------------------------------------------------
+
+
+def record_failure(
+    root: CacheRoot, digest: str, identity: PodIdentity, record: Mapping[str, Any]
+) -> Path | None:
+    """Keep a failed attempt's story (time, code, output tail). Best effort: the volume may be full."""
+    folder = root.failures / digest
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = folder / f"{stamp}.{identity.pod}.{identity.pid}.json"
+    try:
+        safefs.make_dirs(root.path, folder)
+        atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record}, within=root.path)
+    except OSError:
+        return None
+    return path
+
+
+def failures(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
+    folder = root.failures / digest
+    found: list[dict[str, Any]] = []
+    with contextlib.suppress(safefs.UnsafePathError):  # a symlink there: nothing of ours to read
+        for name in safefs.listdir(root.path, folder):
+            with contextlib.suppress(OSError, ValueError):
+                data = read_json(folder / name)
+                if isinstance(data, dict):
+                    found.append(data)
+    return found
+
+
+# --- heartbeat -----------------------------------------------------------------------------
+
+
+class Heartbeat:
+    """Touches a set of files every few seconds: use records, staging owners, the pod state.
+
+    A daemon thread, so a frozen or killed process stops refreshing and goes stale: that is
+    how peers and probes tell a dead pod from a slow one.
+    """
+
+    def __init__(self, *, interval: float = HEARTBEAT_SECONDS) -> None:
+        self._interval = interval
+        self._paths: set[Path] = set()
+        self._callbacks: list[Any] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cachemgr-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def add(self, *paths: Path) -> None:
+        with self._lock:
+            self._paths.update(paths)
+
+    def discard(self, *paths: Path | None) -> None:
+        with self._lock:
+            self._paths.difference_update(p for p in paths if p is not None)
+
+    def on_beat(self, callback: Any) -> None:
+        """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
+        with self._lock:
+            self._callbacks.append(callback)
+
+    def beat(self) -> None:
+        with self._lock:
+            paths: Iterable[Path] = list(self._paths)
+            callbacks = list(self._callbacks)
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.utime(path, follow_symlinks=False)  # a link swapped in: touch the link, not its target
+        for callback in callbacks:
+            with contextlib.suppress(Exception):
+                callback()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._interval)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.beat()

@@ -1,0 +1,470 @@
+"""A lease on a marker file that holds on network filesystems: the mechanism under the compile lease.
+
+docs/design.md asks for filelock's ``SoftFileLease`` "or a lease of the same semantics if it falls
+short". It falls short on a shared volume in three ways, each seen for real:
+
+* Peers must agree on ``lease_duration``: a contender that meets a marker written with another
+  duration raises ``LeaseSettingsMismatch`` (filelock ``_soft/_lease.py``,
+  ``_try_break_pinned_lock``), so a Deployment and a warm Job with different ``--lease-duration``
+  crashed, and a dead holder's marker made every later pod crash. Here a waiter judges a marker
+  by the duration its holder wrote into it: the holder promised to refresh within that time.
+* It keeps the marker's descriptor open for the whole hold and refreshes it with ``futimens`` on
+  that descriptor. On SeaweedFS's FUSE mount (``weed mount``) a file created and still open is
+  not visible to other mounts at all until it is closed (seconds, or never), and a ``futimens``
+  on an open descriptor does not reach them either, so a live holder looks dead to other nodes.
+  Here the marker is written, fsynced and closed at once, and refreshed by ``utime`` on its path.
+* It trusts ``O_CREAT|O_EXCL``. Over two ``weed mount`` clients both creates succeed when they
+  come within the mounts' metadata propagation (tried: 2 of 4 runs of eight pods over two mounts
+  compiled twice); NFS without server-side exclusive create and other FUSE clients behave alike.
+  Here a winner writes a unique token into the marker, waits ``confirm`` seconds (longer than
+  the filesystem's metadata cache horizon), and reads the marker back: only the pod whose token
+  is still there holds the lease; a loser becomes a waiter. Every mount sees the same last
+  write once its caches expire, so exactly one token survives.
+
+The marker keeps filelock's ``filelock/2`` format (key=value lines: pid, host, mode=lease,
+token, duration), so ``cachemgr locks`` and pods of older releases read it as before; the added
+``confirm``, ``started``, ``boot`` and ``pidns`` lines are ignored by filelock's parser.
+
+Expiry is judged without shared clocks: a waiter notes when, by its own monotonic clock, it
+last saw the marker change (token, mtime, size, inode) and takes over once it has seen no
+change for the holder's duration plus the holder's confirm window (the holder does not refresh
+while it confirms). A holder on this host (same hostname, boot and pid namespace) whose process
+is gone is taken over at once: a restarted container retakes its own lease without waiting.
+
+As before, the lease only saves duplicate work: correctness rests on private staging and an
+atomic publish, so a lease that is lost or stolen costs at most a second compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from cachemgr.core.log import get_logger
+
+log = get_logger("cachemgr.volume.lease")
+
+PROTOCOL = "filelock/2"
+# The confirm window: how long a winner waits before trusting its exclusive create. Longer than
+# the metadata caches of the filesystems a cache volume lives on (JuiceFS and most FUSE clients
+# cache attributes and entries for 1 s; two `weed mount` clients see each other's writes within
+# tens of milliseconds when idle). It is paid only on a miss, once, before a compile of minutes.
+DEFAULT_CONFIRM = 2.0
+CONFIRM_ENV = "CACHEMGR_LEASE_CONFIRM"
+# Filesystems of one kernel: O_EXCL is atomic there, so a create needs no confirming. (A volume of
+# these types is mounted by one node only; ReadWriteMany volumes are NFS, CephFS, FUSE...)
+_LOCAL_FILESYSTEMS = frozenset(
+    {"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "f2fs", "bcachefs", "tmpfs", "ramfs", "overlay"}
+)
+# A marker on the volume is untrusted: a duration written into it counts up to this much.
+MAX_JUDGED_SECONDS = 24 * 3600.0
+_MAX_MARKER_BYTES = 4096
+_OPEN_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK  # a FIFO planted as a marker must not block
+
+
+@dataclass(frozen=True)
+class MarkerRecord:
+    """What a marker says about its holder; any field may be missing from a foreign or damaged one."""
+
+    token: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    duration: float | None = None
+    confirm: float = 0.0
+    started: float | None = None  # the holder process's start time: a reused pid is not the holder
+    boot: str | None = None
+    pidns: str | None = None
+
+
+@dataclass(frozen=True)
+class MarkerView:
+    """One read of a marker: its record and what a waiter watches for change."""
+
+    record: MarkerRecord
+    stamp: tuple[object, ...]
+
+
+def parse_marker(text: str) -> MarkerRecord:
+    fields = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
+
+    def number(name: str) -> float | None:
+        try:
+            value = float(fields[name])
+        except (KeyError, ValueError):
+            return None
+        return value if 0 < value < float("inf") else None
+
+    pid = number("pid")
+    return MarkerRecord(
+        token=fields.get("token") or None,
+        pid=int(pid) if pid is not None and pid == int(pid) else None,
+        host=fields.get("host"),
+        duration=number("duration"),
+        confirm=number("confirm") or 0.0,
+        started=number("started"),
+        boot=fields.get("boot"),
+        pidns=fields.get("pidns"),
+    )
+
+
+def read_marker_view(path: Path) -> MarkerView | None:
+    """The marker at path, or None if there is none. Never follows a symlink or blocks on a FIFO."""
+    try:
+        fd = os.open(path, _OPEN_READ)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise
+        st = os.lstat(path)  # a symlink planted as the marker: judged like a damaged marker
+        return MarkerView(MarkerRecord(), ("symlink", st.st_ino, st.st_mtime_ns))
+    try:
+        st = os.fstat(fd)
+        data = os.read(fd, _MAX_MARKER_BYTES) if _is_regular(st) else b""
+    finally:
+        os.close(fd)
+    record = parse_marker(data.decode("utf-8", errors="replace"))
+    return MarkerView(record, (record.token, st.st_mtime_ns, st.st_size, st.st_ino))
+
+
+def default_confirm(path: Path) -> float:
+    """The confirm window for a volume: none on a local filesystem, DEFAULT_CONFIRM elsewhere."""
+    return 0.0 if filesystem_type(path) in _LOCAL_FILESYSTEMS else DEFAULT_CONFIRM
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem holding path (``fuse.seaweedfs``, ``nfs4``...), from mountinfo."""
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                before, _, after = line.partition(" - ")
+                fields = before.split()
+                if len(fields) < 5 or not after:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and (best is None or len(point) >= best[0]):
+                    best = (len(point), after.split()[0])
+    except OSError:
+        return None
+    return best[1] if best else None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _is_regular(st: os.stat_result) -> bool:
+    return (st.st_mode & 0o170000) == 0o100000
+
+
+def patience(record: MarkerRecord, *, default: float) -> float:
+    """How long a marker may stay unchanged: its holder's promise, not the reader's (pods differ).
+
+    The holder refreshes within its duration, and does not refresh during its confirm window.
+    ``default``: the reader's own duration, for a marker that names none (damaged, or foreign).
+    """
+    duration = min(record.duration or default, MAX_JUDGED_SECONDS)
+    return duration + min(record.confirm, MAX_JUDGED_SECONDS)
+
+
+class MarkerWatch:
+    """How long a marker has gone unchanged, by this node's monotonic clock.
+
+    Expiry judged this way needs no clock shared with the holder's node: an mtime written by a
+    node minutes ahead or behind still changes at each refresh.
+    """
+
+    def __init__(self) -> None:
+        self._seen: tuple[tuple[object, ...], float] | None = None  # (stamp, when first seen)
+
+    def silent_for(self, view: MarkerView | None) -> float:
+        """Seconds since this watch first saw the marker as it is now (0 for a change or none)."""
+        now = time.monotonic()
+        if view is None or self._seen is None or self._seen[0] != view.stamp:
+            self._seen = None if view is None else (view.stamp, now)
+            return 0.0
+        return now - self._seen[1]
+
+
+@dataclass(frozen=True)
+class _Self:
+    """This process as a marker names it, and how a marker from this host is recognised."""
+
+    pid: int
+    host: str
+    started: float
+    boot: str | None
+    pidns: str | None
+
+    @classmethod
+    def current(cls) -> _Self:
+        pid = os.getpid()
+        return cls(pid, socket.gethostname(), psutil.Process(pid).create_time(), _boot_id(), _pidns())
+
+    def knows(self, record: MarkerRecord) -> bool:
+        """The holder ran in this host's pid namespace, so its pid can be probed from here."""
+        return (
+            record.host == self.host
+            and record.boot == self.boot
+            and record.pidns == self.pidns
+            and None not in (record.boot, record.pidns)
+        )
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _pidns() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+def _process_gone(pid: int, started: float | None) -> bool:
+    try:
+        return started is not None and abs(psutil.Process(pid).create_time() - started) > 0.01
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+class SoftLease:
+    """A lease on one marker file; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        duration: float,
+        heartbeat: float | None = None,
+        confirm: float = DEFAULT_CONFIRM,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
+        if not 0 < duration < float("inf"):
+            raise ValueError(f"lease duration must be positive and finite, got {duration!r}")
+        self.path = path
+        self.duration = duration
+        self.heartbeat = heartbeat if heartbeat is not None else duration / 3
+        if not 0 < self.heartbeat < duration:
+            raise ValueError(f"heartbeat must be positive and below the duration, got {self.heartbeat!r}")
+        self.confirm = max(0.0, confirm)
+        self._on_lost = on_lost
+        self._me = _Self.current()
+        self._token: str | None = None
+        self._lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watch = MarkerWatch()
+
+    @property
+    def token(self) -> str | None:
+        return self._token
+
+    @property
+    def is_held(self) -> bool:
+        return self._token is not None
+
+    @property
+    def lost(self) -> bool:
+        """Held, but the marker is gone or another pod's (we were frozen, cut off, or raced)."""
+        if self._token is None:
+            return False
+        if self._lost.is_set():
+            return True
+        view = read_marker_view(self.path)
+        return view is None or view.record.token != self._token
+
+    def acquire(self, *, poll: float, cancel: Callable[[], bool]) -> bool:
+        """Take the lease; False as soon as ``cancel()`` says so (checked every ``poll`` seconds).
+
+        A free lease is tried before ``cancel`` is first called: an uncontended pod never waits.
+        After that, ``cancel`` comes before every try: a waiter whose peer just published and
+        released must not take the free lease (and pay the confirm window) for nothing.
+        """
+        first = True
+        while first or not cancel():
+            first = False
+            if self._try_create():
+                if self._confirmed(poll=poll, cancel=cancel):
+                    self._start_heartbeat()
+                    return True
+            elif self._break_if_stale():
+                continue  # the path is free: try to create at once
+            time.sleep(poll)
+        return False
+
+    def release(self) -> None:
+        """Stop refreshing and remove the marker if it is still ours (idempotent)."""
+        token, self._token = self._token, None
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._thread = None
+        if token is None:
+            return
+        with contextlib.suppress(OSError):
+            view = read_marker_view(self.path)
+            if view is not None and view.record.token == token:
+                self.path.unlink()
+
+    # --- taking the marker ---------------------------------------------------------------
+
+    def _encode(self, token: str) -> bytes:
+        me = self._me
+        lines = [
+            PROTOCOL,
+            f"pid={me.pid}",
+            f"host={me.host}",
+            "mode=lease",
+            f"token={token}",
+            f"duration={self.duration!r}",
+            f"confirm={self.confirm!r}",
+            f"started={me.started!r}",
+        ]
+        lines += [f"boot={me.boot}"] if me.boot else []
+        lines += [f"pidns={me.pidns}"] if me.pidns else []
+        return "".join(f"{line}\n" for line in lines).encode()
+
+    def _try_create(self) -> bool:
+        """Exclusive create, written and closed at once: other mounts see a file only once closed."""
+        token = secrets.token_hex(16)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            _write_all(fd, self._encode(token))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+            raise
+        os.close(fd)
+        self._token = token
+        self._lost.clear()
+        return True
+
+    def _confirmed(self, *, poll: float, cancel: Callable[[], bool]) -> bool:
+        """After the confirm window, is the marker still ours? A racer's later write would show by now."""
+        deadline = time.monotonic() + self.confirm
+        while (left := deadline - time.monotonic()) > 0:
+            if cancel():
+                self.release()
+                return False
+            time.sleep(min(poll, left))
+        view = read_marker_view(self.path)
+        if view is not None and view.record.token == self._token:
+            with contextlib.suppress(OSError):  # the heartbeat retries
+                self._refresh()  # the confirm window counted as silence; restart the clock now
+            return True
+        log.info("lease_race_lost", marker=self.path.name, note="another pod's create won; waiting for it")
+        self._token = None  # the marker is the winner's: never remove it
+        return False
+
+    # --- judging a peer's marker ---------------------------------------------------------
+
+    def _break_if_stale(self) -> bool:
+        """Take the marker away from a dead or frozen holder; True if the path may now be free."""
+        view = read_marker_view(self.path)
+        silent = self._watch.silent_for(view)
+        if view is None:
+            return True
+        if self._holder_dead(view.record) or silent >= patience(view.record, default=self.duration):
+            return self._break(view)
+        return False
+
+    def _holder_dead(self, record: MarkerRecord) -> bool:
+        if record.pid is None or not self._me.knows(record):
+            return False
+        if record.pid == self._me.pid and record.started == self._me.started:
+            return False  # another lease object of this very process
+        return _process_gone(record.pid, record.started)
+
+    def _break(self, view: MarkerView) -> bool:
+        """Move the stale marker aside; if a live one was swapped in meanwhile, put it back."""
+        aside = self.path.with_name(f"{self.path.name}.taken.{secrets.token_hex(8)}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return True  # another contender moved it first
+        self._watch = MarkerWatch()
+        moved = read_marker_view(aside)
+        if moved is not None and moved.stamp[:1] != view.stamp[:1]:
+            # A peer replaced the stale marker between our read and our rename: that one is live.
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)  # never over a marker that appeared in the meantime
+            log.info("lease_break_undone", marker=self.path.name)
+            with contextlib.suppress(OSError):
+                aside.unlink()
+            return False
+        log.info(
+            "lease_taken_over",
+            marker=self.path.name,
+            holder_pid=view.record.pid,
+            holder_host=view.record.host,
+            holder_duration=view.record.duration,
+        )
+        with contextlib.suppress(OSError):
+            aside.unlink()
+        return True
+
+    # --- holding: the heartbeat ----------------------------------------------------------
+
+    def _refresh(self) -> None:
+        """Change the marker's mtime by path: a utime on an open descriptor may not reach other mounts."""
+        os.utime(self.path, follow_symlinks=False)
+
+    def _start_heartbeat(self) -> None:
+        self._stop = threading.Event()
+        token = self._token
+        thread = threading.Thread(target=self._beat, args=(token, self._stop), daemon=True)
+        thread.name = f"cachemgr-lease-{self.path.name[:12]}"
+        self._thread = thread
+        thread.start()
+
+    def _beat(self, token: str | None, stop: threading.Event) -> None:
+        last_ok, missing = time.monotonic(), 0
+        while not stop.wait(self.heartbeat) and self._token == token:
+            try:
+                view = read_marker_view(self.path)
+                if view is not None and view.record.token == token:
+                    self._refresh()
+                    last_ok, missing = time.monotonic(), 0
+                    continue
+            except OSError as error:
+                if time.monotonic() - last_ok < self.duration - self.heartbeat:
+                    continue  # a transient error; the lease survives until it could expire
+                return self._report_lost(f"refresh failed: {error}")
+            # A peer's mistaken break puts the marker back within milliseconds: look once more.
+            missing += 1
+            if view is not None or missing > 1:
+                return self._report_lost("marker missing" if view is None else "another pod holds it")
+        return None
+
+    def _report_lost(self, reason: str) -> None:
+        self._lost.set()
+        if self._on_lost is not None:
+            self._on_lost(reason)

@@ -1,0 +1,382 @@
+"""The cache volume's layout: published entries, private staging, and their transitions.
+
+::
+
+    <root>/cachemgr-layout.json     layout version marker (a newer one is refused)
+    <root>/CACHEDIR.TAG             tells backup tools this is a cache
+    <root>/entries/<name>/          published, immutable: key.json, artifacts/, manifest.json
+    <root>/staging/<digest>/<id>/   one private directory per compile attempt (+ <id>.json owner)
+    <root>/leases/<digest>.lock     the compile lease of a key (+ .holder.json: pod, node, since)
+    <root>/usage/<digest>/          who uses an entry now, and when it was last used
+    <root>/failures/<digest>/       one record per failed compile, never replayed
+    <root>/quarantine/              damaged entries, moved aside for inspection
+    <root>/trash/                   entries being pruned
+
+Correctness never rests on the lease: an attempt compiles into its own staging directory,
+writes the manifest last, fsyncs, and publishes with one rename of the whole directory. The
+first rename wins; a later one finds the entry there and discards its copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from cachemgr.core import safefs
+from cachemgr.core.errors import CompileError
+from cachemgr.core.fsutil import (
+    atomic_write_json,
+    fsync_dir,
+    fsync_tree,
+    make_read_only,
+    random_suffix,
+    read_json,
+    remove_tree,
+    walk_files,
+)
+from cachemgr.core.procs import pid_alive
+from cachemgr.key.cachekey import CacheKey, digest_of
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import (
+    ARTIFACTS,
+    KEY_NAME,
+    SUMMARY_NAME,
+    Manifest,
+    ManifestError,
+    Problem,
+    VerifyMode,
+    build_manifest,
+    check_files,
+    read_manifest,
+    write_manifest,
+)
+from cachemgr.volume.records import Mark, observe_marks, record_mark
+
+# --- lookup -------------------------------------------------------------------------------
+
+LookupStatus = Literal["hit", "miss", "damaged"]
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """The result of looking for a key's entry: lock-free and read-only."""
+
+    status: LookupStatus
+    path: Path
+    manifest: Manifest | None = None
+    problems: tuple[Problem, ...] = ()
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(str(p) for p in self.problems)
+
+
+def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Lookup:
+    """Is there a committed entry for ``key`` whose files match its manifest?"""
+    path = root.entry_path(key)
+    st = safefs.lstat(root.path, path)
+    if st is None:
+        return Lookup("miss", path)
+    if not stat.S_ISDIR(st.st_mode):
+        # A symlink here would serve files from outside the volume; a rename moves it aside safely.
+        what = f"the entry is {safefs.describe(st)}, not a directory"
+        return Lookup("damaged", path, problems=(Problem(path.name, what),))
+    try:
+        manifest = read_manifest(path)
+    except ManifestError as error:
+        return Lookup("damaged", path, problems=(Problem("manifest.json", str(error)),))
+    if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
+        what = "manifest was written for different key inputs (digest collision or tampering)"
+        return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
+    problems = check_files(path, manifest, mode=mode, within=root.path)
+    return Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
+
+
+def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
+    """Move a damaged entry aside for inspection; None if another pod already did."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = root.quarantine / f"{entry.name}.{stamp}.{random_suffix(3)}"
+    try:
+        safefs.make_dirs(root.path, root.quarantine)
+        safefs.rename(root.path, entry, target)
+    except FileNotFoundError:
+        return None
+    with contextlib.suppress(OSError):
+        safefs.check_dir(root.path, root.quarantine)  # the note is written by path: no link there
+        atomic_write_json(
+            target.with_name(target.name + ".reason.json"),
+            {"reason": reason, "at": time.time()},
+            within=root.path,
+        )
+    fsync_dir(root.entries)
+    return target
+
+
+# --- staging and publish ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Staging:
+    """One compile attempt's private directory on the volume, and its owner record beside it."""
+
+    path: Path
+    owner_file: Path
+    digest: str
+    # The cache root: removal never follows a symlink between it and the attempt.
+    within: Path | None = None
+
+    @property
+    def artifacts(self) -> Path:
+        return self.path / ARTIFACTS
+
+    def discard(self) -> None:
+        """Remove the attempt: its files first, then its owner record."""
+        remove_tree(self.path, within=self.within)
+        _unlink(self.owner_file, within=self.within)
+        with contextlib.suppress(OSError):
+            _rmdir(self.path.parent, within=self.within)
+
+
+def _unlink(path: Path, *, within: Path | None) -> None:
+    if within is None:
+        path.unlink(missing_ok=True)
+    else:
+        safefs.unlink(within, path)
+
+
+def _rmdir(path: Path, *, within: Path | None) -> None:
+    if within is None:
+        path.rmdir()
+    else:
+        safefs.rmdir(within, path)
+
+
+def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
+    """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
+    attempt = f"{identity.pod}.{identity.pid}.{random_suffix(4)}"
+    parent = root.staging / key.digest
+    safefs.make_dirs(root.path, parent)  # refuses staging/<digest> planted as a symlink
+    staging = Staging(
+        path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest, within=root.path
+    )
+    atomic_write_json(
+        staging.owner_file,
+        {**identity.to_json(), "entry": key.entry_name, "since": time.time()},
+        within=root.path,
+    )
+    safefs.make_dirs(root.path, staging.artifacts)
+    atomic_write_json(
+        staging.path / KEY_NAME, {**key.to_json(), "details": dict(key.details)}, within=root.path
+    )
+    return staging
+
+
+@dataclass(frozen=True)
+class PublishOutcome:
+    published: bool
+    path: Path
+    manifest: Manifest
+
+
+def publish(
+    root: CacheRoot,
+    staging: Staging,
+    key: CacheKey,
+    *,
+    identity: PodIdentity,
+    compile_seconds: float,
+    strategy: str,
+    extra: dict[str, Any] | None = None,
+) -> PublishOutcome:
+    """Write the manifest last, fsync everything, and rename the attempt into place.
+
+    If another attempt published first, ours is discarded and theirs is returned: both were
+    compiled from the same key, and the first publisher wins.
+    """
+    _refuse_special_files(staging)
+    _write_summary(staging, key, identity=identity, compile_seconds=compile_seconds, strategy=strategy)
+    manifest = build_manifest(
+        staging.path,
+        key=key.digest,
+        inputs=key.inputs,
+        created_by=identity.to_json(),
+        compile_seconds=compile_seconds,
+        strategy=strategy,
+        model_name=key.model_name,
+        extra=extra,
+    )
+    write_manifest(staging.path, manifest)
+    return commit(root, staging, key, manifest)
+
+
+def commit(root: CacheRoot, staging: Staging, key: CacheKey, manifest: Manifest) -> PublishOutcome:
+    """Publish a staging directory whose manifest is written: fsync, rename, make read-only.
+
+    The one commit step of every publish: a local compile (:func:`publish`) and a download
+    from the remote tier (:mod:`cachemgr.remote.hooks`), which keeps the manifest it checked.
+    """
+    fsync_tree(staging.path, within=root.path)
+    target = root.entry_path(key)
+    for attempt in (1, 2):
+        try:
+            safefs.rename(root.path, staging.path, target)
+            break
+        except OSError as error:
+            # A rename onto a peer's entry fails with ENOTEMPTY or EEXIST. NFS, and JuiceFS in the
+            # fault campaign, may answer ESTALE instead when a peer published (or quarantined) the
+            # name from another client: try once more, then go by what the name holds now.
+            if error.errno == errno.ESTALE and attempt == 1:
+                continue
+            if error.errno not in {errno.ENOTEMPTY, errno.EEXIST, errno.ESTALE}:
+                raise
+            try:
+                theirs = read_manifest(target)
+            except ManifestError:
+                raise error from None
+            staging.discard()
+            return PublishOutcome(False, target, theirs)
+    fsync_dir(root.entries)
+    safefs.unlink(root.path, staging.owner_file)
+    with contextlib.suppress(OSError):
+        safefs.rmdir(root.path, staging.path.parent)
+    make_read_only(target, within=root.path)
+    return PublishOutcome(True, target, manifest)
+
+
+def _refuse_special_files(staging: Staging) -> None:
+    """An entry holds regular files and real directories only (a link could lead a server out of
+    the volume, and every later check would call the entry damaged): such output is a failed
+    compile, never published. Neither vllm-rbln 0.12.0 nor optimum-rbln 0.12.0 writes links."""
+    with safefs.open_tree(staging.path, within=staging.within) as top:
+        for rel, entry, _ in safefs.walk(top):
+            if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
+                continue
+            what = safefs.describe(entry.stat(follow_symlinks=False))
+            raise CompileError(
+                f"the compile left {what} at {rel} in its output; an entry holds only regular files "
+                "and directories",
+                remedy="make the compiler write real files there; cachemgr never publishes links or "
+                "special files",
+                path=rel,
+            )
+
+
+def _write_summary(
+    staging: Staging, key: CacheKey, *, identity: PodIdentity, compile_seconds: float, strategy: str
+) -> None:
+    files = list(walk_files(staging.artifacts, within=staging.within))
+    summary = {
+        "format": 1,
+        "key": key.digest,
+        "entry": key.entry_name,
+        "model": key.model_name,
+        # Same weights, any serving settings: what a space estimate learns from.
+        "model_id": digest_of(key.inputs["model"])[:16],
+        "role": key.inputs["role"],
+        "compiler": key.inputs["compiler"],
+        "npu": key.inputs["npu"],
+        "strategy": strategy,
+        "pipeline_parallel_size": key.server.pipeline_parallel_size,
+        "size_bytes": sum(st.st_size for _, st in files),
+        "files": len(files),
+        "created_at": time.time(),
+        "compile_seconds": round(compile_seconds, 3),
+        "created_by": identity.to_json(),
+    }
+    atomic_write_json(staging.path / SUMMARY_NAME, summary)
+
+
+# --- stale staging ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StagingInfo:
+    """An attempt directory found on the volume, with what is known of its owner."""
+
+    path: Path
+    owner_file: Path
+    owner: dict[str, Any]
+    heartbeat_age: float | None
+
+    def is_stale(self, *, stale_after: float, identity: PodIdentity) -> bool:
+        """Dead for sure (same host, pid gone) or silent for longer than ``stale_after`` by this
+        node's clock (a candidate only: :func:`dead_attempts` watches it before anyone removes it)."""
+        if self.died_here(identity):
+            return True
+        return self.heartbeat_age is None or self.heartbeat_age > stale_after
+
+    def died_here(self, identity: PodIdentity) -> bool:
+        """Its owner ran on this host, and that pid is gone."""
+        pid = self.owner.get("pid")
+        return self.owner.get("host") == identity.host and isinstance(pid, int) and not pid_alive(pid)
+
+
+def dead_attempts(
+    found: Iterable[StagingInfo], *, stale_after: float, identity: PodIdentity
+) -> list[tuple[StagingInfo, Mark | None]]:
+    """The attempts whose pods are gone, each with its owner record as last seen.
+
+    Silent by this node's clock is not enough: from a node whose clock is minutes ahead every
+    live attempt looks silent. So the owner record of each candidate must also not beat while
+    this node watches it on its own monotonic clock (:func:`cachemgr.volume.records.observe_marks`: up
+    to ``OBSERVE_SECONDS``, ended by the first beat), unless its pod is known dead on this host.
+    A live attempt therefore costs its watcher one heartbeat, a dead one the whole window: paid
+    only where an attempt looks long silent, on a miss or by prune, never on a hit.
+    """
+    stale = [info for info in found if info.is_stale(stale_after=stale_after, identity=identity)]
+    marks = {os.fspath(info.owner_file): record_mark(os.fspath(info.owner_file)) for info in stale}
+    unsure = {
+        os.fspath(info.owner_file): marks[os.fspath(info.owner_file)]
+        for info in stale
+        if marks[os.fspath(info.owner_file)] is not None and not info.died_here(identity)
+    }
+    alive = observe_marks(unsure) if unsure else frozenset()
+    return [
+        (info, marks[os.fspath(info.owner_file)]) for info in stale if os.fspath(info.owner_file) not in alive
+    ]
+
+
+def list_staging(root: CacheRoot, digest: str | None = None) -> list[StagingInfo]:
+    """Attempt directories for one key (or all keys), tolerant of half-written ones."""
+    digests = [digest] if digest else safefs.subdirs(root.path, root.staging)
+    found: list[StagingInfo] = []
+    now = time.time()
+    for name in digests:
+        parent = root.staging / name
+        # Real directories only, reached without following a link: a symlink planted as
+        # staging/<digest> or as an attempt is never listed, walked or removed through.
+        try:
+            attempts = safefs.subdirs(root.path, parent)
+        except safefs.UnsafePathError:
+            continue  # whoever acts on this key refuses it with the remedy (clean_stale_staging)
+        for attempt in (parent / a for a in attempts):
+            owner_file = attempt.with_name(attempt.name + ".json")
+            try:
+                owner = read_json(owner_file)
+                age: float | None = max(0.0, now - owner_file.stat().st_mtime)
+            except (OSError, ValueError):
+                owner, age = {}, None
+            found.append(StagingInfo(attempt, owner_file, owner if isinstance(owner, dict) else {}, age))
+    return found
+
+
+def clean_stale_staging(
+    root: CacheRoot, digest: str | None, *, stale_after: float, identity: PodIdentity
+) -> list[Path]:
+    """Remove attempts left by dead pods (a later lease holder or prune does this)."""
+    removed: list[Path] = []
+    if digest is not None:
+        safefs.check_dir(root.path, root.staging / digest)  # a link there: exit 74, never followed
+    for info, _ in dead_attempts(list_staging(root, digest), stale_after=stale_after, identity=identity):
+        remove_tree(info.path, within=root.path)
+        safefs.unlink(root.path, info.owner_file)
+        removed.append(info.path)
+    return removed
