@@ -1,4 +1,4 @@
-"""The README's operator guide, followed as a new operator would: every output it shows is re-made here.
+"""docs/operator-guide.md, followed as a new operator would: every output it shows is re-made here.
 
 The guide's story runs for real: the Deployments and warm Jobs of deploy/kubernetes start as real
 processes (their entrypoint scripts, their environment, the stand-in ``vllm`` on PATH) on two
@@ -37,8 +37,8 @@ from cachemgr_testkit.kube import DEPLOY, ROOT, Container, Node, container, rend
 from cachemgr_testkit.mounts import tmpfs_volume
 from cachemgr_testkit.podlib import wait_for
 
-GUIDE = ROOT / "README.md"
-SECTION = "## Operator guide"  # the guide runs from this heading to the next of its level
+GUIDE = ROOT / "docs" / "operator-guide.md"
+SECTION = "# Operator guide"  # the guide runs from this heading to the next of its level
 WRITE = os.environ.get("CACHEMGR_GUIDE_WRITE") == "1"
 PVC_SIZE = 200 << 30  # the chart's default storage.compileCache.size
 OLD_SDK, NEW_SDK = "0.12.3", "0.13.0"  # rebel-compiler of the first image, and of the upgrade
@@ -60,9 +60,10 @@ class Block:
 
 
 def guide_section(lines: list[str]) -> tuple[int, int]:
-    """Where the guide is in the README: its heading's line, and the next level-2 heading's."""
+    """Where the guide is in its page: its heading's line, and the next heading's of the same level."""
     first = lines.index(SECTION)
-    rest = [i for i, line in enumerate(lines[first + 1 :], first + 1) if line.startswith("## ")]
+    level = SECTION.split(maxsplit=1)[0] + " "
+    rest = [i for i, line in enumerate(lines[first + 1 :], first + 1) if line.startswith(level)]
     return first, rest[0] if rest else len(lines)
 
 

@@ -1,6 +1,6 @@
 """Every failure cachemgr reports: what happened, what to do, and its exit code.
 
-Exit codes follow sysexits(3), as in DESIGN.md's interface contract. Each exception
+Exit codes follow sysexits(3), as in docs/design.md's interface contract. Each exception
 subclasses the builtin it is a kind of (``TimeoutError``, ``OSError``...), so library
 callers can catch it as such, and carries a one-line message: what happened, then the
 remedy. :func:`cachemgr.cli.errors.exit_code_for` is the one place that maps them.

@@ -3,8 +3,8 @@
 Results go to stdout through :mod:`cachemgr.cli.render`; logs never carry results.
 
 structlog renders every event, but it is imported on first use, not at start-up: importing
-it costs 50-80 ms (asyncio comes with it), more than half of what a warm start may add
-before the server runs. ``run`` therefore *holds* the events of its first steps (key,
+it (asyncio comes with it) costs more than half of what a warm start may add before the server
+runs (bench/bench_warm.py's import breakdown; docs/benchmarks.md, "Warm start"). ``run`` therefore *holds* the events of its first steps (key,
 lookup, view) with their own timestamps and writes them, in order, right after the server
 is launched or as soon as anything else happens (a miss, a failure, the exit).
 """

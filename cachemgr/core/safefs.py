@@ -1,6 +1,6 @@
 """Walking, listing, moving and removing under the cache root without ever leaving it.
 
-The volume is untrusted ground (DESIGN.md, principle 6): any pod, Job or person in ``kubectl
+The volume is untrusted ground (docs/design.md, principle 6): any pod, Job or person in ``kubectl
 exec`` can replace ``quarantine/`` or ``staging/<digest>`` by a symlink to the pod's model
 weights, and a path-based ``shutil.rmtree(root / "quarantine" / name)`` then deletes them: the
 kernel follows a symlink at any level of a path, and ``O_NOFOLLOW`` guards only the last one.

@@ -131,7 +131,7 @@ class Listing:
         return sum(1 for e in self.entries if e.status == status)
 
     def to_json(self) -> list[dict[str, Any]]:
-        """A flat list (DESIGN.md's contract); ``kind`` tells entries from the other rows."""
+        """A flat list (docs/design.md's contract); ``kind`` tells entries from the other rows."""
         rows: list[dict[str, Any]] = [e.to_json() for e in self.entries]
         rows += [a.to_json() for a in self.attempts]
         rows += [f.to_json() for f in self.failures]

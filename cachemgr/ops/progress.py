@@ -8,7 +8,7 @@ compile of the same model with the same compiler on this volume says how long it
 Beside its lease the holder keeps ``leases/<digest>.progress.json``, rewritten atomically as
 often as its volume heartbeat beats (every 10 s, or the progress interval if shorter). Waiting
 pods and ``cachemgr locks`` read it to show the compile as the holder sees it. The volume is
-untrusted ground (DESIGN.md principle 6), so a reader opens the record without following a
+untrusted ground (docs/design.md principle 6), so a reader opens the record without following a
 symlink and without blocking on a FIFO, reads at most ``RECORD_MAX`` bytes, and treats
 anything it cannot use (missing, garbage, huge, another holder's, not a regular file) as no
 record: a waiter never fails because of it.

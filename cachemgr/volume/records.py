@@ -5,7 +5,7 @@ A published entry is immutable, so its users and its last use are recorded under
 and a ``last-used`` file touched at each start. Failed compiles are recorded under
 ``failures/<digest>/`` for inspection and never replayed.
 
-Whether a use record belongs to a live pod (DESIGN.md principle 6: no decision depends on
+Whether a use record belongs to a live pod (docs/design.md principle 6: no decision depends on
 clocks agreeing across nodes). A record's mtime is set by whoever wrote it last, and that
 clock is not ours: on a local disk and NFS (``utime(NULL)`` is SET_TO_SERVER_TIME) it is the
 kernel's or the server's, but on JuiceFS and CephFS it is the writing client's: for a

@@ -1,6 +1,6 @@
 """A lease on a marker file that holds on network filesystems: the mechanism under the compile lease.
 
-DESIGN.md asks for filelock's ``SoftFileLease`` "or a lease of the same semantics if it falls
+docs/design.md asks for filelock's ``SoftFileLease`` "or a lease of the same semantics if it falls
 short". It falls short on a shared volume in three ways, each seen for real:
 
 * Peers must agree on ``lease_duration``: a contender that meets a marker written with another

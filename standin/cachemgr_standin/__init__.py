@@ -33,7 +33,8 @@ Environment knobs (both programs; compiler flags override them):
 """
 
 # What the stand-in "has installed", declared the way an image without the real packages declares
-# them to cachemgr (DESIGN: the server versions are read from package metadata, else these).
+# them to cachemgr (docs/design.md, the cache key: the server versions are read from package
+# metadata, else these).
 VLLM_VERSION = "0.30.0+cpu"  # vllm-rbln 0.12.0 pins vllm==0.30.0+cpu
 VLLM_RBLN_VERSION = "0.12.0"
 OPTIMUM_RBLN_VERSION = "0.12.0"
