@@ -574,6 +574,28 @@ def test_the_image_never_carries_the_stand_ins() -> None:
     assert not list((ROOT / "cachemgr").rglob("standin/*.py")), "the stand-ins left cachemgr/ for standin/"
 
 
+def test_demo_without_the_stand_ins_says_what_to_install(tmp_path: Path) -> None:
+    """An image has no stand-ins: ``cachemgr demo`` there is one line and exit 78, not a traceback.
+
+    The test venv has them installed, so the child hides the package (a ``None`` entry in
+    ``sys.modules`` is how Python marks a module as not importable)."""
+    code = (
+        "import sys\n"
+        "sys.modules['cachemgr_standin'] = None\n"
+        "from cachemgr.cli.main import main\n"
+        f"sys.exit(main(['demo', '--dir', {str(tmp_path / 'demo')!r}]))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 78, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("cachemgr demo:")]
+    assert "cachemgr-standin" in line
+    assert "scripts/demo" in line
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "demo").exists()
+
+
 def test_dockerfile_runs_the_entrypoint_as_a_non_root_user_with_labels(base: list[dict[str, Any]]) -> None:
     instructions = dockerfile()
     (entrypoint,) = [json.loads(rest) for i, rest in instructions if i == "ENTRYPOINT"]
