@@ -14,6 +14,7 @@ from typing import Any
 
 from cachemgr.cli.cmd_run import cache_root, key_request
 from cachemgr.cli.render import Column, emit, emit_json, emit_long_json, flatten, table
+from cachemgr.core.coerce import as_dict
 from cachemgr.core.errors import UsageError, VolumeError
 from cachemgr.core.units import human_age, human_bytes, human_duration, parse_duration, parse_size
 from cachemgr.key.cachekey import compute_key
@@ -34,7 +35,7 @@ from cachemgr.ops.inspection import (
 from cachemgr.ops.inspection import show as show_key
 from cachemgr.ops.meter import interval_from, open_meter
 from cachemgr.ops.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
-from cachemgr.ops.scan import EntryInfo, as_dict, lease_stale, scan
+from cachemgr.ops.scan import EntryInfo, scan
 from cachemgr.ops.verify import VerifyReport
 from cachemgr.ops.verify import verify as verify_entries
 from cachemgr.volume.identity import PodIdentity
@@ -300,7 +301,7 @@ def _show_text(d: EntryDetail) -> str:
             text += f"\nleft out as runtime-only: {', '.join('--' + str(f) for f in dropped)}"
     if d.holder is not None:
         h = d.holder
-        stale = lease_stale(h)
+        stale = h.stale
         state = "STALE (dead or frozen: the next pod to start takes it over)" if stale else "live"
         refreshed = f"refreshed {human_duration(h.refreshed_age)} ago, lease {human_duration(h.duration)}"
         text += _section("LEASE", f"held by {h.describe()}; {refreshed}: {state}")

@@ -103,8 +103,8 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
 
 def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.ops.inspection import find_key
-    from cachemgr.ops.scan import entry_names
     from cachemgr.remote.ops import PushResult, push_entry
+    from cachemgr.volume.entries import entry_names
 
     root = _root(args)
     remote = _open(args, environ)

@@ -23,31 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr.core.coerce import as_dict, read_dict
 from cachemgr.core.errors import ConfigError, UsageError, VolumeError
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.key.cachekey import resolve_compiler, resolve_npu
-from cachemgr.ops.progress import Seen, read_record
-from cachemgr.ops.scan import (
+from cachemgr.ops.attempts import (
     Attempt,
-    Compat,
-    EntryInfo,
     FailureHistory,
     Quarantined,
-    as_dict,
     attempt_of,
-    entry_digest,
-    entry_names,
     failure_histories,
-    lease_stale,
-    listdir,
     quarantined,
-    read_dict,
-    scan,
-    scan_entry,
-    tree_usage,
 )
+from cachemgr.ops.progress import Seen, read_record
+from cachemgr.ops.scan import Compat, EntryInfo, scan, scan_entry
 from cachemgr.ops.space import VolumeSpace, prunable_now
 from cachemgr.volume.drift import records as drift_records
+from cachemgr.volume.entries import entry_digest, entry_names, listdir, tree_usage
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, ManifestError, check_files, read_manifest
 from cachemgr.volume.records import failures
@@ -324,14 +316,17 @@ def _manifest_summary(path: Path) -> tuple[dict[str, Any] | None, tuple[str, ...
 
 @dataclass(frozen=True)
 class LockInfo:
-    """A lease marker and its holder. ``stale``: not refreshed for the lease duration (the
-    marker's; the default when the marker does not say), so the next contender takes it over."""
+    """A lease marker and its holder."""
 
     key: str
     entry: str
     holder: Holder
-    stale: bool
     progress: Seen | None = None  # the holder's own progress record (cachemgr.ops.progress)
+
+    @property
+    def stale(self) -> bool:
+        """Dead or frozen: the next contender takes it over (:attr:`cachemgr.volume.lease.Holder.stale`)."""
+        return self.holder.stale
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -357,7 +352,7 @@ def list_locks(root: CacheRoot) -> list[LockInfo]:
             continue  # released while we looked
         entry = names.get(digest[:16]) or _staged_entry(root, digest)
         seen = read_record(root, digest, token=holder.token) if holder.current else None
-        found.append(LockInfo(digest, entry, holder, lease_stale(holder), seen))
+        found.append(LockInfo(digest, entry, holder, seen))
     return found
 
 
@@ -380,7 +375,7 @@ def holder_json(holder: Holder | None) -> dict[str, Any] | None:
         "held_for_seconds": round(holder.held_for, 1),
         "refreshed_age_seconds": None if holder.refreshed_age is None else round(holder.refreshed_age, 1),
         "duration_seconds": holder.duration,
-        "stale": lease_stale(holder),
+        "stale": holder.stale,
         "current": holder.current,
     }
 

@@ -43,7 +43,8 @@ from cachemgr.core.fsutil import fsync_dir, random_suffix, read_json, remove_tre
 from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey
-from cachemgr.ops.scan import STALE_STAGING_AFTER, Compat, EntryInfo, Scan, scan
+from cachemgr.ops.attempts import STALE_STAGING_AFTER
+from cachemgr.ops.scan import Compat, EntryInfo, Scan, scan
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.records import Mark, User, observe, read_usage, record_mark
