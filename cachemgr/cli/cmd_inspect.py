@@ -18,21 +18,13 @@ from cachemgr.core.coerce import as_dict
 from cachemgr.core.errors import UsageError, VolumeError
 from cachemgr.core.units import human_age, human_bytes, human_duration, parse_duration, parse_size
 from cachemgr.key.cachekey import compute_key
+from cachemgr.ops.diskusage import DiskUsage, disk_usage
 from cachemgr.ops.explain import Explanation
 from cachemgr.ops.explain import explain as explain_key
-from cachemgr.ops.inspection import (
-    DiskUsage,
-    EntryDetail,
-    ImageInfo,
-    Listing,
-    LockInfo,
-    disk_usage,
-    list_cache,
-    list_locks,
-    resolve_image,
-    volume_errors,
-)
+from cachemgr.ops.image import ImageInfo, resolve_image
+from cachemgr.ops.inspection import EntryDetail, Listing, list_cache, volume_errors
 from cachemgr.ops.inspection import show as show_key
+from cachemgr.ops.locks import LockInfo, list_locks
 from cachemgr.ops.meter import interval_from, open_meter
 from cachemgr.ops.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
 from cachemgr.ops.scan import EntryInfo, scan

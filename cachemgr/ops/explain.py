@@ -21,7 +21,7 @@ from cachemgr.core.coerce import as_dict, number, read_dict
 from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.ops.attempts import FailureHistory
-from cachemgr.ops.inspection import holder_json, read_holder_of
+from cachemgr.ops.locks import holder_json, read_holder_of
 from cachemgr.ops.scan import Compat, EntryInfo, scan
 from cachemgr.volume.drift import records as drift_records
 from cachemgr.volume.layout import CacheRoot
