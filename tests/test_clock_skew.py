@@ -30,7 +30,8 @@ from conftest import REQUIRE_MOUNTS_ENV
 from podlib import DEADLINE, Cluster, Pod, free_port, skewed_env
 from scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
-from cachemgr.ops.prune import PruneRequest, execute, plan_prune
+from cachemgr.ops.prune import execute
+from cachemgr.ops.prune_plan import PruneRequest, plan_prune
 from cachemgr.ops.scan import scan
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot

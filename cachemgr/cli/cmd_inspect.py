@@ -26,7 +26,8 @@ from cachemgr.ops.inspection import EntryDetail, Listing, list_cache, volume_err
 from cachemgr.ops.inspection import show as show_key
 from cachemgr.ops.locks import LockInfo, list_locks
 from cachemgr.ops.meter import interval_from, open_meter
-from cachemgr.ops.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
+from cachemgr.ops.prune import execute
+from cachemgr.ops.prune_plan import PrunePlan, PruneRequest, PruneResult, plan_prune
 from cachemgr.ops.scan import EntryInfo, scan
 from cachemgr.ops.verify import VerifyReport
 from cachemgr.ops.verify import verify as verify_entries
