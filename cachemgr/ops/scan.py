@@ -348,8 +348,7 @@ def _key_json(ctx: _Context, name: str) -> dict[str, Any]:
     data = read_dict(ctx.entries / name / KEY_NAME)
     if not data:
         return {}
-    raw_inputs = data.get("inputs")
-    inputs: dict[str, Any] = raw_inputs if isinstance(raw_inputs, dict) else {}
+    inputs = as_dict(data.get("inputs"))
     details = data.get("details")
     key = data.get("key")
     return {
