@@ -92,7 +92,7 @@ class MarkerView:
 
     record: MarkerRecord
     stamp: tuple[object, ...]
-    mtime: float = 0.0  # by the clock of the node that last refreshed it: for display, not for expiry
+    mtime: float = 0.0  # by the refreshing node's clock: readers without a watch (locks, show) age it so
 
 
 def parse_marker(text: str) -> MarkerRecord:
