@@ -21,20 +21,10 @@ from cachemgr.key.vllm_values import human_readable_int, loads, refuse, value_ty
 
 # FlexibleArgumentParser's patterns, verbatim (note: "$" also matches before a final newline).
 _MODEL_OPTION = re.compile(r"^--model(=.+|$)")
-
-
 _SERVED_NAME_OPTION = re.compile(r"^--served[-_]model[-_]name(=.+|$)")
-
-
 _CONFIG_OPTION = re.compile(r"^--config(=.+|$)")
-
-
 TOP_LEVEL_OPTIONS = frozenset({"-h", "--help", "-v", "--version"})  # the `vllm` parser's own
-
-
 OWNED = "_rbln_additional_config_owned"  # vllm-rbln's marker attribute
-
-
 # LoRAModulePath's fields and defaults
 _LORA: dict[str, Any] = {"name": None, "path": None, "base_model_name": None, "is_3d_lora_weight": False}
 

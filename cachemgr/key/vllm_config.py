@@ -13,8 +13,6 @@ from cachemgr.core.errors import ConfigError
 from cachemgr.key.vllm_values import MAX_DEPTH, refuse
 
 _CONFIG_MAX_BYTES = 1 << 20  # a serving config is a few KB
-
-
 _CONFIG_MAX_NODES = 100_000
 
 

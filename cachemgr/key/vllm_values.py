@@ -77,11 +77,7 @@ def _depth(value: Any) -> int:
 
 
 _BARE_HUMAN_INT = re.compile(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b")
-
-
 _DECIMAL: Mapping[str, int] = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-
-
 _BINARY: Mapping[str, int] = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
