@@ -360,18 +360,9 @@ class Table:
             self.aliases[alias] = name
         if action["negatable"]:
             self.negatable.add(name)
-        if action["kind"] not in _KNOWN_KINDS:
-            raise SystemExit(f"unknown value kind {action['kind']}")
-        if action["kind"] in _JSON_KINDS:
-            self.json.add(name)
-        if action["kind"] == "json-or-str":
-            self.json_or_str.add(name)
+        self._add_value_kind(name, action)
         if action["append"]:
             self.append.add(name)
-        if action["kind"] not in _TEXT_KINDS:
-            self.kinds[name] = action["kind"]
-        if action["optional"]:
-            self.optional.add(name)
         if self.flags[name] == "?":
             self.optional_consts[name] = action["const"]
         if action["group"] == _RBLN_GROUP:
@@ -381,6 +372,19 @@ class Table:
             self.rbln[name] = key
         elif name.startswith("rbln-"):
             raise SystemExit(f"{name} is outside the {_RBLN_GROUP} group")
+
+    def _add_value_kind(self, name: str, action: dict[str, Any]) -> None:
+        kind = action["kind"]
+        if kind not in _KNOWN_KINDS:
+            raise SystemExit(f"unknown value kind {kind}")
+        if kind in _JSON_KINDS:
+            self.json.add(name)
+        if kind == "json-or-str":
+            self.json_or_str.add(name)
+        if kind not in _TEXT_KINDS:
+            self.kinds[name] = kind
+        if action["optional"]:
+            self.optional.add(name)
 
 
 def _dict_literal(name: str, annotation: str, items: dict[str, str]) -> list[str]:
