@@ -17,7 +17,7 @@ from typing import Any
 from cachemgr_testkit.podlib import Cluster, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, server_argv, vllm_argv
 
-from cachemgr.ops.scan import SILENT_ATTEMPT_AFTER
+from cachemgr.ops.attempts import SILENT_ATTEMPT_AFTER
 
 
 def ls(root: Path, env: dict[str, str], *args: str) -> str:

@@ -29,7 +29,8 @@ from cachemgr_testkit.mounts import REQUIRE_MOUNTS_ENV
 from cachemgr_testkit.podlib import DEADLINE, FAKETIME_LIB, Cluster, Pod, free_port, skewed_env
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
-from cachemgr.ops.prune import PruneRequest, execute, plan_prune
+from cachemgr.ops.prune import execute
+from cachemgr.ops.prune_plan import PruneRequest, plan_prune
 from cachemgr.ops.scan import scan
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot

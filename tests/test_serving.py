@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cachemgr.core.errors import ConfigError
-from cachemgr.key import serving, vllm_flags
+from cachemgr.key import vllm_argv, vllm_flags, vllm_values
 from cachemgr.key.cachekey import canonical_json
 from cachemgr.key.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
 
@@ -77,10 +77,10 @@ def test_golden_file_is_for_this_table() -> None:
 
 
 def test_value_kinds_match_the_real_parser() -> None:
-    """serving's copy of each option's value parser, checked against the recorded real one."""
+    """The generated table's value parser of each option, checked against the recorded real one."""
     real = GOLDEN["kinds"]
     assert set(real) == set(vllm_flags.FLAGS)
-    for kind, names in serving.VALUE_KINDS.items():
+    for kind, names in vllm_values.VALUE_KINDS.items():
         if kind == "optional":
             assert names == {n for n, k in real.items() if k["optional"]}
         else:
@@ -90,7 +90,7 @@ def test_value_kinds_match_the_real_parser() -> None:
 
 
 def test_option_strings_arities_and_consts_match_the_real_parser() -> None:
-    parser = serving._serve_parser()
+    parser = vllm_argv.serve_parser()
     ours = parser._option_string_actions
     real = GOLDEN["options"]
     assert set(ours) == set(real)
@@ -120,7 +120,7 @@ def test_safety_property_over_the_golden_corpus() -> None:
 # --------------------------------------------------------------------------------------------------
 # hypothesis: spellings that vLLM reads alike keep the key; one changed value changes it
 
-ALL_OPTIONS = sorted(serving._serve_parser()._option_string_actions)
+ALL_OPTIONS = sorted(vllm_argv.serve_parser()._option_string_actions)
 ALIASES_OF: dict[str, list[str]] = {}
 for _alias, _name in vllm_flags.ALIASES.items():
     ALIASES_OF.setdefault(_name, []).append(_alias)

@@ -413,9 +413,9 @@ class CaseGenerator:
 
     def value(self, name: str) -> str:
         rng = self.rng
-        from cachemgr.key import serving  # stdlib + cachemgr only
+        from cachemgr.key import vllm_values  # stdlib + cachemgr only
 
-        kinds = serving.VALUE_KINDS
+        kinds = vllm_values.VALUE_KINDS
         if rng.random() < 0.15:
             return rng.choice(_AWKWARD)
         if name in _GOOD:
@@ -460,19 +460,6 @@ class _Recorder:
         self.validation_failed = False
 
 
-def _unwrap(fn: Any) -> tuple[Any, bool]:
-    optional = False
-    while (
-        callable(fn)
-        and getattr(fn, "__module__", "") == "vllm.engine.arg_utils"
-        and getattr(fn, "__name__", "") in {"_optional_type", "_parse_type"}
-    ):
-        optional = optional or fn.__name__ == "_optional_type"
-        cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__), strict=True))
-        fn = cells["return_type"]
-    return fn, optional
-
-
 def _instrument(parser: argparse.ArgumentParser, recorder: _Recorder) -> dict[str, Any]:
     """Record explicit options and dataclass JSON; return each option's kind and arity."""
     arg_utils = importlib.import_module("vllm.engine.arg_utils")
@@ -487,7 +474,7 @@ def _instrument(parser: argparse.ArgumentParser, recorder: _Recorder) -> dict[st
         action.__class__ = type(f"Recording{cls.__name__}", (cls,), {"__call__": call})
         if not action.option_strings:
             continue
-        inner, optional = _unwrap(action.type)
+        inner, optional = flags_tool._unwrap(action.type)
         kind = flags_tool._value_kind(inner, action.dest) if action.type is not None else "none"
         if kind == "dataclass-json":
             action.type = _capturing(action.type, action.dest, optional, recorder, arg_utils)

@@ -113,6 +113,8 @@ _KNOWN_KINDS = _JSON_KINDS | {
     "none", "str", "int", "float", "human-readable-int", "human-readable-int-or-auto",
     "comma-separated-ids", "lower-underscored-str",
 }  # fmt: skip
+# Value parsers that keep the value as text (or take none): FLAG_KINDS leaves them out.
+_TEXT_KINDS = {"none", "str"}
 _LAMBDA_KINDS = {
     "device_ids": "comma-separated-ids",
     "moe_backend": "lower-underscored-str",
@@ -163,17 +165,26 @@ def _verify_no_foreign_plugins() -> None:
                 raise SystemExit(f"plugin {ep.name!r} of {dist} is installed; it could add options")
 
 
-def _value_kind(fn: Any, dest: str) -> str:
-    """Name the value parser an action applies, looking through optional_type/parse_type."""
-    arg_utils = importlib.import_module("vllm.engine.arg_utils")
-    argparse_utils = importlib.import_module("vllm.utils.argparse_utils")
+def _unwrap(fn: Any) -> tuple[Any, bool]:
+    """The value parser inside vLLM's optional_type/parse_type wrappers, and whether optional_type
+    (which reads "" and "None" as None) was among them."""
+    optional = False
     while (
         callable(fn)
         and getattr(fn, "__module__", "") == "vllm.engine.arg_utils"
         and getattr(fn, "__name__", "") in {"_optional_type", "_parse_type"}
     ):
+        optional = optional or fn.__name__ == "_optional_type"
         cells = dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in fn.__closure__), strict=True))
         fn = cells["return_type"]
+    return fn, optional
+
+
+def _value_kind(fn: Any, dest: str) -> str:
+    """Name the value parser an action applies, looking through optional_type/parse_type."""
+    arg_utils = importlib.import_module("vllm.engine.arg_utils")
+    argparse_utils = importlib.import_module("vllm.utils.argparse_utils")
+    fn, _ = _unwrap(fn)
     kinds: dict[Any, str] = {
         None: "none",
         str: "str",
@@ -231,6 +242,7 @@ def dump(rbln_src: Path, vllm_wheel: Path, out: Path) -> None:
             "negatable": isinstance(a, argparse.BooleanOptionalAction),
             "append": isinstance(a, argparse._AppendAction),
             "kind": _value_kind(a.type, a.dest),
+            "optional": _unwrap(a.type)[1],
             "const": _jsonable(a.const),
             "group": group_of.get(id(a)),
         }
@@ -323,6 +335,8 @@ class Table:
         self.json: set[str] = set()
         self.json_or_str: set[str] = set()
         self.append: set[str] = set()
+        self.kinds: dict[str, str] = {}
+        self.optional: set[str] = set()
         self.rbln: dict[str, str] = {}
         self.optional_consts: dict[str, Any] = {}
         self.positionals: list[str] = []
@@ -346,12 +360,7 @@ class Table:
             self.aliases[alias] = name
         if action["negatable"]:
             self.negatable.add(name)
-        if action["kind"] not in _KNOWN_KINDS:
-            raise SystemExit(f"unknown value kind {action['kind']}")
-        if action["kind"] in _JSON_KINDS:
-            self.json.add(name)
-        if action["kind"] == "json-or-str":
-            self.json_or_str.add(name)
+        self._add_value_kind(name, action)
         if action["append"]:
             self.append.add(name)
         if self.flags[name] == "?":
@@ -363,6 +372,19 @@ class Table:
             self.rbln[name] = key
         elif name.startswith("rbln-"):
             raise SystemExit(f"{name} is outside the {_RBLN_GROUP} group")
+
+    def _add_value_kind(self, name: str, action: dict[str, Any]) -> None:
+        kind = action["kind"]
+        if kind not in _KNOWN_KINDS:
+            raise SystemExit(f"unknown value kind {kind}")
+        if kind in _JSON_KINDS:
+            self.json.add(name)
+        if kind == "json-or-str":
+            self.json_or_str.add(name)
+        if kind not in _TEXT_KINDS:
+            self.kinds[name] = kind
+        if action["optional"]:
+            self.optional.add(name)
 
 
 def _dict_literal(name: str, annotation: str, items: dict[str, str]) -> list[str]:
@@ -500,6 +522,16 @@ def render(data: dict[str, Any]) -> str:
         "",
         "# canonical names whose repeated occurrences accumulate (action='append') instead of last-wins",
         *_set_literal("APPEND_FLAGS", t.append),
+        "",
+        "# canonical name -> how vLLM converts its value (the `type=` of its action, with optional_type and",
+        "# parse_type looked through), for every option whose value is not kept as text:",
+        '#   "int", "float", "human-readable-int" ("4k" is 4000, "4K" 4096), "human-readable-int-or-auto"',
+        '#   ("auto" and "-1" are -1), "json", "json-or-str", "dataclass-json" (bare 4k/2G numbers expanded',
+        '#   first), "lower-underscored-str" (lower case, "-" -> "_"), "comma-separated-ids" (digits -> int)',
+        *_dict_literal("FLAG_KINDS", "Final[dict[str, str]]", t.kinds),
+        "",
+        '# canonical names whose value parser is wrapped in optional_type: "" and "None" are read as None',
+        *_set_literal("OPTIONAL_FLAGS", t.optional),
         "",
         "# the --rbln-* flags: canonical name -> the additional_config key it writes",
         '# ("rbln-use-w8a8" -> "use_w8a8")',

@@ -1,75 +1,49 @@
-"""``ls``, ``show``, ``explain``, ``du``, ``verify``, ``prune``, ``locks``: parse, call the library, render.
+"""``ls``, ``show``, ``explain``, ``locks``: what is on the volume and why; parse, call the library, render.
 
 Results go to stdout (aligned tables, or JSON with ``-o json``); notes and warnings go to
-stderr, so ``-o json`` output always parses. Only ``verify --fix`` and ``prune`` write to the
-volume, and nothing prompts without a terminal.
+stderr, so ``-o json`` output always parses. Nothing here writes to the volume; ``du``,
+``verify`` and ``prune`` are :mod:`cachemgr.cli.cmd_maintain`.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from cachemgr.cli.cmd_run import cache_root, key_request
-from cachemgr.cli.render import Column, emit, emit_json, emit_long_json, flatten, table
-from cachemgr.core.errors import UsageError, VolumeError
-from cachemgr.core.units import human_age, human_bytes, human_duration, parse_duration, parse_size
+from cachemgr.cli.render import (
+    Column,
+    emit,
+    emit_json,
+    emit_long_json,
+    entry_row,
+    flatten,
+    kv,
+    plural,
+    section,
+    table,
+    tell,
+)
+from cachemgr.core.coerce import as_dict
+from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import compute_key
 from cachemgr.ops.explain import Explanation
 from cachemgr.ops.explain import explain as explain_key
-from cachemgr.ops.inspection import (
-    DiskUsage,
-    EntryDetail,
-    ImageInfo,
-    Listing,
-    LockInfo,
-    disk_usage,
-    list_cache,
-    list_locks,
-    resolve_image,
-    volume_errors,
-)
+from cachemgr.ops.image import ImageInfo, resolve_image
+from cachemgr.ops.inspection import EntryDetail, Listing, list_cache, volume_errors
 from cachemgr.ops.inspection import show as show_key
-from cachemgr.ops.meter import interval_from, open_meter
-from cachemgr.ops.prune import PrunePlan, PruneRequest, PruneResult, execute, plan_prune
-from cachemgr.ops.scan import EntryInfo, as_dict, lease_stale, scan
-from cachemgr.ops.verify import VerifyReport
-from cachemgr.ops.verify import verify as verify_entries
-from cachemgr.volume.identity import PodIdentity
+from cachemgr.ops.locks import LockInfo, list_locks
+from cachemgr.ops.scan import EntryInfo
 from cachemgr.volume.layout import CacheRoot, open_root
 
-_TOP_ENTRIES = 15  # du lists the largest entries; -o json has them all
 
-
-def _root(args: argparse.Namespace) -> CacheRoot:
+def open_cache(args: argparse.Namespace) -> CacheRoot:
     return open_root(cache_root(args), create=False)  # inspection never creates the layout
 
 
-def _image(args: argparse.Namespace, environ: Mapping[str, str]) -> ImageInfo:
+def image_of(args: argparse.Namespace, environ: Mapping[str, str]) -> ImageInfo:
     return resolve_image(compiler_version=args.compiler_version, npu_type=args.npu_type, environ=environ)
-
-
-def _tell(kind: str, lines: Iterable[str]) -> None:
-    for line in lines:
-        print(f"{kind}: {line}", file=sys.stderr)
-
-
-def _kv(pairs: Sequence[tuple[str, Any]]) -> str:
-    width = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k:<{width}}  {'-' if v is None else v}" for k, v in pairs)
-
-
-def _n(count: int, noun: str) -> str:
-    """``1 entry``, ``2 entries``."""
-    if count == 1:
-        return f"1 {noun}"
-    return f"{count} {noun[:-1]}ies" if noun.endswith("y") else f"{count} {noun}s"
-
-
-def _section(title: str, body: str) -> str:
-    return f"\n\n{title}\n{body}"
 
 
 # --- ls -------------------------------------------------------------------------------------
@@ -89,38 +63,32 @@ _LS = [
 
 
 def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    image = _image(args, environ)
-    root = _root(args)
+    image = image_of(args, environ)
+    root = open_cache(args)
     with volume_errors(root):
         listing = list_cache(root, compat=image.compat)
     if args.output == "json":
         emit_long_json(listing.to_json())
     else:
         emit(_ls_text(listing, image, args.cache_root))
-    _tell("warning", listing.warnings)
-    _tell("note", image.notes)
+    tell("warning", listing.warnings)
+    tell("note", image.notes)
     return 0
 
 
 def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
     rows = [
-        {
-            "key": e.short,
-            "model": e.model or "?",
-            "role": e.role or "?",
-            "compiler": e.compiler or "?",
-            "npu": e.npu or "?",
-            "size": e.size_str,
-            "created": e.created_str,
-            "last_used": e.last_used_str,
-            "in_use": _n(len(e.users), "pod") if e.in_use else "no",
-            "status": e.status if e.origin_kind == "local" else f"{e.status} ({e.origin_kind})",
-        }
+        entry_row(
+            key=e.short, model=e.model, role=e.role, compiler=e.compiler, npu=e.npu, size=e.size_str,
+            created=e.created_str, last_used=e.last_used_str,
+            in_use=plural(len(e.users), "pod") if e.in_use else "no",
+            status=e.status if e.origin_kind == "local" else f"{e.status} ({e.origin_kind})",
+        )
         for e in listing.entries
-    ]
+    ]  # fmt: skip
     text = table(rows, _LS) if rows else f"no entries under {root}"
     total = human_bytes(sum(e.size_bytes for e in listing.entries))
-    text += f"\n\n{_n(len(rows), 'entry')}, {total}"
+    text += f"\n\n{plural(len(rows), 'entry')}, {total}"
     incompatible = [e for e in listing.entries if e.status == "incompatible"]
     if incompatible:
         size = human_bytes(sum(e.size_bytes for e in incompatible if not e.in_use))
@@ -147,7 +115,7 @@ def _other_npus(entries: tuple[EntryInfo, ...], image: ImageInfo) -> str:
         return ""
     count = sum(1 for e in entries if e.npu in others and e.status == "ok")
     return (
-        f"; {_n(count, 'entry')} for other NPU types ({', '.join(others)}; this pod has {image.compat.npu}): "
+        f"; {plural(count, 'entry')} for other NPU types ({', '.join(others)}; this pod has {image.compat.npu}): "
         f"pods on that hardware may use them, so --incompatible keeps them; "
         f"'cachemgr prune --npu {others[0]}' removes them once that hardware is gone"
     )
@@ -180,7 +148,7 @@ def _side_sections(listing: Listing) -> str:
             for a in listing.attempts
         ]
         cols = ["key", "model", "role", "pod", "node", "size", "started", "status", "detail"]
-        text += _section(
+        text += section(
             "STAGING (compile attempts)",
             table(rows, [Column(c, c, ">" if c == "size" else "<") for c in cols]),
         )
@@ -198,7 +166,7 @@ def _side_sections(listing: Listing) -> str:
             for row in [f.to_json()]
         ]
         cols = ["key", "model", "role", "compiler", "npu", "failures", "last", "pod", "reason", "now"]
-        text += _section(
+        text += section(
             "FAILED COMPILES ('cachemgr show KEY' has the output)", table(rows, [Column(c, c) for c in cols])
         )
     if listing.quarantined:
@@ -212,7 +180,7 @@ def _side_sections(listing: Listing) -> str:
             for q in listing.quarantined
         ]
         cols = ["name", "size", "moved", "reason"]
-        text += _section(
+        text += section(
             "QUARANTINE ('cachemgr prune --damaged' removes)", table(rows, [Column(c, c) for c in cols])
         )
     return text
@@ -226,15 +194,15 @@ def _float(value: Any) -> float | None:
 
 
 def show(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    image = _image(args, environ)
-    root = _root(args)
+    image = image_of(args, environ)
+    root = open_cache(args)
     with volume_errors(root):
         detail = show_key(root, args.key, compat=image.compat)
     if args.output == "json":
         emit_json(detail.to_json())
     else:
         emit(_show_text(detail))
-    _tell("warning", detail.warnings)
+    tell("warning", detail.warnings)
     return 0
 
 
@@ -282,7 +250,7 @@ def _show_text(d: EntryDetail) -> str:
                 "; ".join(d.problems) or "sizes match the manifest ('cachemgr verify' hashes them)",
             ),
         ]
-    text = _kv(pairs)
+    text = kv(pairs)
     inputs = d.inputs
     if inputs:
         sources = as_dict(d.key_doc.get("sources"))
@@ -291,7 +259,7 @@ def _show_text(d: EntryDetail) -> str:
             for top, value_ in inputs.items()
             for name, value in flatten(top, value_)
         ]
-        text += _section(
+        text += section(
             "KEY INPUTS",
             table(rows, [Column("input", "input"), Column("value", "value"), Column("source", "source")]),
         )
@@ -300,20 +268,20 @@ def _show_text(d: EntryDetail) -> str:
             text += f"\nleft out as runtime-only: {', '.join('--' + str(f) for f in dropped)}"
     if d.holder is not None:
         h = d.holder
-        stale = lease_stale(h)
+        stale = h.stale
         state = "STALE (dead or frozen: the next pod to start takes it over)" if stale else "live"
         refreshed = f"refreshed {human_duration(h.refreshed_age)} ago, lease {human_duration(h.duration)}"
-        text += _section("LEASE", f"held by {h.describe()}; {refreshed}: {state}")
+        text += section("LEASE", f"held by {h.describe()}; {refreshed}: {state}")
     for a in d.attempts:
-        text += _section(
+        text += section(
             "ATTEMPT", f"{a.name}: pod {a.pod} node {a.node or '?'}, {a.size_str}, {a.status}: {a.detail}"
         )
     if d.history is not None:
-        text += _section(
+        text += section(
             f"FAILED COMPILES ({d.history.count})", "\n".join(_failure_text(r) for r in d.history.records)
         )
     if d.recompiled:
-        text += _section(
+        text += section(
             f"RECOMPILED ON HIT ({len(d.recompiled)}): the server compiled anyway; the key lacks an input it hashes",
             "\n".join(_recompiled_text(r) for r in d.recompiled),
         )
@@ -350,14 +318,14 @@ def _failure_text(record: Mapping[str, Any]) -> str:
 
 def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
     key = compute_key(key_request(args, server_argv, environ))
-    root = _root(args)
+    root = open_cache(args)
     with volume_errors(root):
         result = explain_key(root, key)
     if args.output == "json":
         emit_json(result.to_json())
     else:
         emit(_explain_text(result))
-    _tell("warning", result.warnings)
+    tell("warning", result.warnings)
     return 0
 
 
@@ -371,7 +339,7 @@ def _explain_text(x: Explanation) -> str:
         pairs.append(("runtime-only", " ".join("--" + f for f in x.key.server.dropped) + " (not in the key)"))
     for reason in x.key.details.get("uncacheable", ()):
         pairs.append(("cannot cache", reason))
-    text = _kv(pairs)
+    text = kv(pairs)
     if x.nearest:
         blocks = []
         for rank, near in enumerate(x.nearest, 1):
@@ -380,239 +348,16 @@ def _explain_text(x: Explanation) -> str:
             count = len(near.differences)
             head = f"{rank}. {e.short}  {e.name}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
             blocks.append("\n".join([head, *(f"     {d}" for d in near.differences)]))
-        text += _section("NEAREST ENTRIES (entry value -> this argv)", "\n".join(blocks))
-    text += _section("WHAT TO DO", "\n".join(f"- {line}" for line in x.advice))
+        text += section("NEAREST ENTRIES (entry value -> this argv)", "\n".join(blocks))
+    text += section("WHAT TO DO", "\n".join(f"- {line}" for line in x.advice))
     return text
-
-
-# --- du -------------------------------------------------------------------------------------
-
-
-def du(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    image = _image(args, environ)
-    root = _root(args)
-    with volume_errors(root):
-        usage = disk_usage(root, compat=image.compat)
-    if args.output == "json":
-        emit_long_json(usage.to_json())
-    else:
-        emit(_du_text(usage))
-    _tell("warning", usage.warnings)
-    _tell("note", image.notes)
-    return 0
-
-
-def _du_text(u: DiskUsage) -> str:
-    share = f" ({100 * u.used_bytes / u.total_bytes:.0f}%)" if u.total_bytes else ""
-    staged = f"{human_bytes(u.staging_bytes)} in {_n(len(u.attempts), 'attempt')}"
-    shared = sum(a.shared_bytes for a in u.attempts)
-    if shared:
-        staged += f" (+{human_bytes(shared)} hard-linked with entries, counted there)"
-    text = _kv(
-        [
-            ("volume", f"{u.volume}  (statvfs: a CephFS/JuiceFS directory quota shows here)"),
-            ("size", human_bytes(u.total_bytes)),
-            ("used", human_bytes(u.used_bytes) + share),
-            ("free", human_bytes(u.free_bytes)),
-            *([("reserved", f"{human_bytes(u.reserved_bytes)} (for root only)")] if u.reserved_bytes else []),
-            ("cache", human_bytes(u.cache_bytes)),
-            ("  entries", f"{human_bytes(u.entries_bytes)} in {_n(len(u.entries), 'entry')}"),
-            ("  staging", staged),
-            ("  quarantine", f"{human_bytes(u.quarantine_bytes)} in {_n(len(u.quarantined), 'entry')}"),
-            ("  trash", human_bytes(u.trash_bytes)),
-        ]
-    )
-    rows = [{"compiler": c.compiler, "entries": c.entries, "size": c.size_str} for c in u.by_compiler]
-    cols = [Column("compiler", "compiler"), Column("entries", "entries", ">"), Column("size", "size", ">")]
-    text += _section("BY COMPILER VERSION", table(rows, cols)) if rows else ""
-    largest = sorted(u.entries, key=lambda e: e.size_bytes, reverse=True)[:_TOP_ENTRIES]
-    if largest:
-        rows = [
-            {"key": e.short, "model": e.model, "role": e.role, "compiler": e.compiler, "size": e.size_str,
-             "last_used": e.last_used_str, "status": e.status}
-            for e in largest
-        ]  # fmt: skip
-        cols = [
-            Column(c, c, ">" if c == "size" else "<") for c in ("key", "model", "role", "compiler", "size")
-        ]
-        cols += [Column("last used", "last_used"), Column("status", "status")]
-        more = (
-            f" (largest {len(largest)} of {len(u.entries)}; -o json lists all)"
-            if len(u.entries) > len(largest)
-            else ""
-        )
-        text += _section(f"BY ENTRY{more}", table(rows, cols))
-    rows = [
-        {"command": f"cachemgr prune {f.flag}", "items": f.items, "frees": f.bytes_str} for f in u.prunable
-    ]
-    total = sum(f.bytes for f in u.prunable)
-    rows.append({"command": "total", "items": sum(f.items for f in u.prunable), "frees": human_bytes(total)})
-    cols = [Column("command", "command"), Column("items", "items", ">"), Column("frees", "frees", ">")]
-    return text + _section(
-        "PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)", table(rows, cols)
-    )
-
-
-# --- verify ---------------------------------------------------------------------------------
-
-
-def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[str, str]) -> int:
-    root = _root(args)
-    meter = open_meter(what="verify", event="verify_progress", interval=interval_from(args.progress_interval))
-    try:
-        with volume_errors(root):
-            report = verify_entries(root, list(args.keys), fix=args.fix, meter=meter)
-    finally:
-        meter.close()
-    if args.output == "json":
-        emit_json(report.to_json())
-    else:
-        emit(_verify_text(report))
-    _tell("warning", (f"{i.name}: {w}" for i in report.items for w in i.warnings))
-    error = report.damage_error()
-    if error is not None:
-        raise error  # after the report: exit 74, with one line saying what to do
-    return 0
-
-
-def _verify_text(r: VerifyReport) -> str:
-    rows = [
-        {"entry": i.name, "size": i.size_str, "status": i.status, "problems": "; ".join(i.problems) or "-"}
-        for i in r.items
-    ]
-    cols = [Column("entry", "entry"), Column("size", "size", ">"), Column("status", "status")]
-    text = table(rows, [*cols, Column("problems", "problems")]) if rows else "no entries to verify"
-    counts = {s: sum(1 for i in r.items if i.status == s) for s in ("ok", "damaged", "unreadable", "gone")}
-    summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing"
-    text += f"\n\nverified {_n(len(r.items), 'entry')} ({human_bytes(r.checked_bytes)}) in {r.seconds:.1f}s: {summary}"
-    for item in r.items:
-        if item.moved_to:
-            users = f" (it was in use by {', '.join(item.users)}: restart them)" if item.users else ""
-            text += f"\nmoved aside to quarantine/{item.moved_to.rsplit('/', 1)[-1]}{users}"
-    return text
-
-
-# --- prune ----------------------------------------------------------------------------------
-
-
-def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    request = _prune_request(args)
-    image = _image(args, environ)
-    compat = image.require() if request.incompatible else image.compat
-    root = _root(args)
-    identity = PodIdentity.current(environ)
-    with volume_errors(root):
-        plan = plan_prune(root, scan(root, compat=compat), request, identity=identity)
-    if not plan.items or args.dry_run:
-        _render_prune(args, plan, None)
-        return 0
-    if not args.yes and not _asked_yes(args, plan):
-        return 0
-    meter = open_meter(what="prune", event="prune_progress", interval=interval_from(args.progress_interval))
-    try:
-        result = execute(root, plan, stale_after=request.stale_after, identity=identity, meter=meter)
-    finally:
-        meter.close()
-    _render_prune(args, plan, result)
-    if result.failed:
-        item, why = result.failed[0]
-        raise VolumeError(
-            f"could not remove {len(result.failed)} of {_n(len(plan.items), 'item')} ({item.name}: {why})",
-            remedy="run prune where the compile cache PVC is mounted read-write",
-        )
-    return 0
-
-
-def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
-    """On a terminal, show the plan and ask; without one, never prompt: print it and stop (64)."""
-    what = f"{_n(len(plan.items), 'item')}, freeing {plan.bytes_str}"
-    if not sys.stdin.isatty():
-        _render_prune(args, plan, None)
-        raise UsageError(
-            f"prune would remove {what}, and asks first, but there is no terminal to ask on",
-            remedy="pass --yes to remove them, or --dry-run to only print the plan",
-        )
-    _render_prune(args, plan, None, to=sys.stderr)
-    print(f"remove {what}? [y/N] ", end="", file=sys.stderr, flush=True)
-    if sys.stdin.readline().strip().lower() in {"y", "yes"}:
-        return True
-    print("nothing removed", file=sys.stderr)
-    return False
-
-
-def _prune_request(args: argparse.Namespace) -> PruneRequest:
-    try:
-        unused = parse_duration(args.unused_for) if args.unused_for is not None else None
-    except ValueError as error:
-        raise UsageError(
-            f"--unused-for {args.unused_for!r}: {error}", remedy="pass e.g. --unused-for 14d"
-        ) from None
-    try:
-        keep = parse_size(args.keep_bytes) if args.keep_bytes is not None else None
-    except ValueError as error:
-        raise UsageError(f"--keep-bytes: {error}", remedy="pass e.g. --keep-bytes 150Gi") from None
-    request = PruneRequest(
-        incompatible=args.incompatible,
-        unused_for=unused,
-        keep_bytes=keep,
-        stale_staging=args.stale_staging,
-        damaged=args.damaged,
-        npu=frozenset(_npu_name(name) for name in args.npu),
-    )
-    if request.empty:
-        raise UsageError(
-            "prune needs at least one of --incompatible, --npu, --unused-for, --keep-bytes, --stale-staging, --damaged",
-            remedy="say what may go, e.g. 'cachemgr prune --incompatible --dry-run'",
-        )
-    return request
-
-
-def _npu_name(name: str) -> str:
-    """An NPU type as keys spell it (upper case, as ``key`` resolves it)."""
-    clean = name.strip().upper()
-    if not clean or len(clean) > 64 or not clean.replace("-", "").replace("_", "").isalnum():
-        raise UsageError(f"--npu {name[:32]!r} is not an NPU type", remedy="pass e.g. --npu RBLN-CA12")
-    return clean
-
-
-def _render_prune(
-    args: argparse.Namespace, plan: PrunePlan, result: PruneResult | None, to: Any = None
-) -> None:
-    if args.output == "json" and to is None:  # the question on a terminal shows the table, on stderr
-        emit_json(
-            {"plan": plan.to_json(), "executed": result is not None, "result": result and result.to_json()}
-        )
-        return
-    rows = [{"kind": i.kind, "name": i.name, "size": i.bytes_str, "reason": i.reason} for i in plan.items]
-    cols = [
-        Column("kind", "kind"),
-        Column("name", "name"),
-        Column("size", "size", ">"),
-        Column("reason", "reason"),
-    ]
-    text = (
-        (table(rows, cols) + f"\n\nplan: {_n(len(rows), 'item')}, {plan.bytes_str}")
-        if rows
-        else "nothing to prune"
-    )
-    text += "".join(f"\nkept: {name}: {why}" for name, why in plan.kept)
-    if result is not None:
-        text += f"\nremoved {_n(len(result.removed), 'item')}, freed {result.freed_str}"
-        text += "".join(f"\nskipped: {i.name}: {why}" for i, why in result.skipped)
-        text += "".join(f"\nfailed: {i.name}: {why}" for i, why in result.failed)
-    elif rows and args.dry_run:
-        text += "\n(dry run: nothing removed)"
-    if to is None:
-        emit(text)
-    else:
-        print(text, file=to)
 
 
 # --- locks ----------------------------------------------------------------------------------
 
 
 def locks(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[str, str]) -> int:
-    root = _root(args)
+    root = open_cache(args)
     with volume_errors(root):
         found = list_locks(root)
     if args.output == "json":
@@ -640,4 +385,4 @@ def _locks_text(found: list[LockInfo]) -> str:
         else f"{x.key[:12]}  no progress reported yet"
         for x in found
     ]
-    return table(rows, cols) + _section("PROGRESS (as the holder reports it)", "\n".join(progress)) + note
+    return table(rows, cols) + section("PROGRESS (as the holder reports it)", "\n".join(progress)) + note

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
-from cachemgr.cli.cmd_inspect import _image, _n, _root
-from cachemgr.cli.render import Column, emit, emit_json, table
+from cachemgr.cli.cmd_inspect import image_of, open_cache
+from cachemgr.cli.render import Column, emit, emit_json, entry_row, plural, table
 from cachemgr.core.errors import CacheMgrError, ConfigError, UsageError
 from cachemgr.core.units import human_age, human_bytes, parse_duration, parse_size
 from cachemgr.remote.config import RemoteConfig, remote_config
@@ -72,24 +72,18 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
         emit_json(listing.to_json())
     else:
         rows = [
-            {
-                "key": e.key[:12],
-                "model": e.model or "?",
-                "role": e.role or "?",
-                "compiler": e.compiler or "?",
-                "npu": e.npu or "?",
-                "size": e.size_str,
-                "uploaded": human_age(e.uploaded_at),
-                "by": e.uploaded_by or "?",
-            }
+            entry_row(
+                key=e.key, model=e.model, role=e.role, compiler=e.compiler, npu=e.npu, size=e.size_str,
+                uploaded=human_age(e.uploaded_at), by=e.uploaded_by or "?",
+            )
             for e in listing.entries
-        ]
+        ]  # fmt: skip
         cols = [Column(c, c, ">" if c == "size" else "<") for c in rows[0]] if rows else []
         text = table(rows, cols) if rows else f"no entries in {remote.config.url}"
-        text += f"\n\n{_n(len(rows), 'entry')}, {human_bytes(sum(e.size_bytes for e in listing.entries))}"
+        text += f"\n\n{plural(len(rows), 'entry')}, {human_bytes(sum(e.size_bytes for e in listing.entries))}"
         if listing.uploads:
             text += (
-                f"; {_n(len(listing.uploads), 'upload')} without a manifest (under way or cut short; "
+                f"; {plural(len(listing.uploads), 'upload')} without a manifest (under way or cut short; "
                 "'cachemgr prune --remote --stale-staging' removes those older than a day)"
             )
         emit(text)
@@ -103,11 +97,11 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
 
 def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.ops.inspection import find_key
-    from cachemgr.ops.scan import entry_names
     from cachemgr.remote.client import RemoteFullError
     from cachemgr.remote.ops import PushResult, push_entry
+    from cachemgr.volume.entries import entry_names
 
-    root = _root(args)
+    root = open_cache(args)
     remote = _open(args, environ)
     identity = PodIdentity.current(environ)
     names = [find_key(root, q).entry for q in args.keys] if args.keys else entry_names(root)
@@ -143,7 +137,7 @@ def _push_failure(errors: list[CacheMgrError], *, not_uploaded: int, total: int)
     if not_uploaded == 1:
         return first
     return type(first)(
-        f"{not_uploaded} of {_n(total, 'entry')} not uploaded; the first: {first.what}",
+        f"{not_uploaded} of {plural(total, 'entry')} not uploaded; the first: {first.what}",
         remedy=f"{first.remedy}; then run push again (entries already uploaded are skipped)",
         **first.fields,
     )
@@ -152,7 +146,7 @@ def _push_failure(errors: list[CacheMgrError], *, not_uploaded: int, total: int)
 def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.remote.ops import find_remote, list_remote, pull_entry
 
-    root = open_root(_root(args).path, create=True)
+    root = open_root(open_cache(args).path, create=True)
     remote = _open(args, environ)
     entry = find_remote(_call(remote, "listing", lambda: list_remote(remote)), args.key)
     identity = PodIdentity.current(environ)
@@ -209,7 +203,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
             remedy="remove it with 'cachemgr prune --remote --key KEY'",
         )
     options = _remote_prune_options(args)
-    compat = _image(args, environ).require() if args.incompatible else None
+    compat = image_of(args, environ).require() if args.incompatible else None
     remote = _open(args, environ)
     listing = _call(remote, "listing", lambda: list_remote(remote))
     plan = plan_remote_prune(listing, compat=compat, **options)
@@ -221,7 +215,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
         _render_remote_plan(args, rows, executed=False)
         if plan and not args.dry_run and not args.yes:
             raise UsageError(
-                f"prune --remote would remove {_n(len(plan), 'item')} from {remote.config.url}",
+                f"prune --remote would remove {plural(len(plan), 'item')} from {remote.config.url}",
                 remedy="pass --yes to remove them, or --dry-run to only print the plan",
             )
         return 0
@@ -261,5 +255,5 @@ def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *,
         emit("nothing to prune")
         return
     cols = [Column(c, c, ">" if c == "size" else "<") for c in rows[0]]
-    done = f"removed {_n(len(rows), 'item')}" if executed else "(dry run: nothing removed)"
-    emit(table(rows, cols) + f"\n\nplan: {_n(len(rows), 'item')}\n{done}")
+    done = f"removed {plural(len(rows), 'item')}" if executed else "(dry run: nothing removed)"
+    emit(table(rows, cols) + f"\n\nplan: {plural(len(rows), 'item')}\n{done}")

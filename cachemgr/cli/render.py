@@ -74,3 +74,34 @@ def emit_long_json(obj: list[Any] | dict[str, Any]) -> None:
             text = json.dumps(value, default=str)
         lines.append(f"  {json.dumps(name)}: {text}")
     emit("{\n" + ",\n".join(lines) + "\n}")
+
+
+def entry_row(
+    *, key: str, model: str, role: str, compiler: str, npu: str, size: str, **more: Any
+) -> dict[str, Any]:
+    """The leading cells of every table of entries (``ls``, ``ls --remote``): a 12-digit key, and
+    ``?`` for what is not known; the table's own cells follow."""
+    known = {"model": model, "role": role, "compiler": compiler, "npu": npu}
+    return {"key": key[:12], **{name: value or "?" for name, value in known.items()}, "size": size, **more}
+
+
+def tell(kind: str, lines: Iterable[str]) -> None:
+    """Notes and warnings: to stderr, so that ``-o json`` output always parses."""
+    for line in lines:
+        print(f"{kind}: {line}", file=sys.stderr)
+
+
+def kv(pairs: Sequence[tuple[str, Any]]) -> str:
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k:<{width}}  {'-' if v is None else v}" for k, v in pairs)
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``."""
+    if count == 1:
+        return f"1 {noun}"
+    return f"{count} {noun[:-1]}ies" if noun.endswith("y") else f"{count} {noun}s"
+
+
+def section(title: str, body: str) -> str:
+    return f"\n\n{title}\n{body}"

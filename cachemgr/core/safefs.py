@@ -105,11 +105,11 @@ def _parts(root: Path, path: Path) -> tuple[str, ...]:
 
 
 @contextlib.contextmanager
-def open_dir(root: Path, path: Path) -> Iterator[int]:
+def open_dir(root: Path, path: Path, *, create: bool = False) -> Iterator[int]:
     """A descriptor of directory ``path`` under ``root``, reached one level at a time.
 
-    ``FileNotFoundError`` if a level is missing; :class:`UnsafePathError` if one is a symlink,
-    not a directory, or on another filesystem.
+    ``FileNotFoundError`` if a level is missing (``create``: made instead, ``mkdir -p``);
+    :class:`UnsafePathError` if one is a symlink, not a directory, or on another filesystem.
     """
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -117,6 +117,9 @@ def open_dir(root: Path, path: Path) -> Iterator[int]:
         shown = root
         for part in _parts(root, path):
             shown = shown / part
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
             child = open_below(fd, part, dev=dev, shown=shown)
             os.close(fd)
             fd = child
@@ -177,19 +180,8 @@ def lstat(root: Path, path: Path) -> os.stat_result | None:
 
 def make_dirs(root: Path, path: Path) -> None:
     """``mkdir -p`` under ``root``, refusing a level that is a symlink or not a directory."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        dev = os.fstat(fd).st_dev
-        shown = root
-        for part in _parts(root, path):
-            shown = shown / part
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
-            child = open_below(fd, part, dev=dev, shown=shown)
-            os.close(fd)
-            fd = child
-    finally:
-        os.close(fd)
+    with open_dir(root, path, create=True):
+        pass
 
 
 def rename(root: Path, source: Path, target: Path) -> None:

@@ -17,10 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from cachemgr.core.coerce import as_dict, number, read_dict
 from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey
-from cachemgr.ops.inspection import holder_json, read_holder_of
-from cachemgr.ops.scan import Compat, EntryInfo, FailureHistory, as_dict, lease_stale, number, read_dict, scan
+from cachemgr.ops.attempts import FailureHistory
+from cachemgr.ops.locks import holder_json, read_holder_of
+from cachemgr.ops.scan import Compat, EntryInfo, scan
 from cachemgr.volume.drift import records as drift_records
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME
@@ -202,7 +204,7 @@ def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]
             f"entry {key.entry_name} is here but damaged ({'; '.join(ex.problems)}): the next pod start moves "
             "it to quarantine and compiles again; 'cachemgr verify --fix' moves it now"
         )
-    if ex.holder is not None and not lease_stale(ex.holder):
+    if ex.holder is not None and not ex.holder.stale:
         advice.append(
             f"{ex.holder.describe()} is compiling this key now: pods starting now wait for it, then load it"
         )

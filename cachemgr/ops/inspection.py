@@ -1,12 +1,9 @@
-"""What operators ask from inside a pod: what is cached (``ls``, ``show``), how much space is
-left (``du``), who holds a lease (``locks``). Why a pod compiled again is :mod:`cachemgr.ops.explain`,
-whether anything is damaged :mod:`cachemgr.ops.verify`, what can go :mod:`cachemgr.ops.prune`. Every
-answer is a frozen result with raw numbers (and human renderings beside them); the CLI only
-renders them.
-
-This image's compiler and NPU matter only to mark entries "incompatible": they are resolved
-best effort (flags, environment, package metadata; never by probing a device), and when
-unknown, nothing is judged on them and a note says what to set.
+"""What operators ask from inside a pod: what is cached (``ls``) and everything known of one key
+(``show``). How much space is left (``du``) is :mod:`cachemgr.ops.diskusage`, who holds a lease
+(``locks``) :mod:`cachemgr.ops.locks`, this image's compiler and NPU :mod:`cachemgr.ops.image`, why a
+pod compiled again :mod:`cachemgr.ops.explain`, whether anything is damaged :mod:`cachemgr.ops.verify`,
+what can go :mod:`cachemgr.ops.prune`. Every answer is a frozen result with raw numbers (and human
+renderings beside them); the CLI only renders them.
 
 Nothing here writes to the volume, so these commands work on a read-only mount. Damage never
 aborts a listing: it becomes a status or a warning; an I/O error reading the volume itself
@@ -16,38 +13,25 @@ becomes a VolumeError naming the path (exit 74).
 from __future__ import annotations
 
 import contextlib
-import os
-from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core.errors import ConfigError, UsageError, VolumeError
-from cachemgr.core.units import human_bytes, human_duration
-from cachemgr.key.cachekey import resolve_compiler, resolve_npu
-from cachemgr.ops.progress import Seen, read_record
-from cachemgr.ops.scan import (
+from cachemgr.core.coerce import as_dict, read_dict
+from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.ops.attempts import (
     Attempt,
-    Compat,
-    EntryInfo,
     FailureHistory,
     Quarantined,
-    as_dict,
     attempt_of,
-    entry_digest,
-    entry_names,
     failure_histories,
-    lease_stale,
-    listdir,
     quarantined,
-    read_dict,
-    scan,
-    scan_entry,
-    tree_usage,
 )
-from cachemgr.ops.space import VolumeSpace, prunable_now
+from cachemgr.ops.locks import holder_json, read_holder_of
+from cachemgr.ops.scan import Compat, EntryInfo, scan, scan_entry
 from cachemgr.volume.drift import records as drift_records
+from cachemgr.volume.entries import entry_digest, entry_names, listdir
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, ManifestError, check_files, read_manifest
 from cachemgr.volume.records import failures
@@ -55,63 +39,6 @@ from cachemgr.volume.store import list_staging
 
 if TYPE_CHECKING:
     from cachemgr.volume.lease import Holder
-
-_NPU_SETTINGS = ("CACHEMGR_NPU_TYPE", "RBLN_FORCE_NPU_NAME", "RBLN_TARGET_SOC")
-
-
-# --- this image -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ImageInfo:
-    """This image's compiler and NPU, as far as they can be told without probing a device."""
-
-    compat: Compat
-    compiler_source: str | None
-    npu_source: str | None
-    notes: tuple[str, ...] = ()
-
-    def require(self) -> Compat:
-        """The compiler, or a ConfigError naming what to set (``prune --incompatible``).
-
-        The NPU type is not needed: entries for another NPU are not incompatible (scan.Compat).
-        """
-        if not self.compat.compiler:
-            raise ConfigError(
-                "prune --incompatible needs this image's RBLN Compiler version, and "
-                "CACHEMGR_COMPILER_VERSION cannot be told here",
-                remedy="set CACHEMGR_COMPILER_VERSION (or --compiler-version), e.g. CACHEMGR_COMPILER_VERSION=0.12.0",
-            )
-        return self.compat
-
-
-def resolve_image(
-    *, compiler_version: str | None, npu_type: str | None, environ: Mapping[str, str]
-) -> ImageInfo:
-    """Best effort, as ``key`` resolves them but never probing the device (slow, maybe absent)."""
-    notes: list[str] = []
-    compiler: str | None = None
-    compiler_source: str | None = None
-    try:
-        compiler, compiler_source = resolve_compiler(compiler_version, environ)
-    except ConfigError as error:
-        notes.append(
-            f"this image's RBLN Compiler version is unknown ({error.what}): entries are not judged "
-            "by compiler; set CACHEMGR_COMPILER_VERSION to mark those for other versions incompatible"
-        )
-    npu: str | None = None
-    npu_source: str | None = None
-    try:
-        npu, npu_source = resolve_npu(npu_type, environ, probe=False)
-    except ConfigError as error:
-        unset = not (npu_type or any(environ.get(name, "").strip() for name in _NPU_SETTINGS))
-        notes.append(
-            "this pod's NPU type is unknown (inspection never probes the device): entries for other NPUs "
-            "are not told apart; set CACHEMGR_NPU_TYPE or RBLN_FORCE_NPU_NAME to see them"
-            if unset
-            else f"this pod's NPU type is unusable ({error.what}); entries are not judged by NPU"
-        )
-    return ImageInfo(Compat(compiler, npu), compiler_source, npu_source, tuple(notes))
 
 
 # --- ls -------------------------------------------------------------------------------------
@@ -319,228 +246,6 @@ def _manifest_summary(path: Path) -> tuple[dict[str, Any] | None, tuple[str, ...
     return summary, problems
 
 
-# --- locks ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """A lease marker and its holder. ``stale``: not refreshed for the lease duration (the
-    marker's; the default when the marker does not say), so the next contender takes it over."""
-
-    key: str
-    entry: str
-    holder: Holder
-    stale: bool
-    progress: Seen | None = None  # the holder's own progress record (cachemgr.ops.progress)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "short": self.key[:12],
-            "entry": self.entry,
-            **(holder_json(self.holder) or {}),
-            "stale": self.stale,
-            "progress": self.progress.to_json() if self.progress is not None else None,
-        }
-
-
-def list_locks(root: CacheRoot) -> list[LockInfo]:
-    """Every lease marker on the volume and its holder (ages by this node's clock)."""
-    names = {name.rsplit("__", 1)[-1]: name for name in entry_names(root)}
-    found = []
-    for marker in listdir(root.leases):
-        if not marker.endswith(".lock") or marker.startswith("."):
-            continue
-        digest = marker.removesuffix(".lock")
-        holder = read_holder_of(root, digest)
-        if holder is None:
-            continue  # released while we looked
-        entry = names.get(digest[:16]) or _staged_entry(root, digest)
-        seen = read_record(root, digest, token=holder.token) if holder.current else None
-        found.append(LockInfo(digest, entry, holder, lease_stale(holder), seen))
-    return found
-
-
-def _staged_entry(root: CacheRoot, digest: str) -> str:
-    for info in list_staging(root, digest) if root.staging.is_dir() else []:
-        if info.owner.get("entry"):
-            return str(info.owner["entry"])
-    return ""
-
-
-def holder_json(holder: Holder | None) -> dict[str, Any] | None:
-    if holder is None:
-        return None
-    return {
-        "pod": holder.pod,
-        "node": holder.node,
-        "pid": holder.pid,
-        "host": holder.host,
-        "since": holder.since,
-        "held_for_seconds": round(holder.held_for, 1),
-        "refreshed_age_seconds": None if holder.refreshed_age is None else round(holder.refreshed_age, 1),
-        "duration_seconds": holder.duration,
-        "stale": lease_stale(holder),
-        "current": holder.current,
-    }
-
-
-# --- du -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompilerUsage:
-    compiler: str
-    entries: int
-    size_bytes: int
-
-    @property
-    def size_str(self) -> str:
-        return human_bytes(self.size_bytes)
-
-
-@dataclass(frozen=True)
-class Freeable:
-    """What one ``prune`` selector would free now."""
-
-    selector: str
-    flag: str
-    items: int
-    bytes: int
-
-    @classmethod
-    def of(cls, selector: str, flag: str, sizes: list[int]) -> Freeable:
-        return cls(selector, flag, len(sizes), sum(sizes))
-
-    @property
-    def bytes_str(self) -> str:
-        return human_bytes(self.bytes)
-
-
-@dataclass(frozen=True)
-class DiskUsage:
-    """``du``: the volume (statvfs: a CephFS/JuiceFS directory quota shows here) and the cache."""
-
-    volume: str
-    total_bytes: int
-    free_bytes: int
-    entries: tuple[EntryInfo, ...]
-    attempts: tuple[Attempt, ...]
-    quarantined: tuple[Quarantined, ...]
-    trash_bytes: int
-    unused_after: float
-    reserved_bytes: int = 0  # free blocks only root may use (ext4's reserve); 0 on network filesystems
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def used_bytes(self) -> int:
-        """As ``df`` shows it: neither free nor reserved."""
-        return max(0, self.total_bytes - self.free_bytes - self.reserved_bytes)
-
-    @property
-    def entries_bytes(self) -> int:
-        return sum(e.size_bytes for e in self.entries)
-
-    @property
-    def staging_bytes(self) -> int:
-        return sum(a.size_bytes for a in self.attempts)
-
-    @property
-    def quarantine_bytes(self) -> int:
-        return sum(q.size_bytes for q in self.quarantined)
-
-    @property
-    def cache_bytes(self) -> int:
-        return self.entries_bytes + self.staging_bytes + self.quarantine_bytes + self.trash_bytes
-
-    @property
-    def by_compiler(self) -> tuple[CompilerUsage, ...]:
-        sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for entry in self.entries:
-            sums[entry.compiler or "?"][0] += 1
-            sums[entry.compiler or "?"][1] += entry.size_bytes
-        return tuple(CompilerUsage(c, n, b) for c, (n, b) in sorted(sums.items()))
-
-    @property
-    def prunable(self) -> tuple[Freeable, ...]:
-        """What ``prune`` could free now, never counting an entry in use; the rows do not overlap,
-        so they add up to what all four selectors together free. The first two are
-        ``space.Prunable``, the figures a pod's disk-full report names."""
-        found = prunable_now(self.entries, unused_after=self.unused_after)
-        counted = {e.name for e in (*found.incompatible, *found.unused)}
-        damaged = [
-            e.size_bytes
-            for e in self.entries
-            if e.status == "damaged" and not e.in_use and e.name not in counted
-        ]
-        return (
-            Freeable.of("incompatible", "--incompatible", [e.size_bytes for e in found.incompatible]),
-            Freeable.of(
-                "unused",
-                f"--unused-for {human_duration(self.unused_after)}",
-                [e.size_bytes for e in found.unused],
-            ),
-            Freeable.of(
-                "stale_staging",
-                "--stale-staging",
-                [a.size_bytes for a in self.attempts if a.status == "stale"],
-            ),
-            Freeable.of("damaged", "--damaged", damaged + [q.size_bytes for q in self.quarantined]),
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "volume": self.volume,
-            "total_bytes": self.total_bytes,
-            "used_bytes": self.used_bytes,
-            "free_bytes": self.free_bytes,
-            "reserved_bytes": self.reserved_bytes,
-            "cache_bytes": self.cache_bytes,
-            "entries_bytes": self.entries_bytes,
-            "staging_bytes": self.staging_bytes,
-            "quarantine_bytes": self.quarantine_bytes,
-            "trash_bytes": self.trash_bytes,
-            "entries": [
-                {
-                    "key": e.key,
-                    "entry": e.name,
-                    "compiler": e.compiler,
-                    "size_bytes": e.size_bytes,
-                    "status": e.status,
-                }
-                for e in self.entries
-            ],
-            "by_compiler": [
-                {"compiler": c.compiler, "entries": c.entries, "size_bytes": c.size_bytes}
-                for c in self.by_compiler
-            ],
-            "prunable": {
-                f.selector: {"flag": f.flag, "items": f.items, "bytes": f.bytes} for f in self.prunable
-            },
-            "prunable_bytes": sum(f.bytes for f in self.prunable),
-            "warnings": list(self.warnings),
-        }
-
-
-def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 14 * 86400.0) -> DiskUsage:
-    space = VolumeSpace.measure(root.path)
-    st = os.statvfs(root.path)
-    found = scan(root, compat=compat)
-    published = {e.key for e in found.entries if e.key}
-    return DiskUsage(
-        volume=str(root.path),
-        total_bytes=space.total_bytes,
-        free_bytes=space.free_bytes,
-        entries=found.entries,
-        attempts=tuple(attempt_of(root, info, published=published) for info in found.staging),
-        quarantined=tuple(quarantined(root)),
-        trash_bytes=sum(sum(tree_usage(root.trash / name)) for name in listdir(root.trash)),
-        unused_after=unused_after,
-        reserved_bytes=max(0, (st.f_bfree - st.f_bavail) * st.f_frsize),
-        warnings=found.warnings,
-    )
-
-
 # --- helpers --------------------------------------------------------------------------------
 
 
@@ -560,10 +265,3 @@ def volume_errors(root: CacheRoot) -> Iterator[None]:
             remedy="check the compile cache PVC mount and its permissions (kubectl describe pod; dmesg on the node)",
             path=str(where),
         ) from error
-
-
-def read_holder_of(root: CacheRoot, digest: str) -> Holder | None:
-    """The key's lease holder, if any; the lease module is imported only here (ls and du never need it)."""
-    from cachemgr.volume.lease import read_holder
-
-    return read_holder(root, digest)

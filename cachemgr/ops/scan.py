@@ -11,47 +11,34 @@ of ``entries/`` and one of ``usage/``, then per entry one read of ``summary.json
 of ``manifest.json`` (both relative to an open ``entries/``), one directory read and one stat
 of its usage folder. No ``Path`` object is made per file, only per entry.
 
-Attempts in ``staging/``, failure histories and quarantined entries are few by nature (one per
-compile running or dead, per key that failed, per damage found): those read more per item.
+Attempts in ``staging/``, failure histories and quarantined entries are read by
+:mod:`cachemgr.ops.attempts`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import re
 import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import read_json, tree_bytes
-from cachemgr.core.units import human_age, human_bytes, human_duration
-from cachemgr.volume.identity import PodIdentity
+from cachemgr.core.coerce import as_dict, number, read_dict, text
+from cachemgr.core.fsutil import tree_bytes
+from cachemgr.core.units import human_age, human_bytes
+from cachemgr.volume.entries import DIGEST, entry_names
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
-from cachemgr.volume.records import OBSERVE_SECONDS, Mark, Usage, User, read_usage
+from cachemgr.volume.records import Mark, Usage, User, read_usage
 from cachemgr.volume.store import StagingInfo, list_staging
 
-if TYPE_CHECKING:
-    from cachemgr.volume.lease import Holder
-
 EntryStatus = Literal["ok", "damaged", "incompatible"]
-AttemptStatus = Literal["compiling", "published", "active", "silent", "stale"]
 
-# An attempt whose owner record has not been refreshed for this long (by this node's clock) is
-# a candidate for --stale-staging; prune then watches it for a beat before removing it (skew).
-# Its heartbeat beats every 2 s; the runner itself cleans attempts silent for max(300 s, 10 x lease).
-STALE_STAGING_AFTER = 300.0
-# An attempt whose owner record has not beaten for this long runs nothing that ``ls`` should
-# vouch for: its pod was killed (or its node's clock is off: only a label depends on this).
-SILENT_ATTEMPT_AFTER = OBSERVE_SECONDS
-_DIGEST = re.compile(r"[0-9a-f]{32}")
 _SUMMARY_MAX = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -269,15 +256,6 @@ def _directory(root: CacheRoot, path: Path) -> Iterator[int | None]:
         yield fd
 
 
-def entry_names(root: CacheRoot) -> list[str]:
-    """Names of published entry directories, sorted; temporary dot names are skipped.
-
-    Real directories only: a symlink in ``entries/`` is not an entry and is never read through
-    (a pod that looks its key up moves it aside).
-    """
-    return [name for name in safefs.subdirs(root.path, root.entries) if not name.startswith(".")]
-
-
 def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
     summary, problem = _read_summary(ctx, name)
     if problem is not None:
@@ -287,19 +265,19 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         ctx.warnings.append(f"{name}: {problem}")
         return _damaged(ctx, path, problem, summary)
     key = summary["key"]
-    compiler, npu = _text(summary.get("compiler")), _text(summary.get("npu"))
+    compiler, npu = text(summary.get("compiler")), text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
     usage = _usage(ctx, key)
     return EntryInfo(
         name=name,
         path=ctx.entries / name,
         key=key,
-        model=_text(summary.get("model")),
-        model_id=_text(summary.get("model_id")),
-        role=_text(summary.get("role")),
+        model=text(summary.get("model")),
+        model_id=text(summary.get("model_id")),
+        role=text(summary.get("role")),
         compiler=compiler,
         npu=npu,
-        strategy=_text(summary.get("strategy")),
+        strategy=text(summary.get("strategy")),
         size_bytes=summary["size_bytes"],
         files=summary["files"],
         pipeline_parallel_size=summary["pipeline_parallel_size"],
@@ -355,7 +333,7 @@ def _checked_summary(data: Any, name: str) -> dict[str, Any] | str:
     if not isinstance(data, dict) or not isinstance(data.get("key"), str):
         return "summary.json is not a cachemgr summary"
     key = data["key"]
-    if not _DIGEST.fullmatch(key) or not name.endswith(key[:16]):
+    if not DIGEST.fullmatch(key) or not name.endswith(key[:16]):
         return f"summary.json names key {key[:16]!r}, not this entry's"
     try:  # in place: the dict was just parsed and is ours
         data["size_bytes"] = int(data.get("size_bytes") or 0)
@@ -368,18 +346,14 @@ def _checked_summary(data: Any, name: str) -> dict[str, Any] | str:
 
 def _key_json(ctx: _Context, name: str) -> dict[str, Any]:
     """What can still be told of a damaged entry from its key.json."""
-    try:
-        data = read_json(ctx.entries / name / KEY_NAME)
-    except (OSError, ValueError):
+    data = read_dict(ctx.entries / name / KEY_NAME)
+    if not data:
         return {}
-    if not isinstance(data, dict):
-        return {}
-    raw_inputs = data.get("inputs")
-    inputs: dict[str, Any] = raw_inputs if isinstance(raw_inputs, dict) else {}
+    inputs = as_dict(data.get("inputs"))
     details = data.get("details")
     key = data.get("key")
     return {
-        "key": key if isinstance(key, str) and _DIGEST.fullmatch(key) else "",
+        "key": key if isinstance(key, str) and DIGEST.fullmatch(key) else "",
         "role": inputs.get("role", ""),
         "compiler": inputs.get("compiler", ""),
         "npu": inputs.get("npu", ""),
@@ -427,10 +401,6 @@ def last_use(root: CacheRoot, key: str) -> float | None:
     return read_usage(root, key).last
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _short_error(error: BaseException) -> str:
     if isinstance(error, OSError):
         return error.strerror or str(error)
@@ -446,292 +416,3 @@ def _mtime(path: Path) -> float | None:
 
 def total_bytes(entries: Iterable[EntryInfo]) -> int:
     return sum(entry.size_bytes for entry in entries)
-
-
-# --- attempts, failures, quarantine ---------------------------------------------------------
-# Fewer than entries by far (one attempt per compile running or dead, one failure history per
-# key that failed), so these read more per item: key.json, owner, lease, a walk for sizes.
-
-
-def row(kind: str, **fields: Any) -> dict[str, Any]:
-    """One item of ``ls -o json``: every kind carries the entry fields (null when unknown)."""
-    base: dict[str, Any] = dict.fromkeys(
-        ("key", "short", "entry", "model", "role", "compiler", "npu", "created_at", "last_used_at", "problem")
-    )
-    return {"kind": kind, **base, "size_bytes": 0, "in_use": False, **fields}
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """A compile attempt in ``staging/``, with what its owner and the lease say of it."""
-
-    key: str
-    name: str
-    path: Path
-    entry: str
-    model: str
-    role: str
-    compiler: str
-    npu: str
-    pod: str
-    node: str
-    started_at: float | None
-    heartbeat_age: float | None
-    size_bytes: int
-    shared_bytes: int  # hard-linked with the published entry (the vllm strategy's copy)
-    status: AttemptStatus
-    holder: Holder | None = None
-
-    @property
-    def size_str(self) -> str:
-        return human_bytes(self.size_bytes)
-
-    @property
-    def detail(self) -> str:
-        if self.status == "compiling":
-            refreshed = self.holder.refreshed_age if self.holder else None
-            return f"holds the lease, refreshed {human_duration(refreshed)} ago"
-        if self.status == "published":
-            return "entry published; the pod's server still runs from its own copy"
-        if self.status == "active":
-            return "owner alive, lease not held (publishing, or its lease lapsed)"
-        silent = (
-            "no owner record"
-            if self.heartbeat_age is None
-            else f"silent for {human_duration(self.heartbeat_age)}"
-        )
-        if self.status == "silent":
-            return (
-                f"owner {silent}: its pod is gone (or its node's clock is off) and runs nothing here; "
-                f"'cachemgr prune --stale-staging' removes it once silent for {human_duration(STALE_STAGING_AFTER)}"
-            )
-        return f"{silent}: 'cachemgr prune --stale-staging' removes it"
-
-    def to_json(self) -> dict[str, Any]:
-        return row(
-            "staging",
-            key=self.key,
-            short=self.key[:12],
-            entry=self.entry,
-            attempt=self.name,
-            model=self.model,
-            role=self.role,
-            compiler=self.compiler,
-            npu=self.npu,
-            size_bytes=self.size_bytes,
-            shared_bytes=self.shared_bytes,
-            created_at=self.started_at,
-            in_use=self.status not in ("silent", "stale"),
-            pod=self.pod,
-            node=self.node,
-            heartbeat_age_seconds=self.heartbeat_age,
-            status=self.status,
-            problem=self.detail if self.status in ("silent", "stale") else None,
-        )
-
-
-@dataclass(frozen=True)
-class FailureHistory:
-    """Failed compiles of one key (records are kept for inspection, never replayed)."""
-
-    key: str
-    records: tuple[Mapping[str, Any], ...]  # oldest first; only the last one for ``ls``
-    count: int
-
-    @property
-    def last(self) -> Mapping[str, Any]:
-        return self.records[-1]
-
-    @property
-    def entry(self) -> str:
-        return str(self.last.get("entry", ""))
-
-    def to_json(self) -> dict[str, Any]:
-        last = self.last
-        # The record names the entry it would have been: model__role__c<compiler>__npu__digest.
-        parts = self.entry.split("__") if self.entry.count("__") == 4 else ["", "", "", "", ""]
-        return row(
-            "failure",
-            key=self.key,
-            short=self.key[:12],
-            entry=self.entry,
-            model=parts[0].replace("--", "/"),  # the entry name writes a hub id's "/" as "--"
-            role=parts[1],
-            compiler=parts[2].removeprefix("c"),
-            npu=parts[3],
-            created_at=number(last.get("time")),
-            status="failed",
-            failures=self.count,
-            reason=last.get("reason"),
-            pod=last.get("pod"),
-            node=last.get("node"),
-            problem=last.get("message"),
-        )
-
-
-@dataclass(frozen=True)
-class Quarantined:
-    """An entry moved aside as damaged (by a pod's lookup or ``verify --fix``)."""
-
-    name: str
-    path: Path
-    size_bytes: int
-    reason: str
-    moved_at: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return row(
-            "quarantine",
-            entry=self.name,
-            size_bytes=self.size_bytes,
-            created_at=self.moved_at,
-            status="quarantined",
-            problem=self.reason,
-        )
-
-
-def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> Attempt:
-    from cachemgr.volume.lease import read_holder  # lazy: listing entries needs no lease
-
-    digest = info.path.parent.name
-    doc = read_dict(info.path / KEY_NAME)
-    inputs = as_dict(doc.get("inputs"))
-    own, shared = tree_usage(info.path)
-    holder = read_holder(root, digest)
-    owner = info.owner
-    status: AttemptStatus
-    if info.is_stale(stale_after=STALE_STAGING_AFTER, identity=PodIdentity.current()):
-        status = "stale"
-    elif info.heartbeat_age is None or info.heartbeat_age > SILENT_ATTEMPT_AFTER:
-        # Checked before the lease and the entry: a killed pod's lease stays fresh for its
-        # duration, and its key may be published (by it, or by the pod that took over), but a
-        # pod whose heartbeat stopped is compiling nothing and serving nothing from here.
-        status = "silent"
-    elif holder is not None and not lease_stale(holder) and holder.pod == owner.get("pod"):
-        status = "compiling"
-    elif digest in published:
-        status = "published"
-    else:
-        status = "active"
-    return Attempt(
-        key=digest,
-        name=info.path.name,
-        path=info.path,
-        entry=str(owner.get("entry") or doc.get("entry") or ""),
-        model=str(as_dict(doc.get("details")).get("model_name", "")),
-        role=str(inputs.get("role", "")),
-        compiler=str(inputs.get("compiler", "")),
-        npu=str(inputs.get("npu", "")),
-        pod=str(owner.get("pod", "")),
-        node=str(owner.get("node", "")),
-        started_at=number(owner.get("since")),
-        heartbeat_age=info.heartbeat_age,
-        size_bytes=own,
-        shared_bytes=shared,
-        status=status,
-        holder=holder if status == "compiling" else None,
-    )
-
-
-def lease_stale(holder: Holder) -> bool:
-    """Not refreshed for its lease duration (the marker's; the default when the marker does not
-    say), so the next contender takes it over. Ages are by this node's clock."""
-    from cachemgr.volume.lease import DEFAULT_DURATION  # lazy: listing entries needs no lease
-
-    duration = holder.duration if holder.duration is not None else DEFAULT_DURATION
-    return holder.refreshed_age is not None and holder.refreshed_age > duration
-
-
-def failure_histories(
-    root: CacheRoot, *, warnings: list[str], last_only: bool = False
-) -> list[FailureHistory]:
-    """Failure records by key; ``last_only`` reads one record per key (``ls``)."""
-    found: list[FailureHistory] = []
-    for digest in listdir(root.failures):
-        names = sorted(n for n in listdir(root.failures / digest) if n.endswith(".json"))
-        records = [read_dict(root.failures / digest / name) for name in (names[-1:] if last_only else names)]
-        records = [r for r in records if r]
-        if not records:
-            if names:
-                warnings.append(f"failures/{digest}: records are unreadable")
-            continue
-        found.append(FailureHistory(digest, tuple(records), len(names)))
-    return found
-
-
-def quarantined(root: CacheRoot) -> list[Quarantined]:
-    found = []
-    for name in listdir(root.quarantine):
-        path = root.quarantine / name
-        if name.endswith(".reason.json"):
-            continue  # the rest: entries moved aside, also links or files found in their place
-        note = read_dict(path.with_name(name + ".reason.json"))
-        own, shared = tree_usage(path)
-        found.append(
-            Quarantined(name, path, own + shared, str(note.get("reason", "")), number(note.get("at")))
-        )
-    return found
-
-
-def tree_usage(path: Path) -> tuple[int, int]:
-    """(own bytes, bytes shared by hard link) of a tree: the vllm strategy's staging copy and
-    its published entry share inodes, and counting both would double the figure."""
-    own = shared = 0
-    try:
-        # Its last component refused as a link, nothing below followed (the layout directories
-        # above it were checked when the root was opened).
-        with safefs.open_tree(path, within=None) as top:
-            for _, item, _ in safefs.walk(top):
-                with contextlib.suppress(FileNotFoundError):
-                    st = item.stat(follow_symlinks=False)
-                    if not stat.S_ISREG(st.st_mode):
-                        continue
-                    if st.st_nlink > 1:
-                        shared += st.st_size
-                    else:
-                        own += st.st_size
-    except (FileNotFoundError, NotADirectoryError, safefs.UnsafePathError):
-        return own, shared
-    return own, shared
-
-
-def read_dict(path: Path) -> dict[str, Any]:
-    try:
-        data = read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def listdir(path: Path) -> list[str]:
-    """Names in a directory of the layout, never listed through a symlink (then: nothing)."""
-    try:
-        fd = os.open(path, safefs.DIR_FLAGS)
-    except OSError as error:
-        if isinstance(error, FileNotFoundError | NotADirectoryError) or error.errno == errno.ELOOP:
-            return []
-        raise
-    try:
-        return sorted(n for n in os.listdir(fd) if not n.startswith("."))
-    finally:
-        os.close(fd)
-
-
-def entry_digest(root: CacheRoot, name: str) -> str:
-    """An entry's full digest from its summary or key.json, else the 16 digits in its name."""
-    for file in (SUMMARY_NAME, KEY_NAME):
-        key = read_dict(root.entries / name / file).get("key")
-        if isinstance(key, str) and _DIGEST.fullmatch(key) and name.endswith(key[:16]):
-            return key
-    return name.rsplit("__", 1)[-1]
-
-
-def number(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None

@@ -22,7 +22,8 @@ from cachemgr.core.errors import UsageError, VolumeError
 from cachemgr.core.fsutil import walk_names
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import digest_of
-from cachemgr.ops.scan import entry_digest, entry_names, scan_entry
+from cachemgr.ops.scan import scan_entry
+from cachemgr.volume.entries import entry_digest, entry_names
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import MANIFEST_NAME, Manifest, ManifestError, check_files, read_manifest
 from cachemgr.volume.store import quarantine

@@ -62,6 +62,7 @@ from cachemgr.volume.store import (
     lookup,
     publish,
     quarantine,
+    stale_staging_after,
 )
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ class RunOptions:
     @property
     def stale_staging_after(self) -> float:
         """An attempt silent this long is dead: far beyond its 10s heartbeat and the lease."""
-        return max(300.0, 10 * self.lease_duration)
+        return stale_staging_after(self.lease_duration)
 
 
 class Runner:

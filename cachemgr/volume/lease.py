@@ -31,7 +31,7 @@ from cachemgr.core.log import get_logger
 from cachemgr.core.procs import Flag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.softlease import SoftLease, default_confirm
+from cachemgr.volume.softlease import MarkerRecord, SoftLease, default_confirm, patience, read_marker_view
 
 log = get_logger("cachemgr.volume.lease")
 
@@ -52,15 +52,22 @@ class Holder:
     token: str | None
     current: bool  # the record's token matches the live marker
     refreshed_age: float | None = None  # since the holder's last heartbeat, by this node's clock
-    duration: float | None = None
+    duration: float | None = None  # as the holder wrote it into its marker (None: it names none)
+    confirm: float = 0.0  # the holder's confirm window, during which it does not refresh
 
     @property
     def stale(self) -> bool:
-        """Not refreshed for longer than the lease: dead or frozen, and a contender may take over."""
-        return (
-            self.refreshed_age is not None
-            and self.duration is not None
-            and self.refreshed_age > self.duration
+        """Not refreshed within its holder's promise: dead or frozen, and a contender takes it over.
+
+        The one rule for ``locks``, ``show``, ``explain`` and ``ls``: the holder's own recorded
+        duration (and confirm window) is authoritative, as contenders judge it
+        (:func:`cachemgr.volume.softlease.patience`); a marker that names no duration (damaged or
+        foreign) is judged by the default duration, as a pod with default settings judges it.
+        Ages are by this node's clock from the marker's mtime.
+        """
+        record = MarkerRecord(duration=self.duration, confirm=self.confirm)
+        return self.refreshed_age is not None and self.refreshed_age > patience(
+            record, default=DEFAULT_DURATION
         )
 
     @property
@@ -72,18 +79,6 @@ class Holder:
         return f"pod {self.pod}{where} (pid {self.pid}), for {self.held_for:.0f}s"
 
 
-@dataclass(frozen=True)
-class MarkerState:
-    """What a reader can see of a lease marker without taking it."""
-
-    exists: bool
-    token: str | None = None
-    pid: int | None = None
-    host: str | None = None
-    duration: float | None = None
-    age: float | None = None  # since the holder's last refresh, by this node's clock
-
-
 def marker_path(root: CacheRoot, digest: str) -> Path:
     return root.leases / f"{digest}.lock"
 
@@ -92,34 +87,12 @@ def holder_path(root: CacheRoot, digest: str) -> Path:
     return root.leases / f"{digest}.holder.json"
 
 
-def read_marker(path: Path) -> MarkerState:
-    """Parse filelock's marker (``filelock/2`` protocol: key=value lines) tolerantly."""
-    try:
-        st = path.stat()
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return MarkerState(exists=False)
-    fields = dict(line.partition("=")[::2] for line in text.splitlines() if "=" in line)
-    try:
-        duration = float(fields["duration"]) if "duration" in fields else None
-        pid = int(fields["pid"]) if "pid" in fields else None
-    except ValueError:
-        duration, pid = None, None
-    return MarkerState(
-        exists=True,
-        token=fields.get("token"),
-        pid=pid,
-        host=fields.get("host"),
-        duration=duration,
-        age=max(0.0, time.time() - st.st_mtime),
-    )
-
-
 def read_holder(root: CacheRoot, digest: str) -> Holder | None:
     """The current holder, or None when nobody holds the key's lease."""
-    marker = read_marker(marker_path(root, digest))
-    if not marker.exists:
+    view = read_marker_view(marker_path(root, digest))
+    if view is None:
         return None
+    marker, age = view.record, max(0.0, time.time() - view.mtime)
     try:
         data: Any = read_json(holder_path(root, digest))
     except (OSError, ValueError):
@@ -132,11 +105,12 @@ def read_holder(root: CacheRoot, digest: str) -> Holder | None:
         node=str(data.get("node", "")),
         pid=int(data.get("pid") or marker.pid or 0),
         host=str(data.get("host") or marker.host or ""),
-        since=float(data.get("since") or time.time() - (marker.age or 0.0)),
+        since=float(data.get("since") or time.time() - age),
         token=token,
         current=token is not None and token == marker.token,
-        refreshed_age=marker.age,
+        refreshed_age=age,
         duration=marker.duration,
+        confirm=marker.confirm,
     )
 
 

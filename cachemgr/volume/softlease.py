@@ -92,6 +92,7 @@ class MarkerView:
 
     record: MarkerRecord
     stamp: tuple[object, ...]
+    mtime: float = 0.0  # by the refreshing node's clock: readers without a watch (locks, show) age it so
 
 
 def parse_marker(text: str) -> MarkerRecord:
@@ -127,14 +128,14 @@ def read_marker_view(path: Path) -> MarkerView | None:
         if error.errno != errno.ELOOP:
             raise
         st = os.lstat(path)  # a symlink planted as the marker: judged like a damaged marker
-        return MarkerView(MarkerRecord(), ("symlink", st.st_ino, st.st_mtime_ns))
+        return MarkerView(MarkerRecord(), ("symlink", st.st_ino, st.st_mtime_ns), st.st_mtime)
     try:
         st = os.fstat(fd)
         data = os.read(fd, _MAX_MARKER_BYTES) if _is_regular(st) else b""
     finally:
         os.close(fd)
     record = parse_marker(data.decode("utf-8", errors="replace"))
-    return MarkerView(record, (record.token, st.st_mtime_ns, st.st_size, st.st_ino))
+    return MarkerView(record, (record.token, st.st_mtime_ns, st.st_size, st.st_ino), st.st_mtime)
 
 
 def default_confirm(path: Path) -> float:

@@ -296,6 +296,17 @@ def _write_summary(
 
 # --- stale staging ------------------------------------------------------------------------
 
+# An attempt's owner record beats every few seconds; silent for this long, its pod is gone.
+_STAGING_SILENCE_FLOOR = 300.0
+
+
+def stale_staging_after(lease_duration: float | None = None) -> float:
+    """How long an attempt's owner record may stay silent (by this node's clock) before the
+    attempt is a candidate for removal: far beyond its heartbeat, and ten lease durations, so a
+    holder that may still hold its lease is never judged dead. ``None``: the pods' durations are
+    unknown (``ls``, ``prune``): the floor, which is the rule for the default 30 s lease."""
+    return max(_STAGING_SILENCE_FLOOR, 10 * (lease_duration or 0.0))
+
 
 @dataclass(frozen=True)
 class StagingInfo:

@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
-from cachemgr.volume.lease import read_marker
 from cachemgr.volume.manifest import check_files, read_manifest
+from cachemgr.volume.softlease import read_marker_view
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, wait_for
 
 MODEL = "rebellions/Test-LLM"
@@ -66,7 +66,7 @@ def assert_clean_after_failure(root: Path) -> None:
     staging = list((root / "staging").rglob("*")) if (root / "staging").is_dir() else []
     assert staging == [], f"staging left behind: {staging}"
     for marker in (root / "leases").glob("*.lock") if (root / "leases").is_dir() else []:
-        assert not read_marker(marker).exists, f"lease still held: {marker}"
+        assert read_marker_view(marker) is None, f"lease still held: {marker}"
     users = list((root / "usage").rglob("*.json")) if (root / "usage").is_dir() else []
     assert users == [], f"use records left behind: {users}"
 

@@ -1,0 +1,169 @@
+"""``du``: the volume (statvfs: a CephFS/JuiceFS directory quota shows here), the cache's share
+of it, and what each ``prune`` selector would free now."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from cachemgr.core.units import human_bytes, human_duration
+from cachemgr.ops.attempts import Attempt, Quarantined, attempt_of, quarantined
+from cachemgr.ops.scan import Compat, EntryInfo, scan
+from cachemgr.ops.space import VolumeSpace, prunable_now
+from cachemgr.volume.entries import listdir, tree_usage
+from cachemgr.volume.layout import CacheRoot
+
+
+@dataclass(frozen=True)
+class CompilerUsage:
+    compiler: str
+    entries: int
+    size_bytes: int
+
+    @property
+    def size_str(self) -> str:
+        return human_bytes(self.size_bytes)
+
+
+@dataclass(frozen=True)
+class Freeable:
+    """What one ``prune`` selector would free now."""
+
+    selector: str
+    flag: str
+    items: int
+    bytes: int
+
+    @classmethod
+    def of(cls, selector: str, flag: str, sizes: list[int]) -> Freeable:
+        return cls(selector, flag, len(sizes), sum(sizes))
+
+    @property
+    def bytes_str(self) -> str:
+        return human_bytes(self.bytes)
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """``du``: the volume (statvfs: a CephFS/JuiceFS directory quota shows here) and the cache."""
+
+    volume: str
+    total_bytes: int
+    free_bytes: int
+    entries: tuple[EntryInfo, ...]
+    attempts: tuple[Attempt, ...]
+    quarantined: tuple[Quarantined, ...]
+    trash_bytes: int
+    unused_after: float
+    reserved_bytes: int = 0  # free blocks only root may use (ext4's reserve); 0 on network filesystems
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def used_bytes(self) -> int:
+        """As ``df`` shows it: neither free nor reserved."""
+        return max(0, self.total_bytes - self.free_bytes - self.reserved_bytes)
+
+    @property
+    def entries_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.entries)
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(a.size_bytes for a in self.attempts)
+
+    @property
+    def quarantine_bytes(self) -> int:
+        return sum(q.size_bytes for q in self.quarantined)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.entries_bytes + self.staging_bytes + self.quarantine_bytes + self.trash_bytes
+
+    @property
+    def by_compiler(self) -> tuple[CompilerUsage, ...]:
+        sums: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        for entry in self.entries:
+            sums[entry.compiler or "?"][0] += 1
+            sums[entry.compiler or "?"][1] += entry.size_bytes
+        return tuple(CompilerUsage(c, n, b) for c, (n, b) in sorted(sums.items()))
+
+    @property
+    def prunable(self) -> tuple[Freeable, ...]:
+        """What ``prune`` could free now, never counting an entry in use; the rows do not overlap,
+        so they add up to what all four selectors together free. The first two are
+        ``space.Prunable``, the figures a pod's disk-full report names."""
+        found = prunable_now(self.entries, unused_after=self.unused_after)
+        counted = {e.name for e in (*found.incompatible, *found.unused)}
+        damaged = [
+            e.size_bytes
+            for e in self.entries
+            if e.status == "damaged" and not e.in_use and e.name not in counted
+        ]
+        return (
+            Freeable.of("incompatible", "--incompatible", [e.size_bytes for e in found.incompatible]),
+            Freeable.of(
+                "unused",
+                f"--unused-for {human_duration(self.unused_after)}",
+                [e.size_bytes for e in found.unused],
+            ),
+            Freeable.of(
+                "stale_staging",
+                "--stale-staging",
+                [a.size_bytes for a in self.attempts if a.status == "stale"],
+            ),
+            Freeable.of("damaged", "--damaged", damaged + [q.size_bytes for q in self.quarantined]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "volume": self.volume,
+            "total_bytes": self.total_bytes,
+            "used_bytes": self.used_bytes,
+            "free_bytes": self.free_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "cache_bytes": self.cache_bytes,
+            "entries_bytes": self.entries_bytes,
+            "staging_bytes": self.staging_bytes,
+            "quarantine_bytes": self.quarantine_bytes,
+            "trash_bytes": self.trash_bytes,
+            "entries": [
+                {
+                    "key": e.key,
+                    "entry": e.name,
+                    "compiler": e.compiler,
+                    "size_bytes": e.size_bytes,
+                    "status": e.status,
+                }
+                for e in self.entries
+            ],
+            "by_compiler": [
+                {"compiler": c.compiler, "entries": c.entries, "size_bytes": c.size_bytes}
+                for c in self.by_compiler
+            ],
+            "prunable": {
+                f.selector: {"flag": f.flag, "items": f.items, "bytes": f.bytes} for f in self.prunable
+            },
+            "prunable_bytes": sum(f.bytes for f in self.prunable),
+            "warnings": list(self.warnings),
+        }
+
+
+def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 14 * 86400.0) -> DiskUsage:
+    space = VolumeSpace.measure(root.path)
+    st = os.statvfs(root.path)
+    found = scan(root, compat=compat)
+    published = {e.key for e in found.entries if e.key}
+    return DiskUsage(
+        volume=str(root.path),
+        total_bytes=space.total_bytes,
+        free_bytes=space.free_bytes,
+        entries=found.entries,
+        attempts=tuple(attempt_of(root, info, published=published) for info in found.staging),
+        quarantined=tuple(quarantined(root)),
+        trash_bytes=sum(sum(tree_usage(root.trash / name)) for name in listdir(root.trash)),
+        unused_after=unused_after,
+        reserved_bytes=max(0, (st.f_bfree - st.f_bavail) * st.f_frsize),
+        warnings=found.warnings,
+    )

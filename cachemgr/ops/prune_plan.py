@@ -1,0 +1,307 @@
+"""``prune``'s plan: what would go, and the bytes it frees, as a frozen list (``--dry-run`` prints it).
+
+An entry with a live use record is never planned (a record that looks old by this node's clock is
+watched for a heartbeat first: cachemgr.volume.records); staging attempts are planned only when their
+pod is dead (same host and its pid gone, or silent for the stale window). Execution, which judges
+everything again, is :mod:`cachemgr.ops.prune`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from cachemgr.core import safefs
+from cachemgr.core.fsutil import read_json, tree_bytes
+from cachemgr.core.units import human_bytes, human_duration
+from cachemgr.ops.attempts import STALE_STAGING_AFTER
+from cachemgr.ops.scan import EntryInfo, Scan
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.records import Mark, User, observe, read_usage
+from cachemgr.volume.store import StagingInfo, dead_attempts
+
+ItemKind = Literal["entry", "staging", "quarantine", "trash"]
+# A trash item older than this was left by a prune that died mid-delete. Younger ones may
+# belong to a prune running now (which may still rename its entry back), so they stay.
+TRASH_GRACE = 3600.0
+
+
+@dataclass(frozen=True)
+class PruneItem:
+    kind: ItemKind
+    path: Path
+    name: str
+    bytes: int
+    reason: str
+    key: str | None = None
+    # The entry's last use when planned (the order of removal).
+    last_used_at: float | None = None
+    # What the plan judged on, by name and mark (records.Mark): an entry's usage folder
+    # (records.Usage.seen), an attempt's owner record. Any change since means a pod is there.
+    seen: frozenset[tuple[str, Mark]] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def bytes_str(self) -> str:
+        return human_bytes(self.bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "path": str(self.path),
+            "bytes": self.bytes,
+            "reason": self.reason,
+            "key": self.key,
+        }
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """What would be removed, and what was kept back and why."""
+
+    items: tuple[PruneItem, ...]
+    kept: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return sum(item.bytes for item in self.items)
+
+    @property
+    def bytes_str(self) -> str:
+        return human_bytes(self.bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "bytes": self.bytes,
+            "items": [item.to_json() for item in self.items],
+            "kept": [{"name": name, "reason": why} for name, why in self.kept],
+        }
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    removed: tuple[PruneItem, ...]
+    skipped: tuple[tuple[PruneItem, str], ...]
+    # Items that could not be removed because the volume refused (read-only, permissions, I/O).
+    failed: tuple[tuple[PruneItem, str], ...] = ()
+
+    @property
+    def freed_bytes(self) -> int:
+        return sum(item.bytes for item in self.removed)
+
+    @property
+    def freed_str(self) -> str:
+        return human_bytes(self.freed_bytes)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "freed_bytes": self.freed_bytes,
+            "removed": [item.to_json() for item in self.removed],
+            "skipped": [{**item.to_json(), "skipped_because": why} for item, why in self.skipped],
+            "failed": [{**item.to_json(), "error": why} for item, why in self.failed],
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class PruneRequest:
+    incompatible: bool = False
+    unused_for: float | None = None
+    keep_bytes: int | None = None
+    stale_staging: bool = False
+    damaged: bool = False
+    stale_after: float = STALE_STAGING_AFTER
+    # Entries for these NPU types (upper case), named by the operator: another NPU's entries are
+    # not incompatible (that hardware's pods may share the volume), so they go only when asked.
+    npu: frozenset[str] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.incompatible or self.unused_for is not None or self.keep_bytes is not None) and not (
+            self.stale_staging or self.damaged or self.npu
+        )
+
+
+def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity: PodIdentity) -> PrunePlan:
+    """Choose what goes: damaged, stale staging, incompatible, unused, then LRU down to --keep-bytes."""
+    items: list[PruneItem] = []
+    kept: list[tuple[str, str]] = []
+    if request.damaged:
+        items += _quarantined(root)
+    if request.stale_staging:
+        items += _trash_leftovers(root, kept)
+        items += _stale_attempts(root, found.staging, request, identity)
+    chosen: dict[str, PruneItem] = {}
+    entries = _settled(found.entries, request)
+    for entry in entries:
+        reason = _entry_reason(entry, request)
+        if reason is None:
+            continue
+        if entry.in_use:
+            kept.append((entry.name, f"in use by {_pods(entry.users)}"))
+            continue
+        chosen[entry.name] = _entry_item(entry, reason)
+    if request.keep_bytes is not None:
+        chosen.update(_over_budget(entries, chosen, request.keep_bytes, kept))
+    ordered = sorted(chosen.values(), key=lambda i: i.last_used_at or 0.0)
+    return PrunePlan(items=tuple(items) + tuple(ordered), kept=tuple(kept))
+
+
+def _settled(entries: tuple[EntryInfo, ...], request: PruneRequest) -> tuple[EntryInfo, ...]:
+    """The entries, with the silent users of those the request could remove told alive or dead.
+
+    One observation for all of them (records.observe: up to OBSERVE_SECONDS, and only when some
+    record is silent by this node's clock), so no entry is removed on a clock's word.
+    """
+    unsure = [
+        e
+        for e in entries
+        if e.silent_users and not e.in_use and (request.keep_bytes is not None or _entry_reason(e, request))
+    ]
+    if not unsure:
+        return entries
+    alive = observe(u for e in unsure for u in e.silent_users)
+    told = {
+        e.name: replace(e, users=tuple(u for u in e.silent_users if u.path in alive), silent_users=())
+        for e in unsure
+    }
+    return tuple(told.get(e.name, e) for e in entries)
+
+
+def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
+    return PruneItem(
+        "entry",
+        entry.path,
+        entry.name,
+        entry.size_bytes,
+        reason,
+        entry.key or None,
+        entry.last_used_at or entry.created_at,
+        entry.usage_seen,
+    )
+
+
+def _pods(found: Iterable[User]) -> str:
+    # A user seen beating although its record looked old by our clock: skew, or a pod that stalled.
+    return ", ".join(
+        u.pod + (" (beating, though its record looked old here)" if u.silent else "") for u in found
+    )
+
+
+def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
+    if request.damaged and entry.status == "damaged":
+        return f"damaged: {entry.problem}"
+    if request.incompatible and entry.status == "incompatible":
+        return f"incompatible: {entry.problem}"
+    if entry.npu.upper() in request.npu:
+        return f"for NPU {entry.npu} (--npu)"
+    if request.unused_for is not None and entry.unused_for() >= request.unused_for:
+        # Whatever its status: an entry nobody used for that long goes (space.Prunable agrees).
+        return f"unused for {human_duration(entry.unused_for())}"
+    return None
+
+
+def _over_budget(
+    entries: Iterable[EntryInfo], chosen: dict[str, PruneItem], keep_bytes: int, kept: list[tuple[str, str]]
+) -> dict[str, PruneItem]:
+    """Least recently used first, until what is left fits in ``keep_bytes``."""
+    remaining = [e for e in entries if e.name not in chosen]
+    total = sum(e.size_bytes for e in remaining)
+    extra: dict[str, PruneItem] = {}
+    for entry in sorted(remaining, key=lambda e: e.last_used_at or e.created_at or 0.0):
+        if total <= keep_bytes:
+            break
+        if entry.in_use:
+            kept.append(
+                (
+                    entry.name,
+                    f"in use by {_pods(entry.users)} (over --keep-bytes, but never removed while used)",
+                )
+            )
+            continue
+        extra[entry.name] = _entry_item(entry, f"least recently used, cache over {human_bytes(keep_bytes)}")
+        total -= entry.size_bytes
+    return extra
+
+
+def _quarantined(root: CacheRoot) -> list[PruneItem]:
+    """What was moved aside: directories, and links or files a pod found in place of an entry
+    (removing a link removes the link, never what it points to)."""
+    items: list[PruneItem] = []
+    for name in safefs.listdir(root.path, root.quarantine):
+        if name.startswith(".") or name.endswith(".reason.json"):
+            continue
+        path = root.quarantine / name
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("quarantine", path, name, size, "moved aside as damaged"))
+    return items
+
+
+def _stale_attempts(
+    root: CacheRoot, staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
+) -> list[PruneItem]:
+    """Attempts of dead pods, watched before they are taken (store.dead_attempts: no clocks)."""
+    return [
+        PruneItem(
+            "staging",
+            info.path,
+            f"{info.path.parent.name[:12]}/{info.path.name}",
+            tree_bytes(info.path, within=root.path),
+            _stale_reason(info.heartbeat_age),
+            info.path.parent.name,
+            seen=owner_seen(info, mark),
+        )
+        for info, mark in dead_attempts(staging, stale_after=request.stale_after, identity=identity)
+    ]
+
+
+def owner_seen(info: StagingInfo, mark: Mark | None) -> frozenset[tuple[str, Mark]]:
+    return frozenset({(info.owner_file.name, mark)}) if mark is not None else frozenset()
+
+
+def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[PruneItem]:
+    """What a prune that died mid-delete left in ``trash/`` (never what one is deleting now)."""
+    items: list[PruneItem] = []
+    now = time.time()
+    for path in (root.trash / name for name in safefs.subdirs(root.path, root.trash)):
+        st = safefs.lstat(root.path, path)
+        if st is None:
+            continue
+        # rename() updates ctime: this is when the item went to the trash.
+        age = now - st.st_ctime
+        if age < TRASH_GRACE:
+            continue
+        key = _trashed_key(path)
+        if key and has_users(root, key):
+            kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
+            continue
+        reason = f"left by an interrupted prune {human_duration(age)} ago"
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("trash", path, f"trash/{path.name}", size, reason, key))
+    return items
+
+
+def has_users(root: CacheRoot, key: str) -> bool:
+    usage = read_usage(root, key)
+    return bool(usage.live or observe(usage.silent))
+
+
+def _trashed_key(path: Path) -> str | None:
+    for name in ("summary.json", "key.json"):
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(path / name)
+            if isinstance(data, dict) and isinstance(data.get("key"), str):
+                return str(data["key"])
+    return None
+
+
+def _stale_reason(age: float | None) -> str:
+    return (
+        "attempt of a dead pod (no owner record)"
+        if age is None
+        else f"attempt silent for {human_duration(age)}"
+    )
