@@ -56,7 +56,7 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
 def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, str] | None = None) -> Any:
     from cachemgr.ops.meter import interval_from
     from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
-    from cachemgr.runtime.runner import RunOptions  # heavy imports only for run/warm
+    from cachemgr.runtime.options import RunOptions
 
     lease = _seconds(args.lease_duration, "--lease-duration") or DEFAULT_LEASE_DURATION
     heartbeat = _seconds(args.lease_heartbeat, "--lease-heartbeat")

@@ -635,7 +635,7 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
 def lease_stale(holder: Holder) -> bool:
     """Not refreshed for its lease duration (the marker's; the default when the marker does not
     say), so the next contender takes it over. Ages are by this node's clock."""
-    from cachemgr.volume.lease import DEFAULT_DURATION  # lazy: listing entries needs no lease
+    from cachemgr.volume.lease_defaults import DEFAULT_DURATION
 
     duration = holder.duration if holder.duration is not None else DEFAULT_DURATION
     return holder.refreshed_age is not None and holder.refreshed_age > duration
