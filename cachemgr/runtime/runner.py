@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.errors import CacheMgrError, CompileError, DiskFullError
@@ -38,7 +39,6 @@ from cachemgr.runtime.options import RunOptions
 from cachemgr.runtime.state import StateWriter
 from cachemgr.runtime.strategies import STRATEGIES, Compiled, Strategy
 from cachemgr.runtime.views import build_view, remove_old_views_later
-from cachemgr.runtime.waiting import Waiting
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, open_root
 from cachemgr.volume.manifest import MANIFEST_NAME
@@ -55,6 +55,7 @@ from cachemgr.volume.store import (
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
     from cachemgr.remote.hooks import FetchOutcome, Upload
+    from cachemgr.runtime.waiting import Waiting
     from cachemgr.volume.lease import KeyLease
 
 log = get_logger("cachemgr.run")
@@ -84,7 +85,6 @@ class Runner:
         self.server_exited = threading.Event()
         self.preflight_found: Preflight | None = None
         self._missed = False
-        self.waiting = Waiting(self)
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
 
@@ -192,6 +192,13 @@ class Runner:
         return (root.entry_path(key) / MANIFEST_NAME).is_file()
 
     # --- a miss: wait for a peer, or take the lease and compile --------------------------
+
+    @cached_property
+    def waiting(self) -> Waiting:
+        """The lease step: waits on peers (imported on a miss only)."""
+        from cachemgr.runtime.waiting import Waiting
+
+        return Waiting(self)
 
     def _open_for_writing(self, root: CacheRoot, key: CacheKey) -> CacheRoot:
         """The layout a miss needs; a volume too full even for that gets the full space report."""
