@@ -327,10 +327,10 @@ def wrap(owner, name, label):
     setattr(owner, name, timed)
 
 find_handler = main._handler
-def handler(command):
+def handler(command, *rest):
     T["args parsed"] = time.time_ns()
     began = time.time_ns()
-    run = find_handler(command)
+    run = find_handler(command, *rest)
     record("import cachemgr.cli.cmd_run", began)
     def traced_run(args, server_argv, environ):
         began = time.time_ns()
