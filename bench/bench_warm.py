@@ -326,20 +326,20 @@ def wrap(owner, name, label):
     setattr(owner, name, timed)
 
 find_handler = main._handler
-def handler(command):
+def handler(command, *rest):
     T["args parsed"] = time.time_ns()
     began = time.time_ns()
-    run = find_handler(command)
+    run = find_handler(command, *rest)
     record("import cachemgr.cli.cmd_run", began)
     def traced_run(args, server_argv, environ):
         began = time.time_ns()
-        import cachemgr.runtime.runner as r, cachemgr.runtime.launcher  # what cmd_run.run imports first
+        import cachemgr.runtime.runner as r, cachemgr.runtime.launcher, cachemgr.runtime.heartbeats as h  # what cmd_run.run imports first
         record("import cachemgr.runtime.runner", began)
         wrap(r.Runner, "__init__", "runner setup (state, heartbeats)")
         wrap(r, "compute_key", "key")
         wrap(r, "open_root", "open root")
         wrap(r, "lookup", "lookup + fast check")
-        wrap(r, "register_use", "use record")
+        wrap(h, "register_use", "use record")
         wrap(r, "build_view", "view")
         wrap(cachemgr.runtime.launcher, "start", "spawn server")
         return run(args, server_argv, environ)

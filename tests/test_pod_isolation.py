@@ -18,7 +18,7 @@ import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, read_jsonl, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
-from cachemgr.runtime.strategies import remove_old_views
+from cachemgr.runtime.views import remove_old_views
 from cachemgr.volume.manifest import ARTIFACTS, read_manifest
 
 
@@ -111,7 +111,7 @@ _OWNER = textwrap.dedent(
     import sys
     from pathlib import Path
     from cachemgr.volume.manifest import read_manifest
-    from cachemgr.runtime.strategies import build_view
+    from cachemgr.runtime.views import build_view
     entry = Path(sys.argv[2])
     print(build_view(Path(sys.argv[1]), entry, read_manifest(entry)), flush=True)
     if sys.argv[3] == "stay":

@@ -34,7 +34,7 @@ from cachemgr.ops.progress import (
     record_path,
     write_record,
 )
-from cachemgr.runtime.runner import RunOptions
+from cachemgr.runtime.options import RunOptions
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, open_root
 from cachemgr.volume.lease import KeyLease

@@ -14,6 +14,7 @@ from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.core.units import parse_duration, parse_size
 from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
 from cachemgr.runtime.state import DEFAULT_STATE_DIR
+from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
 
 
 def key_request(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> KeyRequest:
@@ -55,9 +56,9 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
 def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, str] | None = None) -> Any:
     from cachemgr.ops.meter import interval_from
     from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
-    from cachemgr.runtime.runner import RunOptions  # heavy imports only for run/warm
+    from cachemgr.runtime.options import RunOptions
 
-    lease = _seconds(args.lease_duration, "--lease-duration") or 30.0
+    lease = _seconds(args.lease_duration, "--lease-duration") or DEFAULT_LEASE_DURATION
     heartbeat = _seconds(args.lease_heartbeat, "--lease-heartbeat")
     if heartbeat is not None and heartbeat >= lease:
         raise UsageError(

@@ -17,7 +17,6 @@ from cachemgr.core.errors import (
     MESSAGE_LIMIT,
     CacheMgrError,
     ExitCode,
-    Interrupted,
     StateDirInUseError,
     shorten,
 )
@@ -27,10 +26,8 @@ _TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message
 
 
 def exit_code_for(error: BaseException) -> int:
-    if isinstance(error, Interrupted):
-        return error.code
     if isinstance(error, CacheMgrError):
-        return int(error.exit_code)
+        return error.code
     if isinstance(error, KeyboardInterrupt):
         return 130
     return int(ExitCode.COMPILE_FAILED)

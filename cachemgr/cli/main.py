@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from cachemgr import __version__
 from cachemgr.core.errors import ExitCode, UsageError
+from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
 
 # command -> (handler "module:function", entrypoint?): entrypoints write the termination message.
 _HANDLERS: dict[str, tuple[str, bool]] = {
@@ -118,7 +119,10 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--on-miss", choices=["compile", "fail"], default="compile")
     group.add_argument(
-        "--lease-duration", default="30", metavar="SECONDS", help="lease duration (default 30)"
+        "--lease-duration",
+        default=f"{DEFAULT_LEASE_DURATION:g}",
+        metavar="SECONDS",
+        help=f"lease duration (default {DEFAULT_LEASE_DURATION:g})",
     )
     group.add_argument(
         "--lease-heartbeat", default=None, metavar="SECONDS", help="default: a third of the lease"

@@ -3,7 +3,8 @@
 Exit codes follow sysexits(3), as in docs/design.md's interface contract. Each exception
 subclasses the builtin it is a kind of (``TimeoutError``, ``OSError``...), so library
 callers can catch it as such, and carries a one-line message: what happened, then the
-remedy. :func:`cachemgr.cli.errors.exit_code_for` is the one place that maps them.
+remedy. :attr:`CacheMgrError.code` is the one place that maps an error to the process's exit
+code (the CLI's report and the run's state record both read it).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class CacheMgrError(Exception):
         self.remedy = remedy.rstrip(".")
         self.fields = fields
         super().__init__(self.one_line())
+
+    @property
+    def code(self) -> int:
+        """The exit code the process reports for this error."""
+        return int(self.exit_code)
 
     def one_line(self) -> str:
         """The message for logs, stderr and the Kubernetes termination message.

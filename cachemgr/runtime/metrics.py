@@ -22,29 +22,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core.errors import (
-    CompileError,
-    ConfigError,
-    DiskFullError,
-    Interrupted,
-    MissError,
-    VolumeError,
-    WaitTimeoutError,
-)
+from cachemgr.core.errors import CacheMgrError, StateDirInUseError
 from cachemgr.core.log import get_logger
 
 log = get_logger("cachemgr.run")
 
+
+def _failure_reasons() -> tuple[str, ...]:
+    """The reason of each error class in cachemgr.core.errors that a run can count.
+
+    A busy state dir is refused before the run has metrics, so it is never counted here.
+    """
+    classes = CacheMgrError.__subclasses__()  # in definition order
+    return tuple(
+        cls.reason
+        for cls in classes
+        if cls.__module__ == CacheMgrError.__module__ and cls is not StateDirInUseError
+    )
+
+
 # Reasons a run can fail with: exported at 0 from the start, so a rate() sees the first one.
-FAILURE_REASONS: tuple[str, ...] = (
-    ConfigError.reason,
-    MissError.reason,
-    CompileError.reason,
-    DiskFullError.reason,
-    VolumeError.reason,
-    WaitTimeoutError.reason,
-    Interrupted.reason,
-)
+FAILURE_REASONS: tuple[str, ...] = _failure_reasons()
 FAILURES_FILE = "failures.json"
 
 

@@ -1,40 +1,365 @@
-"""How a compile happens, and how a server is pointed at a published entry.
+"""How a key compiles, and how its server is pointed at an entry: one strategy object per way.
 
-``command``: an operator-given compiler runs before the server, writing to ``{output_dir}``
-(private staging); the server's argv may name ``{artifact_dir}``.
+The runner (cachemgr.runtime.runner) takes a :class:`Strategy` and calls the same methods
+whatever the key's strategy; the subclasses override what differs, as diskcache's ``JSONDisk``
+overrides its ``Disk``.
 
-``vllm``: vllm-rbln compiles inside the server at start-up and writes under
-``VLLM_CACHE_ROOT`` (``compiled_models/`` on the optimum path, mega-cache bundles under
+``command`` (:class:`CommandStrategy`): an operator-given compiler runs before the server,
+writing to ``{output_dir}`` (private staging); once it exits 0 the attempt is published and the
+server is launched like on any hit; its argv may name ``{artifact_dir}``.
+
+``vllm`` (:class:`VllmStrategy`): vllm-rbln compiles inside the server at start-up and writes
+under ``VLLM_CACHE_ROOT`` (``compiled_models/`` on the optimum path, mega-cache bundles under
 ``rbln/`` on the vLLM-model path). On a miss the server runs with ``VLLM_CACHE_ROOT`` in
 staging; once its health endpoint answers, the staging content is published by hard-linking
 it into a second attempt directory that is renamed into place, so the running server keeps
-its own directory undisturbed.
+its own directory undisturbed, and serves on.
 
-On a hit, either server gets a pod-local *view* of the entry: real directories with a
-symlink per file. The server reads the shared files, and anything it writes (vllm-rbln
-saves its bundle again after every warm-up, by tmp file + rename) lands in the view, never
-in the shared entry, whose files are also read-only.
+On a hit, either server gets a pod-local view of the entry (cachemgr.runtime.views).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import tempfile
+import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
 
 from cachemgr.core import safefs
-from cachemgr.core.errors import CompileError
-from cachemgr.core.fsutil import remove_tree
-from cachemgr.core.procs import same_process, start_ticks
-from cachemgr.volume.manifest import ARTIFACTS, Manifest
+from cachemgr.core.errors import CompileError, ConfigError
+from cachemgr.core.fsutil import tree_bytes
+from cachemgr.core.log import get_logger
+from cachemgr.runtime import failures, launcher
+from cachemgr.runtime.health import health_ok
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from cachemgr.key.cachekey import CacheKey
+    from cachemgr.ops.progress import CompileProgress
+    from cachemgr.runtime.runner import Runner
+    from cachemgr.volume.drift import DriftWatch
+    from cachemgr.volume.layout import CacheRoot
+    from cachemgr.volume.lease import KeyLease
+    from cachemgr.volume.store import Lookup, Staging
+
+log = get_logger("cachemgr.run")
 
 ARTIFACT_DIR = "{artifact_dir}"
 OUTPUT_DIR = "{output_dir}"
 _LINK_FALLBACK = frozenset({errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP})
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """How a compile under the lease ended, when it did not fail.
+
+    ``exit_code`` None: the flow goes on (the entry is published, or will not be: look again).
+    A vllm server that compiled serves on from its own staging, so the run ends with it:
+    ``exit_code`` is its exit code (0 for a compile-only server or a warm Job).
+    """
+
+    exit_code: int | None = None
+
+
+class Strategy:
+    """One way of compiling a key. The base holds what every compile attempt shares."""
+
+    name: ClassVar[str]
+
+    def __init__(self, pod: Runner) -> None:
+        self.pod = pod
+        self._progress: CompileProgress | None = None
+        self._peak_staged = 0  # the most the last attempt was seen to have staged
+
+    # --- what differs -------------------------------------------------------------------
+
+    def check_can_compile(self, key: CacheKey) -> None:
+        """Refuse up front a compile that cannot succeed here (default: any can)."""
+
+    def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
+        """Compile into private staging and publish, under ``lease``; raise on failure."""
+        raise NotImplementedError
+
+    def server_launch(self, key: CacheKey, view: Path) -> tuple[list[str], dict[str, str]]:
+        """The server's argv and environment, pointed at ``view`` of the published entry."""
+        raise NotImplementedError
+
+    def watch_hit(self, root: CacheRoot, key: CacheKey, found: Lookup, view: Path) -> DriftWatch | None:
+        """Watch a server started on a hit for what the key missed (default: nothing to watch)."""
+        return None
+
+    def publish(
+        self, root: CacheRoot, key: CacheKey, staging: Staging, lease: KeyLease, *, seconds: float
+    ) -> None:
+        """Publish the attempt in ``staging`` (the runner's publish: manifest last, one rename)."""
+        self.pod.publish(root, key, staging, lease, seconds=seconds)
+
+    # --- what every attempt shares ------------------------------------------------------
+
+    def _start_progress(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> None:
+        """compile_progress events and the progress record beside the lease (cachemgr.ops.progress)."""
+        from cachemgr.ops.progress import start_compile_progress
+
+        self._progress = start_compile_progress(
+            root,
+            key,
+            token=lease.token,
+            pod=self.pod.identity.pod,
+            preflight=self.pod.preflight_found,
+            interval=self.pod.options.progress_interval,
+            bar=self.pod.options.warm,  # a Job run by hand on a terminal; pods log compile_progress
+        )
+
+    def _stop_progress(self, *, staged: Path | None = None) -> None:
+        reporter, self._progress = self._progress, None
+        if reporter is not None:
+            reporter.close(staged=staged)
+            self._peak_staged = reporter.peak_staged
+
+    def _sample(self, monitor: launcher.ProgressMonitor) -> None:
+        progress = self.pod.stall.sample(monitor)
+        if self._progress is not None:
+            self._progress.tick(cpu_seconds=progress.cpu_seconds, staged_bytes=progress.staging_bytes)
+
+    def _check_loadable(self, key: CacheKey, staging: Staging, *, serving: bool) -> bool:
+        """Publish only what the server will load (cachemgr.runtime.loadable): a serving server keeps
+        serving unpublished; a compile that is all there is (warm, compile-only) has failed."""
+        from cachemgr.runtime.loadable import why_not_loadable
+
+        why = why_not_loadable(staging.artifacts, strategy=self.name)
+        if why is None:
+            return True
+        cannot = "; ".join(key.details.get("uncacheable", ())) or "see the server's output"
+        if serving:
+            log.warning(
+                "not_published", key=key.short, reason=why, cause=cannot, note="the server keeps serving"
+            )
+            return False
+        raise CompileError(
+            f"{why}; nothing was published ({cannot})",
+            remedy="'cachemgr explain -- ARGV' says whether this configuration can be cached at all",
+        )
+
+    def _fail_attempt(
+        self,
+        root: CacheRoot,
+        key: CacheKey,
+        staging: Staging,
+        error: BaseException,
+        *,
+        watch: launcher.OutputWatch | None,
+        started: float,
+    ) -> None:
+        """Remove the attempt, then record why it failed (after freeing space, so the record fits)."""
+        # A compiler may remove its partial output before it exits (optimum-rbln 0.12.0 save_pretrained
+        # deletes its .tmp copy on any error, optimum/rbln/modeling_base.py:719-723): the most it was
+        # seen to have staged counts too.
+        self._stop_progress()
+        written = max(tree_bytes(staging.artifacts), self._peak_staged)
+        staging.discard()
+        self.pod.beats.discard(staging.owner_file)
+        found = self.pod.preflight_found
+        reported = failures.as_reported(
+            error,
+            root,
+            key,
+            given=self.pod.options.expected_size,
+            written=written,
+            free_at_start=found.space.free_bytes if found is not None else None,
+        )
+        if reported is None:
+            return
+        tail = watch.tail_text() if watch is not None else []
+        failures.record(
+            root,
+            key,
+            self.pod.identity,
+            reported,
+            written=written,
+            elapsed=time.monotonic() - started,
+            tail=tail,
+        )
+        if reported is not error:
+            raise reported from error
+
+
+class CommandStrategy(Strategy):
+    """A compile command writes ``{output_dir}``; then the server is launched like on a hit."""
+
+    name = "command"
+
+    def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
+        pod = self.pod
+        staging = pod.new_staging(root, key)
+        argv = render(key.inputs["compile_cmd"], output_dir=str(staging.artifacts))
+        pod.state.phase("compiling", strategy=self.name, staging=str(staging.path))
+        started = time.monotonic()
+        watch: launcher.OutputWatch | None = None
+        self._start_progress(root, key, lease)
+        try:
+            child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
+            watch = launcher.OutputWatch(child)
+            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+            code = launcher.run_until(
+                child, events=[pod.relay.stop, watch.disk_full], every=lambda: self._sample(monitor), tick=0.5
+            )
+            if code is None:
+                launcher.terminate_tree(child)
+            watch.join()
+            failures.compile_ended(code, watch, relay=pod.relay, what="compile command")
+            self._stop_progress(staged=staging.artifacts)
+            self._check_loadable(key, staging, serving=False)
+            self.publish(root, key, staging, lease, seconds=time.monotonic() - started)
+        except BaseException as error:
+            self._fail_attempt(root, key, staging, error, watch=watch, started=started)
+            raise
+        finally:
+            self._stop_progress()
+            pod.beats.discard(staging.owner_file)
+        return Compiled()
+
+    def server_launch(self, key: CacheKey, view: Path) -> tuple[list[str], dict[str, str]]:
+        return render(key.server.argv, artifact_dir=str(view)), dict(self.pod.environ)
+
+
+class VllmStrategy(Strategy):
+    """The server compiles into its private staging and serves on; cachemgr publishes a snapshot."""
+
+    name = "vllm"
+
+    def check_can_compile(self, key: CacheKey) -> None:
+        """``warm`` on a node without an NPU: refuse a model that cannot compile there, up front."""
+        if not self.pod.options.warm or key.details.get("npu_from_device"):
+            return
+        from cachemgr.key.vllm_rbln import cpu_compile_refusal
+
+        why = cpu_compile_refusal(key.server.settings, self.pod.environ)
+        if why is not None:
+            raise ConfigError(
+                f"this warm Job runs without an NPU and cannot compile key {key.short}: {why}",
+                remedy="run the warm Job on an NPU node (node affinity rebellions.ai/npu.present), or pass "
+                "--model-impl vllm if the model runs on vllm-rbln's vLLM-model path",
+            )
+
+    def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
+        pod = self.pod
+        staging = pod.new_staging(root, key)
+        env = {**pod.environ, "VLLM_CACHE_ROOT": str(staging.artifacts)}
+        url = pod.health_url(key)
+        pod.state.update(health_url=url)
+        pod.state.phase("compiling", strategy=self.name, staging=str(staging.path))
+        started = time.monotonic()
+        watch: launcher.OutputWatch | None = None
+        child = None
+        healthy = threading.Event()
+        self._start_progress(root, key, lease)
+        try:
+            child = launcher.start(key.server.argv, env=env, capture=True, what="server")
+            pod.relay.attach(child)
+            watch = launcher.OutputWatch(child)
+            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+
+            def tick() -> None:
+                self._sample(monitor)
+                if url is not None and health_ok(url):
+                    healthy.set()
+
+            code = launcher.run_until(child, events=[pod.relay.stop, watch.disk_full, healthy], every=tick)
+            if code is None and not healthy.is_set():
+                launcher.terminate_tree(child, grace=30.0)
+                code = child.returncode
+            if not healthy.is_set():
+                watch.join()
+                # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
+                failures.compile_ended(code, watch, relay=pod.relay, what="server", compile_only_ok=True)
+            self._stop_progress(staged=staging.artifacts)
+            if self._check_loadable(key, staging, serving=healthy.is_set() and not pod.options.warm):
+                self.publish(root, key, staging, lease, seconds=time.monotonic() - started)
+            else:
+                lease.release()  # nothing will be published: peers must not wait on this pod
+        except BaseException as error:
+            self._stop_progress()
+            if child is not None:
+                launcher.terminate_tree(child)
+            self._fail_attempt(root, key, staging, error, watch=watch, started=started)
+            raise
+        return Compiled(self._serve_on(key, child, watch, staging, serving=healthy.is_set()))
+
+    def _serve_on(
+        self,
+        key: CacheKey,
+        child: subprocess.Popen[bytes],
+        watch: launcher.OutputWatch,
+        staging: Staging,
+        *,
+        serving: bool,
+    ) -> int:
+        """The server that compiled serves on from its staging until it exits; its code is the run's."""
+        pod = self.pod
+        if not serving or pod.options.warm:
+            # Compile-only run, or a warm Job: the entry is published, the server is not needed.
+            launcher.terminate_tree(child, grace=30.0)
+            staging.discard()
+            pod.beats.discard(staging.owner_file)
+            pod.state.phase("stopped", exit_code=0, published=True)
+            return 0
+        pod.state.phase("serving", entry=key.entry_name)
+        code = launcher.wait_reaping(child, reaper=pod.reaper)
+        watch.join(timeout=2.0)
+        pod.state.phase("stopped", exit_code=code)
+        staging.discard()
+        pod.beats.discard(staging.owner_file)
+        return code
+
+    def publish(
+        self, root: CacheRoot, key: CacheKey, staging: Staging, lease: KeyLease, *, seconds: float
+    ) -> None:
+        """Publish a hard-linked copy; the server keeps its own directory."""
+        snapshot = self.pod.new_staging(root, key)
+        try:
+            method = snapshot_tree(staging.artifacts, snapshot.artifacts, within=root.path)
+            log.info("snapshot", method=method, key=key.short)
+            self.pod.publish(root, key, snapshot, lease, seconds=seconds)
+        except BaseException:
+            snapshot.discard()
+            raise
+        finally:
+            self.pod.beats.discard(snapshot.owner_file)
+
+    def server_launch(self, key: CacheKey, view: Path) -> tuple[list[str], dict[str, str]]:
+        return list(key.server.argv), {**self.pod.environ, "VLLM_CACHE_ROOT": str(view)}
+
+    def watch_hit(self, root: CacheRoot, key: CacheKey, found: Lookup, view: Path) -> DriftWatch | None:
+        """New compiled artifacts in the view mean the key missed something the server hashes."""
+        if found.manifest is None:
+            return None
+        from cachemgr.volume import drift
+
+        pod = self.pod
+
+        def report(paths: list[str]) -> None:
+            pod.metrics.recompiled_on_hit += 1
+            log.warning(
+                drift.EVENT,
+                key=key.short,
+                entry=found.path.name,
+                new_paths=drift.shown(paths),
+                count=len(paths),
+                note="the server compiled although cachemgr found an entry: its key has an input cachemgr's lacks",
+            )
+            drift.record(root, key.digest, pod.identity, entry=found.path.name, paths=paths)
+
+        watch = drift.DriftWatch(view, found.manifest, report=report)
+        watch.start(serving=lambda: pod.state.current.phase == "serving", exited=pod.server_exited)
+        return watch
+
+
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (CommandStrategy, VllmStrategy)}
 
 
 def render(argv: Sequence[str], **values: str) -> list[str]:
@@ -46,72 +371,6 @@ def render(argv: Sequence[str], **values: str) -> list[str]:
             filled = filled.replace("{" + name + "}", value)
         out.append(filled)
     return out
-
-
-def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
-    """A fresh pod-local tree mirroring ``entry/artifacts`` with a symlink per file.
-
-    Built from the manifest's file list (no walk of the shared volume): one mkdir per
-    directory and one symlink per file, with plain strings (this is on the hit path). Each
-    start gets a new directory under ``views``; earlier ones are removed after the server
-    started (:func:`remove_old_views`), since unlinking thousands of links costs as much as
-    making them.
-    """
-    views.mkdir(parents=True, exist_ok=True)
-    view = Path(tempfile.mkdtemp(prefix=f"{entry.name[-16:]}.{_owner_tag()}.", dir=views))
-    prefix = ARTIFACTS + "/"
-    cut = len(prefix)
-    # Absolute: the links are read from the view, so a relative --cache-root would dangle.
-    target_base = os.path.join(os.path.abspath(entry), ARTIFACTS)
-    view_base = os.fspath(view)
-    join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
-    made: set[str] = {""}
-    for record in manifest.files:
-        if not record.path.startswith(prefix):
-            continue
-        rel = record.path[cut:]
-        parent = dirname(rel)
-        if parent not in made:
-            os.makedirs(join(view_base, parent), exist_ok=True)
-            made.add(parent)
-        symlink(join(target_base, rel), join(view_base, rel))
-    return view
-
-
-def remove_old_views(views: Path, *, keep: Path) -> None:
-    """Delete the views of earlier starts (a background thread calls this after launch).
-
-    Only views whose owner is gone: a second ``run`` in the same pod (``kubectl exec``
-    inherits the state dir) must never pull the files from under the live server.
-    """
-    try:
-        names = os.listdir(views)
-    except FileNotFoundError:
-        return
-    for name in names:
-        path = views / name
-        if path != keep and not _owner_alive(name):
-            remove_tree(path)
-
-
-def _owner_tag() -> str:
-    """``PID-STARTTICKS`` of this process: who a view belongs to, safe against pid reuse."""
-    pid = os.getpid()
-    return f"{pid}-{start_ticks(pid) or 0}"
-
-
-def _owner_alive(name: str) -> bool:
-    """Is the process that built view ``name`` (``ENTRY16.PID-TICKS.RANDOM``) still running?
-
-    Our own other views count as dead (a start makes one); a name without an owner tag comes
-    from a cachemgr before owners were recorded, whose container is gone.
-    """
-    parts = name.split(".")
-    pid_text, _, ticks_text = parts[1].partition("-") if len(parts) == 3 else ("", "", "")
-    if not (pid_text.isdigit() and ticks_text.isdigit()):
-        return False
-    pid, ticks = int(pid_text), int(ticks_text)
-    return pid != os.getpid() and same_process(pid, ticks or None)
 
 
 def snapshot_tree(source: Path, target: Path, *, within: Path) -> str:
@@ -168,36 +427,3 @@ def _copy_at(parent: int, name: str, dst: Path) -> None:
             os.close(out)
     finally:
         os.close(src)
-
-
-def default_health_url(host: str | None, port: int | None) -> str | None:
-    if port is None:
-        return None
-    if not host or host in {"0.0.0.0", "::", ""}:  # noqa: S104  # a wildcard bind is reached on loopback
-        host = "127.0.0.1"
-    return f"http://{host}:{port}/health"
-
-
-def health_ok(url: str, *, timeout: float = 1.0) -> bool:
-    """True when the server's health endpoint answers 200 now."""
-    import http.client  # with ssl behind it: not needed before the server starts
-
-    parsed = urllib.parse.urlsplit(url)
-    conn_cls = http.client.HTTPSConnection if parsed.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(parsed.hostname or "127.0.0.1", parsed.port, timeout=timeout)
-    try:
-        conn.request("GET", parsed.path or "/")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
-def wait_healthy(url: str, *, deadline: float, every: float = 0.2) -> bool:
-    """Poll the health endpoint until it answers or ``deadline`` (monotonic) passes."""
-    while time.monotonic() < deadline:
-        if health_ok(url):
-            return True
-        time.sleep(every)
-    return False

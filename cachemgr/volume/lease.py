@@ -31,11 +31,11 @@ from cachemgr.core.log import get_logger
 from cachemgr.core.procs import Flag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.lease_defaults import DEFAULT_DURATION
 from cachemgr.volume.softlease import MarkerRecord, SoftLease, default_confirm, patience, read_marker_view
 
 log = get_logger("cachemgr.volume.lease")
 
-DEFAULT_DURATION = 30.0
 _POLL = 0.2  # waiters look for the published entry this often: start within a second of it
 _LOG_EVERY = 5.0
 

@@ -1,0 +1,186 @@
+"""How a run's failures become what operators see: the documented error, the failure record,
+the state record's exit code.
+
+The flow (cachemgr.runtime.runner) and the strategies raise; this module turns what went wrong
+into the :class:`~cachemgr.core.errors.CacheMgrError` with its remedy and exit code, and writes
+the failure record beside the key (``cachemgr show KEY``) with the same one-line message the
+log, stderr and the Kubernetes termination message carry (cachemgr.cli.errors writes those).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cachemgr.core.errors import (
+    CacheMgrError,
+    CompileError,
+    ConfigError,
+    Interrupted,
+    StateDirInUseError,
+    VolumeError,
+    WaitTimeoutError,
+)
+from cachemgr.core.fsutil import is_disk_full
+from cachemgr.runtime.state import StateDirBusy, claim_state_dir
+from cachemgr.volume.records import record_failure
+
+if TYPE_CHECKING:
+    from cachemgr.key.cachekey import CacheKey
+    from cachemgr.runtime import launcher
+    from cachemgr.runtime.metrics import Metrics
+    from cachemgr.runtime.state import StateWriter
+    from cachemgr.volume.identity import PodIdentity
+    from cachemgr.volume.layout import CacheRoot
+
+
+class DiskFullSeenError(Exception):
+    """The compiler reported a full volume; turned into the full report by :func:`as_reported`."""
+
+
+def interrupted(relay: launcher.SignalRelay) -> Interrupted:
+    """The signal that stopped the run (SIGTERM when it cannot tell)."""
+    return Interrupted(relay.received or 15)
+
+
+def count_failed_run(error: CacheMgrError, *, metrics: Metrics, state: StateWriter) -> None:
+    """The run failed: count it by reason and put its line and exit code in the state record."""
+    metrics.failure(error.reason)
+    state.phase("failed", reason=error.one_line(), exit_code=error.code)
+
+
+def as_reported(
+    error: BaseException,
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    given: int | None,
+    written: int = 0,
+    free_at_start: int | None = None,
+) -> CacheMgrError | None:
+    """The documented error for a failed attempt; None for a signal (nothing to record)."""
+    from cachemgr.ops.space import disk_report
+
+    if isinstance(error, Interrupted):
+        return None
+    figures: dict[str, Any] = {"given": given, "written": written, "free_at_start": free_at_start}
+    if isinstance(error, DiskFullSeenError):
+        return disk_report(root, key, cause=str(error), **figures).error()
+    if isinstance(error, CacheMgrError):
+        return error
+    if isinstance(error, OSError) and is_disk_full(error):
+        cause = f"writing {error.filename}: {error.strerror}" if error.filename else str(error.strerror)
+        return disk_report(root, key, cause=cause, **figures).error()
+    if isinstance(error, OSError):
+        return VolumeError(
+            f"cache volume I/O failed: {error}", remedy="check the compile cache PVC and the node's mount"
+        )
+    return None
+
+
+def record(
+    root: CacheRoot,
+    key: CacheKey,
+    identity: PodIdentity,
+    error: CacheMgrError,
+    *,
+    written: int = 0,
+    elapsed: float = 0.0,
+    tail: list[str] | None = None,
+) -> None:
+    """The failure record: the same one-line message as the log and the termination message."""
+    record_failure(
+        root,
+        key.digest,
+        identity,
+        {
+            "key": key.digest,
+            "entry": key.entry_name,
+            "reason": error.reason,
+            "message": error.one_line(),
+            "exit_code": error.code,
+            "exit_status": error.fields.get("exit_status"),
+            "strategy": key.inputs["strategy"],
+            "bytes_written": written,
+            "elapsed_s": round(elapsed, 2),
+            "output_tail": tail or [],
+            "report": error.fields.get("report"),
+        },
+    )
+
+
+def compile_ended(
+    code: int | None,
+    watch: launcher.OutputWatch,
+    *,
+    relay: launcher.SignalRelay,
+    what: str,
+    compile_only_ok: bool = False,
+) -> None:
+    """Turn how a compile ended into the right error, or return when it succeeded."""
+    from cachemgr.runtime.launcher import exit_status
+
+    if watch.disk_full_line is not None:
+        raise DiskFullSeenError(f"the {what} printed: {watch.disk_full_line}")
+    if relay.stop.is_set():
+        raise interrupted(relay)
+    if code == 0:
+        return  # what it left is judged next: publish only what the server will load (loadable)
+    status = exit_status(code if code is not None else -9)
+    ended = "before its health endpoint answered" if compile_only_ok else "while compiling"
+    raise CompileError(
+        f"the {what} exited with code {status} {ended}; nothing was published",
+        remedy="read its output above (the last lines are kept: cachemgr show KEY); the next start retries",
+        exit_status=status,
+    )
+
+
+def unreadable_entry(error: OSError, root: CacheRoot, key: CacheKey) -> VolumeError:
+    return VolumeError(
+        f"cannot read the cache entry for key {key.short} under {root.entries}: {error.strerror}",
+        remedy="check the compile cache PVC mount (kubectl describe pod; dmesg on the node)",
+    )
+
+
+def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, *, given: int | None) -> CacheMgrError:
+    """Creating a staging directory failed: the full space report on a full volume."""
+    from cachemgr.ops.space import disk_report
+
+    if is_disk_full(error):
+        return disk_report(root, key, cause=f"creating staging: {error.strerror}", given=given).error()
+    return VolumeError(
+        f"cannot create a staging directory under {root.staging}: {error.strerror}",
+        remedy="check that the compile cache PVC is mounted read-write",
+    )
+
+
+def wait_timeout(root: CacheRoot, key: CacheKey, waited: float) -> WaitTimeoutError:
+    from cachemgr.volume.lease import read_holder
+
+    holder = read_holder(root, key.digest)
+    who = holder.describe() if holder else "a peer that has since released it"
+    return WaitTimeoutError(
+        f"gave up after {waited:.0f}s (--wait-timeout) waiting for {who} to compile key {key.short}",
+        remedy="raise --wait-timeout or unset it to wait; 'cachemgr locks' shows the holder, whose logs say "
+        "how its compile is going",
+    )
+
+
+def own_state_dir(state_dir: Path) -> int:
+    """Own the pod-local state dir, or refuse: another live run's record and views stay its own."""
+    try:
+        return claim_state_dir(state_dir)
+    except StateDirBusy as busy:
+        raise StateDirInUseError(
+            f"another cachemgr run (pid {busy.pid}) owns the state dir {state_dir} and serves this pod",
+            remedy="use 'cachemgr warm' to fill the cache, or give this run its own --state-dir "
+            "(CACHEMGR_STATE_DIR); the running server is left alone",
+            state_dir=str(state_dir),
+            owner_pid=busy.pid,
+        ) from None
+    except OSError as error:
+        raise ConfigError(
+            f"cannot use the state dir {state_dir}: {error.strerror or error}",
+            remedy="point --state-dir (CACHEMGR_STATE_DIR) at a writable pod-local directory (an emptyDir)",
+            state_dir=str(state_dir),
+        ) from None

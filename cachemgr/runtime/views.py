@@ -1,0 +1,92 @@
+"""The pod-private views of a published entry, which a server on a hit reads and writes.
+
+A view is a pod-local tree of real directories with a symlink per file of the entry. The server
+reads the shared files through it, and anything it writes (vllm-rbln saves its bundle again
+after every warm-up, by tmp file + rename) lands in the view, never in the shared entry, whose
+files are also read-only. The ``vllm`` strategy points ``VLLM_CACHE_ROOT`` at it, the
+``command`` strategy fills ``{artifact_dir}`` with it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from cachemgr.core.fsutil import remove_tree
+from cachemgr.core.procs import same_process, start_ticks
+from cachemgr.volume.manifest import ARTIFACTS, Manifest
+
+
+def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
+    """A fresh pod-local tree mirroring ``entry/artifacts`` with a symlink per file.
+
+    Built from the manifest's file list (no walk of the shared volume): one mkdir per
+    directory and one symlink per file, with plain strings (this is on the hit path). Each
+    start gets a new directory under ``views``; earlier ones are removed after the server
+    started (:func:`remove_old_views`), since unlinking thousands of links costs as much as
+    making them.
+    """
+    views.mkdir(parents=True, exist_ok=True)
+    view = Path(tempfile.mkdtemp(prefix=f"{entry.name[-16:]}.{_owner_tag()}.", dir=views))
+    prefix = ARTIFACTS + "/"
+    cut = len(prefix)
+    # Absolute: the links are read from the view, so a relative --cache-root would dangle.
+    target_base = os.path.join(os.path.abspath(entry), ARTIFACTS)
+    view_base = os.fspath(view)
+    join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
+    made: set[str] = {""}
+    for record in manifest.files:
+        if not record.path.startswith(prefix):
+            continue
+        rel = record.path[cut:]
+        parent = dirname(rel)
+        if parent not in made:
+            os.makedirs(join(view_base, parent), exist_ok=True)
+            made.add(parent)
+        symlink(join(target_base, rel), join(view_base, rel))
+    return view
+
+
+def remove_old_views(views: Path, *, keep: Path) -> None:
+    """Delete the views of earlier starts (a background thread calls this after launch).
+
+    Only views whose owner is gone: a second ``run`` in the same pod (``kubectl exec``
+    inherits the state dir) must never pull the files from under the live server.
+    """
+    try:
+        names = os.listdir(views)
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = views / name
+        if path != keep and not _owner_alive(name):
+            remove_tree(path)
+
+
+def _owner_tag() -> str:
+    """``PID-STARTTICKS`` of this process: who a view belongs to, safe against pid reuse."""
+    pid = os.getpid()
+    return f"{pid}-{start_ticks(pid) or 0}"
+
+
+def _owner_alive(name: str) -> bool:
+    """Is the process that built view ``name`` (``ENTRY16.PID-TICKS.RANDOM``) still running?
+
+    Our own other views count as dead (a start makes one); a name without an owner tag comes
+    from a cachemgr before owners were recorded, whose container is gone.
+    """
+    parts = name.split(".")
+    pid_text, _, ticks_text = parts[1].partition("-") if len(parts) == 3 else ("", "", "")
+    if not (pid_text.isdigit() and ticks_text.isdigit()):
+        return False
+    pid, ticks = int(pid_text), int(ticks_text)
+    return pid != os.getpid() and same_process(pid, ticks or None)
+
+
+def remove_old_views_later(views: Path, *, keep: Path) -> None:
+    """:func:`remove_old_views` in a daemon thread: the server is already starting."""
+    threading.Thread(
+        target=remove_old_views, args=(views,), kwargs={"keep": keep}, name="cachemgr-views", daemon=True
+    ).start()

@@ -1,0 +1,64 @@
+"""Each rule the runner shares with the CLI and the volume has one definition (issue 14).
+
+The lease's default duration, an error's exit code, the failure reasons /metrics exports and the
+strategies a key may name: every user reads the one definition, so changing it changes them all.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+
+from cachemgr.cli.cmd_run import run_options
+from cachemgr.cli.errors import exit_code_for
+from cachemgr.cli.main import build_parser
+from cachemgr.core import errors
+from cachemgr.core.errors import CacheMgrError, Interrupted, MissError, StateDirInUseError, WaitTimeoutError
+from cachemgr.key.cachekey import Strategy
+from cachemgr.runtime.failures import count_failed_run
+from cachemgr.runtime.metrics import FAILURE_REASONS, Metrics
+from cachemgr.runtime.options import RunOptions
+from cachemgr.runtime.state import StateWriter, read_state
+from cachemgr.runtime.strategies import STRATEGIES
+from cachemgr.volume.lease import KeyLease
+from cachemgr.volume.lease_defaults import DEFAULT_DURATION
+
+
+def test_the_lease_default_is_one_constant_that_the_cli_the_options_and_the_lease_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = build_parser().parse_args(["run", "--cache-root", "/cache"])
+    assert float(args.lease_duration) == DEFAULT_DURATION
+    assert run_options(args, warm=False).lease_duration == DEFAULT_DURATION
+    assert RunOptions(cache_root=Path("/x"), state_dir=Path("/y")).lease_duration == DEFAULT_DURATION
+    assert inspect.signature(KeyLease).parameters["duration"].default == DEFAULT_DURATION
+    # and they follow it: a changed default reaches the parser built after the change
+    monkeypatch.setattr("cachemgr.cli.main.DEFAULT_LEASE_DURATION", 45.0)
+    assert build_parser().parse_args(["run"]).lease_duration == "45"
+
+
+def _error_classes() -> list[type[CacheMgrError]]:
+    return [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, CacheMgrError)]
+
+
+def test_every_error_class_a_run_can_fail_with_is_exported_as_a_failure_reason() -> None:
+    reasons = {c.reason for c in _error_classes() if c not in (CacheMgrError, StateDirInUseError)}
+    assert set(FAILURE_REASONS) == reasons
+    assert len(FAILURE_REASONS) == len(reasons), "each reason once"
+
+
+def test_the_cli_and_the_state_record_report_the_same_exit_code(tmp_path: Path) -> None:
+    for error in (Interrupted(2), MissError("m", remedy="r"), WaitTimeoutError("w", remedy="r")):
+        state = StateWriter(tmp_path, stall_timeout=None)
+        count_failed_run(error, metrics=Metrics(), state=state)
+        assert read_state(tmp_path).detail["exit_code"] == exit_code_for(error) == error.code
+    assert Interrupted(2).code == 130
+    assert MissError("m", remedy="r").code == 69
+
+
+def test_every_strategy_a_key_may_name_has_a_strategy_object() -> None:
+    assert set(STRATEGIES) == set(typing.get_args(Strategy))
+    assert all(cls.name == name for name, cls in STRATEGIES.items())
