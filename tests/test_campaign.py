@@ -411,9 +411,13 @@ class Trial:
         elif place in {"staging", "attempt"}:
             link = root / "staging" / digest / f"intruder.1.{secrets.token_hex(2)}"
             owner = link.with_name(link.name + ".json")
-            owner.parent.mkdir(parents=True, exist_ok=True)
-            owner.write_text(json.dumps({"pod": "intruder", "host": "elsewhere", "pid": 1, "since": old}))
-            os.utime(owner, (old, old))
+            try:
+                owner.parent.mkdir(parents=True, exist_ok=True)
+                owner.write_text(json.dumps({"pod": "intruder", "host": "elsewhere", "pid": 1, "since": old}))
+                os.utime(owner, (old, old))
+            except OSError as error:  # a full tmpfs refuses the attacker too: no fault this time
+                self.note(f"symlink {place}: {error.strerror} ({owner})")
+                return
         elif place in {"quarantine", "trash"}:
             link = root / place / f"{digest[:8]}.planted"
         elif place == "usage":
@@ -469,7 +473,11 @@ class Trial:
                 # Another fault ended the pod meanwhile: the intruder may have found the state dir
                 # free and become the pod itself. Nothing was left to disturb.
                 continue
-            if proc.returncode not in INTRUDER_EXITS[command]:
+            if command == "warm" and proc.returncode == DISK_FULL and self.kind == "tmpfs":
+                # The entry was gone (pruned, quarantined), so warm compiled on a volume the trial
+                # fills: exit 73, as a pod's compile there. Its pod is still checked below.
+                self.note(f"intruder warm in {victim.pod.name}: disk full (exit 73)")
+            elif proc.returncode not in INTRUDER_EXITS[command]:
                 self.violate(f"intruder {command} in {victim.pod.name} exited {proc.returncode}: {text}")
             missing = sorted(p for p in view if not os.path.lexists(p))
             if missing:
