@@ -26,7 +26,7 @@ import pytest
 from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
-from cachemgr.core.fsutil import atomic_write_json
+from cachemgr.core.fsutil import atomic_write_json, touch
 from cachemgr.core.safefs import UnsafePathError
 from cachemgr.volume.layout import open_root
 from cachemgr.volume.manifest import ManifestError, VerifyMode, check_files, read_manifest
@@ -543,3 +543,26 @@ def test_a_server_directory_swapped_for_a_link_publishes_nothing_from_outside(tm
     assert "secret-token" not in published
     assert secret.stat().st_nlink == 1, "hard-linked into the volume"
     assert secret.stat().st_mode == mode, "chmod through the link"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("exists", [False, True], ids=["new", "existing"])
+def test_the_last_used_mark_is_never_touched_through_a_swapped_folder(tmp_path: Path, exists: bool) -> None:
+    """``usage/<digest>`` swapped for a link after the use record was written (a second process on
+    the volume): the heartbeat file is neither created nor touched in the link's target."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "usage").mkdir(parents=True)
+    outside.mkdir()
+    if exists:
+        (outside / "last-used").write_bytes(b"")
+        os.utime(outside / "last-used", (1_000_000, 1_000_000))
+    (root / "usage" / "d").symlink_to(outside)
+    with pytest.raises(UnsafePathError):
+        touch(root / "usage" / "d" / "last-used", within=root)
+    assert [p.name for p in outside.iterdir()] == (["last-used"] if exists else [])
+    if exists:
+        assert (outside / "last-used").stat().st_mtime == 1_000_000
+    (root / "usage" / "d").unlink()
+    (root / "usage" / "d").mkdir()
+    touch(root / "usage" / "d" / "last-used", within=root)  # the real folder: made, then refreshed
+    assert (root / "usage" / "d" / "last-used").is_file()

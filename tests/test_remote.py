@@ -433,6 +433,38 @@ def test_a_remote_hit_is_counted_in_metrics(pods: Cluster, tmp_path: Path, remot
     assert samples["cachemgr_cache_misses_total"] == 1
 
 
+def test_dead_attempts_are_removed_before_the_download(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    """Their space may be what the download needs: the holder removes them first, then fetches."""
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=None)]  # one key
+    dead = pods.start(
+        "dead",
+        server_argv(free_port()),
+        cache_root=root_b,
+        options=options,
+        env={**remote, "STANDIN_COMPILE_SECONDS": "120"},
+    )
+    dead.wait_phase("compiling")
+    wait_for(lambda: list((root_b / "staging").rglob("dead.*")), what="the dead pod's staging")
+    dead.signal_pod(signal.SIGKILL)
+    dead.wait_exit()
+
+    filler = pods.start("a0", server_argv(free_port()), cache_root=root_a, options=options, env=remote)
+    filler.wait_phase("serving")
+    wait_for(lambda: _events([filler], "remote_uploaded"), what="the upload", timeout=60)
+
+    pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=options, env=remote)
+    pod.wait_phase("serving")
+    names = [e["event"] for e in pod.log_events()]
+    assert "stale_staging_removed" in names
+    assert "remote_hit" in names
+    assert names.index("stale_staging_removed") < names.index("remote_hit")
+    assert list((root_b / "staging").rglob("dead.*")) == []
+
+
 _REMOTE_LIBRARIES = ("boto3", "botocore", "s3transfer", "urllib3", "cachemgr.remote.transfer")
 
 

@@ -291,12 +291,16 @@ def remove_tree(path: Path, *, within: Path | None = None) -> None:
         os.close(parent)
 
 
-def touch(path: Path) -> None:
-    """Refresh a heartbeat file's mtime (creating it if needed)."""
-    try:
-        os.utime(path, follow_symlinks=False)  # a link planted there is touched, never its target
-    except FileNotFoundError:
-        path.touch()
+def touch(path: Path, *, within: Path) -> None:
+    """Refresh a heartbeat file's mtime (creating it if needed), from its folder reached from
+    ``within`` one level at a time: a folder swapped for a link since is refused, never written
+    through; a link planted as the file itself is touched, never its target."""
+    with _parent_dir(path, within=within) as parent:
+        try:
+            os.utime(path.name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            os.close(os.open(path.name, flags, 0o644, dir_fd=parent))
 
 
 def age_seconds(path: Path, *, now: float | None = None) -> float | None:

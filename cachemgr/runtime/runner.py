@@ -150,7 +150,8 @@ class Runner:
                 compiled = self._compile_under_lease(root, key, strategy)
                 if compiled.exit_code is not None:
                     return compiled.exit_code
-            elif self._use(root, key):
+                found = compiled.found
+            if found is not None and self._use(root, key):
                 return self._launch(root, key, found, strategy)
         raise CompileError(
             f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} attempts",
@@ -218,13 +219,17 @@ class Runner:
         if lease is None:
             return Compiled()  # a peer published: look again
         try:
-            if self.find(root, key) is not None or self._fetch_remote(root, key):
-                return Compiled()  # a peer published just before we took over, or the remote had it
+            found = self.find(root, key)
+            if found is not None:
+                return Compiled(found=found)  # a peer published just before we took over
+            # Dead attempts go before the download: their space may be what the entry needs.
             removed = clean_stale_staging(
                 root, key.digest, stale_after=self.options.stale_staging_after, identity=self.identity
             )
             if removed:
                 log.info("stale_staging_removed", key=key.short, attempts=[p.name for p in removed])
+            if self._fetch_remote(root, key):
+                return Compiled(found=self.find(root, key))  # the remote had it: launch it now
             self._preflight(root, key)
             return strategy.compile(root, key, lease)
         finally:

@@ -58,12 +58,14 @@ _LINK_FALLBACK = frozenset({errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLIN
 class Compiled:
     """How a compile under the lease ended, when it did not fail.
 
-    ``exit_code`` None: the flow goes on (the entry is published, or will not be: look again).
+    ``exit_code`` None: the flow goes on: with ``found``, to launch that entry at once (it was
+    there when the lease was taken, or the remote had it); without, to look again.
     A vllm server that compiled serves on from its own staging, so the run ends with it:
     ``exit_code`` is its exit code (0 for a compile-only server or a warm Job).
     """
 
     exit_code: int | None = None
+    found: Lookup | None = None
 
 
 class Strategy:

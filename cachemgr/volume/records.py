@@ -129,7 +129,7 @@ def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: 
     safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused, not written through
     record = folder / identity.record_name
     atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()}, within=root.path)
-    touch(folder / "last-used")
+    touch(folder / "last-used", within=root.path)
     return record
 
 
