@@ -25,6 +25,7 @@ from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, status
 from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from cachemgr_testkit.scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
 
+from cachemgr.remote.localfiles import DIR_CACHE, LocalDir
 from cachemgr.volume.manifest import read_manifest
 
 REQUIRE_ENV = "CACHEMGR_REQUIRE_MOUNTS"
@@ -866,3 +867,26 @@ def test_a_full_bucket_costs_a_warning_after_the_compile_and_push_exits_73(
     line = refused.stderr.strip().splitlines()[-1]  # after the JSON log record of the failure
     assert line.startswith("cachemgr push: remote is full or over quota: "), refused.stderr
     assert "raise its quota" in line, line
+
+
+@pytest.mark.quick
+def test_a_transfer_of_many_folders_keeps_few_directories_open(tmp_path: Path) -> None:
+    """An entry of thousands of folders (a remote manifest, or a compile's) must not run the
+    process out of descriptors: the directory descriptors a transfer keeps are bounded."""
+    root = tmp_path / "root"
+    folders = 3 * DIR_CACHE
+    for i in range(folders):
+        (root / "entry" / "artifacts" / f"d{i:04d}").mkdir(parents=True)
+        (root / "entry" / "artifacts" / f"d{i:04d}" / "f.bin").write_bytes(b"x" * i)
+    before = len(os.listdir("/proc/self/fd"))
+    with LocalDir.open(root, root / "entry") as local:
+        for i in range(folders):
+            handle, st = local.open_file(f"artifacts/d{i:04d}/f.bin")
+            with handle:
+                assert handle.read() == b"x" * i
+            assert st.st_size == i
+            assert len(os.listdir("/proc/self/fd")) - before <= DIR_CACHE + 2  # + the entry's own
+        with local.create_file("artifacts/d0000/new.bin") as handle:  # an evicted folder, opened again
+            handle.write(b"new")
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert (root / "entry" / "artifacts" / "d0000" / "new.bin").read_bytes() == b"new"

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -29,21 +30,25 @@ from cachemgr.core import safefs
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+DIR_CACHE = 32  # directory descriptors a LocalDir keeps open at most
 _NOT_A_FILE = frozenset({errno.ELOOP, errno.ENXIO})  # a symlink; a socket
 
 
 class LocalDir:
     """A directory under the cache root held open, with the directories below it as they are reached.
 
-    Directory descriptors are kept until :meth:`close`: an entry of 2,000 files in a few folders
-    costs one open per folder, not one walk from the root per file (a round trip each on FUSE).
+    Directory descriptors are kept, the most recently used :data:`DIR_CACHE` of them, until
+    :meth:`close`: an entry of 2,000 files in a few folders costs one open per folder, not one
+    walk from the root per file (a round trip each on FUSE), and an entry of 10,000 folders does
+    not run out of descriptors. Used from one thread (the transfer's, which opens each file
+    before handing it to the transfer manager), so a descriptor is never closed while in use.
     """
 
     def __init__(self, fd: int, shown: Path) -> None:
         self.fd = fd
         self.shown = shown
         self._dev = os.fstat(fd).st_dev
-        self._dirs: dict[str, int] = {}
+        self._dirs: OrderedDict[str, int] = OrderedDict()
 
     @classmethod
     @contextlib.contextmanager
@@ -111,6 +116,7 @@ class LocalDir:
     def _dir(self, folder: str, *, create: bool) -> int:
         known = self._dirs.get(folder)
         if known is not None:
+            self._dirs.move_to_end(folder)
             return known
         above, _, part = folder.rpartition("/")
         parent = self._dir(above, create=create) if above else self.fd
@@ -119,6 +125,8 @@ class LocalDir:
                 os.mkdir(part, 0o755, dir_fd=parent)
         fd = safefs.open_below(parent, part, dev=self._dev, shown=self.shown / folder)
         self._dirs[folder] = fd
+        while len(self._dirs) > DIR_CACHE:
+            os.close(self._dirs.popitem(last=False)[1])  # the least recently used; not ``fd`` or its parent
         return fd
 
 

@@ -20,6 +20,7 @@ progress bar attaches to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -180,13 +181,17 @@ class Remote:
                 f"{record.size}; not uploaded",
                 remedy="'cachemgr verify --fix' moves it aside; the next start compiles it again",
             )
-        return manager.upload(handle, self.config.bucket, key, subscribers=subscribers), handle
+        return _submitted(
+            lambda: manager.upload(handle, self.config.bucket, key, subscribers=subscribers), handle
+        )
 
     def _download_one(
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
     ) -> tuple[Any, BinaryIO]:
         handle = local.create_file(record.path)
-        return manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
+        return _submitted(
+            lambda: manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
+        )
 
     # --- download ----------------------------------------------------------------------------
 
@@ -281,7 +286,19 @@ class Remote:
             if not cancelled:
                 manager.shutdown()
             for handle in running.values():  # after the shutdown: no transfer thread uses them now
-                handle.close()
+                with contextlib.suppress(
+                    OSError
+                ):  # one failing close neither leaks the rest nor hides the error
+                    handle.close()
+
+
+def _submitted(submit: Any, handle: BinaryIO) -> tuple[Any, BinaryIO]:
+    """The transfer's future and its file; the file closed if the manager refuses it at once."""
+    try:
+        return submit(), handle
+    except BaseException:
+        handle.close()
+        raise
 
 
 def _reap_one(
