@@ -26,7 +26,8 @@ import pytest
 from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
-from cachemgr.core.fsutil import atomic_write_json, touch
+from cachemgr.core import safefs
+from cachemgr.core.fsutil import atomic_write_json, touch_at
 from cachemgr.core.safefs import UnsafePathError
 from cachemgr.volume.layout import open_root
 from cachemgr.volume.manifest import ManifestError, VerifyMode, check_files, read_manifest
@@ -557,12 +558,13 @@ def test_the_last_used_mark_is_never_touched_through_a_swapped_folder(tmp_path: 
         (outside / "last-used").write_bytes(b"")
         os.utime(outside / "last-used", (1_000_000, 1_000_000))
     (root / "usage" / "d").symlink_to(outside)
-    with pytest.raises(UnsafePathError):
-        touch(root / "usage" / "d" / "last-used", within=root)
+    with pytest.raises(UnsafePathError), safefs.open_dir(root, root / "usage" / "d") as fd:
+        touch_at(fd, "last-used")
     assert [p.name for p in outside.iterdir()] == (["last-used"] if exists else [])
     if exists:
         assert (outside / "last-used").stat().st_mtime == 1_000_000
     (root / "usage" / "d").unlink()
     (root / "usage" / "d").mkdir()
-    touch(root / "usage" / "d" / "last-used", within=root)  # the real folder: made, then refreshed
+    with safefs.open_dir(root, root / "usage" / "d") as fd:  # the real folder: made, then refreshed
+        touch_at(fd, "last-used")
     assert (root / "usage" / "d" / "last-used").is_file()

@@ -84,17 +84,22 @@ def atomic_write_json(path: Path, obj: Any, *, within: Path | None = None) -> No
     root one level at a time (:func:`cachemgr.core.safefs.open_dir`), else only its last component
     is refused as a symlink (pod-local paths).
     """
-    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
     with _parent_dir(path, within=within) as parent:
-        tmp = f".{path.name}.{random_suffix(8)}.tmp"
-        try:
-            write_bytes_durably(Path(tmp), data, dir_fd=parent)
-            os.replace(tmp, path.name, src_dir_fd=parent, dst_dir_fd=parent)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=parent)
-            raise
-        _fsync_fd(parent)
+        atomic_write_json_at(parent, path.name, obj)
+
+
+def atomic_write_json_at(parent: int, name: str, obj: Any) -> None:
+    """:func:`atomic_write_json` into the directory open as ``parent`` (already reached safely)."""
+    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+    tmp = f".{name}.{random_suffix(8)}.tmp"
+    try:
+        write_bytes_durably(Path(tmp), data, dir_fd=parent)
+        os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=parent)
+        raise
+    _fsync_fd(parent)
 
 
 @contextlib.contextmanager
@@ -291,16 +296,15 @@ def remove_tree(path: Path, *, within: Path | None = None) -> None:
         os.close(parent)
 
 
-def touch(path: Path, *, within: Path) -> None:
-    """Refresh a heartbeat file's mtime (creating it if needed), from its folder reached from
-    ``within`` one level at a time: a folder swapped for a link since is refused, never written
-    through; a link planted as the file itself is touched, never its target."""
-    with _parent_dir(path, within=within) as parent:
-        try:
-            os.utime(path.name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            os.close(os.open(path.name, flags, 0o644, dir_fd=parent))
+def touch_at(parent: int, name: str) -> None:
+    """Refresh a heartbeat file's mtime (creating it if needed) in the directory open as
+    ``parent``, which the caller reached safely (a folder swapped for a link since then is not
+    followed: the descriptor is the folder); a link planted as the file is touched, never its target."""
+    try:
+        os.utime(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        os.close(os.open(name, flags, 0o644, dir_fd=parent))
 
 
 def age_seconds(path: Path, *, now: float | None = None) -> float | None:

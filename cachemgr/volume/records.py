@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, read_json, touch
+from cachemgr.core.fsutil import atomic_write_json, atomic_write_json_at, read_json, touch_at
 from cachemgr.volume.identity import PodIdentity
 
 if TYPE_CHECKING:
@@ -126,11 +126,14 @@ class Usage:
 def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str) -> Path:
     """Record that this pod uses the entry now (before it is checked, so prune sees us first)."""
     folder = root.usage / digest
-    safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused, not written through
-    record = folder / identity.record_name
-    atomic_write_json(record, {**identity.to_json(), "entry": entry, "since": time.time()}, within=root.path)
-    touch(folder / "last-used", within=root.path)
-    return record
+    # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
+    # through); the record and the last-used mark are written from that descriptor.
+    with safefs.open_dir(root.path, folder, create=True) as fd:
+        atomic_write_json_at(
+            fd, identity.record_name, {**identity.to_json(), "entry": entry, "since": time.time()}
+        )
+        touch_at(fd, "last-used")
+    return folder / identity.record_name
 
 
 def release_use(record: Path | None) -> None:
