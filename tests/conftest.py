@@ -140,15 +140,17 @@ def seaweedfs_mounts(tmp_path: Path) -> Iterator[list[Path]]:
 
 @pytest.fixture
 def tmpfs_small(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
-    """tmpfs_small(size_bytes) -> the mount point of a fresh tmpfs of that size (rounded up to pages)."""
+    """tmpfs_small(size_bytes, inodes=None) -> the mount point of a fresh tmpfs of that size
+    (rounded up to pages), with at most ``inodes`` files, directories and links if given."""
     require_mount("tmpfs")
     with ExitStack() as stack:
         count = 0
 
-        def make(size_bytes: int) -> Path:
+        def make(size_bytes: int, inodes: int | None = None) -> Path:
             nonlocal count
             count += 1
-            return stack.enter_context(tmpfs_volume(tmp_path / f"tmpfs{count}", size_bytes=size_bytes))
+            path = tmp_path / f"tmpfs{count}"
+            return stack.enter_context(tmpfs_volume(path, size_bytes=size_bytes, inodes=inodes))
 
         yield make
 

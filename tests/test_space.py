@@ -155,6 +155,30 @@ def test_our_own_write_hitting_enospc_ends_the_attempt_cleanly(
     assert entry_dirs(root) == []
 
 
+def test_a_full_state_dir_on_a_hit_is_a_disk_full_error_naming_it(
+    pods: Cluster, root: Path, tmpfs_small: Callable[..., Path]
+) -> None:
+    """The view of a hit takes an inode per file in the pod's state dir (an emptyDir): when it runs
+    out, the pod says so (73) instead of reporting a cachemgr bug, leaves no half view behind,
+    and the published entry is untouched."""
+    record = pods.work / "compiler.jsonl"
+    cmd = compile_cmd(record, seconds=0.1).replace("--files 6", "--files 120")
+    options = ["--strategy", "command", "--compile-cmd", cmd]
+    warm = pods.start("warm", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert warm.wait_exit() == 0, warm.tail()
+    published = _tree(root / "entries")
+    state = tmpfs_small(4 * MiB, inodes=60)  # room for the state records, not for 120 links
+    env = {"CACHEMGR_STATE_DIR": str(state)}
+    pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options, env=env)
+    assert pod.wait_exit() == 73, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "the pod's state dir is full" in message and "CACHEMGR_STATE_DIR" in message, message
+    assert "bug" not in message
+    assert list((state / "views").iterdir()) == [], "the half-built view is removed"
+    assert _tree(root / "entries") == published
+    assert compiles(record) == 1, "a full state dir is not a reason to compile"
+
+
 _FILL = """
 import os
 fd = os.open({path!r}, os.O_WRONLY | os.O_CREAT)

@@ -16,6 +16,7 @@ from cachemgr.core.errors import (
     CacheMgrError,
     CompileError,
     ConfigError,
+    DiskFullError,
     Interrupted,
     StateDirInUseError,
     VolumeError,
@@ -151,6 +152,21 @@ def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, *, given: int
     return VolumeError(
         f"cannot create a staging directory under {root.staging}: {error.strerror}",
         remedy="check that the compile cache PVC is mounted read-write",
+    )
+
+
+def view_failed(error: OSError, views: Path, *, files: int) -> CacheMgrError:
+    """The pod-local view of a hit could not be built: its directory is full, or unusable."""
+    if is_disk_full(error):
+        return DiskFullError(
+            f"the pod's state dir is full ({error.strerror}): the view of the entry under {views} "
+            f"takes a link, so an inode, per file ({files} files); the cache volume is unharmed",
+            remedy="give the state dir's emptyDir more room (or inodes), or point --state-dir "
+            "(CACHEMGR_STATE_DIR) at a larger pod-local directory",
+        )
+    return ConfigError(
+        f"cannot build the view of the entry under {views}: {error.strerror or error}",
+        remedy="point --state-dir (CACHEMGR_STATE_DIR) at a writable pod-local directory (an emptyDir)",
     )
 
 

@@ -361,7 +361,10 @@ class Runner:
             self.state.phase("stopped", exit_code=0, published=True)
             return 0
         views = self.options.state_dir / "views"
-        view = build_view(views, found.path, found.manifest)
+        try:
+            view = build_view(views, found.path, found.manifest)
+        except OSError as error:
+            raise failures.view_failed(error, views, files=len(found.manifest.files)) from error
         argv, env = strategy.server_launch(key, view)
         env["CACHEMGR_ARTIFACT_DIR"] = str(view)
         url = self.health_url(key)

@@ -10,7 +10,6 @@ files are also read-only. The ``vllm`` strategy points ``VLLM_CACHE_ROOT`` at it
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 from pathlib import Path
 
@@ -29,7 +28,7 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
     making them.
     """
     views.mkdir(parents=True, exist_ok=True)
-    view = Path(tempfile.mkdtemp(prefix=f"{entry.name[-16:]}.{_owner_tag()}.", dir=views))
+    view = _new_dir(views, f"{entry.name[-16:]}.{_owner_tag()}.")
     prefix = ARTIFACTS + "/"
     cut = len(prefix)
     # Absolute: the links are read from the view, so a relative --cache-root would dangle.
@@ -37,16 +36,33 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
     view_base = os.fspath(view)
     join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
     made: set[str] = {""}
-    for record in manifest.files:
-        if not record.path.startswith(prefix):
-            continue
-        rel = record.path[cut:]
-        parent = dirname(rel)
-        if parent not in made:
-            os.makedirs(join(view_base, parent), exist_ok=True)
-            made.add(parent)
-        symlink(join(target_base, rel), join(view_base, rel))
+    try:
+        for record in manifest.files:
+            if not record.path.startswith(prefix):
+                continue
+            rel = record.path[cut:]
+            parent = dirname(rel)
+            if parent not in made:
+                os.makedirs(join(view_base, parent), exist_ok=True)
+                made.add(parent)
+            symlink(join(target_base, rel), join(view_base, rel))
+    except BaseException:
+        remove_tree(view)  # half a view serves nothing: give its inodes back
+        raise
     return view
+
+
+def _new_dir(parent: Path, prefix: str) -> Path:
+    """A new directory ``prefix`` + random hex under ``parent`` (what ``tempfile.mkdtemp`` does,
+    without importing tempfile, shutil and random on the hit path)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{os.urandom(4).hex()}"
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(f"no free view name under {parent}")
 
 
 def remove_old_views(views: Path, *, keep: Path) -> None:

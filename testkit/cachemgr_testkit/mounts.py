@@ -682,11 +682,12 @@ def _teardown_weed_mounts(points: list[Path], procs: list[subprocess.Popen[bytes
 
 
 @contextlib.contextmanager
-def tmpfs_volume(path: Path, *, size_bytes: int) -> Iterator[Path]:
+def tmpfs_volume(path: Path, *, size_bytes: int, inodes: int | None = None) -> Iterator[Path]:
     """Mount a tmpfs of size_bytes at path (created if missing); always unmounted afterwards.
 
     The kernel rounds the size up to whole pages (4096 bytes): statvfs then shows that many blocks of
-    f_frsize 4096, and writes past it fail with ENOSPC. A directory this created is removed again.
+    f_frsize 4096, and writes past it fail with ENOSPC; with ``inodes``, so does creating a file,
+    directory or link past that many. A directory this created is removed again.
     """
     if size_bytes <= 0:
         raise ValueError("size_bytes must be positive")
@@ -695,7 +696,7 @@ def tmpfs_volume(path: Path, *, size_bytes: int) -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)
     if is_mounted(path):
         raise MountError(f"{path} is already a mount point")
-    options = f"size={size_bytes},mode=0755"
+    options = f"size={size_bytes},mode=0755" + (f",nr_inodes={inodes}" if inodes is not None else "")
     _run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], COMMAND_TIMEOUT_S)
     body_failed = False
     try:
