@@ -172,7 +172,8 @@ def test_a_full_state_dir_on_a_hit_is_a_disk_full_error_naming_it(
     pod = pods.start("a", server_argv(free_port()), cache_root=root, options=options, env=env)
     assert pod.wait_exit() == 73, pod.tail()
     message = (pod.state_dir / "termination-log").read_text()
-    assert "the pod's state dir is full" in message and "CACHEMGR_STATE_DIR" in message, message
+    assert "the pod's state dir is full" in message, message
+    assert "CACHEMGR_STATE_DIR" in message, message
     assert "bug" not in message
     assert list((state / "views").iterdir()) == [], "the half-built view is removed"
     assert _tree(root / "entries") == published
