@@ -269,6 +269,50 @@ def test_major_minor(raw: str, expected: str) -> None:
     assert major_minor(raw) == expected
 
 
+# Pieces of versions, valid and not (a space, an Arabic-Indic digit), joined at random.
+_PIECES = (
+    "0",
+    "12",
+    "007",
+    ".",
+    "+",
+    "cpu",
+    "rc1",
+    "dev4",
+    "post2",
+    "v",
+    "-",
+    "_",
+    "a",
+    "gabc",
+    "!",
+    "1!",
+    " ",
+)
+_VERSION_PARTS = st.sampled_from([*_PIECES, "\u0663"])
+
+
+@pytest.mark.quick
+@settings(max_examples=400)
+@given(st.lists(_VERSION_PARTS, max_size=7).map("".join))
+def test_version_numbers_read_as_packaging_reads_them(text: str) -> None:
+    """core.versions reads plain releases without packaging (the hit path); it must agree with
+    packaging on every string: the same release numbers, or both refuse it."""
+    from packaging.version import InvalidVersion, Version
+
+    from cachemgr.core.versions import release_numbers
+
+    try:
+        expected: tuple[int, ...] | None = Version(text).release
+    except InvalidVersion:
+        expected = None
+    try:
+        got: tuple[int, ...] | None = release_numbers(text)
+    except ValueError:
+        got = None
+    assert got == expected
+
+
 @pytest.mark.quick
 def test_invalid_compiler_version_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a version number"):

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr.cli.render import Column, emit, emit_json, flatten, table
 from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.core.units import parse_duration, parse_size
 from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
@@ -111,6 +109,8 @@ def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str,
 
 
 def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
+    from cachemgr.cli.render import Column, emit, emit_json, flatten, table  # not on run's hit path
+
     computed = compute_key(key_request(args, server_argv, environ))
     if args.output == "json":
         emit_json(computed.to_json())
@@ -146,6 +146,8 @@ def demo(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
 
 def _require_standin() -> None:
     """The demo runs the stand-in compiler and server, a package of their own that no image has."""
+    import importlib.util
+
     if importlib.util.find_spec("cachemgr_standin") is None:
         raise ConfigError(
             "cachemgr demo needs the stand-in compiler and server (the cachemgr-standin package), "

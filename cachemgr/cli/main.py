@@ -172,36 +172,48 @@ def _port(text: str) -> int:
     return port
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or with ``only`` just that command's (the rest costs a pod's start
+    several milliseconds it never uses: ``run`` is on the hit path); errors and help read the same."""
     parser = _Parser(prog="cachemgr", description="Compile cache manager for RBLN NPU modelserver pods.")
     parser.add_argument("--version", action="version", version=f"cachemgr {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, add in _COMMANDS.items():
+        if only is None or name == only:
+            add(sub, name)
+    return parser
 
-    for name, text in (
-        ("run", "the pod entrypoint: reuse or compile once, then launch and supervise the server"),
-        ("warm", "fill the cache for this argv (a Job before a rollout) and exit 0"),
-    ):
-        cmd = sub.add_parser(
-            name, help=text, description=f"{text}. Usage: cachemgr {name} [options] -- SERVER ARGV"
-        )
-        _add_root(cmd)
-        _add_key(cmd)
-        _add_run(cmd)
-        _add_progress(cmd)
-        _add_log(cmd)
 
-    cmd = sub.add_parser("key", help="print the cache key of -- SERVER ARGV and where each input came from")
-    _add_key(cmd)
-    _add_output(cmd)
-    _add_log(cmd)
-
-    cmd = sub.add_parser("explain", help="hit or miss for -- SERVER ARGV here, and why")
+def _add_run_command(sub: Any, name: str) -> None:
+    text = {
+        "run": "the pod entrypoint: reuse or compile once, then launch and supervise the server",
+        "warm": "fill the cache for this argv (a Job before a rollout) and exit 0",
+    }[name]
+    cmd = sub.add_parser(
+        name, help=text, description=f"{text}. Usage: cachemgr {name} [options] -- SERVER ARGV"
+    )
     _add_root(cmd)
     _add_key(cmd)
+    _add_run(cmd)
+    _add_progress(cmd)
+    _add_log(cmd)
+
+
+def _add_key_command(sub: Any, name: str) -> None:
+    if name == "key":
+        cmd = sub.add_parser(
+            "key", help="print the cache key of -- SERVER ARGV and where each input came from"
+        )
+    else:
+        cmd = sub.add_parser("explain", help="hit or miss for -- SERVER ARGV here, and why")
+        _add_root(cmd)
+    _add_key(cmd)
     _add_output(cmd)
     _add_log(cmd)
 
-    cmd = sub.add_parser("demo", help="two prefill and two decode pods, cold then warm, with stand-ins")
+
+def _add_demo_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="two prefill and two decode pods, cold then warm, with stand-ins")
     cmd.add_argument("--dir", default="demo-cache", help="where the demo volumes go (default ./demo-cache)")
     cmd.add_argument("--compile-seconds", type=float, default=3.0, help="stand-in compile time")
     cmd.add_argument(
@@ -211,43 +223,43 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_log(cmd)
 
-    _add_inspection(sub)
-    _add_remote_commands(sub)
 
-    cmd = sub.add_parser("probe", help="Kubernetes exec probe: startup, live or ready")
-    cmd.add_argument("kind", choices=["startup", "live", "ready"])
-    cmd.add_argument("--state-dir", default=_env("CACHEMGR_STATE_DIR"))
-    cmd.add_argument("--timeout", type=float, default=1.0, help="health request timeout (ready)")
-    return parser
+def _add_listing_command(sub: Any, name: str) -> None:
+    text = {
+        "ls": "one row per entry: key, model, role, compiler, NPU, size, ages, users, status",
+        "du": "volume size, used, free; cache bytes by entry and compiler; what prune could free",
+        "locks": "each lease: key, holder pod and node, held for, last refresh, stale or not",
+    }[name]
+    cmd = sub.add_parser(name, help=text)
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_compat(cmd)
+    _add_log(cmd)
+    if name == "ls":
+        _add_remote(cmd, listing=True)
 
 
-def _add_inspection(sub: Any) -> None:
-    for name, text in (
-        ("ls", "one row per entry: key, model, role, compiler, NPU, size, ages, users, status"),
-        ("du", "volume size, used, free; cache bytes by entry and compiler; what prune could free"),
-        ("locks", "each lease: key, holder pod and node, held for, last refresh, stale or not"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        _add_root(cmd)
-        _add_output(cmd)
-        _add_compat(cmd)
-        _add_log(cmd)
-        if name == "ls":
-            _add_remote(cmd, listing=True)
-    cmd = sub.add_parser("show", help="every key input, manifest summary, users and failures of one entry")
+def _add_show_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="every key input, manifest summary, users and failures of one entry")
     cmd.add_argument("key", help="a unique prefix of the key, or the entry name")
     _add_root(cmd)
     _add_output(cmd)
     _add_compat(cmd)
     _add_log(cmd)
-    cmd = sub.add_parser("verify", help="hash-check entries; --fix moves damaged ones aside")
+
+
+def _add_verify_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="hash-check entries; --fix moves damaged ones aside")
     cmd.add_argument("keys", nargs="*", help="key prefixes (default: all)")
     cmd.add_argument("--fix", action="store_true")
     _add_root(cmd)
     _add_output(cmd)
     _add_progress(cmd)
     _add_log(cmd)
-    cmd = sub.add_parser("prune", help="plan, print, then remove entries (never one in use)")
+
+
+def _add_prune_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="plan, print, then remove entries (never one in use)")
     cmd.add_argument(
         "--incompatible",
         action="store_true",
@@ -282,6 +294,51 @@ def _add_inspection(sub: Any) -> None:
     _add_log(cmd)
 
 
+def _add_push_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="upload published entries to the remote tier (manifest last)")
+    cmd.add_argument("keys", nargs="*", help="key prefixes or entry names (default: every entry)")
+    cmd.add_argument("--force", action="store_true", help="upload even if the remote has the entry")
+    _add_remote(cmd)
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_log(cmd)
+
+
+def _add_pull_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="download an entry from the remote tier, check it, publish it here")
+    cmd.add_argument("key", help="a key prefix or entry name ('cachemgr ls --remote' lists them)")
+    _add_remote(cmd)
+    _add_root(cmd)
+    _add_output(cmd)
+    _add_log(cmd)
+
+
+def _add_probe_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="Kubernetes exec probe: startup, live or ready")
+    cmd.add_argument("kind", choices=["startup", "live", "ready"])
+    cmd.add_argument("--state-dir", default=_env("CACHEMGR_STATE_DIR"))
+    cmd.add_argument("--timeout", type=float, default=1.0, help="health request timeout (ready)")
+
+
+# Each command's arguments, in the order `cachemgr --help` lists them.
+_COMMANDS: dict[str, Callable[[Any, str], None]] = {
+    "run": _add_run_command,
+    "warm": _add_run_command,
+    "key": _add_key_command,
+    "explain": _add_key_command,
+    "demo": _add_demo_command,
+    "ls": _add_listing_command,
+    "du": _add_listing_command,
+    "locks": _add_listing_command,
+    "show": _add_show_command,
+    "verify": _add_verify_command,
+    "prune": _add_prune_command,
+    "push": _add_push_command,
+    "pull": _add_pull_command,
+    "probe": _add_probe_command,
+}
+
+
 def _add_remote(parser: argparse.ArgumentParser, *, listing: bool = False) -> None:
     if listing:  # `ls --remote`: the flag alone means the remote in CACHEMGR_REMOTE
         parser.add_argument(
@@ -296,22 +353,6 @@ def _add_remote(parser: argparse.ArgumentParser, *, listing: bool = False) -> No
     parser.add_argument(
         "--remote", default=None, metavar="URL", help="s3://bucket/prefix [env CACHEMGR_REMOTE]"
     )
-
-
-def _add_remote_commands(sub: Any) -> None:
-    cmd = sub.add_parser("push", help="upload published entries to the remote tier (manifest last)")
-    cmd.add_argument("keys", nargs="*", help="key prefixes or entry names (default: every entry)")
-    cmd.add_argument("--force", action="store_true", help="upload even if the remote has the entry")
-    _add_remote(cmd)
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_log(cmd)
-    cmd = sub.add_parser("pull", help="download an entry from the remote tier, check it, publish it here")
-    cmd.add_argument("key", help="a key prefix or entry name ('cachemgr ls --remote' lists them)")
-    _add_remote(cmd)
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_log(cmd)
 
 
 def _add_compat(parser: argparse.ArgumentParser) -> None:
@@ -377,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = own[0] if own and own[0] in _HANDLERS else "cachemgr"
     try:
         _check_text(own, server_argv, environ)
-        args = build_parser().parse_args(own)
+        args = build_parser(own[0] if own and own[0] in _COMMANDS else None).parse_args(own)
         command = args.command
         _check_server_argv(command, server_argv)
         if hasattr(args, "log_format"):

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import xxhash
-from packaging.version import InvalidVersion, Version
 
 from cachemgr.core.errors import ConfigError, UsageError
+from cachemgr.core.versions import release_numbers
 from cachemgr.key import npu as npu_type
 from cachemgr.key import vllm_rbln
 from cachemgr.key.serving import ServerCommand, parse_server_argv
@@ -258,13 +258,13 @@ def _installed_version(distribution: str) -> str:
 def major_minor(raw: str) -> str:
     """``0.12.3``, ``0.12.0rc1``, ``0.12.1.dev4+gabc`` -> ``0.12``: patch releases share a cache."""
     try:
-        release = Version(raw.strip()).release
-    except InvalidVersion:
+        numbers = release_numbers(raw)
+    except ValueError:
         raise ConfigError(
             f"RBLN Compiler version {raw!r} is not a version number",
             remedy="set CACHEMGR_COMPILER_VERSION to a version such as 0.12.0",
         ) from None
-    major, minor = (*release, 0)[:2]
+    major, minor = (*numbers, 0)[:2]
     return f"{major}.{minor}"
 
 

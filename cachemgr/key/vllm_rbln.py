@@ -35,9 +35,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from packaging.version import InvalidVersion, Version
-
 from cachemgr.core.errors import ConfigError
+from cachemgr.core.versions import release_numbers
 
 ModelImpl = Literal["vllm", "optimum", "auto"]
 
@@ -87,8 +86,8 @@ def resolve_versions(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
 
 def _check_version(value: str, source: str, env: str) -> None:
     try:
-        Version(value)
-    except InvalidVersion:
+        release_numbers(value)
+    except ValueError:
         raise ConfigError(
             f"{source} gives {value!r}, which is not a version number",
             remedy=f"set {env} to a version such as 0.30.0+cpu",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,7 +20,7 @@ class PodIdentity:
     @classmethod
     def current(cls, environ: Mapping[str, str] | None = None) -> PodIdentity:
         env = os.environ if environ is None else environ
-        host = socket.gethostname()
+        host = os.uname().nodename  # gethostname(2); the socket module costs a pod's start ~2 ms
         return cls(
             pod=env.get("POD_NAME") or env.get("HOSTNAME") or host,
             node=env.get("NODE_NAME") or env.get("CACHEMGR_NODE_NAME") or "",
