@@ -18,13 +18,14 @@ import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, read_jsonl, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
-from cachemgr.runtime.views import remove_old_views
+from cachemgr.runtime.views import ANCHOR, ROOT, remove_old_views
 from cachemgr.volume.manifest import ARTIFACTS, read_manifest
 
 
 def _views(pod: Pod) -> list[Path]:
+    """The views of the pod's starts, as its servers got them (each in a home of its own)."""
     views = pod.state_dir / "views"
-    return sorted(views.iterdir()) if views.is_dir() else []
+    return sorted(home / ROOT for home in views.iterdir()) if views.is_dir() else []
 
 
 def _readable(view: Path, entry: Path) -> None:
@@ -149,13 +150,14 @@ def test_old_views_are_removed_only_when_their_owner_is_gone(
         legacy = views / f"{entry.name[-16:]}.abc123"  # named before views carried their owner
         legacy.mkdir()
         remove_old_views(views, keep=mine_view)
-        assert sorted(views.iterdir()) == sorted([live_view, mine_view])
+        assert sorted(views.iterdir()) == sorted([live_view.parent, mine_view.parent])
         _readable(live_view, entry)
     finally:
         live.communicate(timeout=30)  # closes its stdin: the owner exits
     remove_old_views(views, keep=mine_view)
-    assert list(views.iterdir()) == [mine_view]
+    assert list(views.iterdir()) == [mine_view.parent]
     assert gone_view != live_view
+    _readable(mine_view, entry)  # removing views through their anchors left the entry alone
 
 
 def test_a_relative_cache_root_gives_the_server_links_that_resolve(pods: Cluster, root: Path) -> None:
@@ -171,7 +173,11 @@ def test_a_relative_cache_root_gives_the_server_links_that_resolve(pods: Cluster
     (view,) = _views(pod)
     links = [Path(d) / name for d, _, names in os.walk(view) for name in names]
     assert links
-    assert all(os.path.isabs(os.readlink(link)) for link in links)
+    # The anchor beside the view is absolute; the file links go through it, short enough for
+    # ext4 to keep in the inode (under 60 bytes: no block per link).
+    assert os.readlink(view.parent / ANCHOR) == str(entry.resolve() / ARTIFACTS)
+    assert all(os.readlink(link).startswith("../") for link in links)
+    assert max(len(os.readlink(link)) for link in links) < 60
     _readable(view, entry)
     loads = [event for event in pods.record if event.get("event") == "load"]
     assert len(loads) == 1, pods.record

@@ -5,6 +5,19 @@ reads the shared files through it, and anything it writes (vllm-rbln saves its b
 after every warm-up, by tmp file + rename) lands in the view, never in the shared entry, whose
 files are also read-only. The ``vllm`` strategy points ``VLLM_CACHE_ROOT`` at it, the
 ``command`` strategy fills ``{artifact_dir}`` with it.
+
+Each start's view lives in a home of its own under the state dir's ``views/``::
+
+    views/ENTRY16.PID-TICKS.RANDOM/
+        e -> /var/cache/cachemgr/entries/NAME/artifacts     (the anchor: absolute)
+        v/                                                   (what the server gets)
+            rank0.rbln -> ../e/rank0.rbln
+            sub03/graph.rbln -> ../../e/sub03/graph.rbln
+
+The file links are relative, through the anchor, so they stay short: ext4 keeps a link target
+under 60 bytes in the inode itself and gives a longer one a 4 KiB block of its own, which
+doubles the time a view of 2,000 files takes and costs its emptyDir 8 MiB (bench/bench_warm.py;
+the absolute path of a file in an entry is over 100 bytes).
 """
 
 from __future__ import annotations
@@ -17,39 +30,44 @@ from cachemgr.core.fsutil import remove_tree
 from cachemgr.core.procs import same_process, start_ticks
 from cachemgr.volume.manifest import ARTIFACTS, Manifest
 
+ANCHOR = "e"  # views/HOME/e -> the entry's artifacts
+ROOT = "v"  # views/HOME/v: the view itself
+
 
 def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
-    """A fresh pod-local tree mirroring ``entry/artifacts`` with a symlink per file.
+    """A fresh pod-local tree mirroring ``entry/artifacts`` with a symlink per file; its path.
 
     Built from the manifest's file list (no walk of the shared volume): one mkdir per
     directory and one symlink per file, with plain strings (this is on the hit path). Each
-    start gets a new directory under ``views``; earlier ones are removed after the server
-    started (:func:`remove_old_views`), since unlinking thousands of links costs as much as
-    making them.
+    start gets a new home under ``views``; earlier ones are removed after the server started
+    (:func:`remove_old_views`), since unlinking thousands of links costs as much as making them.
     """
     views.mkdir(parents=True, exist_ok=True)
-    view = _new_dir(views, f"{entry.name[-16:]}.{_owner_tag()}.")
+    home = _new_dir(views, f"{entry.name[-16:]}.{_owner_tag()}.")
     prefix = ARTIFACTS + "/"
     cut = len(prefix)
-    # Absolute: the links are read from the view, so a relative --cache-root would dangle.
-    target_base = os.path.join(os.path.abspath(entry), ARTIFACTS)
-    view_base = os.fspath(view)
+    view = os.path.join(home, ROOT)
     join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
-    made: set[str] = {""}
     try:
+        # Absolute: a relative --cache-root would dangle from the view.
+        symlink(join(os.path.abspath(entry), ARTIFACTS), join(home, ANCHOR))
+        os.mkdir(view)
+        # A directory of the view -> the way from a link in it up to the anchor.
+        up: dict[str, str] = {"": f"../{ANCHOR}/"}
         for record in manifest.files:
             if not record.path.startswith(prefix):
                 continue
             rel = record.path[cut:]
             parent = dirname(rel)
-            if parent not in made:
-                os.makedirs(join(view_base, parent), exist_ok=True)
-                made.add(parent)
-            symlink(join(target_base, rel), join(view_base, rel))
+            way = up.get(parent)
+            if way is None:
+                os.makedirs(join(view, parent), exist_ok=True)
+                way = up[parent] = "../" * (parent.count("/") + 2) + f"{ANCHOR}/"
+            symlink(way + rel, join(view, rel))
     except BaseException:
-        remove_tree(view)  # half a view serves nothing: give its inodes back
+        remove_tree(home)  # half a view serves nothing: give its inodes back
         raise
-    return view
+    return Path(view)
 
 
 def _new_dir(parent: Path, prefix: str) -> Path:
@@ -66,7 +84,8 @@ def _new_dir(parent: Path, prefix: str) -> Path:
 
 
 def remove_old_views(views: Path, *, keep: Path) -> None:
-    """Delete the views of earlier starts (a background thread calls this after launch).
+    """Delete the views of earlier starts but ``keep`` (a background thread calls this after
+    launch; ``keep`` is what :func:`build_view` returned).
 
     Only views whose owner is gone: a second ``run`` in the same pod (``kubectl exec``
     inherits the state dir) must never pull the files from under the live server.
@@ -77,7 +96,7 @@ def remove_old_views(views: Path, *, keep: Path) -> None:
         return
     for name in names:
         path = views / name
-        if path != keep and not _owner_alive(name):
+        if path != keep.parent and not _owner_alive(name):
             remove_tree(path)
 
 
