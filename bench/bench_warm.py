@@ -322,7 +322,11 @@ def start_once(argv: list[str], env: dict[str, str], work: Path) -> Start:
            "CACHEMGR_TERMINATION_LOG": str(work / "termination-log")}  # fmt: skip
     with log.open("wb") as err:
         spawned = time.time_ns()
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        # cwd: the run's own directory, not the checkout, which `python -c` would put first on
+        # sys.path (the traced runs would then import the checkout, not the installed copy).
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, cwd=work
+        )
     try:
         server = _read_start(stamp, proc, time.monotonic() + 60)
     finally:
