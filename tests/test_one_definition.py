@@ -6,6 +6,7 @@ strategies a key may name: every user reads the one definition, so changing it c
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import typing
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 
 from cachemgr.cli.cmd_run import run_options
 from cachemgr.cli.errors import exit_code_for
-from cachemgr.cli.main import build_parser
+from cachemgr.cli.main import _COMMANDS, _HANDLERS, build_parser
 from cachemgr.core import errors
 from cachemgr.core.errors import CacheMgrError, Interrupted, MissError, StateDirInUseError, WaitTimeoutError
 from cachemgr.key.cachekey import Strategy
@@ -38,6 +39,24 @@ def test_the_lease_default_is_one_constant_that_the_cli_the_options_and_the_leas
     # and they follow it: a changed default reaches the parser built after the change
     monkeypatch.setattr("cachemgr.cli.main.DEFAULT_LEASE_DURATION", 45.0)
     assert build_parser().parse_args(["run"]).lease_duration == "45"
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+@pytest.mark.quick
+def test_a_command_built_alone_is_the_command_of_the_whole_parser() -> None:
+    """`cachemgr run` builds only run's parser (the hit path); each command built alone must take
+    the same arguments and print the same help as in the whole parser `cachemgr --help` builds."""
+    assert set(_COMMANDS) == set(_HANDLERS), "every command has arguments and a handler"
+    whole = _subcommands(build_parser())
+    assert list(whole) == list(_COMMANDS)
+    for name, parser in whole.items():
+        alone = _subcommands(build_parser(name))
+        assert list(alone) == [name]
+        assert alone[name].format_help() == parser.format_help(), name
 
 
 def _error_classes() -> list[type[CacheMgrError]]:

@@ -184,6 +184,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _with(cmd: argparse.ArgumentParser, *groups: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the option groups several commands share (``--cache-root``, ``--output``...)."""
+    for add in groups:
+        add(cmd)
+
+
 def _add_run_command(sub: Any, name: str) -> None:
     text = {
         "run": "the pod entrypoint: reuse or compile once, then launch and supervise the server",
@@ -192,11 +198,7 @@ def _add_run_command(sub: Any, name: str) -> None:
     cmd = sub.add_parser(
         name, help=text, description=f"{text}. Usage: cachemgr {name} [options] -- SERVER ARGV"
     )
-    _add_root(cmd)
-    _add_key(cmd)
-    _add_run(cmd)
-    _add_progress(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_key, _add_run, _add_progress, _add_log)
 
 
 def _add_key_command(sub: Any, name: str) -> None:
@@ -207,9 +209,7 @@ def _add_key_command(sub: Any, name: str) -> None:
     else:
         cmd = sub.add_parser("explain", help="hit or miss for -- SERVER ARGV here, and why")
         _add_root(cmd)
-    _add_key(cmd)
-    _add_output(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_key, _add_output, _add_log)
 
 
 def _add_demo_command(sub: Any, name: str) -> None:
@@ -231,10 +231,7 @@ def _add_listing_command(sub: Any, name: str) -> None:
         "locks": "each lease: key, holder pod and node, held for, last refresh, stale or not",
     }[name]
     cmd = sub.add_parser(name, help=text)
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_compat(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_output, _add_compat, _add_log)
     if name == "ls":
         _add_remote(cmd, listing=True)
 
@@ -242,20 +239,14 @@ def _add_listing_command(sub: Any, name: str) -> None:
 def _add_show_command(sub: Any, name: str) -> None:
     cmd = sub.add_parser(name, help="every key input, manifest summary, users and failures of one entry")
     cmd.add_argument("key", help="a unique prefix of the key, or the entry name")
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_compat(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_output, _add_compat, _add_log)
 
 
 def _add_verify_command(sub: Any, name: str) -> None:
     cmd = sub.add_parser(name, help="hash-check entries; --fix moves damaged ones aside")
     cmd.add_argument("keys", nargs="*", help="key prefixes (default: all)")
     cmd.add_argument("--fix", action="store_true")
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_progress(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_output, _add_progress, _add_log)
 
 
 def _add_prune_command(sub: Any, name: str) -> None:
@@ -287,11 +278,7 @@ def _add_prune_command(sub: Any, name: str) -> None:
         metavar="KEY",
         help="with --remote: this entry (repeatable); --unused-for counts from the upload there",
     )
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_compat(cmd)
-    _add_progress(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_output, _add_compat, _add_progress, _add_log)
 
 
 def _add_push_command(sub: Any, name: str) -> None:
@@ -299,18 +286,14 @@ def _add_push_command(sub: Any, name: str) -> None:
     cmd.add_argument("keys", nargs="*", help="key prefixes or entry names (default: every entry)")
     cmd.add_argument("--force", action="store_true", help="upload even if the remote has the entry")
     _add_remote(cmd)
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_output, _add_log)
 
 
 def _add_pull_command(sub: Any, name: str) -> None:
     cmd = sub.add_parser(name, help="download an entry from the remote tier, check it, publish it here")
     cmd.add_argument("key", help="a key prefix or entry name ('cachemgr ls --remote' lists them)")
     _add_remote(cmd)
-    _add_root(cmd)
-    _add_output(cmd)
-    _add_log(cmd)
+    _with(cmd, _add_root, _add_output, _add_log)
 
 
 def _add_probe_command(sub: Any, name: str) -> None:
