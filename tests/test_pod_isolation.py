@@ -18,8 +18,8 @@ import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, read_jsonl, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
-from cachemgr.runtime.views import ANCHOR, ROOT, remove_old_views
-from cachemgr.volume.manifest import ARTIFACTS, read_manifest
+from cachemgr.runtime.views import ANCHORS, ROOT, build_view, remove_old_views
+from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest, read_manifest
 
 
 def _views(pod: Pod) -> list[Path]:
@@ -173,14 +173,55 @@ def test_a_relative_cache_root_gives_the_server_links_that_resolve(pods: Cluster
     (view,) = _views(pod)
     links = [Path(d) / name for d, _, names in os.walk(view) for name in names]
     assert links
-    # The anchor beside the view is absolute; the file links go through it, short enough for
-    # ext4 to keep in the inode (under 60 bytes: no block per link).
-    assert os.readlink(view.parent / ANCHOR) == str(entry.resolve() / ARTIFACTS)
+    # The anchors beside the view are absolute, one per directory of the entry; the file links
+    # go through them, short enough for ext4 to keep in the inode (under 60 bytes: no block per
+    # link) however long the entry's names.
+    anchors = {os.readlink(anchor) for anchor in (view.parent / ANCHORS).iterdir()}
+    artifacts = entry.resolve() / ARTIFACTS
+    assert anchors == {str(artifacts), *(str(d) for d in artifacts.rglob("*") if d.is_dir())}
     assert all(os.readlink(link).startswith("../") for link in links)
     assert max(len(os.readlink(link)) for link in links) < 60
     _readable(view, entry)
     loads = [event for event in pods.record if event.get("event") == "load"]
     assert len(loads) == 1, pods.record
+
+
+@pytest.mark.quick
+def test_view_links_stay_short_under_long_and_deep_names(tmp_path: Path) -> None:
+    """vllm-rbln names its directories after the model and a hash (compiled_models/NAME_HASH/...):
+    the links still fit in the inode, each reads its own file, and removing the view leaves
+    the entry whole."""
+    entry = (
+        tmp_path / "volume" / "entries" / ("rebellions--MiniMax-M2.7__prefill__c0.12__RBLN-CA25__" + "f" * 16)
+    )
+    rels = [
+        "rbln_config.json",
+        "compiled_models/rebellions_MiniMax-M2.7-tp4-b16_60f4cfeaa1e886a8/prefill.rbln",
+        "compiled_models/rebellions_MiniMax-M2.7-tp4-b16_60f4cfeaa1e886a8/decoder/batch_0016.rbln",
+        "rbln/" + "a" * 64 + "/rank0/mega_cache.bin",
+        "d1/d2/d3/d4/d5/d6/d7/d8/deep.bin",
+    ]
+    records = []
+    for index, rel in enumerate(rels):
+        path = entry / ARTIFACTS / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rel.encode() * (index + 1))
+        records.append(FileRecord(path=f"{ARTIFACTS}/{rel}", size=path.stat().st_size, xxh3=""))
+    manifest = Manifest(
+        key="k", inputs={}, files=tuple(records), created_at=0.0, created_by={}, compile_seconds=0.0,
+        strategy="vllm",
+    )  # fmt: skip
+    views = tmp_path / "state" / "views"
+    view = build_view(views, entry, manifest)
+    for index, rel in enumerate(rels):
+        link = view / rel
+        assert len(os.readlink(link)) < 60, os.readlink(link)
+        assert link.read_bytes() == rel.encode() * (index + 1)
+    remove_old_views(views, keep=tmp_path / "another" / ROOT)  # its owner (this test) counts as gone
+    assert list(views.iterdir()) == []
+    assert sorted(str(p.relative_to(entry / ARTIFACTS)) for p in entry.rglob("*") if p.is_file()) == sorted(
+        rels
+    )
 
 
 # --- published entries cannot be changed unnoticed ---------------------------------------------

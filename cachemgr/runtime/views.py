@@ -6,18 +6,20 @@ after every warm-up, by tmp file + rename) lands in the view, never in the share
 files are also read-only. The ``vllm`` strategy points ``VLLM_CACHE_ROOT`` at it, the
 ``command`` strategy fills ``{artifact_dir}`` with it.
 
-Each start's view lives in a home of its own under the state dir's ``views/``::
+Each start's view lives in a home of its own under the state dir's ``views/``, with one anchor
+per directory of the entry::
 
     views/ENTRY16.PID-TICKS.RANDOM/
-        e -> /var/cache/cachemgr/entries/NAME/artifacts     (the anchor: absolute)
-        v/                                                   (what the server gets)
-            rank0.rbln -> ../e/rank0.rbln
-            sub03/graph.rbln -> ../../e/sub03/graph.rbln
+        e/0 -> /var/cache/cachemgr/entries/NAME/artifacts                 (anchors: absolute)
+        e/1 -> /var/cache/cachemgr/entries/NAME/artifacts/compiled_models/M/sub
+        v/                                                                 (what the server gets)
+            rank0.rbln -> ../e/0/rank0.rbln
+            compiled_models/M/sub/graph.rbln -> ../../../../e/1/graph.rbln
 
-The file links are relative, through the anchor, so they stay short: ext4 keeps a link target
-under 60 bytes in the inode itself and gives a longer one a 4 KiB block of its own, which
-doubles the time a view of 2,000 files takes and costs its emptyDir 8 MiB (bench/bench_warm.py;
-the absolute path of a file in an entry is over 100 bytes).
+The file links are relative, through their directory's anchor, so they stay short whatever the
+entry's names: ext4 keeps a link target under 60 bytes in the inode itself and gives a longer
+one a 4 KiB block of its own, which doubles the time a view of 2,000 files takes and costs its
+emptyDir 8 MiB (bench/bench_warm.py; the absolute path of a file in an entry is over 100 bytes).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from cachemgr.core.fsutil import remove_tree
 from cachemgr.core.procs import same_process, start_ticks
 from cachemgr.volume.manifest import ARTIFACTS, Manifest
 
-ANCHOR = "e"  # views/HOME/e -> the entry's artifacts
+ANCHORS = "e"  # views/HOME/e/N -> a directory of the entry's artifacts
 ROOT = "v"  # views/HOME/v: the view itself
 
 
@@ -46,24 +48,29 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
     home = _new_dir(views, f"{entry.name[-16:]}.{_owner_tag()}.")
     prefix = ARTIFACTS + "/"
     cut = len(prefix)
-    view = os.path.join(home, ROOT)
-    join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
+    # Absolute: a relative --cache-root would dangle from the view.
+    target_base = os.path.join(os.path.abspath(entry), ARTIFACTS)
+    view, anchors = os.path.join(home, ROOT), os.path.join(home, ANCHORS)
+    join, symlink, split = os.path.join, os.symlink, os.path.split
     try:
-        # Absolute: a relative --cache-root would dangle from the view.
-        symlink(join(os.path.abspath(entry), ARTIFACTS), join(home, ANCHOR))
         os.mkdir(view)
-        # A directory of the view -> the way from a link in it up to the anchor.
-        up: dict[str, str] = {"": f"../{ANCHOR}/"}
+        os.mkdir(anchors)
+        # A directory of the view -> how a link in it reaches its anchor.
+        up: dict[str, str] = {}
         for record in manifest.files:
             if not record.path.startswith(prefix):
                 continue
             rel = record.path[cut:]
-            parent = dirname(rel)
+            parent, name = split(rel)
             way = up.get(parent)
             if way is None:
-                os.makedirs(join(view, parent), exist_ok=True)
-                way = up[parent] = "../" * (parent.count("/") + 2) + f"{ANCHOR}/"
-            symlink(way + rel, join(view, rel))
+                if parent:
+                    os.makedirs(join(view, parent), exist_ok=True)
+                anchor = str(len(up))
+                symlink(join(target_base, parent) if parent else target_base, join(anchors, anchor))
+                depth = parent.count("/") + 1 if parent else 0
+                way = up[parent] = "../" * (depth + 1) + f"{ANCHORS}/{anchor}/"
+            symlink(way + name, join(view, rel))
     except BaseException:
         remove_tree(home)  # half a view serves nothing: give its inodes back
         raise
