@@ -178,9 +178,7 @@ def _from_json(data: Any) -> Manifest:
         )
         for item in data["files"]
     )
-    for record in files:
-        if record.path.startswith("/") or ".." in record.path.split("/"):
-            raise ValueError(f"file path {record.path!r} leaves the entry")
+    _check_paths(files)
     if not isinstance(data["inputs"], dict):
         raise TypeError("inputs is not an object")
     return Manifest(
@@ -195,6 +193,23 @@ def _from_json(data: Any) -> Manifest:
         format=int(data["format"]),
         extra=dict(data.get("extra") or {}),
     )
+
+
+def _check_paths(files: Sequence[FileRecord]) -> None:
+    """Each path spelled as :func:`build_manifest` writes it (``a/b``: no empty, ``.`` or ``..``
+    part, no NUL), each once. The kernel reads ``a//b`` or ``./b`` as a plain path and a full
+    check passes, but a pod's view joins and counts the parts: ``artifacts//x`` became the
+    absolute ``/x``, and ``a/./b`` a link one level off; a path listed twice is a second link."""
+    seen: set[str] = set()
+    for record in files:
+        parts = record.path.split("/")
+        if ".." in parts or record.path.startswith("/"):
+            raise ValueError(f"file path {record.path!r} leaves the entry")
+        if "" in parts or "." in parts or "\0" in record.path:
+            raise ValueError(f"file path {record.path!r} is not a plain relative path")
+        if record.path in seen:
+            raise ValueError(f"file path {record.path!r} is listed twice")
+        seen.add(record.path)
 
 
 # O_NONBLOCK: a FIFO where a file should be must not block the check; reads of files ignore it.
