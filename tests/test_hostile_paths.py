@@ -462,6 +462,24 @@ def test_a_manifest_naming_a_file_by_an_odd_path_is_damage_and_nothing_leaves_th
     assert all(link.exists() for link in links), [(link, os.readlink(link)) for link in links]
 
 
+def test_a_file_nested_deeper_than_a_relative_link_can_reach_is_served_through_the_view(
+    volume: Volume,
+) -> None:
+    """A view's links climb one ``../`` per folder to the anchor: 820 folders deep, that way
+    alone is past what a link may hold (4 KiB) while the file's absolute path is not. A real
+    tree of that depth is odd, not damage: the pod serves it, the file readable in its view."""
+    rel = "artifacts/" + "d/" * 820 + "deep.rbln"
+    _list_in_manifest(volume.entry, rel)
+    pod = volume.pods.start(
+        "a", server_argv(free_port()), cache_root=volume.root, options=volume.built.hit_options
+    )
+    phase = pod.wait_phase("serving", "failed", "stopped")
+    assert phase == "serving", (pod.wait_exit(), pod.tail())
+    (home,) = (pod.state_dir / "views").iterdir()
+    assert (home / "v" / rel.removeprefix("artifacts/")).read_bytes() == b"planted"
+    assert "entry_damaged" not in [e["event"] for e in pod.log_events()]
+
+
 # --- defect 9: manifest.json that is not a file -------------------------------------------------
 
 

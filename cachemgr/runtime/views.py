@@ -17,7 +17,8 @@ Each start's view lives in a home of its own under the state dir's ``views/``::
 The file links are relative, through the anchor, so they stay short: ext4 keeps a link target
 under 60 bytes in the inode itself and gives a longer one a 4 KiB block of its own, which
 doubles the time a view of 2,000 files takes and costs its emptyDir 8 MiB (bench/bench_warm.py;
-the absolute path of a file in an entry is over 100 bytes).
+the absolute path of a file in an entry is over 100 bytes). A folder nested so deep that the climb
+to the anchor is longer than the entry's path gets absolute links instead.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
     cut = len(prefix)
     view = os.path.join(home, ROOT)
     join, symlink, dirname = os.path.join, os.symlink, os.path.dirname
+    # Absolute: a relative --cache-root would dangle from the view.
+    artifacts = join(os.path.abspath(entry), ARTIFACTS)
     try:
-        # Absolute: a relative --cache-root would dangle from the view.
-        symlink(join(os.path.abspath(entry), ARTIFACTS), join(home, ANCHOR))
+        symlink(artifacts, join(home, ANCHOR))
         os.mkdir(view)
         # A directory of the view -> the way from a link in it up to the anchor.
         up: dict[str, str] = {"": f"../{ANCHOR}/"}
@@ -62,7 +64,10 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
             way = up.get(parent)
             if way is None:
                 os.makedirs(join(view, parent), exist_ok=True)
-                way = up[parent] = "../" * (parent.count("/") + 2) + f"{ANCHOR}/"
+                way = "../" * (parent.count("/") + 2) + f"{ANCHOR}/"
+                # Past some 40 folders deep the climb is longer than the entry's own path (and
+                # past 800, longer than a link may hold): the absolute path is the shorter way.
+                up[parent] = way = way if len(way) <= len(artifacts) else artifacts + "/"
             symlink(way + rel, join(view, rel))
     except BaseException:
         remove_tree(home)  # half a view serves nothing: give its inodes back
