@@ -28,11 +28,14 @@ import threading
 from pathlib import Path
 
 from cachemgr.core.fsutil import remove_tree
+from cachemgr.core.log import get_logger
 from cachemgr.core.procs import same_process, start_ticks
 from cachemgr.volume.manifest import ARTIFACTS, Manifest
 
 ANCHOR = "e"  # views/HOME/e -> the entry's artifacts
 ROOT = "v"  # views/HOME/v: the view itself
+
+log = get_logger("cachemgr.run")
 
 
 def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
@@ -102,7 +105,10 @@ def remove_old_views(views: Path, *, keep: Path) -> None:
     for name in names:
         path = views / name
         if path != keep.parent and not _owner_alive(name):
-            remove_tree(path)
+            try:
+                remove_tree(path)
+            except OSError as error:  # in a thread beside the server: the others still go
+                log.warning("old_view_left", view=str(path), error=str(error))
 
 
 def _owner_tag() -> str:
