@@ -197,19 +197,29 @@ def _from_json(data: Any) -> Manifest:
 
 def _check_paths(files: Sequence[FileRecord]) -> None:
     """Each path spelled as :func:`build_manifest` writes it (``a/b``: no empty, ``.`` or ``..``
-    part, no NUL), each once. The kernel reads ``a//b`` or ``./b`` as a plain path and a full
-    check passes, but a pod's view joins and counts the parts: ``artifacts//x`` became the
-    absolute ``/x``, and ``a/./b`` a link one level off; a path listed twice is a second link."""
+    part, no NUL, a name the filesystem can hold), each once. The kernel reads ``a//b`` or
+    ``./b`` as a plain path and a full check passes, but a pod's view joins and counts the
+    parts: ``artifacts//x`` became the absolute ``/x``, and ``a/./b`` a link one level off; a
+    path listed twice is a second link."""
     seen: set[str] = set()
     for record in files:
         parts = record.path.split("/")
         if ".." in parts or record.path.startswith("/"):
             raise ValueError(f"file path {record.path!r} leaves the entry")
-        if "" in parts or "." in parts or "\0" in record.path:
+        if "" in parts or "." in parts or "\0" in record.path or not _encodes(record.path):
             raise ValueError(f"file path {record.path!r} is not a plain relative path")
         if record.path in seen:
             raise ValueError(f"file path {record.path!r} is listed twice")
         seen.add(record.path)
+
+
+def _encodes(path: str) -> bool:
+    """A name read from a directory always encodes back; a lone surrogate from JSON does not."""
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # O_NONBLOCK: a FIFO where a file should be must not block the check; reads of files ignore it.
