@@ -27,7 +27,7 @@ from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, run_c
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, touch_at
+from cachemgr.core.fsutil import atomic_write_json, hash_file, touch_at
 from cachemgr.core.safefs import UnsafePathError
 from cachemgr.volume.layout import open_root
 from cachemgr.volume.manifest import ManifestError, VerifyMode, check_files, read_manifest
@@ -409,6 +409,76 @@ def test_verify_finds_a_fifo_inside_an_entry(volume: Volume) -> None:
     (item,) = json.loads(done.stdout)["items"]
     assert item["status"] == "damaged"
     assert any("FIFO" in problem for problem in item["problems"]), item
+
+
+# --- a manifest naming its files by odd paths -------------------------------------------------
+
+
+def _list_in_manifest(entry: Path, rel: str) -> None:
+    """Add ``rel`` to the entry's manifest, with a real file where the kernel resolves it, so a
+    full check of the entry passes: only the spelling of the path is odd."""
+    for folder in [entry, *(p for p in entry.rglob("*") if p.is_dir())]:
+        folder.chmod(0o755)
+    real = entry / os.path.normpath(rel.replace("\0", "").replace("\ud800", ""))
+    real.parent.mkdir(parents=True, exist_ok=True)
+    if not real.exists():
+        real.write_bytes(b"planted")
+    st = real.stat()
+    manifest = entry / "manifest.json"
+    data = json.loads(manifest.read_bytes())
+    data["files"].append(
+        {"path": rel, "size": st.st_size, "xxh3": hash_file(real), "mtime_ns": st.st_mtime_ns}
+    )
+    manifest.chmod(0o644)
+    manifest.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "artifacts//{outside}",  # the view's join made it absolute: a link and folders outside the view
+        "artifacts/./x.rbln",  # the relative link, one level off, dangled
+        "artifacts/submodule//deep/x.rbln",
+        "artifacts/graph_000.rbln",  # listed twice: the second link failed as 'fix the state dir' (78)
+        "artifacts/x\0y",  # a NUL: 'a cachemgr bug' (70)
+        "artifacts/x\ud800y",  # a lone surrogate, which no file name decodes to: 70 as well
+    ],
+)
+def test_a_manifest_naming_a_file_by_an_odd_path_is_damage_and_nothing_leaves_the_view(
+    volume: Volume, odd: str
+) -> None:
+    """Someone with write access to the volume spells a file's path as cachemgr never does, with
+    a file where the kernel resolves it: even a full check finds the bytes. A pod must take the
+    manifest for damage (move the entry aside, compile), never make a link or a folder outside
+    its view, nor a link that dangles, nor fail the pod for it."""
+    outside = volume.canary.parent / "outside" / "made-by-the-view"
+    _list_in_manifest(volume.entry, odd.format(outside=str(outside).lstrip("/")))
+    options = [*volume.built.hit_options, "--verify", "full"]
+    pod = volume.pods.start("a", server_argv(free_port()), cache_root=volume.root, options=options)
+    assert pod.wait_phase("serving", "failed", "stopped") == "serving", pod.tail()
+    assert not os.path.lexists(outside.parent), "nothing is made outside the view"
+    assert "entry_damaged" in [e["event"] for e in pod.log_events()]
+    views = pod.state_dir / "views"
+    links = [Path(d) / n for d, _, names in os.walk(views) for n in names if (Path(d) / n).is_symlink()]
+    assert all(link.exists() for link in links), [(link, os.readlink(link)) for link in links]
+
+
+def test_a_file_nested_deeper_than_a_relative_link_can_reach_is_served_through_the_view(
+    volume: Volume,
+) -> None:
+    """A view's links climb one ``../`` per folder to the anchor: 820 folders deep, that way
+    alone is past what a link may hold (4 KiB) while the file's absolute path is not. A real
+    tree of that depth is odd, not damage: the pod serves it, the file readable in its view."""
+    rel = "artifacts/" + "d/" * 820 + "deep.rbln"
+    _list_in_manifest(volume.entry, rel)
+    pod = volume.pods.start(
+        "a", server_argv(free_port()), cache_root=volume.root, options=volume.built.hit_options
+    )
+    phase = pod.wait_phase("serving", "failed", "stopped")
+    assert phase == "serving", (pod.wait_exit(), pod.tail())
+    (home,) = (pod.state_dir / "views").iterdir()
+    assert (home / "v" / rel.removeprefix("artifacts/")).read_bytes() == b"planted"
+    assert "entry_damaged" not in [e["event"] for e in pod.log_events()]
 
 
 # --- defect 9: manifest.json that is not a file -------------------------------------------------

@@ -314,6 +314,29 @@ def test_version_numbers_read_as_packaging_reads_them(text: str) -> None:
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize(
+    "text",
+    # Letters that IGNORECASE folds into [a-z] (Kelvin sign, long s, dotless i, dotted I):
+    # packaging reads a local label as ASCII only.
+    ["1.0+\u212a", "0.30.0+cp\u017f", "1.0+\u0131", "1.0+\u0130", "1.0+cpu.\u212a8s"],
+)
+def test_version_numbers_refuse_what_packaging_refuses(text: str) -> None:
+    from packaging.version import InvalidVersion, Version
+
+    from cachemgr.core.versions import release_numbers
+
+    try:
+        expected: tuple[int, ...] | None = Version(text).release
+    except InvalidVersion:
+        expected = None
+    try:
+        got: tuple[int, ...] | None = release_numbers(text)
+    except ValueError:
+        got = None
+    assert got == expected
+
+
+@pytest.mark.quick
 def test_invalid_compiler_version_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="not a version number"):
         major_minor("twelve")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -11,7 +12,7 @@ from cachemgr_testkit.scenarios import command_key
 
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
-from cachemgr.volume.manifest import Problem, check_files, read_manifest
+from cachemgr.volume.manifest import ManifestError, Problem, check_files, parse_manifest, read_manifest
 from cachemgr.volume.store import create_staging, publish
 
 pytestmark = pytest.mark.quick  # unit tests: no process, mount or server (conftest checks)
@@ -119,3 +120,27 @@ def test_a_directory_where_a_directory_of_files_was_expected_is_a_file(entry: Pa
 def test_files_the_manifest_does_not_name_are_left_alone(entry: Path) -> None:
     (entry / "artifacts" / "layers" / "0" / "extra.log").write_text("a server's own write")
     assert _check(entry, "full") == []
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("artifacts//x", "not a plain relative path"),
+        ("artifacts/./x", "not a plain relative path"),
+        ("artifacts/x/", "not a plain relative path"),
+        ("artifacts/x\0y", "not a plain relative path"),
+        ("artifacts/x\ud800", "not a plain relative path"),
+        ("artifacts/../x", "leaves the entry"),
+        ("/artifacts/x", "leaves the entry"),
+        ("artifacts/graph_0.rbln", "listed twice"),
+    ],
+)
+def test_a_manifest_path_not_spelled_as_publish_writes_it_is_refused(
+    entry: Path, path: str, why: str
+) -> None:
+    """Only the spelling build_manifest writes is read (the path a view's link is made from)."""
+    data = json.loads((entry / "manifest.json").read_bytes())
+    data["files"].append({"path": path, "size": 1, "xxh3": "0" * 32})
+    with pytest.raises(ManifestError, match=why):
+        parse_manifest(json.dumps(data).encode(), path=entry / "manifest.json")
+    assert parse_manifest((entry / "manifest.json").read_bytes(), path=entry / "manifest.json").files

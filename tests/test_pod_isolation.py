@@ -12,9 +12,11 @@ import stat
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cachemgr_testkit.mounts import tmpfs_volume
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, read_jsonl, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
@@ -158,6 +160,34 @@ def test_old_views_are_removed_only_when_their_owner_is_gone(
     assert list(views.iterdir()) == [mine_view.parent]
     assert gone_view != live_view
     _readable(mine_view, entry)  # removing views through their anchors left the entry alone
+
+
+def test_an_old_view_that_cannot_be_removed_leaves_the_others_to_go(
+    pods: Cluster, root: Path, tmpfs_small: Callable[..., Path]
+) -> None:
+    """Removal runs in a thread beside the server: one dead start's view that will not go (here
+    a filesystem mounted inside it, which removal never crosses) must neither end the cleanup of
+    the others nor raise (in the thread, a traceback in the pod's log)."""
+    record = pods.work / "compiler.jsonl"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(record)]
+    warm = pods.start("w", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert warm.wait_exit() == 0
+    (entry,) = entry_dirs(root)
+    views = tmpfs_small(1 << 20) / "views"  # the state dir an emptyDir of medium Memory
+
+    def dead_view() -> Path:
+        done = subprocess.run(
+            [sys.executable, "-c", _OWNER, str(views), str(entry), "exit"],
+            capture_output=True, text=True, check=True, timeout=30,
+        )  # fmt: skip
+        return Path(done.stdout.strip())
+
+    stuck, gone, mine = dead_view(), dead_view(), dead_view()
+    with tmpfs_volume(stuck / "scratch", size_bytes=1 << 20):
+        remove_old_views(views, keep=mine)
+        assert sorted(views.iterdir()) == sorted([stuck.parent, mine.parent])
+        assert gone != mine
+    _readable(mine, entry)
 
 
 def test_a_relative_cache_root_gives_the_server_links_that_resolve(pods: Cluster, root: Path) -> None:

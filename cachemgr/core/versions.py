@@ -11,7 +11,9 @@ from __future__ import annotations
 import re
 
 # A release with an optional local label: valid PEP 440 whatever it holds, and read the same.
-_PLAIN = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:\+[a-z0-9]+(?:[._-][a-z0-9]+)*)?", re.IGNORECASE)
+# ASCII: IGNORECASE alone folds the Kelvin sign, a long s and a dotless i into [a-z], which
+# packaging 26 refuses in a label (older releases take them: the fallback then agrees as well).
+_PLAIN = re.compile(r"([0-9]+(?:\.[0-9]+)*)(?:\+[a-z0-9]+(?:[._-][a-z0-9]+)*)?", re.IGNORECASE | re.ASCII)
 
 
 def release_numbers(text: str) -> tuple[int, ...]:

@@ -19,7 +19,8 @@ per directory of the entry::
 The file links are relative, through their directory's anchor, so they stay short whatever the
 entry's names: ext4 keeps a link target under 60 bytes in the inode itself and gives a longer
 one a 4 KiB block of its own, which doubles the time a view of 2,000 files takes and costs its
-emptyDir 8 MiB (bench/bench_warm.py; the absolute path of a file in an entry is over 100 bytes).
+emptyDir 8 MiB (bench/bench_warm.py; the absolute path of a file in an entry is over 100 bytes). A folder
+nested so deep that the climb to its anchor is longer than its own path gets absolute links.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ import threading
 from pathlib import Path
 
 from cachemgr.core.fsutil import remove_tree
+from cachemgr.core.log import get_logger
 from cachemgr.core.procs import same_process, start_ticks
 from cachemgr.volume.manifest import ARTIFACTS, Manifest
 
 ANCHORS = "e"  # views/HOME/e/N -> a directory of the entry's artifacts
 ROOT = "v"  # views/HOME/v: the view itself
+
+log = get_logger("cachemgr.run")
 
 
 def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
@@ -66,10 +70,17 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
             if way is None:
                 if parent:
                     os.makedirs(join(view, parent), exist_ok=True)
+                folder = join(target_base, parent) if parent else target_base
                 anchor = str(len(up))
-                symlink(join(target_base, parent) if parent else target_base, join(anchors, anchor))
                 depth = parent.count("/") + 1 if parent else 0
-                way = up[parent] = "../" * (depth + 1) + f"{ANCHORS}/{anchor}/"
+                way = "../" * (depth + 1) + f"{ANCHORS}/{anchor}/"
+                if len(way) > len(folder):
+                    # Some 40 folders deep the climb is longer than the folder's own path (and
+                    # past 800, longer than a link may hold): the absolute path is the shorter way.
+                    way = folder + "/"
+                else:
+                    symlink(folder, join(anchors, anchor))
+                up[parent] = way
             symlink(way + name, join(view, rel))
     except BaseException:
         remove_tree(home)  # half a view serves nothing: give its inodes back
@@ -104,7 +115,10 @@ def remove_old_views(views: Path, *, keep: Path) -> None:
     for name in names:
         path = views / name
         if path != keep.parent and not _owner_alive(name):
-            remove_tree(path)
+            try:
+                remove_tree(path)
+            except OSError as error:  # in a thread beside the server: the others still go
+                log.warning("old_view_left", view=str(path), error=str(error))
 
 
 def _owner_tag() -> str:

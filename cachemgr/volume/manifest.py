@@ -178,9 +178,7 @@ def _from_json(data: Any) -> Manifest:
         )
         for item in data["files"]
     )
-    for record in files:
-        if record.path.startswith("/") or ".." in record.path.split("/"):
-            raise ValueError(f"file path {record.path!r} leaves the entry")
+    _check_paths(files)
     if not isinstance(data["inputs"], dict):
         raise TypeError("inputs is not an object")
     return Manifest(
@@ -195,6 +193,37 @@ def _from_json(data: Any) -> Manifest:
         format=int(data["format"]),
         extra=dict(data.get("extra") or {}),
     )
+
+
+def _check_paths(files: Sequence[FileRecord]) -> None:
+    """Each path spelled as :func:`build_manifest` writes it (``a/b``: no empty, ``.`` or ``..``
+    part, no NUL, a name the filesystem can hold), each once. The kernel reads ``a//b`` or
+    ``./b`` as a plain path and a full check passes, but a pod's view joins and counts the
+    parts: ``artifacts//x`` became the absolute ``/x``, and ``a/./b`` a link one level off; a
+    path listed twice is a second link."""
+    paths = [record.path for record in files]
+    if len(set(paths)) != len(paths):
+        twice = next(path for path in paths if paths.count(path) > 1)
+        raise ValueError(f"file path {twice!r} is listed twice")
+    every = "/".join(paths)  # one look at them all: this is on the hit path
+    if "\0" in every or not _encodes(every):
+        plain = next(path for path in paths if "\0" in path or not _encodes(path))
+        raise ValueError(f"file path {plain!r} is not a plain relative path")
+    for path in paths:
+        parts = path.split("/")
+        if ".." in parts or path.startswith("/"):
+            raise ValueError(f"file path {path!r} leaves the entry")
+        if "" in parts or "." in parts:
+            raise ValueError(f"file path {path!r} is not a plain relative path")
+
+
+def _encodes(path: str) -> bool:
+    """A name read from a directory always encodes back; a lone surrogate from JSON does not."""
+    try:
+        os.fsencode(path)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # O_NONBLOCK: a FIFO where a file should be must not block the check; reads of files ignore it.
