@@ -1039,10 +1039,22 @@ runpy.run_module("cachemgr", run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("size", [256 << 10, (16 << 20) + 12345], ids=["put-object", "multipart"])
+MULTIPART = (16 << 20) + 12345  # past the transfer's 16 MiB threshold: parts, read in order
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(256 << 10, True), (MULTIPART, True), (256 << 10, False), (MULTIPART, False)],
+    ids=["put-object", "multipart", "put-object-untouched", "multipart-untouched"],
+)
 def test_a_file_rewritten_in_place_while_it_uploads_never_gets_a_manifest(
-    tmp_path: Path, remote: dict[str, str], s3: S3Server, monkeypatch: pytest.MonkeyPatch, size: int
+    tmp_path: Path,
+    remote: dict[str, str],
+    s3: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[int, bool],
 ) -> None:
+    size, rewritten = case
     root = tmp_path / "volume"
     root.mkdir()
     entry = _published_with(root, {"graph_0.rbln": 4096, "graph_1.rbln": size})
@@ -1053,7 +1065,7 @@ def test_a_file_rewritten_in_place_while_it_uploads_never_gets_a_manifest(
         """The real open; then, after its size is taken, the file is rewritten in place (a real
         write; only its moment is arranged: after the check, before the bytes stream)."""
         handle, st = opened(self, rel)
-        if rel == target:
+        if rel == target and rewritten:
             _rewrite_in_place(self.shown / rel)
         return handle, st
 
@@ -1064,9 +1076,15 @@ def test_a_file_rewritten_in_place_while_it_uploads_never_gets_a_manifest(
     counters = _Counters()
     upload = Upload(entry, within=root, config=config, identity=IDENTITY, metrics=counters).start()
     assert upload.done.wait(120), "the upload never ended"
+    manifests = [k for k in _objects(s3, remote) if k.endswith("manifest.json")]
+    if not rewritten:  # the streamed hash refuses nothing that matches, in either kind of transfer
+        assert counters.failures == []
+        assert counters.uploads == [read_manifest(entry).total_bytes]
+        assert len(manifests) == 1
+        return
     assert counters.failures == ["local-changed"], "counted as the other upload failures are"
     assert counters.uploads == []
-    assert not [k for k in _objects(s3, remote) if k.endswith("manifest.json")], "the entry appeared"
+    assert manifests == [], "the entry appeared in the remote"
 
 
 def test_push_of_a_file_rewritten_while_it_uploads_exits_74_with_one_line(
