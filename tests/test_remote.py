@@ -36,7 +36,7 @@ from cachemgr.core.safefs import UnsafePathError
 from cachemgr.remote.client import RemoteDamageError
 from cachemgr.remote.config import remote_config
 from cachemgr.remote.hooks import Upload
-from cachemgr.remote.localfiles import DIR_CACHE, LocalDir
+from cachemgr.remote.localfiles import DIR_CACHE, HashedReader, LocalChangedError, LocalDir
 from cachemgr.remote.ops import key_of, list_remote
 from cachemgr.remote.transfer import Remote
 from cachemgr.volume.identity import PodIdentity
@@ -1142,3 +1142,36 @@ def test_a_link_planted_as_the_download_attempt_is_cleaned_up_without_following_
     assert not os.path.lexists(staging), "the link at the attempt's name was left behind"
     assert not os.path.lexists(f"{staging}.json"), "the attempt's owner record was left behind"
     assert not (tmp_path / "outside").exists()
+
+
+@pytest.mark.quick
+def test_an_uploads_reader_refuses_a_second_pass_that_reads_other_bytes_or_a_shrunk_file(
+    tmp_path: Path,
+) -> None:
+    """botocore may read a PutObject body twice from the start (a checksum, then the send): each
+    pass is held to the manifest, so a rewrite between them is caught too; so is a file that
+    ends before its recorded size (the send would hang on the missing bytes)."""
+    data = os.urandom(100_000)
+    (tmp_path / "root" / "entry").mkdir(parents=True)
+    path = tmp_path / "root" / "entry" / "f.bin"
+    path.write_bytes(data)
+    digest = xxhash.xxh3_128_hexdigest(data)
+    with LocalDir.open(tmp_path / "root", tmp_path / "root" / "entry") as local:
+        handle, _ = local.open_file("f.bin")
+        reader = HashedReader(handle, size=len(data), xxh3=digest, shown=path)
+        assert reader.read(60_000) + reader.read(60_000) == data  # the checksum's pass
+        reader.seek(0)
+        _rewrite_in_place(path)
+        reader.read(60_000)
+        with pytest.raises(LocalChangedError, match="no longer match the manifest's xxh3-128"):
+            reader.read(60_000)  # the send's pass: refused before its last bytes go
+        with pytest.raises(LocalChangedError):
+            reader.verify()
+        reader.close()
+
+        path.write_bytes(data[:50_000])  # shrunk in place (same inode)
+        handle, _ = local.open_file("f.bin")
+        reader = HashedReader(handle, size=len(data), xxh3=digest, shown=path)
+        with pytest.raises(LocalChangedError, match="ended at 50000 of the 100000 bytes"):
+            reader.read(60_000)
+        reader.close()
