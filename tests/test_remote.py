@@ -23,10 +23,28 @@ import pytest
 import xxhash
 from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, status_port, wait_for
 from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
-from cachemgr_testkit.scenarios import assert_entries_valid, compile_cmd, compiles, entry_dirs, server_argv
+from cachemgr_testkit.scenarios import (
+    assert_entries_valid,
+    command_key,
+    compile_cmd,
+    compiles,
+    entry_dirs,
+    server_argv,
+)
 
-from cachemgr.remote.localfiles import DIR_CACHE, LocalDir
+from cachemgr.core.safefs import UnsafePathError
+from cachemgr.remote.client import RemoteDamageError
+from cachemgr.remote.config import remote_config
+from cachemgr.remote.hooks import Upload
+from cachemgr.remote.localfiles import DIR_CACHE, HashedReader, LocalChangedError, LocalDir
+from cachemgr.remote.ops import key_of, list_remote
+from cachemgr.remote.transfer import Remote
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
 from cachemgr.volume.manifest import read_manifest
+from cachemgr.volume.store import create_staging, publish
+
+IDENTITY = PodIdentity(pod="pod-a", node="node-a", host="host-a", pid=os.getpid())
 
 REQUIRE_ENV = "CACHEMGR_REQUIRE_MOUNTS"
 
@@ -890,3 +908,270 @@ def test_a_transfer_of_many_folders_keeps_few_directories_open(tmp_path: Path) -
             handle.write(b"new")
     assert len(os.listdir("/proc/self/fd")) == before
     assert (root / "entry" / "artifacts" / "d0000" / "new.bin").read_bytes() == b"new"
+
+
+# --- the last gaps: the download's check, a file rewritten while it uploads, the cleanup -------
+
+
+def _in_process(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> Remote:
+    """A client in this process reaching the store as a pod does (boto3 reads os.environ)."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    config = remote_config(None, env)
+    assert config is not None
+    return Remote(config)
+
+
+def test_the_downloads_hash_check_never_reads_through_a_folder_swapped_for_a_link(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    _fill_remote(pods, root_a, remote, tmp_path / "compiler.jsonl")
+    client = _in_process(monkeypatch, remote)
+    key = key_of(list_remote(client).entries[0])
+    staging = root_b / "staging" / key.digest / "attempt"
+    staging.mkdir(parents=True)
+    # The same bytes outside the root: a check that read through the link would find them right.
+    outside = tmp_path / "outside"
+    shutil.copytree(entry_dirs(root_a)[0] / "artifacts", outside)
+    real_open = os.open
+    opened: list[str] = []
+    swapped: list[Path] = []
+
+    def watched_open(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        """os.open as it is, but the moment the check reads its first file (the download wrote
+        every one by then), a peer swaps the staging's ``artifacts/`` for a link: a real rename and
+        a real link; only the moment is arranged (a real race hits it now and then)."""
+        where = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else os.fspath(path)
+        reading = not flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_DIRECTORY)
+        if reading and not swapped and where.startswith(str(staging)):
+            os.rename(staging / "artifacts", root_b / "moved-aside")
+            os.symlink(outside, staging / "artifacts")
+            swapped.append(staging / "artifacts")
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        opened.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return fd
+
+    monkeypatch.setattr(os, "open", watched_open)
+    refused: Exception | None = None
+    try:
+        client.download(key, staging, within=root_b)
+    except (RemoteDamageError, UnsafePathError) as error:
+        refused = error
+    finally:
+        monkeypatch.setattr(os, "open", real_open)
+    assert swapped, "the check read no file"
+    assert [p for p in opened if p.startswith(str(outside))] == [], "the check read outside the root"
+    assert refused is not None, "a staging with a link in it passed the check"
+    assert "artifacts" in str(refused), refused
+
+
+def test_the_downloads_hash_check_still_catches_other_bytes(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hashing through descriptors still compares every byte: same size, other bytes is damage."""
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    _fill_remote(pods, root_a, remote, tmp_path / "compiler.jsonl")
+    _tamper(s3, remote, "content", tmp_path)
+    client = _in_process(monkeypatch, remote)
+    key = key_of(list_remote(client).entries[0])
+    staging = root_b / "staging" / key.digest / "attempt"
+    staging.mkdir(parents=True)
+    with pytest.raises(RemoteDamageError, match="content differs from the manifest's xxh3-128"):
+        client.download(key, staging, within=root_b)
+
+
+class _Counters:
+    """The pod's remote counters (RemoteCounters), recorded."""
+
+    def __init__(self) -> None:
+        self.remote_misses = 0
+        self.uploads: list[int] = []
+        self.failures: list[str] = []
+
+    def remote_hit(self, nbytes: int, seconds: float) -> None:
+        raise AssertionError("no download here")
+
+    def remote_upload(self, nbytes: int, seconds: float) -> None:
+        self.uploads.append(nbytes)
+
+    def remote_failure(self, problem: str) -> None:
+        self.failures.append(problem)
+
+
+def _published_with(root: Path, files: dict[str, int]) -> Path:
+    """An entry published by library call, with artifacts of the given sizes (random bytes)."""
+    volume = open_root(root, create=True)
+    key = command_key()
+    staging = create_staging(volume, key, IDENTITY)
+    for name, size in files.items():
+        (staging.artifacts / name).write_bytes(os.urandom(size))
+    return publish(volume, staging, key, identity=IDENTITY, compile_seconds=1.0, strategy="command").path
+
+
+def _rewrite_in_place(path: Path) -> None:
+    """Other bytes of the same size into the same inode, as an in-place writer leaves a file."""
+    os.chmod(path, 0o644)  # published read-only; its owner (or root) writes anyway
+    data = path.read_bytes()
+    with path.open("r+b") as handle:
+        handle.write(bytes(b ^ 0xFF for b in data[:4096]) + data[4096:])
+
+
+REWRITE_AFTER_OPEN = """
+import runpy, sys
+from pathlib import Path
+from cachemgr.remote.localfiles import LocalDir
+
+target = sys.argv[1]
+opened = LocalDir.open_file
+def open_file(self, rel):
+    handle, st = opened(self, rel)  # the upload's open and fstat: the size it checks next is right
+    if rel == target:
+        path = self.shown / rel
+        path.chmod(0o644)
+        data = path.read_bytes()
+        with path.open("r+b") as out:
+            out.write(bytes(b ^ 0xFF for b in data[:4096]) + data[4096:])
+    return handle, st
+LocalDir.open_file = open_file
+sys.argv = ["cachemgr", *sys.argv[2:]]
+runpy.run_module("cachemgr", run_name="__main__")
+"""
+
+
+MULTIPART = (16 << 20) + 12345  # past the transfer's 16 MiB threshold: parts, read in order
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(256 << 10, True), (MULTIPART, True), (256 << 10, False), (MULTIPART, False)],
+    ids=["put-object", "multipart", "put-object-untouched", "multipart-untouched"],
+)
+def test_a_file_rewritten_in_place_while_it_uploads_never_gets_a_manifest(
+    tmp_path: Path,
+    remote: dict[str, str],
+    s3: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    case: tuple[int, bool],
+) -> None:
+    size, rewritten = case
+    root = tmp_path / "volume"
+    root.mkdir()
+    entry = _published_with(root, {"graph_0.rbln": 4096, "graph_1.rbln": size})
+    target = "artifacts/graph_1.rbln"
+    opened = LocalDir.open_file
+
+    def open_file(self: LocalDir, rel: str) -> tuple[Any, os.stat_result]:
+        """The real open; then, after its size is taken, the file is rewritten in place (a real
+        write; only its moment is arranged: after the check, before the bytes stream)."""
+        handle, st = opened(self, rel)
+        if rel == target and rewritten:
+            _rewrite_in_place(self.shown / rel)
+        return handle, st
+
+    monkeypatch.setattr(LocalDir, "open_file", open_file)
+    _in_process(monkeypatch, remote)
+    config = remote_config(None, remote)
+    assert config is not None
+    counters = _Counters()
+    upload = Upload(entry, within=root, config=config, identity=IDENTITY, metrics=counters).start()
+    assert upload.done.wait(120), "the upload never ended"
+    manifests = [k for k in _objects(s3, remote) if k.endswith("manifest.json")]
+    if not rewritten:  # the streamed hash refuses nothing that matches, in either kind of transfer
+        assert counters.failures == []
+        assert counters.uploads == [read_manifest(entry).total_bytes]
+        assert len(manifests) == 1
+        return
+    assert counters.failures == ["local-changed"], "counted as the other upload failures are"
+    assert counters.uploads == []
+    assert manifests == [], "the entry appeared in the remote"
+
+
+def test_push_of_a_file_rewritten_while_it_uploads_exits_74_with_one_line(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    root = tmp_path / "volume"
+    root.mkdir()
+    entry = _published_with(root, {"graph_0.rbln": 4096, "graph_1.rbln": 256 << 10})
+    env = {**pods.base_env, **remote, "CACHEMGR_CACHE_ROOT": str(root)}
+    push = subprocess.run(
+        [sys.executable, "-c", REWRITE_AFTER_OPEN, "artifacts/graph_1.rbln", "push"],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    assert push.returncode == 74, push.stdout + push.stderr
+    assert "Traceback" not in push.stderr
+    line = push.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        f"cachemgr push: {entry}/artifacts/graph_1.rbln changed while it was uploading "
+    ), line
+    assert "its bytes no longer match the manifest's xxh3-128" in line, line
+    assert "'cachemgr verify --fix'" in line, line
+    assert not [k for k in _objects(s3, remote) if k.endswith("manifest.json")], "the entry appeared"
+
+
+def test_a_link_planted_as_the_download_attempt_is_cleaned_up_without_following_it(
+    pods: Cluster, tmp_path: Path, own_s3: S3Server
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    env = {**own_s3.env(), "CACHEMGR_REMOTE_TIMEOUT": "60s"}
+    _fill_remote(pods, root_a, env, record)
+    os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # the download waits for the remote manifest...
+    try:
+        pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=env)
+
+        def attempt() -> Path | None:
+            found = list((root_b / "staging").glob("*/*/key.json"))
+            return found[0].parent if found else None
+
+        wait_for(attempt, what="the download's staging")
+        staging = attempt()
+        assert staging is not None
+        # ...while its attempt directory is replaced by a link to nothing (outside the root).
+        shutil.rmtree(staging)
+        staging.symlink_to(tmp_path / "outside" / "nothing")
+    finally:
+        os.killpg(own_s3.proc.pid, signal.SIGCONT)
+    pod.wait_phase("serving", timeout=90)
+    assert compiles(record) == 2, "the download was refused: a local compile"
+    assert not os.path.lexists(staging), "the link at the attempt's name was left behind"
+    assert not os.path.lexists(f"{staging}.json"), "the attempt's owner record was left behind"
+    assert not (tmp_path / "outside").exists()
+
+
+@pytest.mark.quick
+def test_an_uploads_reader_refuses_a_second_pass_that_reads_other_bytes_or_a_shrunk_file(
+    tmp_path: Path,
+) -> None:
+    """botocore may read a PutObject body twice from the start (a checksum, then the send): each
+    pass is held to the manifest, so a rewrite between them is caught too; so is a file that
+    ends before its recorded size (the send would hang on the missing bytes)."""
+    data = os.urandom(100_000)
+    (tmp_path / "root" / "entry").mkdir(parents=True)
+    path = tmp_path / "root" / "entry" / "f.bin"
+    path.write_bytes(data)
+    digest = xxhash.xxh3_128_hexdigest(data)
+    with LocalDir.open(tmp_path / "root", tmp_path / "root" / "entry") as local:
+        handle, _ = local.open_file("f.bin")
+        reader = HashedReader(handle, size=len(data), xxh3=digest, shown=path)
+        assert reader.read(60_000) + reader.read(60_000) == data  # the checksum's pass
+        reader.seek(0)
+        _rewrite_in_place(path)
+        reader.read(60_000)
+        with pytest.raises(LocalChangedError, match="no longer match the manifest's xxh3-128"):
+            reader.read(60_000)  # the send's pass: refused before its last bytes go
+        with pytest.raises(LocalChangedError):
+            reader.verify()
+        reader.close()
+
+        path.write_bytes(data[:50_000])  # shrunk in place (same inode)
+        handle, _ = local.open_file("f.bin")
+        reader = HashedReader(handle, size=len(data), xxh3=digest, shown=path)
+        with pytest.raises(LocalChangedError, match="ended at 50000 of the 100000 bytes"):
+            reader.read(60_000)
+        reader.close()

@@ -127,6 +127,7 @@ def download_and_publish(
     staging = create_staging(root, key, identity)
     if beat is not None:
         beat.add(staging.owner_file)
+    committed = False
     try:
         result = remote.download(
             key, staging.path, within=root.path, deadline=deadline, stop=stop, progress=progress
@@ -135,13 +136,15 @@ def download_and_publish(
             return None
         manifest, moved = result
         origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
-        return commit(
-            root, staging, key, _with_origin(staging.path, manifest, origin, within=root.path)
-        ), moved
+        outcome = commit(root, staging, key, _with_origin(staging.path, manifest, origin, within=root.path))
+        committed = True  # renamed into place, or discarded by commit for a peer's entry
+        return outcome, moved
     finally:
         if beat is not None:
             beat.discard(staging.owner_file)
-        if staging.path.exists():
+        if not committed:
+            # Whatever is at the attempt's name goes, and its owner record: reached from the
+            # root, never through a link (a link planted as the attempt is removed as a link).
             staging.discard()
 
 

@@ -12,7 +12,8 @@ So a transfer opens the entry's (or the staging attempt's) directory once from t
 filesystem), each directory below it relative to its parent the same way, and each file with
 ``O_NOFOLLOW`` for reading (it must be a regular file; ``O_NONBLOCK``: a FIFO cannot block the
 open) or ``O_CREAT|O_EXCL|O_NOFOLLOW`` for writing (a new file in private staging: nothing that
-is already there is ever written through or over). boto3 then moves the open file objects.
+is already there is ever written through or over). boto3 then moves the open file objects; an
+upload's through a :class:`HashedReader`, so the bytes sent are the bytes checked.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+import xxhash
+
 from cachemgr.core import safefs
+from cachemgr.core.errors import VolumeError
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -155,3 +159,101 @@ def not_a_file(
         remedy=f"remove it (rm {shown}); 'cachemgr verify --fix' moves the damaged entry aside",
         path=str(shown),
     )
+
+
+class HashedReader:
+    """A file being uploaded, hashed as the transfer manager reads it: what is sent is what is checked.
+
+    A size check at the open cannot see a file rewritten in place afterwards (same size, other
+    bytes), and the upload would then put bytes that disagree with the manifest under it. So
+    every pass over the file from its start is hashed as it is read: s3transfer 0.19.3 reads a
+    large file once, part by part in order; a small one whole for its PutObject, which botocore
+    may read again from the start (a checksum, then the send, then a retry). A pass that reaches
+    the recorded size must match the recorded xxh3-128; one that ends short or runs past it
+    (the file shrank or grew) is refused at once. :meth:`verify` after the transfer refuses a
+    file no complete pass matched. Used by one transfer at a time, as its file object.
+    """
+
+    def __init__(self, handle: BinaryIO, *, size: int, xxh3: str, shown: Path) -> None:
+        self._handle = handle
+        self._size = size
+        self._xxh3 = xxh3
+        self.shown = shown
+        self._pos = 0
+        self._digest = xxhash.xxh3_128()
+        self._hashed = 0  # bytes of the current pass, which began at the start
+        self._matched = size == 0 and xxh3 == xxhash.xxh3_128_hexdigest(b"")  # s3transfer may read none
+        self.problem: str | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self._pos = self._handle.seek(offset, whence)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        start = self._pos
+        data = self._handle.read(-1 if size is None else size)
+        self._pos += len(data)
+        self._follow(start, data, wanted=size)
+        return data
+
+    def close(self) -> None:
+        self._handle.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    def verify(self) -> None:
+        """After the transfer: LocalChangedError unless a whole pass matched and none disagreed."""
+        if self.problem is None and not self._matched:
+            self.problem = "it was never read whole"
+        if self.problem is not None:
+            raise self.error()
+
+    def error(self) -> LocalChangedError:
+        return LocalChangedError(
+            f"{self.shown} changed while it was uploading ({self.problem}); the entry was not uploaded",
+            remedy="find what writes into published entries; 'cachemgr verify --fix' moves a damaged "
+            "entry aside (the next start compiles it again), 'cachemgr push' uploads a good one",
+            path=str(self.shown),
+            problem="local-changed",
+        )
+
+    def _follow(self, start: int, data: bytes, *, wanted: int | None) -> None:
+        if start == 0:
+            self._digest.reset()
+            self._hashed = 0
+        if self._hashed != start:  # not reading on from the pass: an order s3transfer never uses
+            self._refuse("it was read out of order")
+        self._digest.update(data)
+        self._hashed = start + len(data)
+        end = self._size if wanted is None or wanted < 0 else min(self._size, start + wanted)
+        if self._hashed > self._size:
+            self._refuse(f"it has grown past the {self._size} bytes its manifest lists")
+        elif self._hashed < end:
+            self._refuse(f"it ended at {self._hashed} of the {self._size} bytes its manifest lists")
+        elif self._hashed == self._size and self._digest.hexdigest() != self._xxh3:
+            self._refuse("its bytes no longer match the manifest's xxh3-128")
+        elif self._hashed == self._size:
+            self._matched = True
+
+    def _refuse(self, problem: str) -> None:
+        """Record the first problem and stop this read: the transfer fails, the manifest stays home."""
+        if self.problem is None:
+            self.problem = problem
+        raise self.error()
+
+
+class LocalChangedError(VolumeError):
+    """A local file disagreed with its manifest while it uploaded: not uploaded (exit 74)."""
+
+    reason = "local-changed"

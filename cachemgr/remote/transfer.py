@@ -7,12 +7,15 @@ bounded by a deadline and a stop event: past either, it is cancelled and raises.
 
 Local files are opened from the cache root, never by path (:mod:`cachemgr.remote.localfiles`):
 the transfer manager gets open file objects, at most a window of them at a time, each closed
-as soon as its transfer is done.
+as soon as its transfer is done. An upload hashes each file as it streams and sends the
+manifest only if every file's bytes matched it (:class:`~cachemgr.remote.localfiles.HashedReader`).
 
 A download never trusts what it reads: the manifest must parse, name this key and its inputs,
 and list only plain paths (:func:`cachemgr.remote.layout.unsafe_paths`); each file is written
-into private staging and then hashed against the manifest (the same check as ``--verify
-full``). Anything else is :class:`RemoteDamageError`, and the caller publishes nothing.
+into private staging and then hashed against the manifest, read through descriptors reached
+from the cache root as it was written (a folder swapped for a link meanwhile is refused, never
+followed), and staging walked for anything else. Anything else is :class:`RemoteDamageError`,
+and the caller publishes nothing.
 
 ``progress`` callbacks get byte counts as they move, from the transfer threads: the hook a
 progress bar attaches to.
@@ -31,6 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from cachemgr.core.fsutil import hash_fd
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
@@ -41,20 +45,23 @@ from cachemgr.remote.layout import (
     objects_prefix,
     unsafe_paths,
 )
-from cachemgr.remote.localfiles import LocalDir
+from cachemgr.remote.localfiles import HashedReader, LocalDir
 from cachemgr.volume.manifest import (
     KEY_NAME,
     MANIFEST_NAME,
     FileRecord,
     Manifest,
     ManifestError,
+    Problem,
     check_files,
     parse_manifest,
 )
 
 Progress = Callable[[int], None]
+# A transfer's local file: a download's, or an upload's (verified once its transfer is done).
+Open = BinaryIO | HashedReader
 # Submits one file's transfer to the manager: (its future, the open local file to close after it).
-Job = Callable[[Any, list[Any]], tuple[Any, BinaryIO]]
+Job = Callable[[Any, list[Any]], tuple[Any, Open]]
 
 
 class StopFlag(Protocol):
@@ -172,7 +179,7 @@ class Remote:
 
     def _upload_one(
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
-    ) -> tuple[Any, BinaryIO]:
+    ) -> tuple[Any, Open]:
         handle, st = local.open_file(record.path)
         if st.st_size != record.size:
             handle.close()
@@ -181,13 +188,15 @@ class Remote:
                 f"{record.size}; not uploaded",
                 remedy="'cachemgr verify --fix' moves it aside; the next start compiles it again",
             )
+        # A rewrite in place after this check is caught as the bytes stream (the reader hashes them).
+        reader = HashedReader(handle, size=record.size, xxh3=record.xxh3, shown=local.shown / record.path)
         return _submitted(
-            lambda: manager.upload(handle, self.config.bucket, key, subscribers=subscribers), handle
+            lambda: manager.upload(reader, self.config.bucket, key, subscribers=subscribers), reader
         )
 
     def _download_one(
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
-    ) -> tuple[Any, BinaryIO]:
+    ) -> tuple[Any, Open]:
         handle = local.create_file(record.path)
         return _submitted(
             lambda: manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
@@ -229,9 +238,7 @@ class Remote:
                 progress=progress,
                 missing_is_damage=key.entry_name,
             )
-        # The content, not the times: a remote manifest's mtimes are the uploading node's files'.
-        # This copy's own go into the local manifest (cachemgr.remote.hooks._with_origin).
-        problems = check_files(staging, _without_mtimes(manifest), mode="full", within=within)
+        problems = _check_download(staging, manifest, within=within)
         if problems:
             shown = "; ".join(str(p) for p in problems[:3]) + (" ..." if len(problems) > 3 else "")
             raise RemoteDamageError(
@@ -260,7 +267,7 @@ class Remote:
         manager = self._manager()
         finished: queue.SimpleQueue[Any] = queue.SimpleQueue()
         subscribers = [_Subscriber(progress, finished)]
-        running: dict[Any, BinaryIO] = {}
+        running: dict[Any, Open] = {}
         cancelled = False
         try:
             for job in jobs:
@@ -292,7 +299,7 @@ class Remote:
                     handle.close()
 
 
-def _submitted(submit: Any, handle: BinaryIO) -> tuple[Any, BinaryIO]:
+def _submitted(submit: Any, handle: Open) -> tuple[Any, Open]:
     """The transfer's future and its file; the file closed if the manager refuses it at once."""
     try:
         return submit(), handle
@@ -302,7 +309,7 @@ def _submitted(submit: Any, handle: BinaryIO) -> tuple[Any, BinaryIO]:
 
 
 def _reap_one(
-    running: dict[Any, BinaryIO],
+    running: dict[Any, Open],
     finished: queue.SimpleQueue[Any],
     *,
     deadline: float | None,
@@ -323,7 +330,16 @@ def _reap_one(
         if handle is None:
             continue
         handle.close()
-        future.result()
+        if not isinstance(handle, HashedReader):
+            future.result()
+            return
+        try:
+            future.result()
+        except BaseException:
+            if handle.problem is not None:  # its refusal, however botocore wrapped or retried it
+                raise handle.error() from None
+            raise
+        handle.verify()
         return
 
 
@@ -389,5 +405,33 @@ class _Subscriber:
 __all__ = ["Moved", "Progress", "Remote", "RemoteDamageError", "RemoteError", "describe"]
 
 
-def _without_mtimes(manifest: Manifest) -> Manifest:
-    return replace(manifest, files=tuple(replace(record, mtime_ns=None) for record in manifest.files))
+def _check_download(staging: Path, manifest: Manifest, *, within: Path) -> list[Problem]:
+    """What in ``staging`` disagrees with ``manifest``: each file hashed through descriptors
+    reached from the cache root ``within`` one level at a time (a folder or file swapped for a
+    link is refused, never read through), then one walk from the root for what else is there (a
+    link or special file, also one swapped in while hashing). The content, not the times: a
+    remote manifest's mtimes are the uploading node's files' (this copy's own go into the local
+    manifest, cachemgr.remote.hooks._with_origin)."""
+    found: dict[str, Problem] = {}
+    with LocalDir.open(within, staging) as local:
+        for record in manifest.files:
+            problem = _hash_check(local, record)
+            if problem is not None:
+                found[record.path] = problem
+    without_mtimes = replace(manifest, files=tuple(replace(r, mtime_ns=None) for r in manifest.files))
+    for problem in check_files(staging, without_mtimes, mode="fast", within=within):
+        found.setdefault(problem.path, problem)
+    return list(found.values())
+
+
+def _hash_check(local: LocalDir, record: FileRecord) -> Problem | None:
+    try:
+        handle, st = local.open_file(record.path)
+    except FileNotFoundError:
+        return Problem(record.path, "missing")
+    with handle:
+        if st.st_size != record.size:
+            return Problem(record.path, f"size {st.st_size} bytes, manifest says {record.size}")
+        if hash_fd(handle.fileno()) != record.xxh3:
+            return Problem(record.path, "content differs from the manifest's xxh3-128")
+    return None
