@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
+from cachemgr_testkit.podlib import DEADLINE
 
+from cachemgr.core.safefs import UnsafePathError
 from cachemgr.ops.progress import Snapshot, read_record, record_path, remove_record, write_record
+from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, open_root
+from cachemgr.volume.lease import KeyLease, holder_path, marker_path
 from cachemgr.volume.records import Heartbeat
+from cachemgr.volume.softlease import SoftLease
 
 pytestmark = pytest.mark.quick
 
@@ -121,3 +130,79 @@ def test_the_heartbeat_touches_its_files_and_creates_none(cache: CacheRoot) -> N
     os.utime(record, (OLD, OLD))
     beat.beat()
     assert record.stat().st_mtime == OLD, "a discarded path is no longer touched"
+
+
+# --- the compile lease (leases/<digest>.lock and .holder.json) -------------------------------------
+
+
+class _Never:
+    def is_set(self) -> bool:
+        return False
+
+
+def _dead_pid() -> int:
+    """A pid no process has now: a holder that died on this host."""
+    return next(pid for pid in range(4_000_000, 4_100_000) if not psutil.pid_exists(pid))
+
+
+def test_the_lease_is_never_released_through_a_swapped_leases_folder(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    lease = KeyLease(cache, DIGEST, PodIdentity.current({"POD_NAME": "holder"}), duration=30.0, confirm=0.0)
+    assert lease.wait_or_acquire(published=lambda: False, stop=_Never(), wait_timeout=5.0) == "acquired"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # Our marker and holder record, word for word, so every token check passes through the link.
+    planted = [outside / marker_path(cache, DIGEST).name, outside / holder_path(cache, DIGEST).name]
+    for path in planted:
+        shutil.copy2(cache.leases / path.name, path)
+    moved = _swap(cache.leases, outside)
+
+    lease.release()
+
+    assert all(path.is_file() for path in planted), "the lease removed a file outside the root"
+    assert sorted(p.name for p in moved.iterdir()) == sorted(p.name for p in planted)
+
+
+def test_a_stale_marker_outside_is_never_taken_over(cache: CacheRoot, tmp_path: Path) -> None:
+    """A contender breaks a dead holder's marker by renaming it aside and unlinking it: through
+    a swapped leases/ that removed any file of the marker's name in the link's target."""
+    first = SoftLease(cache.leases / "k.lock", within=cache.path, duration=30.0, confirm=0.0)
+    assert first.acquire(poll=0.01, cancel=lambda: True)
+    text = (cache.leases / "k.lock").read_text()
+    first.release()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dead = re.sub(r"(?m)^pid=\d+$", f"pid={_dead_pid()}", text)
+    (outside / "k.lock").write_text(dead)
+    _swap(cache.leases, outside)
+    contender = SoftLease(cache.leases / "k.lock", within=cache.path, duration=30.0, confirm=0.0)
+
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        contender.acquire(poll=0.01, cancel=lambda: True)
+
+    assert [p.name for p in outside.iterdir()] == ["k.lock"]
+    assert (outside / "k.lock").read_text() == dead
+
+
+def test_the_lease_heartbeat_never_touches_through_a_swapped_leases_folder(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    lost = threading.Event()
+    lease = SoftLease(
+        cache.leases / "k.lock", within=cache.path, duration=0.4, heartbeat=0.02, confirm=0.0,
+        on_lost=lambda _: lost.set(),
+    )  # fmt: skip
+    assert lease.acquire(poll=0.01, cancel=lambda: True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    there = _aged(outside / "k.lock", (cache.leases / "k.lock").read_text())
+    _swap(cache.leases, outside)
+    try:
+        # The refresh fails (refused) until the lease could have expired, then it is reported lost.
+        assert lost.wait(DEADLINE), "the heartbeat never noticed"
+        assert lease.lost
+    finally:
+        lease.release()
+    assert there.stat().st_mtime == OLD, "the heartbeat touched the marker outside the root"
+    assert there.is_file()

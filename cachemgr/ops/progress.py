@@ -214,7 +214,7 @@ def remove_record(root: CacheRoot, digest: str, *, token: str | None) -> None:
     path = record_path(root, digest)
     with contextlib.suppress(OSError), safefs.open_dir(root.path, path.parent) as leases:
         if _seen(_read_capped(path, dir_fd=leases), digest, token=token) is not None:
-            safefs.unlink_at(leases, path.name)
+            os.unlink(path.name, dir_fd=leases)
 
 
 def read_record(root: CacheRoot, digest: str, *, token: str | None) -> Seen | None:

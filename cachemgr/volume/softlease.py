@@ -44,12 +44,13 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from cachemgr.core import safefs
 from cachemgr.core.log import get_logger
 
 log = get_logger("cachemgr.volume.lease")
@@ -118,16 +119,21 @@ def parse_marker(text: str) -> MarkerRecord:
     )
 
 
-def read_marker_view(path: Path) -> MarkerView | None:
-    """The marker at path, or None if there is none. Never follows a symlink or blocks on a FIFO."""
+def read_marker_view(path: Path, *, dir_fd: int | None = None) -> MarkerView | None:
+    """The marker at path, or None if there is none. Never follows a symlink or blocks on a FIFO.
+
+    With ``dir_fd`` (the marker's folder, reached safely) it is read by name from there.
+    """
+    name: str | Path = path if dir_fd is None else path.name
     try:
-        fd = os.open(path, _OPEN_READ)
+        fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
         if error.errno != errno.ELOOP:
             raise
-        st = os.lstat(path)  # a symlink planted as the marker: judged like a damaged marker
+        # A symlink planted as the marker: judged like a damaged marker.
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         return MarkerView(MarkerRecord(), ("symlink", st.st_ino, st.st_mtime_ns), st.st_mtime)
     try:
         st = os.fstat(fd)
@@ -257,6 +263,7 @@ class SoftLease:
         self,
         path: Path,
         *,
+        within: Path | None = None,
         duration: float,
         heartbeat: float | None = None,
         confirm: float = DEFAULT_CONFIRM,
@@ -265,6 +272,10 @@ class SoftLease:
         if not 0 < duration < float("inf"):
             raise ValueError(f"lease duration must be positive and finite, got {duration!r}")
         self.path = path
+        # The cache root: the marker's folder is reached from it one level at a time for every
+        # create, read, refresh, rename and unlink, so a folder swapped for a symlink is never
+        # followed. None: a folder trusted as given (a test's, a pod-local one).
+        self._within = within
         self.duration = duration
         self.heartbeat = heartbeat if heartbeat is not None else duration / 3
         if not 0 < self.heartbeat < duration:
@@ -293,7 +304,10 @@ class SoftLease:
             return False
         if self._lost.is_set():
             return True
-        view = read_marker_view(self.path)
+        try:
+            view = self._view()
+        except safefs.UnsafePathError:
+            return True  # the folder is a symlink now: our marker is not where peers look
         return view is None or view.record.token != self._token
 
     def acquire(self, *, poll: float, cancel: Callable[[], bool]) -> bool:
@@ -324,10 +338,33 @@ class SoftLease:
         self._thread = None
         if token is None:
             return
-        with contextlib.suppress(OSError):
-            view = read_marker_view(self.path)
+        with contextlib.suppress(OSError), self._folder() as folder:
+            view = read_marker_view(self.path, dir_fd=folder)
             if view is not None and view.record.token == token:
-                self.path.unlink()
+                os.unlink(self.path.name, dir_fd=folder)
+
+    # --- the marker's folder -------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _folder(self) -> Iterator[int]:
+        """The marker's folder, open: from the root one level at a time when ``within`` is set."""
+        if self._within is not None:
+            with safefs.open_dir(self._within, self.path.parent) as fd:
+                yield fd
+            return
+        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _view(self) -> MarkerView | None:
+        """The marker now; None if it, or its folder, is missing."""
+        try:
+            with self._folder() as folder:
+                return read_marker_view(self.path, dir_fd=folder)
+        except FileNotFoundError:
+            return None
 
     # --- taking the marker ---------------------------------------------------------------
 
@@ -350,20 +387,21 @@ class SoftLease:
     def _try_create(self) -> bool:
         """Exclusive create, written and closed at once: other mounts see a file only once closed."""
         token = secrets.token_hex(16)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except FileExistsError:
-            return False
-        try:
-            _write_all(fd, self._encode(token))
-            os.fsync(fd)
-        except BaseException:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with self._folder() as folder:
+            try:
+                fd = os.open(self.path.name, flags, 0o644, dir_fd=folder)
+            except FileExistsError:
+                return False
+            try:
+                _write_all(fd, self._encode(token))
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path.name, dir_fd=folder)
+                raise
             os.close(fd)
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-            raise
-        os.close(fd)
         self._token = token
         self._lost.clear()
         return True
@@ -376,7 +414,7 @@ class SoftLease:
                 self.release()
                 return False
             time.sleep(min(poll, left))
-        view = read_marker_view(self.path)
+        view = self._view()
         if view is not None and view.record.token == self._token:
             with contextlib.suppress(OSError):  # the heartbeat retries
                 self._refresh()  # the confirm window counted as silence; restart the clock now
@@ -389,7 +427,7 @@ class SoftLease:
 
     def _break_if_stale(self) -> bool:
         """Take the marker away from a dead or frozen holder; True if the path may now be free."""
-        view = read_marker_view(self.path)
+        view = self._view()
         silent = self._watch.silent_for(view)
         if view is None:
             return True
@@ -406,20 +444,25 @@ class SoftLease:
 
     def _break(self, view: MarkerView) -> bool:
         """Move the stale marker aside; if a live one was swapped in meanwhile, put it back."""
-        aside = self.path.with_name(f"{self.path.name}.taken.{secrets.token_hex(8)}")
+        with self._folder() as folder:
+            return self._break_in(folder, view)
+
+    def _break_in(self, folder: int, view: MarkerView) -> bool:
+        name, aside = self.path.name, f"{self.path.name}.taken.{secrets.token_hex(8)}"
         try:
-            os.rename(self.path, aside)
+            os.rename(name, aside, src_dir_fd=folder, dst_dir_fd=folder)
         except FileNotFoundError:
             return True  # another contender moved it first
         self._watch = MarkerWatch()
-        moved = read_marker_view(aside)
+        moved = read_marker_view(self.path.with_name(aside), dir_fd=folder)
         if moved is not None and moved.stamp[:1] != view.stamp[:1]:
             # A peer replaced the stale marker between our read and our rename: that one is live.
+            # Never over a marker that appeared in the meantime; a symlink is linked as itself.
             with contextlib.suppress(OSError):
-                os.link(aside, self.path)  # never over a marker that appeared in the meantime
-            log.info("lease_break_undone", marker=self.path.name)
+                os.link(aside, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+            log.info("lease_break_undone", marker=name)
             with contextlib.suppress(OSError):
-                aside.unlink()
+                os.unlink(aside, dir_fd=folder)
             return False
         log.info(
             "lease_taken_over",
@@ -429,14 +472,16 @@ class SoftLease:
             holder_duration=view.record.duration,
         )
         with contextlib.suppress(OSError):
-            aside.unlink()
+            os.unlink(aside, dir_fd=folder)
         return True
 
     # --- holding: the heartbeat ----------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Change the marker's mtime by path: a utime on an open descriptor may not reach other mounts."""
-        os.utime(self.path, follow_symlinks=False)
+        """Change the marker's mtime by name: a utime on an open descriptor of the file may not
+        reach other mounts (the folder's descriptor is only where the name is looked up)."""
+        with self._folder() as folder:
+            os.utime(self.path.name, dir_fd=folder, follow_symlinks=False)
 
     def _start_heartbeat(self) -> None:
         self._stop = threading.Event()
@@ -450,7 +495,7 @@ class SoftLease:
         last_ok, missing = time.monotonic(), 0
         while not stop.wait(self.heartbeat) and self._token == token:
             try:
-                view = read_marker_view(self.path)
+                view = self._view()
                 if view is not None and view.record.token == token:
                     self._refresh()
                     last_ok, missing = time.monotonic(), 0
