@@ -15,18 +15,23 @@ import re
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from cachemgr_testkit.podlib import DEADLINE
+from cachemgr_testkit.scenarios import command_key, entry_dirs
 
 from cachemgr.core.safefs import UnsafePathError
 from cachemgr.ops.progress import Snapshot, read_record, record_path, remove_record, write_record
+from cachemgr.volume import store
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, open_root
 from cachemgr.volume.lease import KeyLease, holder_path, marker_path
+from cachemgr.volume.manifest import Manifest
 from cachemgr.volume.records import Heartbeat
 from cachemgr.volume.softlease import SoftLease
+from cachemgr.volume.store import create_staging, publish
 
 pytestmark = pytest.mark.quick
 
@@ -206,3 +211,37 @@ def test_the_lease_heartbeat_never_touches_through_a_swapped_leases_folder(
         lease.release()
     assert there.stat().st_mtime == OLD, "the heartbeat touched the marker outside the root"
     assert there.is_file()
+
+
+# --- publish: the summary and the manifest written into the attempt ---------------------------------
+
+
+def test_publish_writes_nothing_through_a_swapped_staging_folder(
+    cache: CacheRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``staging/<digest>`` swapped for a link to a copy of itself once the summary is written:
+    the manifest went by path, through the link, over a file of that name (the summary's write
+    is guarded the same way; its window is the instant after its own walk)."""
+    key = command_key("decode")
+    staging = create_staging(cache, key, PodIdentity(pod="p", node="n", host="h", pid=os.getpid()))
+    (staging.artifacts / "graph.rbln").write_bytes(b"g" * 100)
+    outside = tmp_path / "outside"
+    build = store.build_manifest
+    copied: dict[str, bytes] = {}
+
+    def swap_then_build(entry_dir: Path, **fields: Any) -> Manifest:
+        shutil.copytree(entry_dir.parent, outside)
+        copied.update(
+            (p.relative_to(outside).as_posix(), p.read_bytes()) for p in outside.rglob("*") if p.is_file()
+        )
+        _swap(entry_dir.parent, outside)
+        return build(entry_dir, **fields)
+
+    monkeypatch.setattr(store, "build_manifest", swap_then_build)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        publish(
+            cache, staging, key, identity=PodIdentity.current({}), compile_seconds=1.0, strategy="command"
+        )
+    after = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    assert after == copied, "publish wrote into the copy outside the root"
+    assert entry_dirs(cache.path) == []
