@@ -12,7 +12,7 @@ short". It falls short on a shared volume in three ways, each seen for real:
   that descriptor. On SeaweedFS's FUSE mount (``weed mount``) a file created and still open is
   not visible to other mounts at all until it is closed (seconds, or never), and a ``futimens``
   on an open descriptor does not reach them either, so a live holder looks dead to other nodes.
-  Here the marker is written, fsynced and closed at once, and refreshed by ``utime`` on its path.
+  Here the marker is written, fsynced and closed at once, and refreshed by ``utime`` on its name.
 * It trusts ``O_CREAT|O_EXCL``. Over two ``weed mount`` clients both creates succeed when they
   come within the mounts' metadata propagation (tried: 2 of 4 runs of eight pods over two mounts
   compiled twice); NFS without server-side exclusive create and other FUSE clients behave alike.
