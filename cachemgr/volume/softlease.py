@@ -44,7 +44,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,10 +120,8 @@ def parse_marker(text: str) -> MarkerRecord:
 
 
 def read_marker_view(path: Path, *, dir_fd: int | None = None) -> MarkerView | None:
-    """The marker at path, or None if there is none. Never follows a symlink or blocks on a FIFO.
-
-    With ``dir_fd`` (the marker's folder, reached safely) it is read by name from there.
-    """
+    """The marker at path (by name in its folder ``dir_fd``, when given), or None if there is none.
+    Never follows a symlink or blocks on a FIFO."""
     name: str | Path = path if dir_fd is None else path.name
     try:
         fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
@@ -132,8 +130,7 @@ def read_marker_view(path: Path, *, dir_fd: int | None = None) -> MarkerView | N
     except OSError as error:
         if error.errno != errno.ELOOP:
             raise
-        # A symlink planted as the marker: judged like a damaged marker.
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)  # a symlink planted as the marker: damage
         return MarkerView(MarkerRecord(), ("symlink", st.st_ino, st.st_mtime_ns), st.st_mtime)
     try:
         st = os.fstat(fd)
@@ -272,9 +269,8 @@ class SoftLease:
         if not 0 < duration < float("inf"):
             raise ValueError(f"lease duration must be positive and finite, got {duration!r}")
         self.path = path
-        # The cache root: the marker's folder is reached from it one level at a time for every
-        # create, read, refresh, rename and unlink, so a folder swapped for a symlink is never
-        # followed. None: a folder trusted as given (a test's, a pod-local one).
+        # The cache root: every create, read, refresh, rename and unlink reaches the marker's
+        # folder from it one level at a time (a folder swapped for a symlink is never followed).
         self._within = within
         self.duration = duration
         self.heartbeat = heartbeat if heartbeat is not None else duration / 3
@@ -345,18 +341,9 @@ class SoftLease:
 
     # --- the marker's folder -------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _folder(self) -> Iterator[int]:
+    def _folder(self) -> contextlib.AbstractContextManager[int]:
         """The marker's folder, open: from the root one level at a time when ``within`` is set."""
-        if self._within is not None:
-            with safefs.open_dir(self._within, self.path.parent) as fd:
-                yield fd
-            return
-        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
+        return safefs.open_tree(self.path.parent, within=self._within)
 
     def _view(self) -> MarkerView | None:
         """The marker now; None if it, or its folder, is missing."""
@@ -432,7 +419,8 @@ class SoftLease:
         if view is None:
             return True
         if self._holder_dead(view.record) or silent >= patience(view.record, default=self.duration):
-            return self._break(view)
+            with self._folder() as folder:
+                return self._break(folder, view)
         return False
 
     def _holder_dead(self, record: MarkerRecord) -> bool:
@@ -442,12 +430,8 @@ class SoftLease:
             return False  # another lease object of this very process
         return _process_gone(record.pid, record.started)
 
-    def _break(self, view: MarkerView) -> bool:
+    def _break(self, folder: int, view: MarkerView) -> bool:
         """Move the stale marker aside; if a live one was swapped in meanwhile, put it back."""
-        with self._folder() as folder:
-            return self._break_in(folder, view)
-
-    def _break_in(self, folder: int, view: MarkerView) -> bool:
         name, aside = self.path.name, f"{self.path.name}.taken.{secrets.token_hex(8)}"
         try:
             os.rename(name, aside, src_dir_fd=folder, dst_dir_fd=folder)
@@ -455,31 +439,30 @@ class SoftLease:
             return True  # another contender moved it first
         self._watch = MarkerWatch()
         moved = read_marker_view(self.path.with_name(aside), dir_fd=folder)
-        if moved is not None and moved.stamp[:1] != view.stamp[:1]:
+        undone = moved is not None and moved.stamp[:1] != view.stamp[:1]
+        if undone:
             # A peer replaced the stale marker between our read and our rename: that one is live.
             # Never over a marker that appeared in the meantime; a symlink is linked as itself.
             with contextlib.suppress(OSError):
                 os.link(aside, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
             log.info("lease_break_undone", marker=name)
-            with contextlib.suppress(OSError):
-                os.unlink(aside, dir_fd=folder)
-            return False
-        log.info(
-            "lease_taken_over",
-            marker=self.path.name,
-            holder_pid=view.record.pid,
-            holder_host=view.record.host,
-            holder_duration=view.record.duration,
-        )
+        else:
+            record = view.record
+            log.info(
+                "lease_taken_over",
+                marker=name,
+                holder_pid=record.pid,
+                holder_host=record.host,
+                holder_duration=record.duration,
+            )
         with contextlib.suppress(OSError):
             os.unlink(aside, dir_fd=folder)
-        return True
+        return not undone
 
     # --- holding: the heartbeat ----------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Change the marker's mtime by name: a utime on an open descriptor of the file may not
-        reach other mounts (the folder's descriptor is only where the name is looked up)."""
+        """Change the marker's mtime by name: a utime on the file's descriptor may not reach other mounts."""
         with self._folder() as folder:
             os.utime(self.path.name, dir_fd=folder, follow_symlinks=False)
 
