@@ -37,7 +37,7 @@ from cachemgr_testkit.mounts import (
     seaweedfs_volume,
     tmpfs_volume,
 )
-from cachemgr_testkit.podlib import Cluster, cluster
+from cachemgr_testkit.podlib import Cluster, cluster, sweep_faketime_shm
 
 # --------------------------------------------------------------------------------------------------
 # Real filesystems (cachemgr_testkit.mounts)
@@ -171,6 +171,13 @@ def pods(tmp_path: Path) -> Iterator[Cluster]:
     """Real `cachemgr run` pods for one test; every one of them is killed at teardown."""
     with cluster(tmp_path / "work") as group:
         yield group
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """libfaketime's /dev/shm objects of the skewed processes this run killed (podlib.skewed_env):
+    only once every worker is done (the controller, or a run without xdist), and only of pids gone."""
+    if not hasattr(session.config, "workerinput"):
+        sweep_faketime_shm()
 
 
 # --------------------------------------------------------------------------------------------------

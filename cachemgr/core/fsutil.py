@@ -115,14 +115,16 @@ def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
         os.close(fd)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
     """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
 
     Everything read this way lives on the shared volume, where anyone can plant a symlink (it
-    is not followed) or a FIFO (it would block the reader forever): both are damage.
+    is not followed) or a FIFO (it would block the reader forever): both are damage. With
+    ``dir_fd`` (its folder, reached safely) the file is opened by name from there.
     """
+    name: str | Path = path if dir_fd is None else path.name
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as error:
         if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
             raise ValueError(f"{path} is not a regular file") from None

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, tree_bytes
 from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes
@@ -204,11 +205,16 @@ def write_record(root: CacheRoot, snapshot: Snapshot) -> None:
 
 
 def remove_record(root: CacheRoot, digest: str, *, token: str | None) -> None:
-    """Remove our own record (never a newer holder's)."""
-    seen = read_record(root, digest, token=token)
-    if seen is not None:
-        with contextlib.suppress(OSError):
-            record_path(root, digest).unlink()
+    """Remove our own record (never a newer holder's).
+
+    Read and removed from ``leases/`` opened from the root one level at a time: if it was
+    swapped for a symlink meanwhile, a file of the same name in the link's target is neither
+    read nor removed (the refusal is swallowed: a leaving holder does not fail over a note).
+    """
+    path = record_path(root, digest)
+    with contextlib.suppress(OSError), safefs.open_dir(root.path, path.parent) as leases:
+        if _seen(_read_capped(path, dir_fd=leases), digest, token=token) is not None:
+            os.unlink(path.name, dir_fd=leases)
 
 
 def read_record(root: CacheRoot, digest: str, *, token: str | None) -> Seen | None:
@@ -217,7 +223,10 @@ def read_record(root: CacheRoot, digest: str, *, token: str | None) -> Seen | No
     ``token`` is the current lease token (from the holder record): a record of an earlier
     holder that died before removing it is ignored.
     """
-    raw = _read_capped(record_path(root, digest))
+    return _seen(_read_capped(record_path(root, digest)), digest, token=token)
+
+
+def _seen(raw: tuple[Any, float] | None, digest: str, *, token: str | None) -> Seen | None:
     if raw is None:
         return None
     data, mtime = raw
@@ -227,11 +236,13 @@ def read_record(root: CacheRoot, digest: str, *, token: str | None) -> Seen | No
     return Seen(snapshot, max(0.0, time.time() - mtime))
 
 
-def _read_capped(path: Path) -> tuple[Any, float] | None:
+def _read_capped(path: Path, *, dir_fd: int | None = None) -> tuple[Any, float] | None:
+    """``path`` read whole if it is a small regular file; with ``dir_fd`` (its folder, already
+    reached safely) opened by name from there."""
     try:
         # O_NOFOLLOW: a symlink planted in leases/ is not read through; O_NONBLOCK: a FIFO
         # there does not hang the waiter (it is then refused as not a regular file).
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path if dir_fd is None else path.name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as error:
         if error.errno not in {errno.ENOENT, errno.ELOOP, errno.EACCES, errno.ENXIO, errno.EISDIR}:
             log.debug("progress_record_unreadable", path=str(path), error=error.strerror)

@@ -126,7 +126,7 @@ def download_and_publish(
     started = time.monotonic()
     staging = create_staging(root, key, identity)
     if beat is not None:
-        beat.add(staging.owner_file)
+        beat.add(staging.owner_file, within=root.path)
     committed = False
     try:
         result = remote.download(

@@ -43,9 +43,9 @@ class Heartbeats:
         self._state.stop()
         release_use(self._use_record)
 
-    def add(self, path: Path) -> None:
-        """Keep ``path`` fresh (a staging attempt's owner file) until :meth:`discard`."""
-        self.volume.add(path)
+    def add(self, path: Path, *, within: Path) -> None:
+        """Keep ``path`` fresh (a staging attempt's owner file under root ``within``) until :meth:`discard`."""
+        self.volume.add(path, within=within)
 
     def discard(self, path: Path) -> None:
         self.volume.discard(path)
@@ -58,7 +58,7 @@ class Heartbeats:
             # The hit path needs no write access; without it, prune cannot see this pod.
             log.warning("use_not_recorded", error=error.strerror, note="read-only volume?")
             return
-        self.volume.add(self._use_record)
+        self.volume.add(self._use_record, within=root.path)
 
     def release_use(self) -> None:
         release_use(self._use_record)

@@ -266,7 +266,7 @@ class Runner:
             staging = create_staging(root, key, self.identity)
         except OSError as error:
             raise failures.staging_failed(error, root, key, given=self.options.expected_size) from error
-        self.beats.add(staging.owner_file)
+        self.beats.add(staging.owner_file, within=root.path)
         return staging
 
     def publish(

@@ -20,12 +20,14 @@ waiters and ``cachemgr locks`` can say who is compiling and for how long.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, read_json
 from cachemgr.core.log import get_logger
 from cachemgr.core.procs import Flag
@@ -137,6 +139,7 @@ class KeyLease:
         path = marker_path(root, digest)
         self._lease = SoftLease(
             path,
+            within=root.path,
             duration=duration,
             heartbeat=heartbeat,
             confirm=default_confirm(root.path) if confirm is None else confirm,
@@ -217,8 +220,14 @@ class KeyLease:
         token = self._lease.token
         if token is None:
             return
-        with contextlib.suppress(OSError, ValueError):
-            data = read_json(holder_path(self._root, self._digest))
+        holder = holder_path(self._root, self._digest)
+        # Read and removed from leases/ reached from the root one level at a time: a folder
+        # swapped for a symlink is refused (and swallowed), never followed to a file of that name.
+        with (
+            contextlib.suppress(OSError, ValueError),
+            safefs.open_dir(self._root.path, holder.parent) as leases,
+        ):
+            data = read_json(holder, dir_fd=leases)
             if isinstance(data, dict) and data.get("token") == token:
-                holder_path(self._root, self._digest).unlink(missing_ok=True)
+                os.unlink(holder.name, dir_fd=leases)
         self._lease.release()

@@ -114,8 +114,9 @@ def build_manifest(
     )
 
 
-def write_manifest(entry_dir: Path, manifest: Manifest) -> None:
-    atomic_write_json(entry_dir / MANIFEST_NAME, manifest.to_json())
+def write_manifest(entry_dir: Path, manifest: Manifest, *, within: Path | None = None) -> None:
+    """``within``: the cache root, from which ``entry_dir`` is reached one level at a time."""
+    atomic_write_json(entry_dir / MANIFEST_NAME, manifest.to_json(), within=within)
 
 
 def read_manifest(entry_dir: Path) -> Manifest:

@@ -33,7 +33,8 @@ and ``du`` never wait (they show silent records apart); ``prune`` waits up to
 ``OBSERVE_SECONDS`` once, for all silent records of the entries it would remove together,
 and only when there are any (a pod killed without cleanup, or a node whose clock is off by
 more than the window); live records end the wait at their next beat. A running pod pays one
-``utime`` on the volume per record every ``HEARTBEAT_SECONDS``.
+``utime`` on the volume per record every ``HEARTBEAT_SECONDS``, plus one walk from the root to
+each record's folder (never a path: a folder swapped for a symlink is not followed).
 
 ``prune`` also keeps what it saw (``Usage.seen``): between its plan and each removal it
 compares the usage folder with that, not with a clock, so a pod that registers meanwhile,
@@ -329,7 +330,7 @@ class Heartbeat:
 
     def __init__(self, *, interval: float = HEARTBEAT_SECONDS) -> None:
         self._interval = interval
-        self._paths: set[Path] = set()
+        self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
         self._callbacks: list[Any] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -339,13 +340,16 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def add(self, *paths: Path) -> None:
+    def add(self, *paths: Path, within: Path) -> None:
+        """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat."""
         with self._lock:
-            self._paths.update(paths)
+            self._paths.update(dict.fromkeys(paths, within))
 
     def discard(self, *paths: Path | None) -> None:
         with self._lock:
-            self._paths.difference_update(p for p in paths if p is not None)
+            for path in paths:
+                if path is not None:
+                    self._paths.pop(path, None)
 
     def on_beat(self, callback: Any) -> None:
         """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
@@ -354,11 +358,13 @@ class Heartbeat:
 
     def beat(self) -> None:
         with self._lock:
-            paths: Iterable[Path] = list(self._paths)
+            folders: dict[tuple[Path, Path], list[str]] = {}
+            for path, root in self._paths.items():
+                folders.setdefault((root, path.parent), []).append(path.name)
             callbacks = list(self._callbacks)
-        for path in paths:
+        for (root, folder), names in folders.items():
             with contextlib.suppress(OSError):
-                os.utime(path, follow_symlinks=False)  # a link swapped in: touch the link, not its target
+                _touch_in(root, folder, names)
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 callback()
@@ -371,3 +377,14 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
             self.beat()
+
+
+def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> None:
+    """Refresh the mtime of each of ``names`` in ``folder``, opened once from ``root`` one level at
+    a time: a folder swapped for a symlink is refused (UnsafePathError), so no file outside the
+    root is touched. Nothing is created: a folder or file that is gone was removed on purpose
+    (an attempt published or discarded, a use released) and must not come back."""
+    with safefs.open_dir(root, folder) as fd:
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.utime(name, dir_fd=fd, follow_symlinks=False)  # a link planted as the file: the link

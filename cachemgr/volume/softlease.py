@@ -12,7 +12,7 @@ short". It falls short on a shared volume in three ways, each seen for real:
   that descriptor. On SeaweedFS's FUSE mount (``weed mount``) a file created and still open is
   not visible to other mounts at all until it is closed (seconds, or never), and a ``futimens``
   on an open descriptor does not reach them either, so a live holder looks dead to other nodes.
-  Here the marker is written, fsynced and closed at once, and refreshed by ``utime`` on its path.
+  Here the marker is written, fsynced and closed at once, and refreshed by ``utime`` on its name.
 * It trusts ``O_CREAT|O_EXCL``. Over two ``weed mount`` clients both creates succeed when they
   come within the mounts' metadata propagation (tried: 2 of 4 runs of eight pods over two mounts
   compiled twice); NFS without server-side exclusive create and other FUSE clients behave alike.
@@ -50,6 +50,7 @@ from pathlib import Path
 
 import psutil
 
+from cachemgr.core import safefs
 from cachemgr.core.log import get_logger
 
 log = get_logger("cachemgr.volume.lease")
@@ -118,16 +119,18 @@ def parse_marker(text: str) -> MarkerRecord:
     )
 
 
-def read_marker_view(path: Path) -> MarkerView | None:
-    """The marker at path, or None if there is none. Never follows a symlink or blocks on a FIFO."""
+def read_marker_view(path: Path, *, dir_fd: int | None = None) -> MarkerView | None:
+    """The marker at path (by name in its folder ``dir_fd``, when given), or None if there is none.
+    Never follows a symlink or blocks on a FIFO."""
+    name: str | Path = path if dir_fd is None else path.name
     try:
-        fd = os.open(path, _OPEN_READ)
+        fd = os.open(name, _OPEN_READ, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as error:
         if error.errno != errno.ELOOP:
             raise
-        st = os.lstat(path)  # a symlink planted as the marker: judged like a damaged marker
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)  # a symlink planted as the marker: damage
         return MarkerView(MarkerRecord(), ("symlink", st.st_ino, st.st_mtime_ns), st.st_mtime)
     try:
         st = os.fstat(fd)
@@ -257,6 +260,7 @@ class SoftLease:
         self,
         path: Path,
         *,
+        within: Path | None = None,
         duration: float,
         heartbeat: float | None = None,
         confirm: float = DEFAULT_CONFIRM,
@@ -265,6 +269,9 @@ class SoftLease:
         if not 0 < duration < float("inf"):
             raise ValueError(f"lease duration must be positive and finite, got {duration!r}")
         self.path = path
+        # The cache root: every create, read, refresh, rename and unlink reaches the marker's
+        # folder from it one level at a time (a folder swapped for a symlink is never followed).
+        self._within = within
         self.duration = duration
         self.heartbeat = heartbeat if heartbeat is not None else duration / 3
         if not 0 < self.heartbeat < duration:
@@ -293,7 +300,10 @@ class SoftLease:
             return False
         if self._lost.is_set():
             return True
-        view = read_marker_view(self.path)
+        try:
+            view = self._view()
+        except safefs.UnsafePathError:
+            return True  # the folder is a symlink now: our marker is not where peers look
         return view is None or view.record.token != self._token
 
     def acquire(self, *, poll: float, cancel: Callable[[], bool]) -> bool:
@@ -324,10 +334,24 @@ class SoftLease:
         self._thread = None
         if token is None:
             return
-        with contextlib.suppress(OSError):
-            view = read_marker_view(self.path)
+        with contextlib.suppress(OSError), self._folder() as folder:
+            view = read_marker_view(self.path, dir_fd=folder)
             if view is not None and view.record.token == token:
-                self.path.unlink()
+                os.unlink(self.path.name, dir_fd=folder)
+
+    # --- the marker's folder -------------------------------------------------------------
+
+    def _folder(self) -> contextlib.AbstractContextManager[int]:
+        """The marker's folder, open: from the root one level at a time when ``within`` is set."""
+        return safefs.open_tree(self.path.parent, within=self._within)
+
+    def _view(self) -> MarkerView | None:
+        """The marker now; None if it, or its folder, is missing."""
+        try:
+            with self._folder() as folder:
+                return read_marker_view(self.path, dir_fd=folder)
+        except FileNotFoundError:
+            return None
 
     # --- taking the marker ---------------------------------------------------------------
 
@@ -350,20 +374,21 @@ class SoftLease:
     def _try_create(self) -> bool:
         """Exclusive create, written and closed at once: other mounts see a file only once closed."""
         token = secrets.token_hex(16)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        try:
-            fd = os.open(self.path, flags, 0o644)
-        except FileExistsError:
-            return False
-        try:
-            _write_all(fd, self._encode(token))
-            os.fsync(fd)
-        except BaseException:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with self._folder() as folder:
+            try:
+                fd = os.open(self.path.name, flags, 0o644, dir_fd=folder)
+            except FileExistsError:
+                return False
+            try:
+                _write_all(fd, self._encode(token))
+                os.fsync(fd)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path.name, dir_fd=folder)
+                raise
             os.close(fd)
-            with contextlib.suppress(OSError):
-                self.path.unlink()
-            raise
-        os.close(fd)
         self._token = token
         self._lost.clear()
         return True
@@ -376,7 +401,7 @@ class SoftLease:
                 self.release()
                 return False
             time.sleep(min(poll, left))
-        view = read_marker_view(self.path)
+        view = self._view()
         if view is not None and view.record.token == self._token:
             with contextlib.suppress(OSError):  # the heartbeat retries
                 self._refresh()  # the confirm window counted as silence; restart the clock now
@@ -389,12 +414,13 @@ class SoftLease:
 
     def _break_if_stale(self) -> bool:
         """Take the marker away from a dead or frozen holder; True if the path may now be free."""
-        view = read_marker_view(self.path)
+        view = self._view()
         silent = self._watch.silent_for(view)
         if view is None:
             return True
         if self._holder_dead(view.record) or silent >= patience(view.record, default=self.duration):
-            return self._break(view)
+            with self._folder() as folder:
+                return self._break(folder, view)
         return False
 
     def _holder_dead(self, record: MarkerRecord) -> bool:
@@ -404,39 +430,41 @@ class SoftLease:
             return False  # another lease object of this very process
         return _process_gone(record.pid, record.started)
 
-    def _break(self, view: MarkerView) -> bool:
+    def _break(self, folder: int, view: MarkerView) -> bool:
         """Move the stale marker aside; if a live one was swapped in meanwhile, put it back."""
-        aside = self.path.with_name(f"{self.path.name}.taken.{secrets.token_hex(8)}")
+        name, aside = self.path.name, f"{self.path.name}.taken.{secrets.token_hex(8)}"
         try:
-            os.rename(self.path, aside)
+            os.rename(name, aside, src_dir_fd=folder, dst_dir_fd=folder)
         except FileNotFoundError:
             return True  # another contender moved it first
         self._watch = MarkerWatch()
-        moved = read_marker_view(aside)
-        if moved is not None and moved.stamp[:1] != view.stamp[:1]:
+        moved = read_marker_view(self.path.with_name(aside), dir_fd=folder)
+        undone = moved is not None and moved.stamp[:1] != view.stamp[:1]
+        if undone:
             # A peer replaced the stale marker between our read and our rename: that one is live.
+            # Never over a marker that appeared in the meantime; a symlink is linked as itself.
             with contextlib.suppress(OSError):
-                os.link(aside, self.path)  # never over a marker that appeared in the meantime
-            log.info("lease_break_undone", marker=self.path.name)
-            with contextlib.suppress(OSError):
-                aside.unlink()
-            return False
-        log.info(
-            "lease_taken_over",
-            marker=self.path.name,
-            holder_pid=view.record.pid,
-            holder_host=view.record.host,
-            holder_duration=view.record.duration,
-        )
+                os.link(aside, name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+            log.info("lease_break_undone", marker=name)
+        else:
+            record = view.record
+            log.info(
+                "lease_taken_over",
+                marker=name,
+                holder_pid=record.pid,
+                holder_host=record.host,
+                holder_duration=record.duration,
+            )
         with contextlib.suppress(OSError):
-            aside.unlink()
-        return True
+            os.unlink(aside, dir_fd=folder)
+        return not undone
 
     # --- holding: the heartbeat ----------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Change the marker's mtime by path: a utime on an open descriptor may not reach other mounts."""
-        os.utime(self.path, follow_symlinks=False)
+        """Change the marker's mtime by name: a utime on the file's descriptor may not reach other mounts."""
+        with self._folder() as folder:
+            os.utime(self.path.name, dir_fd=folder, follow_symlinks=False)
 
     def _start_heartbeat(self) -> None:
         self._stop = threading.Event()
@@ -450,7 +478,7 @@ class SoftLease:
         last_ok, missing = time.monotonic(), 0
         while not stop.wait(self.heartbeat) and self._token == token:
             try:
-                view = read_marker_view(self.path)
+                view = self._view()
                 if view is not None and view.record.token == token:
                     self._refresh()
                     last_ok, missing = time.monotonic(), 0

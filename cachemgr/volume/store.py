@@ -213,7 +213,7 @@ def publish(
         model_name=key.model_name,
         extra=extra,
     )
-    write_manifest(staging.path, manifest)
+    write_manifest(staging.path, manifest, within=staging.within)
     return commit(root, staging, key, manifest)
 
 
@@ -291,7 +291,7 @@ def _write_summary(
         "compile_seconds": round(compile_seconds, 3),
         "created_by": identity.to_json(),
     }
-    atomic_write_json(staging.path / SUMMARY_NAME, summary)
+    atomic_write_json(staging.path / SUMMARY_NAME, summary, within=staging.within)
 
 
 # --- stale staging ------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import contextlib
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import cachemgr_standin as standin
+import psutil
 from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_standin.shim import write_vllm_shim
 from prometheus_client.parser import text_string_to_metric_families
@@ -60,6 +62,31 @@ def skewed_env(offset_seconds: int) -> dict[str, str]:
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         "PYTHONPATH": path,
     }
+
+
+# What libfaketime 0.9.10 makes for each process it is preloaded into (ft_shm_create: a semaphore
+# and a shared-memory counter named after the pid) and removes in its destructor at a normal exit.
+FAKETIME_SHM = Path("/dev/shm")
+_FAKETIME_SHM_NAMES = re.compile(r"(?:faketime_shm|sem\.faketime_sem)_(\d+)")
+
+
+def sweep_faketime_shm(shm: Path = FAKETIME_SHM) -> list[str]:
+    """Remove the libfaketime objects of processes that are gone; the names removed.
+
+    A process of :func:`skewed_env` that is killed (the clock-skew tests and the campaign
+    SIGKILL pods) never runs the destructor, so its two files stay in /dev/shm for good. The pid
+    is in the name: the files of a pid still alive are kept, whatever process it is (another
+    test run's, another user's), and a pid reused since only keeps its files a little longer.
+    """
+    removed = []
+    for path in sorted(shm.glob("*faketime_*")):
+        found = _FAKETIME_SHM_NAMES.fullmatch(path.name)
+        if found is None or psutil.pid_exists(int(found[1])):
+            continue
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 def wait_for(

@@ -1,0 +1,247 @@
+"""Records on the volume are touched and removed from their folder reached from the root.
+
+Someone with write access to the volume swaps a folder of the layout (``leases/``,
+``usage/<digest>``, ``staging/<digest>``) for a symlink to a directory outside the root, after
+cachemgr wrote its record there. Removing, refreshing or taking over that record by path would
+then act on a file of the same name in the link's target. Every test plants the link for real
+and checks that the file outside is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from cachemgr_testkit.podlib import DEADLINE
+from cachemgr_testkit.scenarios import command_key, entry_dirs
+
+from cachemgr.core.safefs import UnsafePathError
+from cachemgr.ops.progress import Snapshot, read_record, record_path, remove_record, write_record
+from cachemgr.volume import store
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import CacheRoot, open_root
+from cachemgr.volume.lease import KeyLease, holder_path, marker_path
+from cachemgr.volume.manifest import Manifest
+from cachemgr.volume.records import Heartbeat
+from cachemgr.volume.softlease import SoftLease
+from cachemgr.volume.store import create_staging, publish
+
+pytestmark = pytest.mark.quick
+
+OLD = 1_000_000_000  # an mtime nobody sets by accident
+DIGEST = "d" * 64
+
+
+def _swap(folder: Path, outside: Path) -> Path:
+    """Move ``folder`` aside and put a symlink to ``outside`` in its place; returns the moved folder."""
+    moved = folder.with_name(folder.name + ".orig")
+    folder.rename(moved)
+    folder.symlink_to(outside, target_is_directory=True)
+    return moved
+
+
+def _aged(path: Path, text: str = "{}") -> Path:
+    path.write_text(text)
+    os.utime(path, (OLD, OLD))
+    return path
+
+
+def _snapshot(token: str) -> Snapshot:
+    return Snapshot(
+        key=DIGEST, token=token, pod="holder", elapsed_s=1.0, cpu_seconds=1.0, staged_bytes=1,
+        expected_bytes=None, expected_source="", eta_s=None, eta_source="", every_s=1.0,
+    )  # fmt: skip
+
+
+# --- the compile progress record (leases/<digest>.progress.json) --------------------------------
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> CacheRoot:
+    (tmp_path / "root").mkdir()
+    return open_root(tmp_path / "root", create=True)
+
+
+def test_the_progress_record_is_never_removed_through_a_swapped_leases_folder(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    write_record(cache, _snapshot("mine"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # Our own record, word for word, so the token check passes wherever it is read from.
+    planted = outside / record_path(cache, DIGEST).name
+    planted.write_text(json.dumps(_snapshot("mine").to_json()))
+    moved = _swap(cache.leases, outside)
+
+    remove_record(cache, DIGEST, token="mine")
+
+    assert planted.is_file(), "the holder removed a file outside the root"
+    assert (moved / planted.name).is_file(), "nothing reachable from the root was removed either"
+
+
+def test_the_progress_record_is_removed_only_when_it_is_ours(cache: CacheRoot) -> None:
+    write_record(cache, _snapshot("newer-holder"))
+    remove_record(cache, DIGEST, token="mine")
+    assert read_record(cache, DIGEST, token="newer-holder") is not None
+    remove_record(cache, DIGEST, token="newer-holder")
+    assert not record_path(cache, DIGEST).exists()
+
+
+# --- the volume heartbeat (use records, staging owner files) --------------------------------------
+
+
+def test_the_heartbeat_never_touches_through_a_swapped_folder(cache: CacheRoot, tmp_path: Path) -> None:
+    usage = cache.usage / DIGEST
+    usage.mkdir()
+    record = _aged(usage / "pod-a.1.json")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    there = _aged(outside / record.name)
+    beat = Heartbeat()
+    beat.add(record, usage / "pod-b.1.json", within=cache.path)  # pod-b's exists outside only as a name
+    _swap(usage, outside)
+
+    beat.beat()
+
+    assert there.stat().st_mtime == OLD, "the heartbeat touched a file outside the root"
+    assert sorted(p.name for p in outside.iterdir()) == [record.name], "it created one"
+
+
+def test_the_heartbeat_touches_its_files_and_creates_none(cache: CacheRoot) -> None:
+    usage, staging = cache.usage / DIGEST, cache.staging / DIGEST
+    usage.mkdir()
+    staging.mkdir()
+    record, owner = _aged(usage / "pod.1.json"), _aged(staging / "pod.1.abcd.json")
+    gone = usage / "released.1.json"  # a use released while still watched
+    removed = cache.staging / ("e" * 64) / "attempt.json"  # its whole folder removed
+    beat = Heartbeat()
+    beat.add(record, gone, within=cache.path)
+    beat.add(owner, removed, within=cache.path)
+
+    beat.beat()
+
+    assert record.stat().st_mtime > OLD
+    assert owner.stat().st_mtime > OLD
+    assert not gone.exists()
+    assert not removed.parent.exists()
+    beat.discard(record)
+    os.utime(record, (OLD, OLD))
+    beat.beat()
+    assert record.stat().st_mtime == OLD, "a discarded path is no longer touched"
+
+
+# --- the compile lease (leases/<digest>.lock and .holder.json) -------------------------------------
+
+
+class _Never:
+    def is_set(self) -> bool:
+        return False
+
+
+def _dead_pid() -> int:
+    """A pid no process has now: a holder that died on this host."""
+    return next(pid for pid in range(4_000_000, 4_100_000) if not psutil.pid_exists(pid))
+
+
+def test_the_lease_is_never_released_through_a_swapped_leases_folder(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    lease = KeyLease(cache, DIGEST, PodIdentity.current({"POD_NAME": "holder"}), duration=30.0, confirm=0.0)
+    assert lease.wait_or_acquire(published=lambda: False, stop=_Never(), wait_timeout=5.0) == "acquired"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    # Our marker and holder record, word for word, so every token check passes through the link.
+    planted = [outside / marker_path(cache, DIGEST).name, outside / holder_path(cache, DIGEST).name]
+    for path in planted:
+        shutil.copy2(cache.leases / path.name, path)
+    moved = _swap(cache.leases, outside)
+
+    lease.release()
+
+    assert all(path.is_file() for path in planted), "the lease removed a file outside the root"
+    assert sorted(p.name for p in moved.iterdir()) == sorted(p.name for p in planted)
+
+
+def test_a_stale_marker_outside_is_never_taken_over(cache: CacheRoot, tmp_path: Path) -> None:
+    """A contender breaks a dead holder's marker by renaming it aside and unlinking it: through
+    a swapped leases/ that removed any file of the marker's name in the link's target."""
+    first = SoftLease(cache.leases / "k.lock", within=cache.path, duration=30.0, confirm=0.0)
+    assert first.acquire(poll=0.01, cancel=lambda: True)
+    text = (cache.leases / "k.lock").read_text()
+    first.release()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dead = re.sub(r"(?m)^pid=\d+$", f"pid={_dead_pid()}", text)
+    (outside / "k.lock").write_text(dead)
+    _swap(cache.leases, outside)
+    contender = SoftLease(cache.leases / "k.lock", within=cache.path, duration=30.0, confirm=0.0)
+
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        contender.acquire(poll=0.01, cancel=lambda: True)
+
+    assert [p.name for p in outside.iterdir()] == ["k.lock"]
+    assert (outside / "k.lock").read_text() == dead
+
+
+def test_the_lease_heartbeat_never_touches_through_a_swapped_leases_folder(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    lost = threading.Event()
+    lease = SoftLease(
+        cache.leases / "k.lock", within=cache.path, duration=0.4, heartbeat=0.02, confirm=0.0,
+        on_lost=lambda _: lost.set(),
+    )  # fmt: skip
+    assert lease.acquire(poll=0.01, cancel=lambda: True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    there = _aged(outside / "k.lock", (cache.leases / "k.lock").read_text())
+    _swap(cache.leases, outside)
+    try:
+        # The refresh fails (refused) until the lease could have expired, then it is reported lost.
+        assert lost.wait(DEADLINE), "the heartbeat never noticed"
+        assert lease.lost
+    finally:
+        lease.release()
+    assert there.stat().st_mtime == OLD, "the heartbeat touched the marker outside the root"
+    assert there.is_file()
+
+
+# --- publish: the summary and the manifest written into the attempt ---------------------------------
+
+
+def test_publish_writes_nothing_through_a_swapped_staging_folder(
+    cache: CacheRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``staging/<digest>`` swapped for a link to a copy of itself once the summary is written:
+    the manifest went by path, through the link, over a file of that name (the summary's write
+    is guarded the same way; its window is the instant after its own walk)."""
+    key = command_key("decode")
+    staging = create_staging(cache, key, PodIdentity(pod="p", node="n", host="h", pid=os.getpid()))
+    (staging.artifacts / "graph.rbln").write_bytes(b"g" * 100)
+    outside = tmp_path / "outside"
+    build = store.build_manifest
+    copied: dict[str, bytes] = {}
+
+    def swap_then_build(entry_dir: Path, **fields: Any) -> Manifest:
+        shutil.copytree(entry_dir.parent, outside)
+        copied.update(
+            (p.relative_to(outside).as_posix(), p.read_bytes()) for p in outside.rglob("*") if p.is_file()
+        )
+        _swap(entry_dir.parent, outside)
+        return build(entry_dir, **fields)
+
+    monkeypatch.setattr(store, "build_manifest", swap_then_build)
+    with pytest.raises(UnsafePathError, match="symbolic link"):
+        publish(
+            cache, staging, key, identity=PodIdentity.current({}), compile_seconds=1.0, strategy="command"
+        )
+    after = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
+    assert after == copied, "publish wrote into the copy outside the root"
+    assert entry_dirs(cache.path) == []
