@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, status_port, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, metrics, run_cli, status_port, wait_for
 from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from cachemgr_testkit.scenarios import (
     assert_entries_valid,
@@ -111,6 +111,20 @@ def _remote_manifest(s3: S3Server, env: dict[str, str]) -> tuple[str, dict[str, 
     client: Any = s3.client()
     body = client.get_object(Bucket=BUCKET, Key=prefix + names[0])["Body"].read()
     return prefix + names[0], json.loads(body)
+
+
+def _start_download_attempt(pods: Cluster, root: Path, env: dict[str, str], record: Path) -> tuple[Pod, Path]:
+    """A pod on ``root`` whose download (held by a stopped S3 server) has made its staging."""
+    pod = pods.start("b0", server_argv(free_port()), cache_root=root, options=_options(record), env=env)
+
+    def attempt() -> Path | None:
+        found = list((root / "staging").glob("*/*/key.json"))
+        return found[0].parent if found else None
+
+    wait_for(attempt, what="the download's staging")
+    staging = attempt()
+    assert staging is not None
+    return pod, staging
 
 
 def _fill_remote(pods: Cluster, root: Path, env: dict[str, str], record: Path, name: str = "a0") -> None:
@@ -811,15 +825,7 @@ def test_a_download_never_writes_through_a_link_planted_in_its_staging(
 
     os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # the download waits for the remote manifest...
     try:
-        pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=env)
-
-        def attempt() -> Path | None:
-            found = list((root_b / "staging").glob("*/*/key.json"))
-            return found[0].parent if found else None
-
-        wait_for(attempt, what="the download's staging")
-        staging = attempt()
-        assert staging is not None
+        pod, staging = _start_download_attempt(pods, root_b, env, record)
         # ...while a link replaces a folder of its staging, or takes a name it is about to write.
         if where == "artifacts":
             (staging / "artifacts").rmdir()
@@ -1123,15 +1129,7 @@ def test_a_link_planted_as_the_download_attempt_is_cleaned_up_without_following_
     _fill_remote(pods, root_a, env, record)
     os.killpg(own_s3.proc.pid, signal.SIGSTOP)  # the download waits for the remote manifest...
     try:
-        pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=env)
-
-        def attempt() -> Path | None:
-            found = list((root_b / "staging").glob("*/*/key.json"))
-            return found[0].parent if found else None
-
-        wait_for(attempt, what="the download's staging")
-        staging = attempt()
-        assert staging is not None
+        pod, staging = _start_download_attempt(pods, root_b, env, record)
         # ...while its attempt directory is replaced by a link to nothing (outside the root).
         shutil.rmtree(staging)
         staging.symlink_to(tmp_path / "outside" / "nothing")
