@@ -29,7 +29,7 @@ import os
 import threading
 from pathlib import Path
 
-from cachemgr.core.fsutil import remove_tree
+from cachemgr.core.fsutil import random_suffix, remove_tree
 from cachemgr.core.log import get_logger
 from cachemgr.core.procs import same_process, start_ticks
 from cachemgr.volume.manifest import ARTIFACTS, Manifest
@@ -92,7 +92,7 @@ def _new_dir(parent: Path, prefix: str) -> Path:
     """A new directory ``prefix`` + random hex under ``parent`` (what ``tempfile.mkdtemp`` does,
     without importing tempfile, shutil and random on the hit path)."""
     for _ in range(100):
-        path = parent / f"{prefix}{os.urandom(4).hex()}"
+        path = parent / f"{prefix}{random_suffix(4)}"
         try:
             path.mkdir(mode=0o700)
         except FileExistsError:
