@@ -309,8 +309,8 @@ def _show_text(d: EntryDetail) -> str:
 def _signature_rows(d: EntryDetail) -> list[tuple[str, Any]]:
     """``show``: who signed the entry, and whether a trusted key did (the bytes: 'cachemgr verify')."""
     e, sig = d.entry, d.signature
-    if e is None:
-        return []
+    if e is None or (sig is None and e.trust is None):
+        return []  # the open mode's entries, shown as they always were
     if sig is None:
         signed = "unsigned"
     elif "problem" in sig:

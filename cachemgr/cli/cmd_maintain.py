@@ -170,6 +170,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
     identity = PodIdentity.current(environ)
     with volume_errors(root):
         plan = plan_prune(root, scan(root, compat=compat), request, identity=identity)
+    tell("note", plan.notes)
     if not plan.items or args.dry_run:
         _render_prune(args, plan, None)
         return 0

@@ -251,6 +251,8 @@ def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]
             f"{ex.history.count} earlier compile(s) of this key failed, the last {human_age(number(last.get('time')))} "
             f"({last.get('reason')}): {last.get('message')} 'cachemgr show {key.short}' has the last output lines"
         )
+    if not ex.nearest and ex.result == "untrusted":
+        return advice  # the entry is here: what to do about it is said above
     if not ex.nearest:
         role = key.inputs["role"]
         elsewhere = (

@@ -318,16 +318,34 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
 
 def _trust(ctx: _Context, name: str, key: str) -> str:
     """ "trusted", or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
-    from cachemgr.volume.trust import SignatureError, judge_signature, read_signed
+    from cachemgr.volume.trust import SignatureError, judge_signature, parse_signed
 
     assert ctx.trusted is not None  # called only with trusted keys
     try:
-        verdict = judge_signature(read_signed(ctx.entries / name, within=ctx.root.path), ctx.trusted)
+        raw = _signature_bytes(ctx, name)
+        verdict = judge_signature(parse_signed(raw) if raw is not None else None, ctx.trusted)
     except (OSError, SignatureError) as error:
         return f"untrusted: {_short_error(error)}"
     if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
         return f"untrusted: signed for another key ({verdict.statement.key[:16]})"
     return "trusted" if verdict.trusted else verdict.reason
+
+
+def _signature_bytes(ctx: _Context, name: str) -> bytes | None:
+    """``signature.json`` of an entry, read as its summary is (one open from ``entries/``, no
+    link followed, a FIFO never waited on); None if it has none."""
+    from cachemgr.volume.trust import SIGNATURE_NAME, SignatureError
+
+    try:
+        fd = os.open(f"{ctx.prefix}{name}/{SIGNATURE_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
+        return os.read(fd, _SUMMARY_MAX + 1)
+    finally:
+        os.close(fd)
 
 
 def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]:

@@ -146,7 +146,7 @@ def download_and_publish(
             return None
         manifest, moved = result
         if trusted:
-            _check_trust(root, key, staging.path, manifest, trusted)
+            _check_trust(root, key, staging.path, manifest, trusted, stop=stop)
         origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
         outcome = commit(root, staging, key, _with_origin(staging.path, manifest, origin, within=root.path))
         committed = True  # renamed into place, or discarded by commit for a peer's entry
@@ -161,13 +161,19 @@ def download_and_publish(
 
 
 def _check_trust(
-    root: CacheRoot, key: CacheKey, staging: Path, manifest: Manifest, trusted: TrustedKeys
+    root: CacheRoot,
+    key: CacheKey,
+    staging: Path,
+    manifest: Manifest,
+    trusted: TrustedKeys,
+    *,
+    stop: StopFlag | None,
 ) -> None:
     """The downloaded entry, judged in staging as a trusting pod judges a local one."""
     from cachemgr.remote.client import RemoteUntrustedError
     from cachemgr.volume.trust import check
 
-    verdict = check(root.path, staging, manifest, key=key, trusted=trusted)
+    verdict = check(root.path, staging, manifest, key=key, trusted=trusted, stop=stop)
     if not verdict.trusted:
         raise RemoteUntrustedError(
             f"remote entry {key.entry_name} is {verdict.reason}",

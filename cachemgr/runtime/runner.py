@@ -194,7 +194,11 @@ class Runner:
         if seen is not None and self.unusable.known(seen):
             return None
         try:
-            found = lookup(root, key, mode=self.options.verify, trusted=self.options.trusted)
+            found = lookup(
+                root, key, mode=self.options.verify, trusted=self.options.trusted, stop=self.relay.stop
+            )
+        except InterruptedError:
+            raise failures.interrupted(self.relay) from None  # SIGTERM while the content was checked
         except OSError as error:
             raise failures.unreadable_entry(error, root, key) from error
         if found.status == "hit":

@@ -22,9 +22,8 @@ import os
 import stat
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple, Protocol
 
 from cachemgr.core import safefs
 from cachemgr.volume.manifest import Problem
@@ -37,8 +36,7 @@ _OPEN_FOLDERS = 64
 WORKERS = max(2, min(8, 2 * (os.cpu_count() or 1)))
 
 
-@dataclass(frozen=True)
-class Expected:
+class Expected(NamedTuple):  # one per file of a trusting hit: a NamedTuple is the cheap record
     """One file as signed: its path in the entry, its size and its BLAKE3 (hex)."""
 
     path: str
@@ -47,57 +45,100 @@ class Expected:
 
 
 def first_problem(
-    root: Path, entry: Path, files: Sequence[Expected], *, workers: int = WORKERS
+    root: Path,
+    entry: Path,
+    files: Sequence[Expected],
+    *,
+    workers: int = WORKERS,
+    stop: StopFlag | None = None,
 ) -> Problem | None:
     """The first of ``files`` (in their order) whose bytes are not what was signed; None if all are.
 
     Missing, not a regular file, another size, other bytes: each a :class:`Problem` saying the file
-    changed after signing. Raises ``OSError`` for an I/O error (a flaky volume is not tampering)
-    and :class:`~cachemgr.core.safefs.UnsafePathError` if the entry itself is not a real directory.
+    changed after signing. Raises ``OSError`` for an I/O error (a flaky volume is not tampering),
+    :class:`~cachemgr.core.safefs.UnsafePathError` if the entry itself is not a real directory,
+    and ``InterruptedError`` once ``stop`` is set (SIGTERM: no server starts after it).
     """
     if not files:
         return None
     with safefs.open_dir(root, entry) as top, _Folders(top, entry) as folders:
-        return _run(folders, files, workers=max(1, workers))
+        return _Pool(folders, max(1, workers), stop).run(files)
 
 
-def _run(folders: _Folders, files: Sequence[Expected], *, workers: int) -> Problem | None:
-    found: dict[int, Problem] = {}
-    todo: Iterator[tuple[int, Expected]] = iter(enumerate(files))
-    running: dict[Future[Problem | None], tuple[int, str]] = {}
-    with ThreadPoolExecutor(workers, thread_name_prefix="cachemgr-check") as pool:
-        try:
-            while True:
-                while not found and len(running) < 2 * workers:
-                    item = next(todo, None)
-                    if item is None:
-                        break
-                    index, expected = item
-                    folder, name = _split(expected.path)
-                    try:
-                        fd = folders.acquire(folder)
-                    except (FileNotFoundError, NotADirectoryError, safefs.UnsafePathError):
-                        found[index] = _changed(expected, "its folder is missing or not a directory")
-                        break
-                    running[pool.submit(_check_one, fd, name, expected)] = (index, folder)
-                if not running:
-                    break
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    index, folder = running.pop(future)
-                    folders.release(folder)
-                    problem = None if future.cancelled() else future.result()
-                    if problem is not None:
-                        found[index] = problem
-                if found:
-                    # Files queued after the problem need no reading; those before it are all
-                    # running or done already (the pool starts them in order), and are awaited.
-                    for future in running:
-                        future.cancel()
-        finally:
-            for future in running:
-                future.cancel()
-    return found[min(found)] if found else None
+class StopFlag(Protocol):
+    """``threading.Event`` or the runner's signal-safe flag."""
+
+    def is_set(self) -> bool: ...
+
+
+class _Pool:
+    """A few threads, each taking the next file in order and hashing it.
+
+    Plain threads and one lock: ``concurrent.futures`` imports ``logging``, ``queue`` two extension
+    modules, each a few milliseconds on the hit path before the server starts. The lock guards
+    the order, the folders and the findings; hashing runs outside it (and without the GIL).
+    """
+
+    def __init__(self, folders: _Folders, workers: int, stop: StopFlag | None) -> None:
+        self.folders = folders
+        self.workers = workers
+        self.stop = stop
+        self.lock = threading.Lock()
+        self.found: dict[int, Problem] = {}
+        self.error: BaseException | None = None
+
+    def run(self, files: Sequence[Expected]) -> Problem | None:
+        todo = iter(enumerate(files))
+        threads = [
+            threading.Thread(target=self._work, args=(todo,), name=f"cachemgr-check-{n}", daemon=True)
+            for n in range(self.workers)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self.stop is not None and self.stop.is_set():
+            raise InterruptedError("stopped while checking the entry")
+        if self.error is not None:
+            raise self.error
+        return self.found[min(self.found)] if self.found else None
+
+    def _next(self, todo: Iterator[tuple[int, Expected]]) -> tuple[int, Expected, str, str, int] | None:
+        """The next file and its folder's descriptor, in order; None once there is nothing to do.
+
+        After a problem nothing more is started: every file before it was started first (they
+        are taken in order) and is finished, so the first problem found is the first in order.
+        """
+        with self.lock:
+            while (
+                not self.found and self.error is None and not (self.stop is not None and self.stop.is_set())
+            ):
+                item = next(todo, None)
+                if item is None:
+                    return None
+                index, expected = item
+                folder, name = _split(expected.path)
+                try:
+                    return index, expected, folder, name, self.folders.acquire(folder)
+                except (FileNotFoundError, NotADirectoryError, safefs.UnsafePathError):
+                    self.found[index] = _changed(expected, "its folder is missing or not a directory")
+            return None
+
+    def _work(self, todo: Iterator[tuple[int, Expected]]) -> None:
+        buffer = bytearray(_READ_CHUNK)
+        while (task := self._next(todo)) is not None:
+            index, expected, folder, name, fd = task
+            outcome: Problem | BaseException | None
+            try:
+                outcome = _check_one(fd, name, expected, buffer, self.stop)
+            except BaseException as error:  # noqa: BLE001  # raised in the caller's thread, after the join
+                outcome = error
+            with self.lock:
+                self.folders.release(folder)
+                if isinstance(outcome, BaseException):
+                    self.error = self.error or outcome
+                elif outcome is not None:
+                    self.found[index] = outcome
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -109,19 +150,10 @@ def _changed(expected: Expected, how: str) -> Problem:
     return Problem(expected.path, f"changed after signing ({how})")
 
 
-_buffers = threading.local()
-
-
-def _buffer() -> bytearray:
-    buffer: bytearray | None = getattr(_buffers, "buffer", None)
-    if buffer is None:
-        buffer = _buffers.buffer = bytearray(_READ_CHUNK)
-    return buffer
-
-
-def _check_one(folder: int, name: str, expected: Expected) -> Problem | None:
-    from blake3 import blake3  # a trusting pod's hit only
-
+def _check_one(
+    folder: int, name: str, expected: Expected, buffer: bytearray, stop: StopFlag | None = None
+) -> Problem | None:
+    """One file; abandoned (None) once ``stop`` is set, which the caller then raises for."""
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=folder)
     except FileNotFoundError:
@@ -136,18 +168,29 @@ def _check_one(folder: int, name: str, expected: Expected) -> Problem | None:
             return _changed(expected, "not a regular file")
         if st.st_size != expected.size:
             return _changed(expected, f"{st.st_size} bytes, signed {expected.size}")
-        digest = blake3()
-        buffer = _buffer()
-        view = memoryview(buffer)
-        with contextlib.suppress(OSError):  # advice only: larger readahead
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while count := os.readv(fd, (buffer,)):
-            digest.update(view[:count])
-        if digest.hexdigest() != expected.blake3:
+        digest = _blake3(fd, buffer, stop)
+        if digest is not None and digest != expected.blake3:
             return _changed(expected, "its bytes differ from the signed BLAKE3")
         return None
     finally:
         os.close(fd)
+
+
+def _blake3(fd: int, buffer: bytearray, stop: StopFlag | None) -> str | None:
+    """The BLAKE3 of what remains to read from ``fd``; None once ``stop`` is set (each 64 MiB)."""
+    from blake3 import blake3  # a trusting pod's hit only
+
+    digest = blake3()
+    view = memoryview(buffer)
+    with contextlib.suppress(OSError):  # advice only: larger readahead
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    chunks = 0
+    while count := os.readv(fd, (buffer,)):
+        digest.update(view[:count])
+        chunks += 1
+        if stop is not None and chunks % 64 == 0 and stop.is_set():
+            return None
+    return str(digest.hexdigest())
 
 
 class _Folders:

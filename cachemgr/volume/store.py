@@ -63,6 +63,7 @@ from cachemgr.volume.records import Mark, observe_marks, record_mark
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import SecretKey, TrustedKeys
+    from cachemgr.volume.contentcheck import StopFlag
 
 # --- lookup -------------------------------------------------------------------------------
 
@@ -87,12 +88,18 @@ class Lookup:
 
 
 def lookup(
-    root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast", trusted: TrustedKeys | None = None
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    mode: VerifyMode = "fast",
+    trusted: TrustedKeys | None = None,
+    stop: StopFlag | None = None,
 ) -> Lookup:
     """Is there a committed entry for ``key`` whose files match its manifest?
 
     With ``trusted`` keys (a trusting pod), a hit must also be signed by one of them, and every
-    artifact's bytes must be the signed ones (read now, in parallel: cachemgr.volume.trust).
+    artifact's bytes must be the signed ones (read now, in parallel: cachemgr.volume.trust);
+    ``InterruptedError`` once ``stop`` is set meanwhile.
     """
     path = root.entry_path(key)
     st = safefs.lstat(root.path, path)
@@ -111,16 +118,18 @@ def lookup(
         return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
     problems = check_files(path, manifest, mode=mode, within=root.path)
     found = Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
-    return check_trust(root, key, found, trusted) if trusted and not problems else found
+    return check_trust(root, key, found, trusted, stop=stop) if trusted and not problems else found
 
 
-def check_trust(root: CacheRoot, key: CacheKey, found: Lookup, trusted: TrustedKeys) -> Lookup:
+def check_trust(
+    root: CacheRoot, key: CacheKey, found: Lookup, trusted: TrustedKeys, *, stop: StopFlag | None = None
+) -> Lookup:
     """A hit whose signature is a trusted key's and whose bytes are the signed ones, else untrusted."""
     from cachemgr.volume.trust import check  # a trusting pod only
 
     assert found.manifest is not None  # a hit has its manifest
     try:
-        verdict = check(root.path, found.path, found.manifest, key=key, trusted=trusted)
+        verdict = check(root.path, found.path, found.manifest, key=key, trusted=trusted, stop=stop)
     except safefs.UnsafePathError as error:  # the entry swapped for a link since the fast check
         return Lookup("damaged", found.path, found.manifest, (Problem(found.path.name, error.what),))
     if not verdict.trusted:

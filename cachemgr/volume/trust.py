@@ -33,11 +33,11 @@ import errno
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, hash_fd, loads_json
@@ -46,6 +46,7 @@ from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 if TYPE_CHECKING:
     from cachemgr.core.signing import SecretKey, TrustedKeys
     from cachemgr.key.cachekey import CacheKey
+    from cachemgr.volume.contentcheck import StopFlag
 
 SIGNATURE_NAME = "signature.json"
 KIND = "cachemgr-entry"
@@ -54,8 +55,9 @@ _SIGNATURE_LIMIT = 1 << 20  # key inputs and a few numbers; a larger file is not
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-@dataclass(frozen=True)
-class Statement:
+# NamedTuples, not dataclasses: these are made on a trusting pod's hit, before its server starts,
+# and a frozen dataclass costs about ten times as much to define (bench/bench_trust.py).
+class Statement(NamedTuple):
     """What a publisher signs for one entry (the module docstring has the fields)."""
 
     key: str
@@ -83,8 +85,7 @@ class Statement:
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
 
 
-@dataclass(frozen=True)
-class Signed:
+class Signed(NamedTuple):
     """``signature.json`` as read: the statement's exact bytes, the key it names, the signature."""
 
     text: bytes
@@ -93,8 +94,7 @@ class Signed:
     statement: Statement
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     """A trusting pod's judgement of an entry's signature (its bytes are checked after this)."""
 
     trusted: bool
@@ -276,19 +276,67 @@ def judge(
 
 
 def _untrusted(verdict: Verdict, why: str) -> Verdict:
-    return dataclasses.replace(verdict, trusted=False, reason=f"untrusted: {why}")
+    return verdict._replace(trusted=False, reason=f"untrusted: {why}")
 
 
-def check(root: Path, entry: Path, manifest: Manifest, *, key: CacheKey, trusted: TrustedKeys) -> Verdict:
-    """:func:`judge`, then every artifact's bytes against its signed BLAKE3 (read in parallel)."""
+def check(
+    root: Path,
+    entry: Path,
+    manifest: Manifest,
+    *,
+    key: CacheKey,
+    trusted: TrustedKeys,
+    stop: StopFlag | None = None,
+) -> Verdict:
+    """:func:`judge` and every artifact's bytes against its signed BLAKE3 (read in parallel).
+
+    Both at once: the signature is judged in a thread of its own (importing ``cryptography`` takes
+    longer than anything else it does) while the files are read, and the reading stops as soon as
+    the signature fails. Reading bytes runs nothing; only a trusted verdict launches a server.
+    """
     from cachemgr.volume.contentcheck import Expected, first_problem
 
-    verdict = judge(entry, manifest, digest=key.digest, inputs=key.inputs, trusted=trusted, within=root)
-    if not verdict.trusted:
-        return verdict
+    judged: list[Verdict | BaseException] = []
+    failed = threading.Event()
+
+    def judging() -> None:
+        try:
+            judged.append(
+                judge(entry, manifest, digest=key.digest, inputs=key.inputs, trusted=trusted, within=root)
+            )
+        except BaseException as error:  # noqa: BLE001  # raised in the caller's thread below
+            judged.append(error)
+        if not isinstance(judged[0], Verdict) or not judged[0].trusted:
+            failed.set()
+
+    thread = threading.Thread(target=judging, name="cachemgr-signature", daemon=True)
+    thread.start()
     files = [Expected(r.path, r.size, r.blake3 or "") for r in artifacts(manifest)]
-    problem = first_problem(root, entry, files)
-    return verdict if problem is None else _untrusted(verdict, f"{problem.path} {problem.what}")
+    try:
+        problem = first_problem(root, entry, files, stop=_Either(stop, failed))
+    except InterruptedError:
+        if stop is not None and stop.is_set():
+            raise
+        problem = None  # stopped because the signature failed: that verdict is the answer
+    finally:
+        thread.join()
+    verdict = judged[0]
+    if isinstance(verdict, BaseException):
+        raise verdict
+    if not verdict.trusted or problem is None:
+        return verdict
+    return _untrusted(verdict, f"{problem.path} {problem.what}")
+
+
+class _Either:
+    """Set when either flag is: the pod's stop (SIGTERM), or a failed signature."""
+
+    def __init__(self, first: StopFlag | None, second: threading.Event) -> None:
+        self._first = first
+        self._second = second
+
+    def is_set(self) -> bool:
+        return self._second.is_set() or (self._first is not None and self._first.is_set())
 
 
 def signer_of(entry: Path, *, within: Path | None) -> str | None:
