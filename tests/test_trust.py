@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,26 @@ def test_the_content_check_returns_the_first_problem_in_order(
     assert problem.path == records[1].path
     (entry / records[2].path).unlink()
     assert first_problem(root.path, entry, files[2:], workers=1) is not None
+
+
+@pytest.mark.quick
+def test_a_stop_ends_the_content_check_and_is_never_taken_for_a_verdict(
+    tmp_path: Path, keys: dict[str, SecretKey]
+) -> None:
+    """SIGTERM while a trusting pod reads the entry: InterruptedError (the run stops, no server
+    starts), neither a trusted nor an untrusted verdict."""
+    root, key = _volume(tmp_path), command_key()
+    entry = _publish(root, key, keys["builder-1"])
+    stop = threading.Event()
+    stop.set()
+    records = [r for r in read_manifest(entry).files if r.path.startswith("artifacts/")]
+    with pytest.raises(InterruptedError):
+        first_problem(
+            root.path, entry, [Expected(r.path, r.size, r.blake3 or "") for r in records], stop=stop
+        )
+    with pytest.raises(InterruptedError):
+        lookup(root, key, trusted=_trusting(keys["builder-1"]), stop=stop)
+    assert lookup(root, key, trusted=_trusting(keys["builder-1"]), stop=threading.Event()).status == "hit"
 
 
 @pytest.mark.quick
