@@ -9,6 +9,9 @@ to the compile cache, and nothing else:
   ``$VLLM_CACHE_ROOT/compiled_models/<model, / and : as _>_<sha256(config)[:16]>/`` is loaded when
   compiled, or compiled in a temporary directory and saved there as optimum-rbln's
   ``save_pretrained`` does (copy to ``<dir>.tmp``, rename; merge when the directory exists).
+  A loaded directory whose ``rbln_config.json`` sets ``use_inputs_embeds`` has its
+  ``torch_artifacts.pth`` unpickled, as optimum-rbln's decoder-only models ``torch.load`` it with
+  ``weights_only=False``: whoever writes the directory runs code here (:func:`load_torch_artifacts`).
 * vLLM-model path (``VLLM_RBLN_USE_VLLM_MODEL=1`` or ``--model-impl vllm``): per worker rank,
   ``$VLLM_CACHE_ROOT/rbln/<safe model>-<sha1(model)[:8]>/<sig>/rank<R>/mega_cache.bin`` is loaded
   if readable, missing graphs are compiled, and after warm-up every rank's bundle is saved again
