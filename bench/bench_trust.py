@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_warm import artifact_paths, bench_key, drop_caches, human, parse_size
@@ -190,11 +191,16 @@ def print_whole(rows: list[tuple[str, int, int, float, float]]) -> None:
 def content_rows(
     root: Path, entry: Path, *, runs: int, workers: list[int], cold: bool
 ) -> list[tuple[str, float, float]]:
+    """(read, median seconds, median of per-run ratios to the cold cat of the same run).
+
+    Each run takes every way in turn, in an order rotated from run to run (no way always first
+    on a machine whose load moves), each after dropping the page cache; then a check followed
+    by cat, the server's read of what the check left in the page cache.
+    """
     manifest = read_manifest(entry)
     records = [r for r in manifest.files if r.path.startswith("artifacts/")]
     files = [Expected(r.path, r.size, r.blake3 or "") for r in records]
     paths = [str(entry / r.path) for r in records]
-    size = sum(r.size for r in records)
 
     def cat() -> None:
         subprocess.run(["cat", *paths], stdout=subprocess.DEVNULL, check=True)
@@ -204,47 +210,37 @@ def content_rows(
         if problem is not None:
             raise RuntimeError(f"the entry does not check: {problem}")
 
-    def timed(action: object) -> float:
-        if cold:
+    def timed(action: Callable[[], None], *, drop: bool = True) -> float:
+        if cold and drop:
             drop_caches()
         started = time.perf_counter()
-        action()  # type: ignore[operator]
+        action()
         return time.perf_counter() - started
 
-    cat_s = [timed(cat) for _ in range(runs)]
-    rows = [("cat", statistics.median(cat_s), 1.0)]
+    ways: dict[str, Callable[[], None]] = {"cat": cat}
     for count in workers:
-        seconds = []
-        for _ in range(runs):
-            seconds.append(timed(lambda count=count: check(count)))
-        ratio = statistics.median(cat_s) / statistics.median(seconds)
-        rows.append(
-            (f"content check, {count} thread{'s' if count > 1 else ''}", statistics.median(seconds), ratio)
-        )
-    # What the check leaves the server: its read right after a check, against a cold one.
-    after = []
-    for _ in range(runs):
-        if cold:
-            drop_caches()
-        check(WORKERS)
-        started = time.perf_counter()
-        cat()
-        after.append(time.perf_counter() - started)
-    rows.append(
-        (
-            "cat right after a check (the server's read)",
-            statistics.median(after),
-            statistics.median(cat_s) / statistics.median(after),
-        )
-    )
-    del size
-    return rows
+        ways[f"content check, {count} thread{'s' if count > 1 else ''}"] = lambda count=count: check(count)
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    after_name = "cat right after a check (the server's read)"
+    seconds[after_name] = []
+    for run in range(runs):
+        order = list(ways.items())
+        order = order[run % len(order) :] + order[: run % len(order)]
+        for name, action in order:
+            seconds[name].append(timed(action))
+        timed(lambda: check(WORKERS))
+        seconds[after_name].append(timed(cat, drop=False))
+    cats = seconds["cat"]
+    return [
+        (name, statistics.median(values), statistics.median(c / v for c, v in zip(cats, values, strict=True)))
+        for name, values in seconds.items()
+    ]
 
 
 def print_content(rows: list[tuple[str, float, float]], *, size: int, files: int, cold: bool) -> None:
     caches = "page cache dropped before each" if cold else "warm page cache (not root: caches not dropped)"
     print(f"\n### The content check of {files} files, {human(size)}: {caches}\n")
-    print(f"| read | seconds | throughput | against cold cat | target >= {CHECK_TARGET:.0%} |")
+    print(f"| read | seconds | throughput | against cold cat (paired) | target >= {CHECK_TARGET:.0%} |")
     print("|---|---:|---:|---:|---|")
     for label, seconds, ratio in rows:
         verdict = ""

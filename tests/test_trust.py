@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli
-from cachemgr_testkit.scenarios import command_key, compile_cmd, compiles, entry_dirs, server_argv
+from cachemgr_testkit.scenarios import command_key, compile_cmd, compiles, entry_dirs, server_argv, vllm_argv
 from cachemgr_testkit.trusted import (
     artifact_files,
     change_keeping_size_and_mtime,
@@ -592,3 +592,27 @@ def test_explain_and_verify_say_why_an_entry_is_untrusted(
     explained = run_cli("explain", *_options(record), "--", *server_argv(8000), env=env)
     assert explained.returncode == 0
     assert "untrusted: the manifest's files are not the signed ones" in explained.stdout
+
+
+def test_the_vllm_strategy_signs_its_snapshot_and_a_trusting_pod_serves_it(
+    pods: Cluster, root: Path, signing: dict[str, tuple[SecretKey, Path]]
+) -> None:
+    """The server compiles in its staging and serves on; the hard-linked copy that is published is
+    signed from that private staging, before its rename (the other strategy than the rest here)."""
+    secret, key_file = signing["builder-1"]
+    builder = pods.start(
+        "vllm-builder", vllm_argv(free_port()), cache_root=root, env=_env(trusted=[secret], signing=key_file)
+    )
+    builder.wait_phase("serving")
+    (entry,) = entry_dirs(root)
+    assert json.loads((entry / "summary.json").read_text())["signer"] == "builder-1"
+    pod = pods.start(
+        "vllm-t",
+        vllm_argv(free_port()),
+        cache_root=root,
+        options=["--on-miss", "fail"],
+        env=_env(trusted=[secret]),
+    )
+    pod.wait_phase("serving")
+    assert _events(pod, "launching")[0]["signer"] == "builder-1"
+    assert pods.compiles() == 1

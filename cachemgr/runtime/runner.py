@@ -410,7 +410,7 @@ class Runner:
         """Record this pod's use of the entry; False if it was pruned meanwhile (look again).
 
         On a read-only volume there is no record: the use is in the pod's state record only, and
-        prune cannot see it (docs/design.md, "Trust and the read-only mode").
+        prune cannot see it (docs/design.md, "The threat model").
         """
         if self.read_only:
             return self.published(root, key)

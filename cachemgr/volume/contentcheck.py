@@ -31,9 +31,10 @@ from cachemgr.volume.manifest import Problem
 _READ_CHUNK = 1 << 20  # BLAKE3's SIMD wants large updates; 1 MiB keeps the buffer in L2
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _OPEN_FOLDERS = 64
-# Threads reading at once: enough to keep a disk's or a network filesystem's queue full; the
-# hashing itself needs one core for about 8 GiB/s.
-WORKERS = max(2, min(8, 2 * (os.cpu_count() or 1)))
+# Threads reading at once: enough to keep a disk's or a network filesystem's queue full (each
+# waits on its read most of the time; BLAKE3 hashes several GiB/s a core without the GIL).
+# Fewer left the disk idle here, on two cores (docs/benchmarks.md, "Trust checks").
+WORKERS = 8
 
 
 class Expected(NamedTuple):  # one per file of a trusting hit: a NamedTuple is the cheap record
@@ -62,7 +63,7 @@ def first_problem(
     if not files:
         return None
     with safefs.open_dir(root, entry) as top, _Folders(top, entry) as folders:
-        return _Pool(folders, max(1, workers), stop).run(files)
+        return _Pool(folders, max(1, min(workers, len(files))), stop).run(files)
 
 
 class StopFlag(Protocol):
