@@ -360,7 +360,11 @@ def test_the_readme_shows_the_real_refusal(work: Path) -> None:
     readme = (CHART / "README.md").read_text()
     (shown,) = re.findall(r"```text\n\s*(storage\.compileCache\.size .*?)\n", readme)
     values = merge(TEST_IMAGE, {"storage": {"compileCache": {"size": "100Gi"}}})
-    assert refusal(with_existing(values, existing_claim("200Gi")), work=work).splitlines()[0].endswith(": " + shown)
+    assert (
+        refusal(with_existing(values, existing_claim("200Gi")), work=work)
+        .splitlines()[0]
+        .endswith(": " + shown)
+    )
 
 
 def test_other_access_modes_or_class_than_the_existing_pvc_are_refused(work: Path) -> None:
