@@ -479,6 +479,14 @@ REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
         {"trust": {"signingKeySecret": {"name": "k"}}},
         ["trust.signingKeySecret.name is set but no warm Job runs"],
     ),
+    "a class name that is YAML": (
+        {"storage": {"compileCache": {"storageClassName": "fast\nkind: Secret"}}},
+        ["/storage/compileCache/storageClassName", "does not match pattern"],
+    ),
+    "a signing key path out of its directory": (
+        merge(WARM, {"trust": {"signingKeySecret": {"name": "k", "key": "../../etc/passwd"}}}),
+        ["/trust/signingKeySecret/key"],
+    ),
     "a malformed trusted key": ({"trust": {"trustedKeys": ["no-colon"]}}, ["/trust/trustedKeys/0"]),
     "health timeout above the probe's": (
         {"probes": {"readiness": {"healthTimeout": 5}}},

@@ -116,7 +116,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- if and .warm $v.trust.signingKeySecret.name }}
 - name: CACHEMGR_SIGNING_KEY_FILE
-  value: /etc/cachemgr/signing/{{ $v.trust.signingKeySecret.key }}
+  value: {{ printf "/etc/cachemgr/signing/%s" $v.trust.signingKeySecret.key | quote }}
 {{- end }}
 {{- if .warm }}
 # vllm-rbln compiles with no NPU when told the target; neither enters the key.
@@ -137,7 +137,7 @@ app.kubernetes.io/component: {{ .component }}
 - name: TMPDIR
   value: /tmp
 - name: HOME
-  value: {{ $v.storage.home.mountPath }}
+  value: {{ $v.storage.home.mountPath | quote }}
 {{- with concat $v.extraEnv (index $v .role).extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -157,7 +157,7 @@ app.kubernetes.io/component: {{ .component }}
 - name: tmp
   mountPath: /tmp
 - name: home
-  mountPath: {{ $v.storage.home.mountPath }}
+  mountPath: {{ $v.storage.home.mountPath | quote }}
 {{- if and .warm $v.trust.signingKeySecret.name }}
 - name: signing-key
   mountPath: /etc/cachemgr/signing
@@ -181,23 +181,23 @@ app.kubernetes.io/component: {{ .component }}
 - name: tmp
   emptyDir:
     {{- with $v.storage.tmp.sizeLimit }}
-    sizeLimit: {{ . }}
+    sizeLimit: {{ . | quote }}
     {{- else }} {}
     {{- end }}
 - name: home
   emptyDir:
     {{- with $v.storage.home.sizeLimit }}
-    sizeLimit: {{ . }}
+    sizeLimit: {{ . | quote }}
     {{- else }} {}
     {{- end }}
 {{- if and .warm $v.trust.signingKeySecret.name }}
 - name: signing-key
   secret:
-    secretName: {{ $v.trust.signingKeySecret.name }}
+    secretName: {{ $v.trust.signingKeySecret.name | quote }}
     defaultMode: 0400
     items:
-      - key: {{ $v.trust.signingKeySecret.key }}
-        path: {{ $v.trust.signingKeySecret.key }}
+      - key: {{ $v.trust.signingKeySecret.key | quote }}
+        path: {{ $v.trust.signingKeySecret.key | quote }}
 {{- end }}
 {{- with $v.extraVolumes }}
 {{ toYaml . }}
