@@ -231,6 +231,12 @@ def test_a_bad_key_input_stops_run_with_78_and_one_line_before_anything_runs(
     assert not record.exists(), "nothing compiled"
 
 
+def test_trusted_keys_set_to_blanks_is_a_config_error_never_the_open_mode(pods: Cluster, root: Path) -> None:
+    result = run_cli("ls", "--trusted-keys", "  ", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
+    assert result.returncode == 78
+    assert "names no key" in _one_line(result.stderr)
+
+
 @pytest.mark.parametrize("command", ["ls", "verify", "show KEY", "explain"])
 def test_inspection_refuses_malformed_trusted_keys_with_78(pods: Cluster, root: Path, command: str) -> None:
     words = command.split()

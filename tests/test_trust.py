@@ -19,7 +19,15 @@ from typing import Any
 
 import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli
-from cachemgr_testkit.scenarios import command_key, compile_cmd, compiles, entry_dirs, server_argv, vllm_argv
+from cachemgr_testkit.scenarios import (
+    assert_clean_after_failure,
+    command_key,
+    compile_cmd,
+    compiles,
+    entry_dirs,
+    server_argv,
+    vllm_argv,
+)
 from cachemgr_testkit.trusted import (
     artifact_files,
     change_keeping_size_and_mtime,
@@ -486,6 +494,22 @@ def test_a_pod_without_the_signing_key_waits_for_the_builder_then_serves(
     _build(pods, root, record, key_file)
     pod.wait_phase("serving")
     assert compiles(record) == 1
+
+
+def test_sigterm_while_waiting_for_a_publisher_leaves_nothing_behind(
+    pods: Cluster, root: Path, signing: dict[str, tuple[SecretKey, Path]]
+) -> None:
+    secret, _ = signing["builder-1"]
+    record = pods.work / "compiler.jsonl"
+    pod = pods.start(
+        "t", server_argv(free_port()), cache_root=root, options=_options(record), env=_env(trusted=[secret])
+    )
+    pod.wait_phase("waiting")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 128 + signal.SIGTERM
+    assert "stopped by signal 15" in (pod.state_dir / "termination-log").read_text()
+    assert_clean_after_failure(root)
+    assert not record.exists()
 
 
 def _tree(root: Path) -> dict[str, tuple[Any, ...]]:

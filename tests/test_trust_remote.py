@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import xxhash
-from cachemgr_testkit.podlib import Cluster, Pod, free_port, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.s3server import BUCKET, S3Server, s3_server, unavailable_reason
 from cachemgr_testkit.scenarios import compile_cmd, compiles, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key
@@ -146,6 +146,14 @@ def test_an_untrusted_remote_entry_is_never_published_and_a_signing_pod_replaces
     assert entry_dirs(root_b) == [], "nothing untrusted is published here"
     assert not list((root_b / "staging").rglob("*")), "the download's staging is gone"
     assert compiles(record) == 1
+    # `cachemgr pull` with the same keys refuses it the same way, with one line.
+    remote_key = _remote_manifest(s3, remote)[1]["key"][:12]
+    pulled = run_cli(
+        "pull", remote_key, env={**pods.base_env, **trusting, "CACHEMGR_CACHE_ROOT": str(root_b)}
+    )
+    assert pulled.returncode == 74, pulled.stderr
+    assert reason[how] in pulled.stderr
+    assert entry_dirs(root_b) == []
 
     # A pod with the signing key compiles its own, and its upload replaces the remote's.
     builder = pods.start(

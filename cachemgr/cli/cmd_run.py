@@ -60,7 +60,14 @@ def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
         return None
     from cachemgr.core.signing import TRUSTED_KEYS_ENV, parse_trusted_keys
 
-    return parse_trusted_keys(args.trusted_keys, where=f"{TRUSTED_KEYS_ENV} (--trusted-keys)") or None
+    where = f"{TRUSTED_KEYS_ENV} (--trusted-keys)"
+    trusted = parse_trusted_keys(args.trusted_keys, where=where)
+    if not trusted:  # set to blanks: a typo must not turn trust off
+        raise ConfigError(
+            f"{where} is set but names no key",
+            remedy="give public keys NAME:BASE64, or unset it for the open mode",
+        )
+    return trusted
 
 
 def trust_keys(args: argparse.Namespace) -> tuple[SecretKey | None, TrustedKeys | None]:
