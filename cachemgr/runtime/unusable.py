@@ -54,13 +54,14 @@ class Unusable:
             return
         if seen is not None:
             self._left.add(seen)
+        who = "a publisher with the signing key" if pod.options.trusted else "a pod that can write the volume"
         log.warning(
             event,
             entry=found.path.name,
             **fields,
             moved_to=None,
-            note=f"left in place: {pod.why_not_compiling}; a publisher with the signing key (the builder "
-            "or a warm Job) moves it aside and publishes its own",
+            note=f"left in place: {pod.why_not_compiling}; {who} (the builder, a warm Job) moves it aside "
+            "and publishes its own",
         )
 
     def fingerprint(self, root: CacheRoot, key: CacheKey) -> Fingerprint | None:
