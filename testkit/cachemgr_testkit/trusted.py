@@ -50,7 +50,8 @@ def change_keeping_size_and_mtime(path: Path, *, old: bytes = b"", new: bytes = 
     st = path.stat()
     data = bytearray(path.read_bytes())
     if old:
-        assert len(old) == len(new) and old in data, (old, new)
+        if len(old) != len(new) or old not in data:
+            raise ValueError(f"cannot replace {old!r} by {new!r} in {path} keeping its size")
         data = bytearray(bytes(data).replace(old, new))
     else:
         data[len(data) // 2] ^= 0xFF
