@@ -187,7 +187,7 @@ def test_a_signature_that_does_not_parse_is_untrusted_never_an_exit(
 
 
 @pytest.mark.quick
-def test_a_symlink_or_fifo_in_place_of_the_signature_or_a_file_is_untrusted_and_never_followed(
+def test_a_symlink_in_place_of_the_signature_is_damage_and_a_fifo_never_blocks_the_check(
     tmp_path: Path, keys: dict[str, SecretKey]
 ) -> None:
     trusted = _trusting(keys["builder-1"])
