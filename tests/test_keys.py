@@ -117,6 +117,23 @@ def test_a_bad_secret_key_file_is_a_config_error_naming_the_variable_and_the_fil
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("shape", ["{secret}", "b@d:{secret}", ":{secret}", "{name}={secret}"])
+def test_a_malformed_secret_key_file_is_never_quoted_in_the_error(tmp_path: Path, shape: str) -> None:
+    """The error line goes to the logs and the termination message (`kubectl describe pod`): not
+    one run of the secret's characters may appear in it, however the file is malformed."""
+    name, _, secret = generate_secret_key("builder-1", tmp_path / "good").to_text().partition(":")
+    path = tmp_path / "secret.key"
+    path.write_text(shape.format(name=name, secret=secret) + "\n")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as raised:
+        load_secret_key(path, where="CACHEMGR_SIGNING_KEY_FILE")
+    line = raised.value.one_line()
+    assert str(path) in line
+    leaked = [secret[i : i + 6] for i in range(len(secret) - 6) if secret[i : i + 6] in line]
+    assert leaked == [], f"the secret key is quoted in {line!r}"
+
+
+@pytest.mark.quick
 def test_a_key_file_readable_by_the_group_is_accepted_as_a_secret_volume_with_fsgroup_makes_it(
     tmp_path: Path,
 ) -> None:

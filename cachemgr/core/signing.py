@@ -132,8 +132,17 @@ def parse_trusted_keys(text: str | None, *, where: str = TRUSTED_KEYS_ENV) -> Tr
     return TrustedKeys(MappingProxyType(found))
 
 
+def is_key_name(name: object) -> bool:
+    """Whether ``name`` is a key name (``NAME`` of ``NAME:BASE64``): what a signature read from the
+    volume or the bucket must name before it is shown anywhere."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def _split(text: str, *, where: str, what: str, size: int) -> tuple[str, bytes]:
+    # A public key may be shown (abridged); a secret key never, not even in part: the error line
+    # goes to logs and the termination message, which `kubectl describe pod` prints.
     shown = text if len(text) <= 24 else text[:12] + "..." + text[-8:]
+    shown = repr(shown) if size == _PUBLIC_BYTES else "the file's text"
     name, colon, encoded = text.strip().partition(":")
     remedy = (
         f"give the {what} as NAME:BASE64, as 'cachemgr keys public --secret-file FILE' prints it"
@@ -142,7 +151,7 @@ def _split(text: str, *, where: str, what: str, size: int) -> tuple[str, bytes]:
     )
     if not colon or not _NAME.fullmatch(name):
         raise ConfigError(
-            f"{where}: {shown!r} is not a {what} of the form NAME:BASE64 (NAME: letters, digits, '.', '_', '-')",
+            f"{where}: {shown} is not a {what} of the form NAME:BASE64 (NAME: letters, digits, '.', '_', '-')",
             remedy=remedy,
             variable=where,
         )
