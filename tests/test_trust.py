@@ -186,6 +186,46 @@ def test_a_signature_that_does_not_parse_is_untrusted_never_an_exit(
     )
 
 
+_PLANTED = "\x1b[2J\x1b[31mPLANTED\nsecond line" + "A" * 300
+
+
+def _plant(doc: dict[str, Any], statement: dict[str, Any], where: str) -> None:
+    """One field of a real signature (or its statement) set to what a hostile writer chooses."""
+    field, _, value = where.partition("=")
+    target, name = (statement, field[len("statement.") :]) if field.startswith("statement.") else (doc, field)
+    target[name] = _PLANTED if value == "planted" else json.loads(value)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "where",
+    ["key=planted", "format=planted", "signature=planted", "statement.signer=planted",
+     "statement.signed_at=planted", 'statement.signed_at="nan"', 'statement.files="3"',
+     "statement.built_by=planted", "statement.list=planted"],
+)  # fmt: skip
+def test_a_planted_signature_field_is_untrusted_and_never_repeated(
+    tmp_path: Path, keys: dict[str, SecretKey], where: str
+) -> None:
+    """What a writer of the volume or the bucket puts in signature.json reaches logs, tables and
+    quarantine notes only as one of our own fixed reasons: no escape, no newline, no length."""
+    root, key = _volume(tmp_path), command_key()
+    entry = _publish(root, key, keys["builder-1"])
+    writable(entry)
+    doc = json.loads((entry / SIGNATURE_NAME).read_text())
+    statement = json.loads(doc["statement"])
+    _plant(doc, statement, where)
+    doc["statement"] = json.dumps(statement)
+    (entry / SIGNATURE_NAME).write_text(json.dumps(doc))
+    rebuild_manifest(entry)
+    found = lookup(root, key, trusted=_trusting(keys["builder-1"]))
+    assert found.status == "untrusted"
+    assert found.untrusted.startswith("untrusted: signature.json does not parse ("), found.untrusted
+    for said in (found.untrusted, str(show(root, key.short, compat=None).signature)):
+        assert "PLANTED" not in said and "x1b" not in said and "AAAA" not in said, said
+        assert said.isprintable() and len(said) < 120, said
+    assert found.signer is None, "a signature that does not parse names no signer"
+
+
 @pytest.mark.quick
 def test_a_symlink_in_place_of_the_signature_is_damage_and_a_fifo_never_blocks_the_check(
     tmp_path: Path, keys: dict[str, SecretKey]

@@ -31,7 +31,9 @@ import binascii
 import dataclasses
 import errno
 import json
+import math
 import os
+import re
 import stat
 import threading
 import time
@@ -53,6 +55,9 @@ KIND = "cachemgr-entry"
 FORMAT = 1
 _SIGNATURE_LIMIT = 1 << 20  # key inputs and a few numbers; a larger file is not ours
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SIGNATURE_BYTES = 64  # Ed25519
+_DIGEST = re.compile(r"[0-9a-f]{16,128}")  # the key digest in hex (xxh3-128 today)
+_LIST = re.compile(r"blake3:[0-9a-f]{64}")
 
 
 # NamedTuples, not dataclasses: this module is imported on a trusting pod's hit, before its
@@ -197,38 +202,88 @@ def _read(entry: Path, *, within: Path | None) -> bytes | None:
 
 
 def parse_signed(raw: bytes) -> Signed:
+    """``signature.json``'s bytes -> :class:`Signed`; :class:`SignatureError` unless it is exactly
+    what :func:`sign_staging` writes (every field of its type, the key names plain key names).
+
+    Nothing of a file that does not parse is repeated in the error: it comes from whoever wrote
+    the volume or the bucket, and the reason goes to logs, tables and quarantine notes.
+    """
     if len(raw) > _SIGNATURE_LIMIT:
         raise SignatureError(f"{SIGNATURE_NAME} is larger than {_SIGNATURE_LIMIT >> 20} MiB")
     try:
-        return _signed(loads_json(raw))
-    except (KeyError, TypeError, ValueError, OverflowError, UnicodeEncodeError, binascii.Error) as error:
-        raise SignatureError(f"{SIGNATURE_NAME} does not parse ({error})") from None
+        doc = loads_json(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise SignatureError(f"{SIGNATURE_NAME} does not parse (not JSON)") from None
+    return _signed(doc)
+
+
+def _bad(why: str) -> SignatureError:
+    return SignatureError(f"{SIGNATURE_NAME} does not parse ({why})")
 
 
 def _signed(doc: Any) -> Signed:
-    if not isinstance(doc, dict) or int(doc["format"]) > FORMAT:
-        raise ValueError("not a signature of a format this cachemgr reads")
-    text = str(doc["statement"]).encode("ascii")
-    signature = base64.b64decode(str(doc["signature"]), validate=True)
-    return Signed(text, str(doc["key"]), signature, _statement(loads_json(text)))
+    from cachemgr.core.signing import is_key_name
+
+    if not isinstance(doc, dict) or not _count(doc.get("format")) or doc["format"] > FORMAT:
+        raise _bad("not a signature of a format this cachemgr reads")
+    text = doc.get("statement")
+    if not isinstance(text, str) or not text.isascii():
+        raise _bad("its statement is not ASCII text")
+    if not is_key_name(doc.get("key")):
+        raise _bad("the key it names is not a key name")
+    encoded = doc.get("signature")
+    try:
+        signature = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
+    except (binascii.Error, ValueError):
+        signature = b""
+    if len(signature) != _SIGNATURE_BYTES:
+        raise _bad("its signature is not 64 bytes of base64")
+    try:
+        statement = loads_json(text)
+    except ValueError:
+        raise _bad("its statement is not JSON") from None
+    return Signed(text.encode("ascii"), doc["key"], signature, _statement(statement))
 
 
 def _statement(doc: Any) -> Statement:
-    if not isinstance(doc, dict) or doc.get("kind") != KIND or int(doc["format"]) > FORMAT:
-        raise ValueError("its statement is not a cachemgr entry statement")
-    if not isinstance(doc["inputs"], dict):
-        raise TypeError("the statement's inputs are not an object")
-    built_by = doc.get("built_by")
+    from cachemgr.core.signing import is_key_name
+
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise _bad("its statement is not a cachemgr entry statement")
+    if not _count(doc.get("format")) or doc["format"] > FORMAT:
+        raise _bad("its statement is of a format this cachemgr does not read")
+    fields = {
+        "key": isinstance(doc.get("key"), str) and _DIGEST.fullmatch(doc["key"]) is not None,
+        "inputs": isinstance(doc.get("inputs"), dict),
+        "files": _count(doc.get("files")),
+        "bytes": _count(doc.get("bytes")),
+        "list": isinstance(doc.get("list"), str) and _LIST.fullmatch(doc["list"]) is not None,
+        "signer": is_key_name(doc.get("signer")),
+        "signed_at": _finite(doc.get("signed_at")),
+        "built_by": isinstance(doc.get("built_by", {}), dict),
+    }
+    wrong = [name for name, ok in fields.items() if not ok]
+    if wrong:
+        raise _bad(f"its statement's {wrong[0]} is not what a signer writes")
     return Statement(
-        key=str(doc["key"]),
+        key=doc["key"],
         inputs=doc["inputs"],
-        files=int(doc["files"]),
-        total_bytes=int(doc["bytes"]),
-        listed=str(doc["list"]),
-        signer=str(doc["signer"]),
+        files=doc["files"],
+        total_bytes=doc["bytes"],
+        listed=doc["list"],
+        signer=doc["signer"],
         signed_at=float(doc["signed_at"]),
-        built_by=built_by if isinstance(built_by, dict) else {},
+        built_by=doc.get("built_by", {}),
     )
+
+
+def _count(value: Any) -> bool:
+    """A non-negative JSON integer (not a bool, not a string of digits)."""
+    return type(value) is int and value >= 0
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 def judge_signature(signed: Signed | None, trusted: TrustedKeys) -> Verdict:
