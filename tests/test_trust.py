@@ -323,6 +323,27 @@ def test_inspection_shows_signer_and_trust(tmp_path: Path, keys: dict[str, Secre
 
 
 @pytest.mark.quick
+def test_the_signer_ls_shows_is_the_signatures_with_trusted_keys_and_a_key_name_without(
+    tmp_path: Path, keys: dict[str, SecretKey]
+) -> None:
+    """A forger keeps summary.json's "signer": with trusted keys `ls` shows the key the signature
+    names (none: unsigned), never the claim; without, a claim that is not a key name is not shown."""
+    root = _volume(tmp_path)
+    forged, planted = command_key(), command_key("decode")
+    forge_unsigned(_publish(root, forged, keys["builder-1"]))  # summary.json still says builder-1
+    entry = _publish(root, planted, None)
+    writable(entry)
+    summary = json.loads((entry / "summary.json").read_text())
+    (entry / "summary.json").write_text(json.dumps({**summary, "signer": "\x1b[31mbuilder-1\nok"}))
+    rebuild_manifest(entry)
+    trusting = {e.key: e for e in list_cache(root, compat=None, trusted=_trusting(keys["builder-1"])).entries}
+    assert (trusting[forged.digest].signer, trusting[forged.digest].trust) == (None, "untrusted: unsigned")
+    assert trusting[planted.digest].signer is None
+    claims = {e.key: e.signer for e in list_cache(root, compat=None).entries}
+    assert claims == {forged.digest: "builder-1", planted.digest: None}, "a claim, shown only as a key name"
+
+
+@pytest.mark.quick
 def test_verify_fix_moves_an_untrusted_entry_aside_with_its_reason(
     tmp_path: Path, keys: dict[str, SecretKey]
 ) -> None:

@@ -108,9 +108,10 @@ class EntryInfo:
     # Where the entry came from: compiled on this volume, or downloaded from the remote tier
     # (summary.json's "origin", written by cachemgr.remote.hooks).
     origin: Mapping[str, Any] = field(default_factory=dict)
-    # The key its publisher signed it with, as summary.json claims (None: unsigned); and with
-    # trusted keys, whether one of them signed it for this key ("trusted") or why not
-    # ("untrusted: ..."); None: not checked. The bytes are checked by pods and ``verify``.
+    # The key its publisher signed it with: with trusted keys, the one its signature.json names
+    # (None: unsigned), else as summary.json claims (not checked); and with trusted keys, whether
+    # one of them signed it for this key ("trusted") or why not ("untrusted: ..."); None: not
+    # checked. The bytes are checked by pods and ``verify``.
     signer: str | None = None
     trust: str | None = None
 
@@ -288,6 +289,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
     compiler, npu = text(summary.get("compiler")), text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
     usage = _usage(ctx, key)
+    signer, trust = _trust(ctx, name, key) if ctx.trusted else (_claimed_signer(summary), None)
     return EntryInfo(
         name=name,
         path=ctx.entries / name,
@@ -311,13 +313,24 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         silent_users=usage.silent,
         usage_seen=usage.seen,
         origin=as_dict(summary.get("origin")),
-        signer=text(summary.get("signer")) or None,
-        trust=_trust(ctx, name, key) if ctx.trusted else None,
+        signer=signer,
+        trust=trust,
     )
 
 
-def _trust(ctx: _Context, name: str, key: str) -> str:
-    """ "trusted", or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
+def _claimed_signer(summary: Mapping[str, Any]) -> str | None:
+    """The signer summary.json claims (not checked without trusted keys), if it is a key name."""
+    claimed = summary.get("signer")
+    if claimed is None:
+        return None
+    from cachemgr.core.signing import is_key_name
+
+    return claimed if is_key_name(claimed) else None
+
+
+def _trust(ctx: _Context, name: str, key: str) -> tuple[str | None, str]:
+    """The key the entry's signature names (None: unsigned, or it does not parse), and "trusted"
+    or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
     from cachemgr.volume.trust import SignatureError, judge_signature, parse_signed
 
     assert ctx.trusted is not None  # called only with trusted keys
@@ -325,10 +338,10 @@ def _trust(ctx: _Context, name: str, key: str) -> str:
         raw = _signature_bytes(ctx, name)
         verdict = judge_signature(parse_signed(raw) if raw is not None else None, ctx.trusted)
     except (OSError, SignatureError) as error:
-        return f"untrusted: {_short_error(error)}"
+        return None, f"untrusted: {_short_error(error)}"
     if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
-        return f"untrusted: signed for another key ({verdict.statement.key[:16]})"
-    return "trusted" if verdict.trusted else verdict.reason
+        return verdict.signer, f"untrusted: signed for another key ({verdict.statement.key[:16]})"
+    return verdict.signer, "trusted" if verdict.trusted else verdict.reason
 
 
 def _signature_bytes(ctx: _Context, name: str) -> bytes | None:
