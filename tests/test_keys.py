@@ -170,7 +170,16 @@ def test_one_name_for_two_keys_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="builder-1 stands for two different public keys"):
         parse_trusted_keys(f"{one} {other}")
     with pytest.raises(ConfigError, match="two different"):
-        parse_trusted_keys(str(one)).adding(other, where="CACHEMGR_SIGNING_KEY_FILE")
+        parse_trusted_keys(str(one)).signing_with(other, where="CACHEMGR_SIGNING_KEY_FILE")
+    unlisted = generate_secret_key("builder-2", tmp_path / "3").public
+    with pytest.raises(
+        ConfigError, match="signs with key builder-2, which CACHEMGR_TRUSTED_KEYS does not list"
+    ):
+        parse_trusted_keys(str(one)).signing_with(unlisted, where="CACHEMGR_SIGNING_KEY_FILE")
+    assert parse_trusted_keys(f"{one} {unlisted}").signing_with(unlisted, where="x").names == (
+        "builder-1",
+        "builder-2",
+    )
 
 
 # --- the command line -------------------------------------------------------------------------
@@ -206,6 +215,7 @@ def _bad_inputs(work: Path) -> dict[str, tuple[dict[str, str], str]]:
     """Each bad key input: the environment that gives it, and what the one line must name."""
     good = generate_secret_key("builder-1", work / "good.key")
     other = generate_secret_key("builder-1", work / "other.key")
+    rotated = generate_secret_key("builder-2", work / "rotated.key")
     open_file = work / "open.key"
     open_file.write_text(good.to_text())
     open_file.chmod(0o644)
@@ -225,13 +235,21 @@ def _bad_inputs(work: Path) -> dict[str, tuple[dict[str, str], str]]:
             {"CACHEMGR_TRUSTED_KEYS": str(other.public), "CACHEMGR_SIGNING_KEY_FILE": str(work / "good.key")},
             "CACHEMGR_SIGNING_KEY_FILE",
         ),
+        # A rotation in the wrong order: the publisher's new key is not yet what the pods trust.
+        "signing-key-not-trusted": (
+            {
+                "CACHEMGR_TRUSTED_KEYS": str(good.public),
+                "CACHEMGR_SIGNING_KEY_FILE": str(work / "rotated.key"),
+            },
+            "builder-2, which CACHEMGR_TRUSTED_KEYS does not list",
+        ),
     }
 
 
 @pytest.mark.parametrize(
     "case",
     ["missing-file", "open-file", "malformed-file", "malformed-public", "two-keys-one-name",
-     "signing-key-named-as-another"],
+     "signing-key-named-as-another", "signing-key-not-trusted"],
 )  # fmt: skip
 def test_a_bad_key_input_stops_run_with_78_and_one_line_before_anything_runs(
     pods: Cluster, root: Path, case: str

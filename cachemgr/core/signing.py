@@ -101,9 +101,24 @@ class TrustedKeys:
     def get(self, name: str) -> PublicKey | None:
         return self.by_name.get(name)
 
-    def adding(self, key: PublicKey, *, where: str) -> TrustedKeys:
-        """These keys and ``key`` (a publisher trusts its own, as Nix trusts its secret-key-files)."""
-        return TrustedKeys(MappingProxyType(_merged({**self.by_name}, key, where=where)))
+    def signing_with(self, key: PublicKey, *, where: str) -> TrustedKeys:
+        """These keys, for a pod that signs with ``key``: :class:`ConfigError` unless they list it.
+
+        A publisher trusting keys that leave out its own would sign what its peers, given the same
+        keys, never load: the builder finds its entry a hit and exits 0 while the serving pods wait
+        for a publisher for ever (a rotation done in the wrong order: the new signing key before
+        the new public key). Nix trusts its own secret-key-files; here a peer trusts only the list.
+        """
+        _merged({**self.by_name}, key, where=where)  # one name for two keys
+        if key.name not in self.by_name:
+            raise ConfigError(
+                f"{where}: this pod signs with key {key.name}, which CACHEMGR_TRUSTED_KEYS does not list "
+                f"({', '.join(self.names)}): pods that trust those keys would never load what it publishes",
+                remedy=f"add {key.name}'s public key ('cachemgr keys public --secret-file FILE') to "
+                "CACHEMGR_TRUSTED_KEYS of every pod; when rotating, list the new key before signing with it",
+                variable=where,
+            )
+        return self
 
 
 def _merged(found: dict[str, PublicKey], key: PublicKey, *, where: str) -> dict[str, PublicKey]:
