@@ -215,7 +215,7 @@ def _bad_inputs(work: Path) -> dict[str, tuple[dict[str, str], str]]:
     """Each bad key input: the environment that gives it, and what the one line must name."""
     good = generate_secret_key("builder-1", work / "good.key")
     other = generate_secret_key("builder-1", work / "other.key")
-    rotated = generate_secret_key("builder-2", work / "rotated.key")
+    rotated = generate_secret_key("builder-2", work / "rotated.key").public.name
     open_file = work / "open.key"
     open_file.write_text(good.to_text())
     open_file.chmod(0o644)
@@ -241,7 +241,7 @@ def _bad_inputs(work: Path) -> dict[str, tuple[dict[str, str], str]]:
                 "CACHEMGR_TRUSTED_KEYS": str(good.public),
                 "CACHEMGR_SIGNING_KEY_FILE": str(work / "rotated.key"),
             },
-            "builder-2, which CACHEMGR_TRUSTED_KEYS does not list",
+            f"{rotated}, which CACHEMGR_TRUSTED_KEYS does not list",
         ),
     }
 
