@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, hash_fd, loads_json
+from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 
 if TYPE_CHECKING:
@@ -56,7 +57,6 @@ FORMAT = 1
 _SIGNATURE_LIMIT = 1 << 20  # key inputs and a few numbers; a larger file is not ours
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _SIGNATURE_BYTES = 64  # Ed25519
-_DIGEST = re.compile(r"[0-9a-f]{16,128}")  # the key digest in hex (xxh3-128 today)
 _LIST = re.compile(r"blake3:[0-9a-f]{64}")
 
 
@@ -253,7 +253,7 @@ def _statement(doc: Any) -> Statement:
     if not _count(doc.get("format")) or doc["format"] > FORMAT:
         raise _bad("its statement is of a format this cachemgr does not read")
     fields = {
-        "key": isinstance(doc.get("key"), str) and _DIGEST.fullmatch(doc["key"]) is not None,
+        "key": isinstance(doc.get("key"), str) and DIGEST.fullmatch(doc["key"]) is not None,
         "inputs": isinstance(doc.get("inputs"), dict),
         "files": _count(doc.get("files")),
         "bytes": _count(doc.get("bytes")),
