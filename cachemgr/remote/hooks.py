@@ -197,7 +197,12 @@ def _set_aside_untrusted(
     """
     from cachemgr.volume.store import lookup, quarantine
 
-    found = lookup(root, key, trusted=trusted, stop=stop)
+    try:
+        found = lookup(root, key, trusted=trusted, stop=stop)
+    except InterruptedError:
+        raise
+    except OSError:
+        return  # unreadable here: the pod's own lookup after the download reports it (exit 74)
     if found.status in {"hit", "miss"}:
         return
     moved = quarantine(root, found.path, reason=found.reason)
