@@ -247,6 +247,57 @@ def test_a_symlink_in_place_of_the_signature_is_damage_and_a_fifo_never_blocks_t
     assert "not a regular file" in found.what
 
 
+# As root (CAP_DAC_OVERRIDE) modes mean nothing: drop every capability, so the lookup runs as an
+# unprivileged owner of the volume's files would (the chart's runAsUser).
+_UNPRIVILEGED = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--"] if os.geteuid() == 0 else []
+_LOOKUP = """
+import json, sys
+from pathlib import Path
+from cachemgr.core.signing import parse_trusted_keys
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.store import lookup
+from cachemgr_testkit.scenarios import command_key
+root, keys = open_root(Path(sys.argv[1]), create=False), sys.argv[2]
+for trusted in (parse_trusted_keys(keys), None):
+    try:
+        found = lookup(root, command_key(), trusted=trusted)
+        print(json.dumps([found.status, found.reason]))
+    except OSError as error:
+        print(json.dumps(["raised", type(error).__name__]))
+"""
+
+
+_UNREADABLE = {  # what is made unreadable -> what the open mode does, as it always did
+    "artifacts/sub/graph_1.rbln": ["hit", ""],
+    "artifacts/sub": ["raised", "PermissionError"],
+    "signature.json": ["hit", ""],
+    "manifest.json": ["raised", "PermissionError"],
+}
+
+
+@pytest.mark.parametrize("what", list(_UNREADABLE))
+def test_an_entry_made_unreadable_is_untrusted_never_an_exit(
+    tmp_path: Path, keys: dict[str, SecretKey], what: str
+) -> None:
+    """A writer of the volume takes the read away (chmod 000): every trusting pod, the builder
+    among them, exited 74 on each start for it, and nothing replaced it. Now it is untrusted: the
+    signing key's holder sets it aside and publishes its own, the others wait. The open mode is
+    as it was (a hit on an unreadable file, an I/O error on an unreadable folder or manifest)."""
+    root, key = _volume(tmp_path), command_key()
+    entry = _publish(root, key, keys["builder-1"])
+    writable(entry)
+    (entry / what).chmod(0)
+    result = subprocess.run(
+        [*_UNPRIVILEGED, sys.executable, "-c", _LOOKUP, str(root.path), str(keys["builder-1"].public)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trusting, open_mode = (json.loads(line) for line in result.stdout.splitlines())
+    assert trusting[0] == "untrusted", trusting
+    assert "not readable by this pod" in trusting[1]
+    assert open_mode == _UNREADABLE[what]
+
+
 @pytest.mark.quick
 def test_the_content_check_returns_the_first_problem_in_order(
     tmp_path: Path, keys: dict[str, SecretKey]

@@ -192,6 +192,8 @@ def _read(entry: Path, *, within: Path | None) -> bytes | None:
         except OSError as error:
             if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
                 return None
+            if error.errno == errno.EACCES:  # a mode changed by a writer: no flaky volume
+                raise SignatureError(f"{SIGNATURE_NAME} is not readable by this pod") from None
             raise
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
