@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, hash_fd, loads_json
-from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 
 if TYPE_CHECKING:
@@ -249,6 +248,7 @@ def _signed(doc: Any) -> Signed:
 
 def _statement(doc: Any) -> Statement:
     from cachemgr.core.signing import is_key_name
+    from cachemgr.volume.entries import DIGEST  # in the signature's thread, behind the reads
 
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
         raise _bad("its statement is not a cachemgr entry statement")
