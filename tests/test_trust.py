@@ -63,10 +63,14 @@ def _volume(tmp_path: Path) -> CacheRoot:
     return open_root(tmp_path / "volume", create=True)
 
 
-def _publish(root: CacheRoot, key: CacheKey, signer: SecretKey | None) -> Path:
+def _publish(
+    root: CacheRoot, key: CacheKey, signer: SecretKey | None, *, extra: tuple[str, ...] = ()
+) -> Path:
     staging = create_staging(root, key, IDENTITY)
     (staging.artifacts / "sub").mkdir()
-    for i, rel in enumerate(["graph_0.rbln", "sub/graph_1.rbln", "sub/graph_2.rbln", "rbln_config.json"]):
+    files = ["graph_0.rbln", "sub/graph_1.rbln", "sub/graph_2.rbln", "rbln_config.json", *extra]
+    for i, rel in enumerate(files):
+        (staging.artifacts / rel).parent.mkdir(parents=True, exist_ok=True)
         (staging.artifacts / rel).write_bytes(os.urandom(8192 + i))
     outcome = publish(
         root, staging, key, identity=IDENTITY, compile_seconds=1.0, strategy="command", signer=signer
@@ -272,6 +276,7 @@ _UNREADABLE = {  # what is made unreadable -> what the open mode does, as it alw
     "artifacts/sub": ["raised", "PermissionError"],
     "signature.json": ["hit", ""],
     "manifest.json": ["raised", "PermissionError"],
+    "artifacts/\x1b[2Jnamed": ["raised", "PermissionError"],  # a folder whose name a terminal obeys
 }
 
 
@@ -284,7 +289,7 @@ def test_an_entry_made_unreadable_is_untrusted_never_an_exit(
     signing key's holder sets it aside and publishes its own, the others wait. The open mode is
     as it was (a hit on an unreadable file, an I/O error on an unreadable folder or manifest)."""
     root, key = _volume(tmp_path), command_key()
-    entry = _publish(root, key, keys["builder-1"])
+    entry = _publish(root, key, keys["builder-1"], extra=("\x1b[2Jnamed/graph_3.rbln",))
     writable(entry)
     (entry / what).chmod(0)
     result = subprocess.run(
@@ -295,6 +300,7 @@ def test_an_entry_made_unreadable_is_untrusted_never_an_exit(
     trusting, open_mode = (json.loads(line) for line in result.stdout.splitlines())
     assert trusting[0] == "untrusted", trusting
     assert "not readable by this pod" in trusting[1]
+    assert trusting[1].isprintable(), "a name no key vouched for is shown only if it is plain"
     assert open_mode == _UNREADABLE[what]
 
 

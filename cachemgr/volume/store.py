@@ -115,7 +115,9 @@ def lookup(
         if not trusted:
             raise  # the open mode: an unreadable entry is an I/O error (exit 74), as it always was
         # A trusting pod never exits for what a writer of the volume did (cachemgr.volume.contentcheck).
-        name = os.path.basename(error.filename) if error.filename else path.name
+        # The name comes from a manifest no key has vouched for yet: shown only if it is plain.
+        name = os.path.basename(str(error.filename or ""))
+        name = name if name.isprintable() and 0 < len(name) <= 100 else "a file or folder of it"
         what = f"untrusted: {name} is not readable by this pod: its mode was changed"
         return Lookup("untrusted", path, untrusted=what)
     return check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
