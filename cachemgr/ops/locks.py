@@ -31,6 +31,14 @@ class LockInfo:
         """Dead or frozen: the next contender takes it over (:attr:`cachemgr.volume.lease.Holder.stale`)."""
         return self.holder.stale
 
+    @property
+    def state(self) -> str:
+        """``live``, ``stalled`` (live, but its compile shows no progress past --stall-timeout), or
+        the holder's stale state: ``dead`` (its process is gone) or ``expired``."""
+        if self.holder.stale:
+            return self.holder.state
+        return "stalled" if self.progress is not None and self.progress.snapshot.stalled else "live"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.key,
@@ -38,6 +46,7 @@ class LockInfo:
             "entry": self.entry,
             **(holder_json(self.holder) or {}),
             "stale": self.stale,
+            "state": self.state,
             "progress": self.progress.to_json() if self.progress is not None else None,
         }
 
@@ -53,7 +62,7 @@ def list_locks(root: CacheRoot) -> list[LockInfo]:
         holder = read_holder_of(root, digest)
         if holder is None:
             continue  # released while we looked
-        entry = names.get(digest[:16]) or _staged_entry(root, digest)
+        entry = names.get(digest[:16]) or holder.entry or _staged_entry(root, digest)
         seen = read_record(root, digest, token=holder.token) if holder.current else None
         found.append(LockInfo(digest, entry, holder, seen))
     return found
@@ -79,6 +88,7 @@ def holder_json(holder: Holder | None) -> dict[str, Any] | None:
         "refreshed_age_seconds": None if holder.refreshed_age is None else round(holder.refreshed_age, 1),
         "duration_seconds": holder.duration,
         "stale": holder.stale,
+        "state": holder.state,
         "current": holder.current,
     }
 

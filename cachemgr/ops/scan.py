@@ -37,7 +37,11 @@ from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Mark, Usage, User, read_usage
 from cachemgr.volume.store import StagingInfo, list_staging
 
-EntryStatus = Literal["ok", "damaged", "incompatible"]
+# What the scan checked, and no more: ``published`` (its summary reads, its manifest, the commit
+# record written last, is there), ``incompatible`` (another compiler major.minor: this image can
+# never use it), ``damaged`` (summary or manifest missing or unreadable). The files themselves are
+# not checked here: ``show`` checks sizes and mtimes, ``verify`` hashes them.
+EntryStatus = Literal["published", "damaged", "incompatible"]
 
 _SUMMARY_MAX = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -105,6 +109,13 @@ class EntryInfo:
     # Where the entry came from: compiled on this volume, or downloaded from the remote tier
     # (summary.json's "origin", written by cachemgr.remote.hooks).
     origin: Mapping[str, Any] = field(default_factory=dict)
+    # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
+    starts: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def hits(self) -> int:
+        """Starts that found the entry published and loaded it without compiling or waiting."""
+        return int(self.starts.get("hit", 0))
 
     @property
     def origin_kind(self) -> str:
@@ -161,6 +172,8 @@ class EntryInfo:
             "problem": self.problem,
             "recompiled_on_hit": self.recompiled_on_hit,
             "origin": {"kind": self.origin_kind, **self.origin},
+            "hits": self.hits,
+            "starts": dict(self.starts),
         }
 
 
@@ -284,13 +297,14 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         created_at=number(summary.get("created_at")),
         last_used_at=usage.last,
         users=usage.live,
-        status="incompatible" if why else "ok",
+        status="incompatible" if why else "published",
         problem=why,
         compile_seconds=number(summary.get("compile_seconds")),
         recompiled_on_hit=usage.recompiled_on_hit,
         silent_users=usage.silent,
         usage_seen=usage.seen,
         origin=as_dict(summary.get("origin")),
+        starts=usage.starts,
     )
 
 
@@ -386,6 +400,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         problem=problem,
         silent_users=usage.silent if usage else (),
         usage_seen=usage.seen if usage else None,
+        starts=usage.starts if usage else {},
     )
 
 

@@ -61,6 +61,7 @@ class MetricsSnapshot:
     phase: str
     phase_seconds: dict[str, float]
     remote: dict[str, Any] = field(default_factory=dict)
+    saved_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +69,7 @@ class MetricsSnapshot:
             "misses": self.misses,
             "compiles": self.compiles,
             "compile_seconds": round(self.compile_seconds, 3),
+            "saved_seconds": round(self.saved_seconds, 3),
             "lease_wait_seconds": round(self.lease_wait_seconds, 3),
             "damaged": self.damaged,
             "recompiled_on_hit": self.recompiled_on_hit,
@@ -84,6 +86,8 @@ class Metrics:
     misses: int = 0
     compiles: int = 0
     compile_seconds: float = 0.0
+    # Compile time this start did not spend: the entry's compile on a hit, less the wait after one.
+    saved_seconds: float = 0.0
     lease_wait_seconds: float = 0.0
     damaged: int = 0
     # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
@@ -157,6 +161,7 @@ class Metrics:
                 misses=self.misses,
                 compiles=self.compiles,
                 compile_seconds=self.compile_seconds,
+                saved_seconds=self.saved_seconds,
                 lease_wait_seconds=self.lease_wait_seconds,
                 damaged=self.damaged,
                 recompiled_on_hit=self.recompiled_on_hit,

@@ -173,6 +173,11 @@ class RunCollector:
             "cachemgr_compile_seconds", "Seconds spent in compiles that were published", snap.compile_seconds
         )
         yield _counter(
+            "cachemgr_saved_seconds",
+            "Compile seconds this pod's start did not spend: the entry's compile time on a hit, less the wait",
+            snap.saved_seconds,
+        )
+        yield _counter(
             "cachemgr_lease_wait_seconds",
             "Seconds spent waiting on another pod's compile lease",
             snap.lease_wait_seconds,
