@@ -75,7 +75,7 @@ def test_progress_lines_default_to_one_per_30_seconds(monkeypatch: pytest.Monkey
     assert RunOptions(cache_root=Path("/x"), state_dir=Path("/y")).progress_interval == 30.0
     monkeypatch.setenv("CACHEMGR_PROGRESS_INTERVAL", "2m")
     assert interval_from(None) == 120.0
-    assert interval_from("1.5") == 1.5
+    assert interval_from(1.5) == 1.5
 
 
 @pytest.mark.quick

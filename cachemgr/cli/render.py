@@ -392,7 +392,9 @@ def plural(count: int, noun: str) -> str:
     """``1 entry``, ``2 entries``."""
     if count == 1:
         return f"1 {noun}"
-    return f"{count} {noun[:-1]}ies" if noun.endswith("y") else f"{count} {noun}s"
+    if noun.endswith("y"):
+        return f"{count} {noun[:-1]}ies"
+    return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch")) else f"{count} {noun}s"
 
 
 def section(title: str, body: str) -> str:
