@@ -253,7 +253,10 @@ class DiskReport:
         )
         if self.written_bytes:
             facts.append(f"the attempt was seen writing {human_bytes(self.written_bytes)}")
-        facts.append(f"{human_bytes(self.free_bytes)} free now that it is removed")
+        if self.free_at_start is not None and human_bytes(self.free_bytes) == human_bytes(self.free_at_start):
+            facts.append("as much is free again now that it is removed")
+        else:
+            facts.append(f"{human_bytes(self.free_bytes)} free now that it is removed")
         return head + ", ".join(facts) + f"; {self._need()}"
 
     def _need(self) -> str:
