@@ -253,9 +253,7 @@ class DiskReport:
         )
         if self.written_bytes:
             facts.append(f"the attempt was seen writing {human_bytes(self.written_bytes)}")
-        if self.free_at_start is not None and human_bytes(self.free_bytes) == human_bytes(self.free_at_start):
-            facts.append("as much is free again now that it is removed")
-        else:
+        if self.free_at_start is None or human_bytes(self.free_bytes) != human_bytes(self.free_at_start):
             facts.append(f"{human_bytes(self.free_bytes)} free now that it is removed")
         return head + ", ".join(facts) + f"; {self._need()}"
 
