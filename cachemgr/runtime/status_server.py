@@ -335,13 +335,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"not found: try /startupz /livez /readyz /status /metrics\n")
 
+    def do_HEAD(self) -> None:
+        """As GET, without the body (HTTP probes and load balancers may ask so)."""
+        self._head_only = True
+        try:
+            self.do_GET()
+        finally:
+            self._head_only = False  # one handler serves every request of a kept-alive connection
+
     def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        self.wfile.write(body)
+        if not getattr(self, "_head_only", False):
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a probe every few seconds would drown the compile log."""
