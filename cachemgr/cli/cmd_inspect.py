@@ -25,10 +25,10 @@ from cachemgr.cli.render import (
     input_rows,
     plural,
     result,
-    safe,
     tell,
 )
 from cachemgr.core.coerce import as_dict
+from cachemgr.core.printable import safe
 from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import compute_key
 from cachemgr.ops.attempts import LEGEND, Attempt, FailureHistory, Quarantined

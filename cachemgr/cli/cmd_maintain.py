@@ -26,10 +26,10 @@ from cachemgr.cli.render import (
     layout,
     plural,
     result,
-    safe,
     tell,
 )
 from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.printable import safe
 from cachemgr.core.units import human_bytes
 from cachemgr.ops.diskusage import DiskUsage, disk_usage
 from cachemgr.ops.inspection import volume_errors

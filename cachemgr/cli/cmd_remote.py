@@ -24,11 +24,11 @@ from cachemgr.cli.render import (
     entry_row,
     plural,
     result,
-    safe,
     show,
     tell,
 )
 from cachemgr.core.errors import CacheMgrError, ConfigError, NotFoundError, UsageError
+from cachemgr.core.printable import safe
 from cachemgr.core.units import human_age, human_bytes, parse_duration, parse_size
 from cachemgr.remote.config import RemoteConfig, remote_config
 from cachemgr.volume.identity import PodIdentity

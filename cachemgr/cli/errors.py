@@ -13,7 +13,6 @@ import traceback
 from collections.abc import Mapping
 from pathlib import Path
 
-from cachemgr.cli.render import safe
 from cachemgr.core.errors import (
     MESSAGE_LIMIT,
     CacheMgrError,
@@ -21,6 +20,7 @@ from cachemgr.core.errors import (
     StateDirInUseError,
     shorten,
 )
+from cachemgr.core.printable import safe
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message

@@ -21,35 +21,17 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from cachemgr.core.printable import safe
+
 Output = Literal["table", "wide", "json", "yaml", "name"]
 Shrink = Literal["head", "tail", "model"]
 ELLIPSIS = "…"
 DEFAULT_WIDTH = 80
-_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def safe(value: Any) -> str:
-    """``value`` as text with every non-printable character escaped (``\\x1b``, ``\\n``, ``\\u202e``).
-
-    The one escaping function: applied wherever volume text is rendered for people.
-    """
-    text = value if isinstance(value, str) else str(value)
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else _escape(c) for c in text)
-
-
-def _escape(char: str) -> str:
-    if char in _ESCAPES:
-        return _ESCAPES[char]
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def _guard(text: str) -> str:
@@ -118,6 +100,8 @@ class Style:
 
 def terminal_width() -> int:
     """COLUMNS, else the terminal's width, else 80 (a pipe, a pod's log)."""
+    import shutil  # not for cachemgr probe, which imports this module for safe()
+
     return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns or DEFAULT_WIDTH
 
 
