@@ -89,7 +89,7 @@ def _add_key_command(sub: Any, name: str) -> None:
             [f"cachemgr key -- {_SERVER}", f"cachemgr key -o json -- {_SERVER} | jq .key"],
         )
         add_key(cmd)
-        add_output(cmd, "table", "json", "yaml")
+        add_output(cmd, "table", "wide", "json", "yaml")
     else:
         cmd = _command(
             sub,
@@ -104,7 +104,7 @@ def _add_key_command(sub: Any, name: str) -> None:
         )
         add_root(cmd)
         add_key(cmd)
-        add_output(cmd, "table", "json", "yaml")
+        add_output(cmd, "table", "wide", "json", "yaml")
     add_log(cmd)
 
 
@@ -200,7 +200,7 @@ def _add_show_command(sub: Any, name: str) -> None:
     )
     cmd.add_argument("key", metavar="KEY", help="a unique prefix of the key, or the entry name")
     add_root(cmd)
-    add_output(cmd, "table", "json", "yaml")
+    add_output(cmd, "table", "wide", "json", "yaml")
     add_compat(cmd)
     add_log(cmd)
 

@@ -122,8 +122,10 @@ def _layout_block(block: Block, style: Style) -> str:
     if isinstance(block, Text):
         return block.text if style.headers else ""
     if isinstance(block, Pairs):
+        if not style.headers:
+            return ""  # --no-headers: table rows only
         body = pairs_text(block.pairs)
-        return body if not block.title or not style.headers else f"{block.title}\n{body}"
+        return body if not block.title else f"{block.title}\n{body}"
     if not block.rows:
         return (block.empty or "") if style.headers else ""
     body = table(
