@@ -419,7 +419,8 @@ def test_a_compiler_that_removes_its_partial_output_still_proves_the_volume_too_
     assert f"needs more than {human_bytes(report['needed_bytes'])}" in message
     # One line a person reads: the figures and the remedy, not copytree's list of every file.
     assert "printed 'No space left on device'" in message, message
-    assert "shutil" not in message and "[(" not in message, message
+    assert "shutil" not in message, message
+    assert "[(" not in message, message
     assert "seen writing 0 B" not in message, "a figure of nothing explains nothing"
     assert len(message.replace(str(root), "/var/cache/cachemgr")) < 560, (len(message), message)
     assert "shutil.Error" in report["printed"], "the details stay in the report (log event, failure record)"
