@@ -446,7 +446,7 @@ LOCK_COLUMNS = (
     Column("node", "node", shrink="tail", least=8),
     Column("held for", "held_for"),
     Column("refreshed", "refreshed"),
-    Column("lease", "lease"),
+    Column("lease", "lease", wide=True),
     Column("state", "state"),
     Column("entry", "entry", wide=True),
     Column("pid", "pid", ">", wide=True),

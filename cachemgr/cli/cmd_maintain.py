@@ -291,17 +291,19 @@ def _npu_name(name: str) -> str:
     return clean
 
 
-def _plan_blocks(plan: PrunePlan) -> Iterator[Block]:
+def _plan_blocks(plan: PrunePlan, *, dry_run: bool = False) -> Iterator[Block]:
     rows = [
         {"kind": i.kind, "key": (i.key or _key_of(i.name))[:12] or "-", "size": i.bytes_str, "reason": i.reason,
          "name": i.name}
         for i in plan.items
     ]  # fmt: skip
-    yield Table(rows, PLAN_COLUMNS, empty="nothing to prune")
-    lines = [f"plan: {plural(len(rows), 'item')}, {plan.bytes_str}"] if rows else []
+    if rows:
+        yield Table(rows, PLAN_COLUMNS)
+    lines = [f"plan: {plural(len(rows), 'item')}, {plan.bytes_str}"] if rows else ["nothing to prune"]
     lines += [f"kept: {safe(name)}: {safe(why)}" for name, why in plan.kept]
-    if lines:
-        yield Text("\n".join(lines))
+    if rows and dry_run:
+        lines.append("(dry run: nothing removed)")
+    yield Text("\n".join(lines))
 
 
 def _key_of(name: str) -> str:
@@ -334,9 +336,7 @@ def _render_prune(args: argparse.Namespace, plan: PrunePlan, done: PruneResult |
         if names:
             emit("\n".join(safe(n) for n in names))
         return
-    blocks: list[Block] = list(_plan_blocks(plan))
+    blocks: list[Block] = list(_plan_blocks(plan, dry_run=args.dry_run and done is None))
     if done is not None:
         blocks.append(Text(_done_text(plan, done)))
-    elif plan.items and args.dry_run:
-        blocks.append(Text("(dry run: nothing removed)"))
     emit(layout(blocks, Style.of(args)))

@@ -192,7 +192,12 @@ def _shorten(text: str, width: int, how: Shrink | None) -> str:
         if len(text) <= width:
             return text
     if how == "tail":
-        return ELLIPSIS + text[len(text) - width + 1 :]
+        # The end identifies a pod (its ReplicaSet hash and suffix): kept from a word boundary.
+        kept = text[len(text) - width + 1 :]
+        cut = kept.find("-")
+        if 0 <= cut < len(kept) // 2:
+            kept = kept[cut + 1 :]
+        return ELLIPSIS + kept
     return text[: width - 1] + ELLIPSIS
 
 
