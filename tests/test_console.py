@@ -547,3 +547,23 @@ def test_the_demos_inspect_command_works_as_printed(tmp_path: Path) -> None:
     assert [line.split()[2] for line in done.stdout.splitlines() if " publishing" in line], (
         "every phase is shown"
     )
+    # Every kind of line the README's sample timeline shows, the demo prints (phase and note).
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    sample = readme.split("cold start (empty caches):", 1)[1].split("```", 1)[0]
+    shape = re.compile(r"\s+[\d.]+s\s+(\S+)-\d\s+(\S+)\s*(.*)")
+
+    def kinds(text: str) -> set[tuple[str, str, str]]:
+        found = set()
+        for line in text.splitlines():
+            match = shape.fullmatch(line)
+            if match:  # the note without pod and node names
+                found.add((match[1], match[2], re.sub(r"(prefill|decode)-\d on node-\w", "POD", match[3])))
+        return found
+
+    assert kinds(sample) <= kinds(done.stdout), kinds(sample) - kinds(done.stdout)
+    for line in (
+        "compiles: cold prefill=1 decode=1; warm prefill=0 decode=0",
+        "demo: OK, each role compiled once, then never again",
+    ):
+        assert line in sample, line
+        assert line in done.stdout, line
