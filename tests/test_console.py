@@ -567,3 +567,23 @@ def test_the_demos_inspect_command_works_as_printed(tmp_path: Path) -> None:
     ):
         assert line in sample, line
         assert line in done.stdout, line
+
+
+def test_a_killed_holder_on_another_node_is_silent_for_locks_and_ls_alike(
+    cache: Built, tmp_path: Path
+) -> None:
+    """Its pid cannot be probed from here: both say "silent" once its attempt stops beating, until
+    the lease expires (then the next pod takes it over)."""
+    with cluster(tmp_path / "pods", STANDIN_COMPILE_SECONDS="0.1") as pods:
+        pod = _holder(pods, cache.root, node=NODE)
+        pod.signal_pod(signal.SIGKILL)
+        pod.wait_exit()
+
+        def silent() -> Any:
+            rows = json.loads(cli("ls", "-o", "json", env=cache.env).stdout)
+            staging = [r for r in rows if r["kind"] == "staging"]
+            return staging if staging and staging[0]["status"] == "silent" else None
+
+        wait_for(silent, what="ls to call the attempt silent", timeout=30)
+        (lock,) = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)
+        assert (lock["state"], lock["stale"]) == ("silent", False), lock

@@ -486,6 +486,7 @@ def _locks_blocks(found: list[LockInfo]) -> Iterator[Block]:
     yield Text("PROGRESS (as the holder reports it)\n" + "\n".join(progress))
     yield Text(
         "ages by this node's clock from the marker's mtime. state: live; stalled (no progress past its "
-        "--stall-timeout); expired (not refreshed for its duration: the next pod takes it over); dead "
-        "(its process is gone from this host: a pod here takes it over at once)"
+        "--stall-timeout); silent (its attempt stopped beating: the pod is gone, or its node's clock is off); "
+        "expired (not refreshed for its duration: the next pod takes it over); dead (its process is gone "
+        "from this host: a pod here takes it over at once)"
     )
