@@ -69,8 +69,8 @@ def _invocations() -> list[tuple[str, list[str]]]:
     command starts (a span's start, a prompt, a pipe, ``&&``, ``$(``, ``exec ... --``), not prose."""
     found = []
     for page in PAGES:
-        for span in _code_spans(page.read_text()):
-            span = re.split(r"\s#\s", span, maxsplit=1)[0]  # a shell comment
+        for whole in _code_spans(page.read_text()):
+            span = re.split(r"\s#\s", whole, maxsplit=1)[0]  # a shell comment
             for match in re.finditer(
                 r"(?:^\s*|\$ |\| |; |&& |\$\(|<\(|-- |\.venv/bin/)cachemgr ([a-z][^|;&<>)]*)", span
             ):
