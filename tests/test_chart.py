@@ -626,7 +626,7 @@ def test_the_argv_and_env_the_chart_gives_cachemgr_parse_with_its_own_parser(
     options = renders["options"]
     run_args = shlex.split(env_of(workload(options, "Deployment", "prefill"))["CACHEMGR_RUN_ARGS"])
     args = parser.parse_args(["run", *run_args])
-    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", "15m", "2h")
+    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", 900.0, 7200.0), "15m, 2h"
 
 
 def test_a_roles_warm_job_carries_its_deployments_args_env_and_image(renders: dict[str, Docs]) -> None:

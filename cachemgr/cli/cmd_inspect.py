@@ -186,7 +186,7 @@ def _ls_summary(listing: Listing, image: ImageInfo) -> str:
     drifted = [e.short for e in listing.entries if e.recompiled_on_hit]
     if drifted:
         lines.append(
-            f"* recompiled on hit: the server compiled anyway after loading {', '.join(drifted)}: the key lacks "
+            f"* RECOMPILED ON HIT: the server compiled anyway after loading {', '.join(drifted)}: the key lacks "
             "an input the server hashes ('cachemgr show KEY' names the new files)"
         )
     silent = [e for e in listing.entries if e.silent_users]

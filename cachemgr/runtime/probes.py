@@ -190,8 +190,14 @@ def _frozen(state: State, state_dir: Path, now: float) -> str | None:
     )
 
 
+def stalled(state: State, now: float) -> str | None:
+    """No progress for --stall-timeout: as the runner says, or as its silence says. The one rule
+    for the probes and the ``cachemgr_compile_stalled`` gauge (a gauge that disagreed with a
+    failing liveness probe under load told the operator nothing was wrong)."""
+    return _stalled(state, now)
+
+
 def _stalled(state: State, now: float) -> str | None:
-    """No progress for --stall-timeout: as the runner says, or as its silence says."""
     detail = state.detail
     if "no_progress_s" not in detail:
         return None

@@ -37,7 +37,7 @@ from cachemgr.core.errors import ConfigError
 from cachemgr.ops.scan import scan, total_bytes
 from cachemgr.ops.space import VolumeSpace
 from cachemgr.runtime.metrics import FAILURE_REASONS, Metrics
-from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check
+from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check, stalled
 from cachemgr.runtime.state import (
     PHASES,
     STATUS_PORT_FILE,
@@ -236,7 +236,7 @@ class RunCollector:
         yield _gauge(
             "cachemgr_compile_stalled",
             "1 while a compile has shown no progress for --stall-timeout",
-            1.0 if detail.get("stalled") else 0.0,
+            1.0 if stalled(state, time.time()) else 0.0,
         )
         if "no_progress_s" in detail:
             yield _gauge(
