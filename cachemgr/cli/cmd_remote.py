@@ -29,7 +29,7 @@ from cachemgr.cli.render import (
 )
 from cachemgr.core.errors import CacheMgrError, ConfigError, NotFoundError, UsageError
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_age, human_bytes, parse_duration, parse_size
+from cachemgr.core.units import human_age, human_bytes
 from cachemgr.remote.config import RemoteConfig, remote_config
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
@@ -268,13 +268,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
 
 
 def _remote_prune_options(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        older = parse_duration(args.unused_for) if args.unused_for is not None else None
-        keep = parse_size(args.keep_bytes) if args.keep_bytes is not None else None
-    except ValueError as error:
-        raise UsageError(
-            f"prune --remote: {error}", remedy="e.g. --unused-for 30d, --keep-bytes 2Ti"
-        ) from None
+    older, keep = args.unused_for, args.keep_bytes  # parsed by the parser (seconds, bytes)
     options = {
         "keys": tuple(args.key),
         "older_than": older,
