@@ -62,7 +62,7 @@ def report(error: BaseException, *, command: str, environ: Mapping[str, str], en
         print(f"{prefix}: {safe(line)}", file=sys.stderr, flush=True)
     # Not for a second run refused in a live pod: the termination message is the live one's.
     if entrypoint and not isinstance(error, StateDirInUseError):
-        write_termination_message(line, environ=environ)
+        write_termination_message(safe(line), environ=environ)  # kubectl describe shows it raw
     return code
 
 
