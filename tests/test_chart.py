@@ -491,7 +491,11 @@ REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     "a malformed trusted key": ({"trust": {"trustedKeys": ["no-colon"]}}, ["/trust/trustedKeys/0"]),
     "a trusted key that is not 32 bytes": (
-        {"trust": {"trustedKeys": ["builder-1:MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="]}},
+        {
+            "trust": {
+                "trustedKeys": ["builder-1:MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="]
+            }
+        },
         ["/trust/trustedKeys/0"],
     ),
     "trusted keys with nobody to sign": (
@@ -636,7 +640,7 @@ def test_the_argv_and_env_the_chart_gives_cachemgr_parse_with_its_own_parser(
     options = renders["options"]
     run_args = shlex.split(env_of(workload(options, "Deployment", "prefill"))["CACHEMGR_RUN_ARGS"])
     args = parser.parse_args(["run", *run_args])
-    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", "15m", "2h")
+    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", 900.0, 7200.0), "15m, 2h"
 
 
 def test_a_roles_warm_job_carries_its_deployments_args_env_and_image(renders: dict[str, Docs]) -> None:
