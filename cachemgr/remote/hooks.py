@@ -29,7 +29,7 @@ from cachemgr.core.log import get_logger
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, FileRecord, Manifest
-from cachemgr.volume.store import commit, create_staging
+from cachemgr.volume.store import commit, create_staging, lookup, quarantine
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
@@ -195,8 +195,6 @@ def _set_aside_untrusted(
     ``quarantine/`` with its reason, never deleted. Only after the copy was found trusted, and
     only what is still not a trusted hit now (a peer's trusted publish meanwhile is kept).
     """
-    from cachemgr.volume.store import lookup, quarantine
-
     try:
         found = lookup(root, key, trusted=trusted, stop=stop)
     except InterruptedError:
