@@ -85,7 +85,19 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         warm=warm,
         progress_interval=interval_from(args.progress_interval),
         remote=remote_config(args.remote, environ or {}),
+        prefetch=_prefetch_mode(args.prefetch),
     )
+
+
+def _prefetch_mode(value: str | None) -> Any:
+    """``--prefetch`` / ``CACHEMGR_PREFETCH``: ``auto`` (the default) or ``off``."""
+    mode = (value or "auto").strip().lower()
+    if mode not in {"auto", "off"}:
+        raise UsageError(
+            f"--prefetch (CACHEMGR_PREFETCH) must be auto or off, not {mode[:40]!r}",
+            remedy="set CACHEMGR_PREFETCH=auto (read ahead after the launch) or off",
+        )
+    return mode
 
 
 def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:

@@ -156,6 +156,13 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         help="serve /livez /readyz /startupz /status /metrics (0: any free port)",
     )
     group.add_argument(
+        "--prefetch",
+        default=_env("CACHEMGR_PREFETCH"),
+        metavar="auto|off",
+        help="on a hit, read the entry into the page cache while the server initialises "
+        "[env CACHEMGR_PREFETCH; default auto]",
+    )
+    group.add_argument(
         "--remote",
         default=None,
         metavar="URL",

@@ -39,6 +39,7 @@ class RunOptions:
     # compile_progress and waiting_for_compile, at most once per this (cachemgr.ops.progress.DEFAULT_INTERVAL)
     progress_interval: float = 30.0
     remote: RemoteConfig | None = None  # the remote tier (cachemgr.remote); off by default
+    prefetch: Literal["auto", "off"] = "auto"  # read-ahead after a hit's launch (cachemgr.runtime.prefetch)
 
     @property
     def stale_staging_after(self) -> float:

@@ -55,6 +55,7 @@ from cachemgr.volume.store import (
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
     from cachemgr.remote.hooks import FetchOutcome, Upload
+    from cachemgr.runtime.prefetch import Prefetch
     from cachemgr.runtime.waiting import Waiting
     from cachemgr.volume.lease import KeyLease
 
@@ -373,16 +374,35 @@ class Runner:
         log.info("launching", key=key.short, entry=found.path.name, view=str(view))
         child = launcher.start(argv, env=env, capture=False, what="server")
         self.relay.attach(child)
+        read_ahead = self._read_ahead(root, found, child.pid)  # after the spawn: never delays it
         release_logs()
         watch_readiness(url, child, state=self.state, stall=self.stall, exited=self.server_exited)
         drift = strategy.watch_hit(root, key, found, view)
         remove_old_views_later(views, keep=view)
         code = launcher.wait_reaping(child, reaper=self.reaper)
         self.server_exited.set()
+        if read_ahead is not None:
+            read_ahead.close()
         if drift is not None:
             drift.check()  # a compile-only server exits without ever serving
         self.state.phase("stopped", exit_code=code)
         return code
+
+    def _read_ahead(self, root: CacheRoot, found: Lookup, pid: int) -> Prefetch | None:
+        """The entry into the page cache while the server initialises (cachemgr.runtime.prefetch)."""
+        if self.options.prefetch == "off" or found.manifest is None:
+            return None
+        from cachemgr.runtime.prefetch import start_prefetch  # imported after the spawn
+
+        return start_prefetch(
+            self.options.prefetch,
+            entry=found.path,
+            manifest=found.manifest,
+            within=root.path,
+            server_pid=pid,
+            stops=(self.relay.stop, self.server_exited),
+            metrics=self.metrics,
+        )
 
 
 def run(request: KeyRequest, options: RunOptions, *, environ: Mapping[str, str]) -> int:
