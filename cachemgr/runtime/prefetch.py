@@ -135,6 +135,8 @@ class Prefetch:
         self._closing = threading.Event()
         self._stop = _Any(*stops, self._closing)
         self.result: ReadResult | None = None
+        self._log_lock = threading.Lock()
+        self._logged = False
         self._thread = threading.Thread(target=self._run, name="cachemgr-prefetch", daemon=True)
 
     def start(self) -> Prefetch:
@@ -142,8 +144,17 @@ class Prefetch:
         return self
 
     def close(self, timeout: float = JOIN_SECONDS) -> None:
+        """Stop the readers; if one is still blocked in a read of the volume, say so and go on."""
         self._closing.set()
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._log(
+                {
+                    "entry": self.entry.name,
+                    "stopped": "stop",
+                    "note": "a reader is still blocked on the volume",
+                }
+            )
 
     def _run(self) -> None:
         started = time.monotonic()
@@ -154,8 +165,16 @@ class Prefetch:
             fields.update(stopped="error", error=f"{type(error).__name__}: {error}"[:300])
         finally:
             fields.setdefault("seconds", round(time.monotonic() - started, 3))
-            log.info(EVENT, **fields)
+            self._log(fields)
             self.done.set()
+
+    def _log(self, fields: dict[str, Any]) -> None:
+        """The one ``prefetch_done`` event of this read-ahead."""
+        with self._log_lock:
+            if self._logged:
+                return
+            self._logged = True
+        log.info(EVENT, **fields)
 
     def _prefetch(self) -> dict[str, Any]:
         order = loader_order(self.manifest.files, prefix=ARTIFACTS + "/")

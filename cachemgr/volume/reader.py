@@ -44,7 +44,10 @@ from cachemgr.volume.manifest import FileRecord
 
 Mechanism = Literal["advise", "read"]
 
-CHUNK = 8 << 20  # one read or advice: stop and budget are checked between two
+# Stop and budget are checked between two chunks. A read waits for the volume (a second per MiB
+# on a store capped at 1 MB/s), so a read is small; advice only queues the kernel's reads.
+READ_CHUNK = 1 << 20
+ADVISE_CHUNK = 8 << 20
 SEGMENT = 64 << 20  # a file larger than this is shared among workers, a segment each
 SMALL_FILE = 1 << 20  # configs a loader reads before the graphs they list
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -221,7 +224,7 @@ class _Job:
     def work(self, top: int) -> None:
         """A worker: segments from the queue until it is empty or the read halts."""
         dirs = _Folders(top)
-        buffer = memoryview(bytearray(CHUNK if self.mechanism == "read" else 0))
+        buffer = memoryview(bytearray(READ_CHUNK if self.mechanism == "read" else 0))
         shared = self.shared
         try:
             while (segment := shared.take()) is not None:
@@ -255,12 +258,13 @@ class _Job:
 
     def _pull(self, fd: int, segment: _Segment, buffer: memoryview) -> str | None:
         offset = segment.start
+        chunk = READ_CHUNK if self.mechanism == "read" else ADVISE_CHUNK
         while offset < segment.end:
             if self.skip is not None:
                 offset = max(offset, min(segment.end, self.skip(segment.index)))  # the server read past it
                 if offset >= segment.end:
                     break
-            length = min(CHUNK, segment.end - offset)
+            length = min(chunk, segment.end - offset)
             if not self.shared.charge(length):
                 return "halted"
             if self.mechanism == "advise":
