@@ -270,6 +270,11 @@ class _Job:
             if self.mechanism == "advise":
                 with contextlib.suppress(OSError):  # advice only: a filesystem may refuse it
                     os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+                if offset > segment.start:
+                    # Wait for the previous chunk's reads (its last byte): advice alone queues the
+                    # whole entry in a moment, and the server's own first reads (its imports, on a
+                    # node that has not cached its image) then wait behind all of it.
+                    os.pread(fd, 1, offset - 1)
                 count = length
             else:
                 count = os.preadv(fd, (buffer[:length],), offset)
