@@ -39,6 +39,12 @@ COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"])
 COMPILERS = ("0.11.2", "0.12.0", "0.12.3", "0.13.0")
 ROLES = ("prefill", "decode")
 TP = ("2", "4", "8", "16")
+# The vllm strategy keys on the server's versions; this machine has no vLLM: declare them.
+SERVER_VERSIONS = {
+    "CACHEMGR_VLLM_VERSION": "0.30.0+cpu",
+    "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
+    "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
+}
 
 
 def _build_chunk(args: tuple[str, int, int, bool]) -> int:
@@ -76,7 +82,7 @@ def _key(i: int) -> object:
             role=ROLES[(i // 7) % 2],
             compiler_version=COMPILERS[(i // 13) % len(COMPILERS)],
             npu_type="RBLN-CA25",
-            environ={},
+            environ=SERVER_VERSIONS,
         )
     )
 

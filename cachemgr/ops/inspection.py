@@ -67,7 +67,7 @@ class Listing:
 
 
 def list_cache(root: CacheRoot, *, compat: Compat | None) -> Listing:
-    found = scan(root, compat=compat)
+    found = scan(root, compat=compat, hints=True)
     published = {e.key for e in found.entries if e.key}
     attempts = tuple(attempt_of(root, info, published=published) for info in found.staging)
     warnings = list(found.warnings)

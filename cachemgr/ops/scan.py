@@ -173,8 +173,17 @@ class Scan:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
-def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = True) -> Scan:
-    """Read every entry's summary; damaged ones are reported, not fatal."""
+def scan(
+    root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = True, hints: bool = False
+) -> Scan:
+    """Read every entry's summary; damaged ones are reported, not fatal.
+
+    ``hints``: take what has not changed since the last such scan from the volume's hints file
+    (:mod:`cachemgr.ops.scanhints`), for what is only shown (``ls``, ``du``, ``/metrics``); a
+    scan that decides anything (``prune``, the space check) reads everything.
+    """
+    if hints:
+        return _hinted_scan(root, compat=compat, with_staging=with_staging)
     names = entry_names(root)
     with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
         used = frozenset(os.listdir(usage_fd)) if usage_fd is not None else frozenset()
@@ -182,6 +191,31 @@ def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = 
         entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     # Sorted: entries read by threads (a slow volume) add theirs in no set order.
+    return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
+
+
+def _hinted_scan(root: CacheRoot, *, compat: Compat | None, with_staging: bool) -> Scan:
+    from cachemgr.ops import scanhints  # ls, du and /metrics only
+
+    hints = scanhints.load(root)
+    with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
+        stamps, usage = scanhints.listing(entries_fd), scanhints.listing(usage_fd)
+        hints.listed = stamps
+        ctx = _Context(root, compat, frozenset(usage), time.time(), [], entries_fd, usage_fd, hints, usage)
+        infos: dict[str, EntryInfo | None] = {}
+        fresh = []
+        for name in sorted(stamps):
+            summary = hints.summary(name, stamps[name])
+            checked = _checked_summary(summary, name) if summary is not None else "not hinted"
+            if isinstance(checked, dict):
+                infos[name] = _info_from(ctx, name, checked)
+            else:
+                fresh.append(name)
+        hints.read = len(fresh)
+        infos.update(zip(fresh, _entry_infos(ctx, fresh), strict=True))
+        scanhints.save(root, hints, entries=stamps, usage=usage)
+    staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
+    entries = tuple(info for _, info in sorted(infos.items()) if info is not None)
     return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
 
 
@@ -236,6 +270,8 @@ class _Context:
     # one path walk less per file on the hot path.
     entries_fd: int | None
     usage_fd: int | None = None
+    hints: Any = None  # cachemgr.ops.scanhints.Hints of a scan for display (ls, du), else None
+    usage_stamps: Mapping[str, Any] = field(default_factory=dict)  # usage/ listed with its stamps
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
 
@@ -264,6 +300,11 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
             return None  # pruned or quarantined while we looked: not damage
         ctx.warnings.append(f"{name}: {problem}")
         return _damaged(ctx, path, problem, summary)
+    return _info_from(ctx, name, summary)
+
+
+def _info_from(ctx: _Context, name: str, summary: dict[str, Any]) -> EntryInfo:
+    """An entry whose summary checked out (read now, or hinted), with its usage read now."""
     key = summary["key"]
     compiler, npu = text(summary.get("compiler")), text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
@@ -313,6 +354,7 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     checked = _checked_summary(data, name)
     if isinstance(checked, str):
         return _key_json(ctx, name), checked
+    summary = dict(checked)
     try:
         st: os.stat_result | None = os.stat(
             where + MANIFEST_NAME, dir_fd=ctx.entries_fd, follow_symlinks=False
@@ -325,6 +367,8 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     if not stat.S_ISREG(st.st_mode):
         problem = f"manifest.json is {safefs.describe(st)}: damaged (cachemgr verify --fix moves it aside)"
         return checked, problem
+    if ctx.hints is not None:  # what the next scan for display may take instead of reading it
+        ctx.hints.learn(name, summary)
     return checked, None
 
 
@@ -393,7 +437,16 @@ def _usage(ctx: _Context, key: str) -> Usage:
     """Last use and current users, from one directory read and a stat per file of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
         return Usage()
-    return read_usage(ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
+    seen = ctx.usage_stamps.get(key)
+    if ctx.hints is not None and seen is not None:
+        recompiled = ctx.hints.recompiled(key, seen)
+        if recompiled is not None:  # no use records, unchanged: only its time is shown
+            sec, ns = divmod(seen[1], 10**9)  # as os.stat computes st_mtime, to the last bit
+            return Usage(last=sec + ns * 1e-9, recompiled_on_hit=recompiled)
+    usage = read_usage(ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
+    if ctx.hints is not None and not usage.live and not usage.silent:
+        ctx.hints.learn_usage(key, seen, usage.recompiled_on_hit)
+    return usage
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:

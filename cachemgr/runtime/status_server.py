@@ -90,7 +90,7 @@ def measure_volume(cache_root: Path) -> VolumeFigures:
         str(cache_root), time.time(), free_bytes=space.free_bytes, size_bytes=space.total_bytes
     )
     try:
-        found = scan(open_root(cache_root, create=False), with_staging=False)
+        found = scan(open_root(cache_root, create=False), with_staging=False, hints=True)
     except OSError as error:  # VolumeError is one: no layout yet, or a newer one
         return VolumeFigures(**{**figures.__dict__, "error": str(error)})
     return VolumeFigures(
