@@ -76,12 +76,13 @@ class MemoryBudget:
     binding: str
     watch: CgroupFiles | None = None
 
-    def exceeded(self) -> bool:
-        """The pod's usage reached the ceiling: its server grew into the headroom, or we did."""
+    def exceeded(self, *, margin: int = 0) -> bool:
+        """The pod's usage is within ``margin`` of the ceiling (what a reader has in flight and
+        is about to add): its server grew into the headroom, or we did."""
         if self.watch is None or self.ceiling is None:
             return False
         usage = self.watch.usage()
-        return usage is not None and usage >= self.ceiling
+        return usage is not None and usage + margin >= self.ceiling
 
     def to_json(self) -> dict[str, object]:
         return {"bytes": self.bytes, "ceiling": self.ceiling, "binding": self.binding}

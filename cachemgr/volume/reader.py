@@ -48,6 +48,7 @@ Mechanism = Literal["advise", "read"]
 # on a store capped at 1 MB/s), so a read is small; advice only queues the kernel's reads.
 READ_CHUNK = 1 << 20
 ADVISE_CHUNK = 8 << 20
+KERNEL_READAHEAD = 8 << 20
 SEGMENT = 64 << 20  # a file larger than this is shared among workers, a segment each
 SMALL_FILE = 1 << 20  # configs a loader reads before the graphs they list
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -115,8 +116,11 @@ class _Segment:
 class _Shared:
     """What the workers of one read share: the queue, the counters, the budget."""
 
-    def __init__(self, segments: list[_Segment], *, budget: MemoryBudget | None, stop: Flag | None):
+    def __init__(
+        self, segments: list[_Segment], *, budget: MemoryBudget | None, stop: Flag | None, in_flight: int
+    ) -> None:
         self.segments = segments
+        self.in_flight = in_flight  # bytes the workers may have asked for and not yet seen charged
         self.next = 0
         self.lock = threading.Lock()
         self.budget = budget
@@ -145,7 +149,7 @@ class _Shared:
             return False
         if self.budget is None:
             return self.halted is None
-        if self.budget.exceeded():
+        if self.budget.exceeded(margin=self.in_flight):
             self.halt("memory")
             return False
         with self.lock:
@@ -189,7 +193,13 @@ def read_entry(
         for start in (range(0, max(files[i].size, 1), step) if step else (0,))
     ]
     result = ReadResult(mechanism=mechanism, workers=max(1, workers))
-    job = _Job(files, _Shared(segments, budget=budget, stop=stop), result, mechanism, skip, on_chunk)
+    # Advice keeps two chunks per worker queued; a read has one in hand, and the kernel's own
+    # readahead may run ahead of it (8 MiB on common disks; FUSE's is smaller).
+    in_flight = result.workers * (
+        2 * ADVISE_CHUNK if mechanism == "advise" else READ_CHUNK + KERNEL_READAHEAD
+    )
+    shared = _Shared(segments, budget=budget, stop=stop, in_flight=in_flight)
+    job = _Job(files, shared, result, mechanism, skip, on_chunk)
     started = time.monotonic()
     with safefs.open_dir(within, entry) as top:
         threads = [
@@ -200,7 +210,6 @@ def read_entry(
             thread.start()
         for thread in threads:
             thread.join()
-    shared = job.shared
     result.seconds = time.monotonic() - started
     result.stopped = shared.halted
     result.files_done = (
