@@ -43,7 +43,7 @@ EVENT = "prefetch_done"
 WORKERS: dict[Mechanism, int] = {"advise": 4, "read": 16}
 WATCH_INTERVAL = 0.2  # seconds between two looks at the server's open files
 NICE = 10  # the readers' niceness (a thread's own, on Linux)
-JOIN_SECONDS = 5.0  # a stopping run waits this long for the readers (one chunk each)
+JOIN_SECONDS = 2.0  # a stopping run waits this long for the readers (one chunk each), then goes on
 
 log = get_logger("cachemgr.run")
 
