@@ -447,7 +447,7 @@ def test_a_file_the_server_has_read_is_left_by_the_read_ahead(tmp_path: Path) ->
 LOADER = textwrap.dedent(
     """
     import os, sys, time
-    artifacts, out = sys.argv[1], sys.argv[2]
+    artifacts, out = sys.argv[1], os.environ["LOADER_OUT"]  # not in argv: argv is in the key
     open(out + ".started", "w").close()
     time.sleep(float(os.environ.get("LOADER_INIT", "0.5")))  # the engine set-up before the load
     total = 0
@@ -464,26 +464,32 @@ COMPILE = f"{sys.executable} -m cachemgr_standin.compiler --output-dir {{output_
 COMMAND = ("--strategy", "command", "--compile-cmd", COMPILE)
 
 
-def _argv(pods: Cluster, name: str) -> list[str]:
+def _argv(pods: Cluster) -> list[str]:
     loader = pods.work / "loader.py"
     loader.write_text(LOADER)
-    return [sys.executable, str(loader), "{artifact_dir}", str(pods.work / f"{name}.loaded")]
+    return [sys.executable, str(loader), "{artifact_dir}"]
 
 
 def _warm(pods: Cluster, root: Path) -> None:
     """Publish the entry the pods of these tests hit (a warm Job)."""
-    warm = pods.start(
-        f"warm-{len(pods.pods)}", _argv(pods, "warm"), cache_root=root, command="warm", options=COMMAND
-    )
+    warm = pods.start(f"warm-{len(pods.pods)}", _argv(pods), cache_root=root, command="warm", options=COMMAND)
     assert warm.wait_exit() == 0, warm.tail()
+
+
+def _start(
+    pods: Cluster, root: Path, name: str, *, options: tuple[str, ...] = (), env: dict[str, str] | None = None
+) -> Any:
+    """A pod whose server is the loader: it initialises, then reads every file whole."""
+    loader_env = {"LOADER_OUT": str(pods.work / f"{name}.loaded"), **(env or {})}
+    return pods.start(name, _argv(pods), cache_root=root, options=(*COMMAND, *options), env=loader_env)
 
 
 def _hit_pod(
     pods: Cluster, root: Path, name: str, *, options: tuple[str, ...] = (), env: dict[str, str] | None = None
 ) -> Any:
-    """A pod on the hit, its server the loader: it initialises, then reads every file whole."""
+    """A pod on a hit: the entry is published first."""
     _warm(pods, root)
-    return pods.start(name, _argv(pods, name), cache_root=root, options=(*COMMAND, *options), env=env)
+    return _start(pods, root, name, options=options, env=env)
 
 
 def _events(pod: Any, event: str) -> list[dict[str, Any]]:
@@ -494,6 +500,7 @@ def test_a_hit_reads_ahead_after_the_launch_and_logs_one_prefetch_done(pods: Clu
     pod = _hit_pod(pods, root, "hit", env={"LOADER_SERVE": "30"})
     done = wait_for(lambda: _events(pod, "prefetch_done"), what="prefetch_done")
     assert len(done) == 1
+    assert not _events(pod, "published")  # a hit: the entry came from the warm Job
     (event,) = done
     assert event["stopped"] == "done", event
     assert event["bytes"] == event["entry_bytes"] > 12_000_000, event
@@ -528,14 +535,14 @@ def test_sigterm_stops_the_read_ahead_on_a_slow_volume(pods: Cluster, juicefs_vo
     """JuiceFS whose object store delivers 1 MB/s: the read-ahead of 12 MiB would take 12 s."""
     mounts = juicefs_volume_factory(mounts=2, extra_mount_args=["--download-limit=8"])  # Mbps
     _warm(pods, mounts[0])  # written through one node: the other's page cache is cold
-    pod = pods.start("slow", _argv(pods, "slow"), cache_root=mounts[1], options=COMMAND,
-                     env={"LOADER_INIT": "60"})  # fmt: skip
+    pod = _start(pods, mounts[1], "slow", env={"LOADER_INIT": "60"})
     wait_for((pods.work / "slow.loaded.started").exists, what="the server's start")
     sent = time.monotonic()
     pod.signal(signal.SIGTERM)
     code = pod.wait_exit(timeout=30)
     took = time.monotonic() - sent
     assert code == 128 + signal.SIGTERM, pod.tail()
+    assert not _events(pod, "published")  # a hit: its bytes are in the other node's caches only
     (event,) = _events(pod, "prefetch_done")
     assert event["stopped"] == "stop", event
     assert event["bytes"] < event["entry_bytes"], event
