@@ -33,7 +33,7 @@ from cachemgr.runtime.prefetch import ServerReads
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord, read_manifest
-from cachemgr.volume.reader import READ_CHUNK, SEGMENT, loader_order, mechanism_for, read_entry
+from cachemgr.volume.reader import READ_CHUNK, SEGMENT, hash_entry, loader_order, mechanism_for, read_entry
 from cachemgr.volume.store import create_staging, publish
 
 IDENTITY = PodIdentity(pod="prefetch-test", node="node-a", host="host", pid=os.getpid())
@@ -547,3 +547,19 @@ def test_sigterm_stops_the_read_ahead_on_a_slow_volume(pods: Cluster, juicefs_vo
     assert event["stopped"] == "stop", event
     assert event["bytes"] < event["entry_bytes"], event
     assert took < 8, took  # within a chunk or two at 1 MB/s, not the 12 s a whole read takes
+
+
+@pytest.mark.quick
+def test_one_parallel_pass_hashes_every_file_as_its_manifest_does(tmp_path: Path) -> None:
+    """What a content check before the launch (issue 22's trusting modes) reads through."""
+    entry = _publish(tmp_path, {"a.rbln": 3 * MiB + 1, "b/c.rbln": 5000, "empty": 0})
+    files, order = _artifacts(entry)
+    digests, result = hash_entry(entry, files, order, within=tmp_path, workers=3)
+    assert set(digests) == set(order) == result.files_done
+    assert all(digests[i] == files[i].xxh3 for i in order)
+    os.chmod(entry / ARTIFACTS, 0o755)
+    (entry / ARTIFACTS / "a.rbln").unlink()
+    (entry / ARTIFACTS / "a.rbln").symlink_to(tmp_path)  # a link is left, never hashed
+    digests, result = hash_entry(entry, files, order, within=tmp_path, workers=3)
+    assert len(digests) == 2
+    assert result.skipped == {"not_a_regular_file": 1}

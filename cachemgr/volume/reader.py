@@ -297,6 +297,34 @@ class _Job:
         return None
 
 
+def hash_entry(
+    entry: Path,
+    files: Sequence[FileRecord],
+    order: Sequence[int],
+    *,
+    within: Path,
+    workers: int,
+    stop: Flag | None = None,
+) -> tuple[dict[int, str], ReadResult]:
+    """The xxh3-128 of each file read whole, in one parallel pass (the read a content check and
+    a read-ahead can share): ``{index: hexdigest}`` for the files in ``result.files_done``; a
+    file missing from it was left (``result.skipped``, or the read was stopped) and is unchecked."""
+    import xxhash  # the content check's; a plain read-ahead needs no hash
+
+    digests: dict[int, xxhash.xxh3_128] = {}
+
+    def update(index: int, offset: int, data: memoryview) -> None:
+        if offset == 0:
+            digests[index] = xxhash.xxh3_128()
+        digests[index].update(data)
+
+    result = read_entry(
+        entry, files, order, within=within, mechanism="read", workers=workers, stop=stop, on_chunk=update
+    )
+    empty = xxhash.xxh3_128_hexdigest(b"")
+    return {i: digests[i].hexdigest() if i in digests else empty for i in result.files_done}, result
+
+
 def _why(error: OSError) -> str:
     if isinstance(error, safefs.UnsafePathError):
         return "unsafe_path"
