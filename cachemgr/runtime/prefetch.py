@@ -100,6 +100,26 @@ class ServerReads:
                 self.positions[index] = pos
 
 
+def _idle_io() -> None:
+    """The I/O priority class IDLE for this thread: mq-deadline (a virtio or SATA disk's default)
+    and bfq then serve every other read first, the server's among them; readahead the advice
+    starts is submitted in this thread's name and carries it. Schedulers without priorities
+    (``none``, NVMe's usual) ignore it; the readers' bounded queue is what remains there."""
+    import ctypes
+    import platform
+
+    number = _IOPRIO_SET.get(platform.machine())
+    if number is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall(number, _IOPRIO_WHO_PROCESS, threading.get_native_id(), _IOPRIO_CLASS_IDLE << 13)
+
+
+_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}  # the ioprio_set(2) syscall's number
+_IOPRIO_WHO_PROCESS = 1  # with a thread id: that thread
+_IOPRIO_CLASS_IDLE = 3
+
+
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants (vLLM starts its engine and workers as child processes)."""
     found: list[int] = []
@@ -159,10 +179,11 @@ class Prefetch:
             )
 
     def _run(self) -> None:
-        # Below the server for the CPU: on a node of few cores the server's own start (its
-        # imports) comes first. Threads made from this one (the readers) inherit it.
+        # Below the server for the CPU and the disk: its own start (its imports, from a local
+        # disk the read-ahead may share) comes first. Threads made from this one inherit both.
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
+        _idle_io()
         started = time.monotonic()
         fields: dict[str, Any] = {"entry": self.entry.name}
         try:
