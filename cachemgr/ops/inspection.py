@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.coerce import as_dict, read_dict
-from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.errors import NotFoundError, UsageError, VolumeError
 from cachemgr.ops.attempts import (
     Attempt,
     FailureHistory,
@@ -38,6 +38,7 @@ from cachemgr.volume.records import failures
 from cachemgr.volume.store import list_staging
 
 if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
     from cachemgr.volume.lease import Holder
 
 
@@ -66,8 +67,8 @@ class Listing:
         return rows
 
 
-def list_cache(root: CacheRoot, *, compat: Compat | None) -> Listing:
-    found = scan(root, compat=compat, hints=True)
+def list_cache(root: CacheRoot, *, compat: Compat | None, trusted: TrustedKeys | None = None) -> Listing:
+    found = scan(root, compat=compat, trusted=trusted, hints=True)
     published = {e.key for e in found.entries if e.key}
     attempts = tuple(attempt_of(root, info, published=published) for info in found.staging)
     warnings = list(found.warnings)
@@ -105,6 +106,20 @@ class EntryDetail:
     warnings: tuple[str, ...] = ()
     # recompiled_on_hit records of this key (cachemgr.volume.drift), oldest first.
     recompiled: tuple[Mapping[str, Any], ...] = ()
+    # What the entry's signature.json says (key, when, by whom): a claim unless entry.trust says
+    # "trusted"; None when unsigned. And why it does not parse, if it does not.
+    signature: Mapping[str, Any] | None = None
+
+    @property
+    def status(self) -> str:
+        """What ``show`` found, from the check it prints: the files' sizes and mtimes against the
+        manifest (``damaged`` when any differs), then the scan's judgement (``incompatible``,
+        ``damaged``); ``ok`` only when the check passed."""
+        if self.entry is None:
+            return "not published"
+        if self.problems or self.entry.status == "damaged":
+            return "damaged"
+        return "incompatible" if self.entry.status == "incompatible" else "ok"
 
     @property
     def inputs(self) -> Mapping[str, Any]:
@@ -116,7 +131,8 @@ class EntryDetail:
             "key": self.digest,
             "entry": self.name,
             "published": self.entry is not None,
-            "status": self.entry.status if self.entry else None,
+            "status": self.status if self.entry else None,
+            "checked": "sizes and mtimes against the manifest" if self.manifest else None,
             "origin": self.entry.to_json()["origin"] if self.entry else None,
             "problem": self.entry.problem if self.entry else None,
             "size_bytes": self.entry.size_bytes if self.entry else None,
@@ -137,11 +153,16 @@ class EntryDetail:
             "attempts": [a.to_json() for a in self.attempts],
             "warnings": list(self.warnings),
             "recompiled_on_hit": [dict(r) for r in self.recompiled],
+            "signer": self.entry.signer if self.entry else None,
+            "trust": self.entry.trust if self.entry else None,
+            "signature": dict(self.signature) if self.signature is not None else None,
         }
 
 
 def find_key(root: CacheRoot, query: str) -> KeyMatch:
-    """A unique digest prefix or an entry name -> the key; UsageError when none or several match."""
+    """A unique digest prefix or an entry name (``entry/NAME`` too, as ``-o name`` prints it) -> the
+    key; NotFoundError when none matches, UsageError when several do."""
+    query = strip_kind(query)
     if query in entry_names(root):
         return KeyMatch(entry_digest(root, query), query)
     prefix = query.strip().lower()
@@ -152,7 +173,7 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         digest, entry = next(iter(matches.items()))
         return KeyMatch(digest, entry)
     if not matches:
-        raise UsageError(
+        raise NotFoundError(
             f"no entry, compile attempt or failure record under {root.path} matches {query!r}",
             remedy="'cachemgr ls' lists the keys; pass a prefix of one or an entry name",
         )
@@ -161,6 +182,12 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         f"{query!r} matches {len(matches)} keys ({listed}{', ...' if len(matches) > 6 else ''})",
         remedy="pass a longer prefix or the entry name",
     )
+
+
+def strip_kind(query: str) -> str:
+    """``entry/NAME`` (a line of ``ls -o name``) -> ``NAME``; other queries as given."""
+    kind, slash, rest = query.partition("/")
+    return rest if slash and kind in {"entry", "failure", "lease", "stats"} and rest else query
 
 
 def _keys_starting(root: CacheRoot, prefix: str) -> dict[str, str | None]:
@@ -185,10 +212,12 @@ def _keys_starting(root: CacheRoot, prefix: str) -> dict[str, str | None]:
     return matches
 
 
-def show(root: CacheRoot, query: str, *, compat: Compat | None) -> EntryDetail:
+def show(
+    root: CacheRoot, query: str, *, compat: Compat | None, trusted: TrustedKeys | None = None
+) -> EntryDetail:
     match = find_key(root, query)
     warnings: list[str] = []
-    entry = scan_entry(root, match.entry, compat=compat) if match.entry else None
+    entry = scan_entry(root, match.entry, compat=compat, trusted=trusted) if match.entry else None
     published = {match.digest} if entry else set()
     attempts = tuple(attempt_of(root, info, published=published) for info in list_staging(root, match.digest))
     manifest: dict[str, Any] | None = None
@@ -219,7 +248,29 @@ def show(root: CacheRoot, query: str, *, compat: Compat | None) -> EntryDetail:
         attempts=attempts,
         recompiled=tuple(drift_records(root, match.digest)),
         warnings=tuple(warnings),
+        signature=_signature(root, entry) if entry is not None else None,
     )
+
+
+def _signature(root: CacheRoot, entry: EntryInfo) -> dict[str, Any] | None:
+    """``show``: the signature's key and statement (not the file list's hash), as signed."""
+    from cachemgr.volume.trust import SignatureError, read_signed
+
+    try:
+        signed = read_signed(entry.path, within=root.path)
+    except (OSError, SignatureError) as error:
+        return {"problem": str(error)}
+    if signed is None:
+        return None
+    statement = signed.statement
+    return {
+        "key": signed.key_name,
+        "signed_at": statement.signed_at,
+        "built_by": dict(statement.built_by),
+        "files": statement.files,
+        "bytes": statement.total_bytes,
+        "for_key": statement.key,
+    }
 
 
 def _manifest_summary(path: Path) -> tuple[dict[str, Any] | None, tuple[str, ...]]:

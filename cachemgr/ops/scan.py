@@ -24,20 +24,29 @@ import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core import safefs
 from cachemgr.core.coerce import as_dict, number, read_dict, text
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_age, human_bytes
-from cachemgr.volume.entries import DIGEST, entry_names
+from cachemgr.ops import scanhints
+from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Mark, Usage, User, read_usage
 from cachemgr.volume.store import StagingInfo, list_staging
 
-EntryStatus = Literal["ok", "damaged", "incompatible"]
+if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
+
+# What the scan checked, and no more: ``published`` (its summary reads, its manifest, the commit
+# record written last, is there), ``incompatible`` (another compiler major.minor: this image can
+# never use it), ``damaged`` (summary or manifest missing or unreadable). The files themselves are
+# not checked here: ``show`` checks sizes and mtimes, ``verify`` hashes them.
+EntryStatus = Literal["published", "damaged", "incompatible"]
 
 _SUMMARY_MAX = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -105,6 +114,18 @@ class EntryInfo:
     # Where the entry came from: compiled on this volume, or downloaded from the remote tier
     # (summary.json's "origin", written by cachemgr.remote.hooks).
     origin: Mapping[str, Any] = field(default_factory=dict)
+    # The key its publisher signed it with, as summary.json claims (None: unsigned); and with
+    # trusted keys, whether one of them signed it for this key ("trusted") or why not
+    # ("untrusted: ..."); None: not checked. The bytes are checked by pods and ``verify``.
+    signer: str | None = None
+    trust: str | None = None
+    # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
+    starts: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def hits(self) -> int:
+        """Starts that found the entry published and loaded it without compiling or waiting."""
+        return int(self.starts.get("hit", 0))
 
     @property
     def origin_kind(self) -> str:
@@ -161,6 +182,10 @@ class EntryInfo:
             "problem": self.problem,
             "recompiled_on_hit": self.recompiled_on_hit,
             "origin": {"kind": self.origin_kind, **self.origin},
+            "signer": self.signer,
+            "trust": self.trust,
+            "hits": self.hits,
+            "starts": dict(self.starts),
         }
 
 
@@ -174,48 +199,27 @@ class Scan:
 
 
 def scan(
-    root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = True, hints: bool = False
+    root: CacheRoot,
+    *,
+    compat: Compat | None = None,
+    with_staging: bool = True,
+    trusted: TrustedKeys | None = None,
+    hints: bool = False,
 ) -> Scan:
-    """Read every entry's summary; damaged ones are reported, not fatal.
-
-    ``hints``: take what has not changed since the last such scan from the volume's hints file
-    (:mod:`cachemgr.ops.scanhints`), for what is only shown (``ls``, ``du``, ``/metrics``); a
-    scan that decides anything (``prune``, the space check) reads everything.
-    """
-    if hints:
-        return _hinted_scan(root, compat=compat, with_staging=with_staging)
-    names = entry_names(root)
+    """Read every entry's summary; damaged ones are reported, not fatal. With ``trusted`` keys,
+    also each entry's signature (a small file, not the manifest nor the bytes). ``hints``: for
+    what is only shown (ls, du, /metrics), take what did not change (:mod:`cachemgr.ops.scanhints`)."""
+    hinted = scanhints.load(root) if hints else None
     with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
-        used = frozenset(os.listdir(usage_fd)) if usage_fd is not None else frozenset()
-        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd)
-        entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
+        names, used = scanhints.names(root, entries_fd, usage_fd, hinted)
+        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd, trusted, hinted)
+        infos = {n: _entry_info(ctx, n, s) for n, s in hinted.summaries(_checked_summary)} if hinted else {}
+        fresh = [name for name in names if name not in infos]
+        infos.update(zip(fresh, _entry_infos(ctx, fresh), strict=True))
+        scanhints.save(root, hinted, read=len(fresh))
+        entries = tuple(info for name in names if (info := infos[name]) is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     # Sorted: entries read by threads (a slow volume) add theirs in no set order.
-    return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
-
-
-def _hinted_scan(root: CacheRoot, *, compat: Compat | None, with_staging: bool) -> Scan:
-    from cachemgr.ops import scanhints  # ls, du and /metrics only
-
-    hints = scanhints.load(root)
-    with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
-        stamps, usage = scanhints.listing(entries_fd), scanhints.listing(usage_fd)
-        hints.listed = stamps
-        ctx = _Context(root, compat, frozenset(usage), time.time(), [], entries_fd, usage_fd, hints, usage)
-        infos: dict[str, EntryInfo | None] = {}
-        fresh = []
-        for name in sorted(stamps):
-            summary = hints.summary(name, stamps[name])
-            checked = _checked_summary(summary, name) if summary is not None else "not hinted"
-            if isinstance(checked, dict):
-                infos[name] = _info_from(ctx, name, checked)
-            else:
-                fresh.append(name)
-        hints.read = len(fresh)
-        infos.update(zip(fresh, _entry_infos(ctx, fresh), strict=True))
-        scanhints.save(root, hints, entries=stamps, usage=usage)
-    staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
-    entries = tuple(info for _, info in sorted(infos.items()) if info is not None)
     return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
 
 
@@ -242,12 +246,14 @@ def _entry_infos(ctx: _Context, names: list[str]) -> list[EntryInfo | None]:
         return infos + list(pool.map(lambda name: _entry_info(ctx, name), rest))
 
 
-def scan_entry(root: CacheRoot, name: str, *, compat: Compat | None = None) -> EntryInfo | None:
+def scan_entry(
+    root: CacheRoot, name: str, *, compat: Compat | None = None, trusted: TrustedKeys | None = None
+) -> EntryInfo | None:
     """One entry as ``scan`` sees it (None if it is not there), without scanning the rest."""
     with _directory(root, root.entries) as entries_fd:
         if entries_fd is None or not _is_dir_at(entries_fd, name):
             return None  # gone, or a link or file in place of an entry: never read through
-        return _entry_info(_Context(root, compat, None, time.time(), [], entries_fd, None), name)
+        return _entry_info(_Context(root, compat, None, time.time(), [], entries_fd, None, trusted), name)
 
 
 def _is_dir_at(fd: int, name: str) -> bool:
@@ -270,8 +276,8 @@ class _Context:
     # one path walk less per file on the hot path.
     entries_fd: int | None
     usage_fd: int | None = None
-    hints: Any = None  # cachemgr.ops.scanhints.Hints of a scan for display (ls, du), else None
-    usage_stamps: Mapping[str, Any] = field(default_factory=dict)  # usage/ listed with its stamps
+    trusted: TrustedKeys | None = None
+    hints: scanhints.Hints | None = None  # a scan for display (ls, du): what did not change
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
 
@@ -292,19 +298,15 @@ def _directory(root: CacheRoot, path: Path) -> Iterator[int | None]:
         yield fd
 
 
-def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
-    summary, problem = _read_summary(ctx, name)
+def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) -> EntryInfo | None:
+    """One entry: its summary read now, or ``hinted`` (already checked, cachemgr.ops.scanhints)."""
+    summary, problem = (hinted, None) if hinted is not None else _read_summary(ctx, name)
     if problem is not None:
         path = ctx.entries / name
         if ctx.entries_fd is None or not _is_dir_at(ctx.entries_fd, name):
             return None  # pruned or quarantined while we looked: not damage
         ctx.warnings.append(f"{name}: {problem}")
         return _damaged(ctx, path, problem, summary)
-    return _info_from(ctx, name, summary)
-
-
-def _info_from(ctx: _Context, name: str, summary: dict[str, Any]) -> EntryInfo:
-    """An entry whose summary checked out (read now, or hinted), with its usage read now."""
     key = summary["key"]
     compiler, npu = text(summary.get("compiler")), text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
@@ -325,14 +327,49 @@ def _info_from(ctx: _Context, name: str, summary: dict[str, Any]) -> EntryInfo:
         created_at=number(summary.get("created_at")),
         last_used_at=usage.last,
         users=usage.live,
-        status="incompatible" if why else "ok",
+        status="incompatible" if why else "published",
         problem=why,
         compile_seconds=number(summary.get("compile_seconds")),
         recompiled_on_hit=usage.recompiled_on_hit,
         silent_users=usage.silent,
         usage_seen=usage.seen,
         origin=as_dict(summary.get("origin")),
+        signer=text(summary.get("signer")) or None,
+        trust=_trust(ctx, name, key) if ctx.trusted else None,
+        starts=usage.starts,
     )
+
+
+def _trust(ctx: _Context, name: str, key: str) -> str:
+    """ "trusted", or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
+    from cachemgr.volume.trust import SignatureError, judge_signature, parse_signed
+
+    assert ctx.trusted is not None  # called only with trusted keys
+    try:
+        raw = _signature_bytes(ctx, name)
+        verdict = judge_signature(parse_signed(raw) if raw is not None else None, ctx.trusted)
+    except (OSError, SignatureError) as error:
+        return f"untrusted: {_short_error(error)}"
+    if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
+        return f"untrusted: signed for another key ({verdict.statement.key[:16]})"
+    return "trusted" if verdict.trusted else verdict.reason
+
+
+def _signature_bytes(ctx: _Context, name: str) -> bytes | None:
+    """``signature.json`` of an entry, read as its summary is (one open from ``entries/``, no
+    link followed, a FIFO never waited on); None if it has none."""
+    from cachemgr.volume.trust import SIGNATURE_NAME, SignatureError
+
+    try:
+        fd = os.open(f"{ctx.prefix}{name}/{SIGNATURE_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
+        return os.read(fd, _SUMMARY_MAX + 1)
+    finally:
+        os.close(fd)
 
 
 def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]:
@@ -354,7 +391,6 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     checked = _checked_summary(data, name)
     if isinstance(checked, str):
         return _key_json(ctx, name), checked
-    summary = dict(checked)
     try:
         st: os.stat_result | None = os.stat(
             where + MANIFEST_NAME, dir_fd=ctx.entries_fd, follow_symlinks=False
@@ -367,8 +403,8 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     if not stat.S_ISREG(st.st_mode):
         problem = f"manifest.json is {safefs.describe(st)}: damaged (cachemgr verify --fix moves it aside)"
         return checked, problem
-    if ctx.hints is not None:  # what the next scan for display may take instead of reading it
-        ctx.hints.learn(name, summary)
+    if ctx.hints is not None:  # what the next scan for display may take unread
+        ctx.hints.learn(name, checked)
     return checked, None
 
 
@@ -430,6 +466,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         problem=problem,
         silent_users=usage.silent if usage else (),
         usage_seen=usage.seen if usage else None,
+        starts=usage.starts if usage else {},
     )
 
 
@@ -437,16 +474,8 @@ def _usage(ctx: _Context, key: str) -> Usage:
     """Last use and current users, from one directory read and a stat per file of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
         return Usage()
-    seen = ctx.usage_stamps.get(key)
-    if ctx.hints is not None and seen is not None:
-        recompiled = ctx.hints.recompiled(key, seen)
-        if recompiled is not None:  # no use records, unchanged: only its time is shown
-            sec, ns = divmod(seen[1], 10**9)  # as os.stat computes st_mtime, to the last bit
-            return Usage(last=sec + ns * 1e-9, recompiled_on_hit=recompiled)
-    usage = read_usage(ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
-    if ctx.hints is not None and not usage.live and not usage.silent:
-        ctx.hints.learn_usage(key, seen, usage.recompiled_on_hit)
-    return usage
+    read = partial(read_usage, ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
+    return read() if ctx.hints is None else ctx.hints.usage(key, read)
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:

@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cachemgr.core.errors import MissError, UsageError
+from cachemgr.core.errors import NotFoundError, UsageError
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.key.serving import ServerCommand
@@ -28,6 +28,9 @@ from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
 from cachemgr.volume.store import PublishOutcome
+
+if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
 
 STALE_UPLOAD_AFTER = 86400.0  # objects without a manifest this old are a dead upload, not one under way
 
@@ -179,7 +182,7 @@ def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | No
 
 
 def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
-    """An entry name or a unique key prefix -> the remote entry; UsageError / MissError otherwise."""
+    """An entry name or a unique key prefix -> the remote entry; NotFoundError / UsageError otherwise."""
     query = query.strip()
     if not query:
         raise UsageError("an empty KEY matches everything", remedy="pass a key prefix or an entry name")
@@ -187,7 +190,7 @@ def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
     if len(found) == 1:
         return found[0]
     if not found:
-        raise MissError(
+        raise NotFoundError(
             f"the remote has no entry matching {query!r}",
             remedy="'cachemgr ls --remote' lists the remote's entries",
         )
@@ -262,12 +265,16 @@ def pull_entry(
     *,
     identity: PodIdentity,
     progress: Progress | None = None,
+    trusted: TrustedKeys | None = None,
 ) -> tuple[PublishOutcome, Moved]:
-    """Download, check and publish one remote entry here (as a pod's remote hit does)."""
+    """Download, check and publish one remote entry here (as a pod's remote hit does; with
+    ``trusted`` keys, as a trusting pod's: RemoteUntrustedError unless one of them signed it)."""
     key = key_of(entry)
-    fetched = download_and_publish(root, key, remote, identity=identity, deadline=None, progress=progress)
+    fetched = download_and_publish(
+        root, key, remote, identity=identity, deadline=None, progress=progress, trusted=trusted
+    )
     if fetched is None:
-        raise MissError(
+        raise NotFoundError(
             f"remote entry {entry.entry} was removed while pulling it", remedy="'cachemgr ls --remote'"
         )
     return fetched

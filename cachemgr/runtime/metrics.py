@@ -61,6 +61,8 @@ class MetricsSnapshot:
     phase: str
     phase_seconds: dict[str, float]
     remote: dict[str, Any] = field(default_factory=dict)
+    untrusted: int = 0
+    saved_seconds: float = 0.0
     prefetch: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -69,8 +71,10 @@ class MetricsSnapshot:
             "misses": self.misses,
             "compiles": self.compiles,
             "compile_seconds": round(self.compile_seconds, 3),
+            "saved_seconds": round(self.saved_seconds, 3),
             "lease_wait_seconds": round(self.lease_wait_seconds, 3),
             "damaged": self.damaged,
+            "untrusted": self.untrusted,
             "recompiled_on_hit": self.recompiled_on_hit,
             "failures": dict(sorted(self.failures.items())),
             "phase": self.phase,
@@ -86,8 +90,12 @@ class Metrics:
     misses: int = 0
     compiles: int = 0
     compile_seconds: float = 0.0
+    # Compile time this start did not spend: the entry's compile on a hit, less the wait after one.
+    saved_seconds: float = 0.0
     lease_wait_seconds: float = 0.0
     damaged: int = 0
+    # Entries not trusted (cachemgr.volume.trust): unsigned, another key's, changed after signing.
+    untrusted: int = 0
     # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
     recompiled_on_hit: int = 0
     failures: Counter[str] = field(default_factory=Counter)
@@ -176,8 +184,10 @@ class Metrics:
                 misses=self.misses,
                 compiles=self.compiles,
                 compile_seconds=self.compile_seconds,
+                saved_seconds=self.saved_seconds,
                 lease_wait_seconds=self.lease_wait_seconds,
                 damaged=self.damaged,
+                untrusted=self.untrusted,
                 recompiled_on_hit=self.recompiled_on_hit,
                 failures=dict(failures),
                 phase=self.phase,

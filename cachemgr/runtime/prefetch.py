@@ -25,18 +25,19 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import membudget
 from cachemgr.core.fsutil import filesystem_type
 from cachemgr.core.log import get_logger
 from cachemgr.core.procs import Flag
 from cachemgr.runtime.metrics import Metrics
-from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
+from cachemgr.volume.manifest import ARTIFACTS, FileRecord
+
+if TYPE_CHECKING:
+    from cachemgr.volume.store import Lookup
 from cachemgr.volume.reader import Mechanism, ReadResult, loader_order, mechanism_for, read_entry
 
-PrefetchMode = Literal["auto", "off"]
-MODES: tuple[PrefetchMode, ...] = ("auto", "off")
 EVENT = "prefetch_done"
 # Workers: advice only queues reads (a few keep a local disk's queue full); reads on FUSE and
 # network filesystems each wait a round trip, so more of them overlap (bench/bench_prefetch.py).
@@ -139,15 +140,11 @@ class Prefetch:
     """The read-ahead thread of one hit; :meth:`close` stops it and waits a bounded time."""
 
     def __init__(
-        self,
-        *,
-        entry: Path,
-        manifest: Manifest,
-        within: Path,
-        server_pid: int,
-        stops: Sequence[Flag],
-        metrics: Metrics,
+        self, found: Lookup, *, within: Path, server_pid: int, stops: Sequence[Flag], metrics: Metrics
     ) -> None:
+        """``found``: the hit being launched; ``stops``: SIGTERM's flag, the server's exit."""
+        assert found.manifest is not None  # a hit always has one
+        entry, manifest = found.path, found.manifest
         self.entry = entry
         self.manifest = manifest
         self.within = within
@@ -254,22 +251,3 @@ def _figures(result: ReadResult, *, order: Sequence[int], files: Sequence[FileRe
         "bytes_left": sum(left),
         "stopped": result.stopped or "done",
     }
-
-
-def start_prefetch(
-    mode: PrefetchMode,
-    *,
-    entry: Path,
-    manifest: Manifest,
-    within: Path,
-    server_pid: int,
-    stops: Sequence[Flag],
-    metrics: Metrics,
-) -> Prefetch | None:
-    """The read-ahead of a launched server's entry (None with ``--prefetch off``); it ends when
-    any of ``stops`` is set (SIGTERM, the server's exit) or :meth:`Prefetch.close` is called."""
-    if mode == "off":
-        return None
-    return Prefetch(
-        entry=entry, manifest=manifest, within=within, server_pid=server_pid, stops=stops, metrics=metrics
-    ).start()
