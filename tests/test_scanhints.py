@@ -167,7 +167,8 @@ def test_a_lying_hint_shows_only_in_ls_prune_reads_the_use_records(tmp_path: Pat
     path = root.path / scanhints.HINTS_NAME
     data = json.loads(path.read_text())
     st = (root.path / "usage" / digest).stat()
-    data["usage"][digest] = {"stamp": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns], "recompiled": 0}
+    stamp = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+    data["usage"][digest] = {"stamp": stamp, "recompiled": 0, "starts": {}, "waited": []}
     path.write_text(json.dumps(data))
     shown = {e["entry"]: e for e in _shown(root, hints=True)}
     assert shown[entry.name]["in_use"] is False  # the lie reaches the display...
