@@ -178,9 +178,9 @@ class Prefetch:
     def _run(self) -> None:
         # Below the server for the CPU and the disk: its own start (its imports, from a local
         # disk the read-ahead may share) comes first. Threads made from this one inherit both.
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, AttributeError):  # advice to the scheduler only
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
-        _idle_io()
+            _idle_io()
         started = time.monotonic()
         fields: dict[str, Any] = {"entry": self.entry.name}
         try:
