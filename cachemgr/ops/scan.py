@@ -344,45 +344,17 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
 
 def _claimed_signer(summary: Mapping[str, Any]) -> str | None:
     """The signer summary.json claims (not checked without trusted keys), if it is a key name."""
-    claimed = summary.get("signer")
-    if claimed is None:
-        return None
-    from cachemgr.core.signing import is_key_name
+    from cachemgr.core.signing import is_key_name  # only for a summary that claims one
 
-    return claimed if is_key_name(claimed) else None
+    return summary["signer"] if "signer" in summary and is_key_name(summary["signer"]) else None
 
 
 def _trust(ctx: _Context, name: str, key: str) -> tuple[str | None, str]:
-    """The key the entry's signature names (None: unsigned, or it does not parse), and "trusted"
-    or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
-    from cachemgr.volume.trust import SignatureError, judge_signature, parse_signed
+    """The key the entry's signature names, and "trusted" or why not (see EntryInfo)."""
+    from cachemgr.volume.trust import SIGNATURE_NAME, inspect_signature
 
     assert ctx.trusted is not None  # called only with trusted keys
-    try:
-        raw = _signature_bytes(ctx, name)
-        verdict = judge_signature(parse_signed(raw) if raw is not None else None, ctx.trusted)
-    except (OSError, SignatureError) as error:
-        return None, f"untrusted: {_short_error(error)}"
-    if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
-        return verdict.signer, f"untrusted: signed for another key ({verdict.statement.key[:16]})"
-    return verdict.signer, "trusted" if verdict.trusted else verdict.reason
-
-
-def _signature_bytes(ctx: _Context, name: str) -> bytes | None:
-    """``signature.json`` of an entry, read as its summary is (one open from ``entries/``, no
-    link followed, a FIFO never waited on); None if it has none."""
-    from cachemgr.volume.trust import SIGNATURE_NAME, SignatureError
-
-    try:
-        fd = os.open(f"{ctx.prefix}{name}/{SIGNATURE_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
-        return os.read(fd, _SUMMARY_MAX + 1)
-    finally:
-        os.close(fd)
+    return inspect_signature(ctx.entries_fd, f"{ctx.prefix}{name}/{SIGNATURE_NAME}", ctx.trusted, key=key)
 
 
 def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]:

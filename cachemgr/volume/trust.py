@@ -176,30 +176,30 @@ def read_signed(entry: Path, *, within: Path | None) -> Signed | None:
     """The entry's ``signature.json``, parsed; None if it has none; :class:`SignatureError` if it
     is not one. Read from the entry's folder reached from the root, never through a link."""
     try:
-        raw = _read(entry, within=within)
+        with safefs.open_tree(entry, within=within) as folder:
+            raw = _read_at(folder, SIGNATURE_NAME)
     except FileNotFoundError:
         return None
-    if raw is None:
-        raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
-    return parse_signed(raw)
+    return parse_signed(raw) if raw is not None else None
 
 
-def _read(entry: Path, *, within: Path | None) -> bytes | None:
-    with safefs.open_tree(entry, within=within) as folder:
-        try:
-            fd = os.open(SIGNATURE_NAME, _READ_FLAGS, dir_fd=folder)
-        except OSError as error:
-            if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-                return None
-            if error.errno == errno.EACCES:  # a mode changed by a writer: no flaky volume
-                raise SignatureError(f"{SIGNATURE_NAME} is not readable by this pod") from None
-            raise
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            return os.read(fd, _SIGNATURE_LIMIT + 1)
-        finally:
-            os.close(fd)
+def _read_at(dir_fd: int | None, rel: str) -> bytes | None:
+    try:
+        fd = os.open(rel, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file") from None
+        if error.errno == errno.EACCES:  # a mode changed by a writer: no flaky volume
+            raise SignatureError(f"{SIGNATURE_NAME} is not readable by this pod") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
+        return os.read(fd, _SIGNATURE_LIMIT + 1)
+    finally:
+        os.close(fd)
 
 
 def parse_signed(raw: bytes) -> Signed:
@@ -398,6 +398,25 @@ class _Either:
 
     def is_set(self) -> bool:
         return self._second.is_set() or (self._first is not None and self._first.is_set())
+
+
+def inspect_signature(
+    dir_fd: int | None, rel: str, trusted: TrustedKeys, *, key: str
+) -> tuple[str | None, str]:
+    """For ``ls`` (cachemgr.ops.scan): the key an entry's signature names (None: unsigned, or it
+    does not parse) and "trusted" or why not. The signature and the key it was signed for, not the
+    files: pods and ``verify`` check those. ``rel``: ``signature.json`` from ``dir_fd`` (the
+    entries folder), opened as its summary is (no link followed, no FIFO waited on)."""
+    try:
+        raw = _read_at(dir_fd, rel)
+        verdict = judge_signature(parse_signed(raw) if raw is not None else None, trusted)
+    except SignatureError as error:
+        return None, f"untrusted: {error}"
+    except OSError as error:
+        return None, f"untrusted: {SIGNATURE_NAME} is unreadable ({error.strerror})"
+    if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
+        return verdict.signer, f"untrusted: signed for another key ({verdict.statement.key[:16]})"
+    return verdict.signer, "trusted" if verdict.trusted else verdict.reason
 
 
 def signer_of(entry: Path, *, within: Path | None) -> str | None:
