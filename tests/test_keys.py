@@ -117,6 +117,23 @@ def test_a_bad_secret_key_file_is_a_config_error_naming_the_variable_and_the_fil
 
 
 @pytest.mark.quick
+@pytest.mark.parametrize("shape", ["{secret}", "b@d:{secret}", ":{secret}", "{name}={secret}"])
+def test_a_malformed_secret_key_file_is_never_quoted_in_the_error(tmp_path: Path, shape: str) -> None:
+    """The error line goes to the logs and the termination message (`kubectl describe pod`): not
+    one run of the secret's characters may appear in it, however the file is malformed."""
+    name, _, secret = generate_secret_key("builder-1", tmp_path / "good").to_text().partition(":")
+    path = tmp_path / "secret.key"
+    path.write_text(shape.format(name=name, secret=secret) + "\n")
+    path.chmod(0o600)
+    with pytest.raises(ConfigError) as raised:
+        load_secret_key(path, where="CACHEMGR_SIGNING_KEY_FILE")
+    line = raised.value.one_line()
+    assert str(path) in line
+    leaked = [secret[i : i + 6] for i in range(len(secret) - 6) if secret[i : i + 6] in line]
+    assert leaked == [], f"the secret key is quoted in {line!r}"
+
+
+@pytest.mark.quick
 def test_a_key_file_readable_by_the_group_is_accepted_as_a_secret_volume_with_fsgroup_makes_it(
     tmp_path: Path,
 ) -> None:
@@ -153,7 +170,16 @@ def test_one_name_for_two_keys_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="builder-1 stands for two different public keys"):
         parse_trusted_keys(f"{one} {other}")
     with pytest.raises(ConfigError, match="two different"):
-        parse_trusted_keys(str(one)).adding(other, where="CACHEMGR_SIGNING_KEY_FILE")
+        parse_trusted_keys(str(one)).signing_with(other, where="CACHEMGR_SIGNING_KEY_FILE")
+    unlisted = generate_secret_key("builder-2", tmp_path / "3").public
+    with pytest.raises(
+        ConfigError, match="signs with key builder-2, which CACHEMGR_TRUSTED_KEYS does not list"
+    ):
+        parse_trusted_keys(str(one)).signing_with(unlisted, where="CACHEMGR_SIGNING_KEY_FILE")
+    assert parse_trusted_keys(f"{one} {unlisted}").signing_with(unlisted, where="x").names == (
+        "builder-1",
+        "builder-2",
+    )
 
 
 # --- the command line -------------------------------------------------------------------------
@@ -189,6 +215,7 @@ def _bad_inputs(work: Path) -> dict[str, tuple[dict[str, str], str]]:
     """Each bad key input: the environment that gives it, and what the one line must name."""
     good = generate_secret_key("builder-1", work / "good.key")
     other = generate_secret_key("builder-1", work / "other.key")
+    rotated = generate_secret_key("builder-2", work / "rotated.key").public.name
     open_file = work / "open.key"
     open_file.write_text(good.to_text())
     open_file.chmod(0o644)
@@ -208,13 +235,21 @@ def _bad_inputs(work: Path) -> dict[str, tuple[dict[str, str], str]]:
             {"CACHEMGR_TRUSTED_KEYS": str(other.public), "CACHEMGR_SIGNING_KEY_FILE": str(work / "good.key")},
             "CACHEMGR_SIGNING_KEY_FILE",
         ),
+        # A rotation in the wrong order: the publisher's new key is not yet what the pods trust.
+        "signing-key-not-trusted": (
+            {
+                "CACHEMGR_TRUSTED_KEYS": str(good.public),
+                "CACHEMGR_SIGNING_KEY_FILE": str(work / "rotated.key"),
+            },
+            f"{rotated}, which CACHEMGR_TRUSTED_KEYS does not list",
+        ),
     }
 
 
 @pytest.mark.parametrize(
     "case",
     ["missing-file", "open-file", "malformed-file", "malformed-public", "two-keys-one-name",
-     "signing-key-named-as-another"],
+     "signing-key-named-as-another", "signing-key-not-trusted"],
 )  # fmt: skip
 def test_a_bad_key_input_stops_run_with_78_and_one_line_before_anything_runs(
     pods: Cluster, root: Path, case: str

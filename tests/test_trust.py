@@ -63,10 +63,14 @@ def _volume(tmp_path: Path) -> CacheRoot:
     return open_root(tmp_path / "volume", create=True)
 
 
-def _publish(root: CacheRoot, key: CacheKey, signer: SecretKey | None) -> Path:
+def _publish(
+    root: CacheRoot, key: CacheKey, signer: SecretKey | None, *, extra: tuple[str, ...] = ()
+) -> Path:
     staging = create_staging(root, key, IDENTITY)
     (staging.artifacts / "sub").mkdir()
-    for i, rel in enumerate(["graph_0.rbln", "sub/graph_1.rbln", "sub/graph_2.rbln", "rbln_config.json"]):
+    files = ["graph_0.rbln", "sub/graph_1.rbln", "sub/graph_2.rbln", "rbln_config.json", *extra]
+    for i, rel in enumerate(files):
+        (staging.artifacts / rel).parent.mkdir(parents=True, exist_ok=True)
         (staging.artifacts / rel).write_bytes(os.urandom(8192 + i))
     outcome = publish(
         root, staging, key, identity=IDENTITY, compile_seconds=1.0, strategy="command", signer=signer
@@ -186,6 +190,47 @@ def test_a_signature_that_does_not_parse_is_untrusted_never_an_exit(
     )
 
 
+_PLANTED = "\x1b[2J\x1b[31mPLANTED\nsecond line" + "A" * 300
+
+
+def _plant(doc: dict[str, Any], statement: dict[str, Any], where: str) -> None:
+    """One field of a real signature (or its statement) set to what a hostile writer chooses."""
+    field, _, value = where.partition("=")
+    target, name = (statement, field[len("statement.") :]) if field.startswith("statement.") else (doc, field)
+    target[name] = _PLANTED if value == "planted" else json.loads(value)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    "where",
+    ["key=planted", "format=planted", "signature=planted", "statement.signer=planted",
+     "statement.signed_at=planted", 'statement.signed_at="nan"', 'statement.files="3"',
+     "statement.built_by=planted", "statement.list=planted"],
+)  # fmt: skip
+def test_a_planted_signature_field_is_untrusted_and_never_repeated(
+    tmp_path: Path, keys: dict[str, SecretKey], where: str
+) -> None:
+    """What a writer of the volume or the bucket puts in signature.json reaches logs, tables and
+    quarantine notes only as one of our own fixed reasons: no escape, no newline, no length."""
+    root, key = _volume(tmp_path), command_key()
+    entry = _publish(root, key, keys["builder-1"])
+    writable(entry)
+    doc = json.loads((entry / SIGNATURE_NAME).read_text())
+    statement = json.loads(doc["statement"])
+    _plant(doc, statement, where)
+    doc["statement"] = json.dumps(statement)
+    (entry / SIGNATURE_NAME).write_text(json.dumps(doc))
+    rebuild_manifest(entry)
+    found = lookup(root, key, trusted=_trusting(keys["builder-1"]))
+    assert found.status == "untrusted"
+    assert found.untrusted.startswith("untrusted: signature.json does not parse ("), found.untrusted
+    for said in (found.untrusted, str(show(root, key.short, compat=None).signature)):
+        assert not [mark for mark in ("PLANTED", "x1b", "AAAA") if mark in said], said
+        assert said.isprintable(), said
+        assert len(said) < 120, said
+    assert found.signer is None, "a signature that does not parse names no signer"
+
+
 @pytest.mark.quick
 def test_a_symlink_in_place_of_the_signature_is_damage_and_a_fifo_never_blocks_the_check(
     tmp_path: Path, keys: dict[str, SecretKey]
@@ -204,6 +249,59 @@ def test_a_symlink_in_place_of_the_signature_is_damage_and_a_fifo_never_blocks_t
     found = first_problem(root.path, entry, [Expected("artifacts/fifo", 0, "0" * 64)])
     assert found is not None
     assert "not a regular file" in found.what
+
+
+# As root (CAP_DAC_OVERRIDE) modes mean nothing: drop every capability, so the lookup runs as an
+# unprivileged owner of the volume's files would (the chart's runAsUser).
+_UNPRIVILEGED = ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", "--"] if os.geteuid() == 0 else []
+_LOOKUP = """
+import json, sys
+from pathlib import Path
+from cachemgr.core.signing import parse_trusted_keys
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.store import lookup
+from cachemgr_testkit.scenarios import command_key
+root, keys = open_root(Path(sys.argv[1]), create=False), sys.argv[2]
+for trusted in (parse_trusted_keys(keys), None):
+    try:
+        found = lookup(root, command_key(), trusted=trusted)
+        print(json.dumps([found.status, found.reason]))
+    except OSError as error:
+        print(json.dumps(["raised", type(error).__name__]))
+"""
+
+
+_UNREADABLE = {  # what is made unreadable -> what the open mode does, as it always did
+    "artifacts/sub/graph_1.rbln": ["hit", ""],
+    "artifacts/sub": ["raised", "PermissionError"],
+    "signature.json": ["hit", ""],
+    "manifest.json": ["raised", "PermissionError"],
+    "artifacts/\x1b[2Jnamed": ["raised", "PermissionError"],  # a folder whose name a terminal obeys
+}
+
+
+@pytest.mark.parametrize("what", list(_UNREADABLE))
+def test_an_entry_made_unreadable_is_untrusted_never_an_exit(
+    tmp_path: Path, keys: dict[str, SecretKey], what: str
+) -> None:
+    """A writer of the volume takes the read away (chmod 000): every trusting pod, the builder
+    among them, exited 74 on each start for it, and nothing replaced it. Now it is untrusted: the
+    signing key's holder sets it aside and publishes its own, the others wait. The open mode is
+    as it was (a hit on an unreadable file, an I/O error on an unreadable folder or manifest)."""
+    root, key = _volume(tmp_path), command_key()
+    entry = _publish(root, key, keys["builder-1"], extra=("\x1b[2Jnamed/graph_3.rbln",))
+    writable(entry)
+    (entry / what).chmod(0)
+    result = subprocess.run(
+        [*_UNPRIVILEGED, sys.executable, "-c", _LOOKUP, str(root.path), str(keys["builder-1"].public)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trusting, open_mode = (json.loads(line) for line in result.stdout.splitlines())
+    assert trusting[0] == "untrusted", trusting
+    assert "not readable by this pod" in trusting[1]
+    assert trusting[1].isprintable(), "a name no key vouched for is shown only if it is plain"
+    assert open_mode == _UNREADABLE[what]
 
 
 @pytest.mark.quick
@@ -282,6 +380,27 @@ def test_inspection_shows_signer_and_trust(tmp_path: Path, keys: dict[str, Secre
 
 
 @pytest.mark.quick
+def test_the_signer_ls_shows_is_the_signatures_with_trusted_keys_and_a_key_name_without(
+    tmp_path: Path, keys: dict[str, SecretKey]
+) -> None:
+    """A forger keeps summary.json's "signer": with trusted keys `ls` shows the key the signature
+    names (none: unsigned), never the claim; without, a claim that is not a key name is not shown."""
+    root = _volume(tmp_path)
+    forged, planted = command_key(), command_key("decode")
+    forge_unsigned(_publish(root, forged, keys["builder-1"]))  # summary.json still says builder-1
+    entry = _publish(root, planted, None)
+    writable(entry)
+    summary = json.loads((entry / "summary.json").read_text())
+    (entry / "summary.json").write_text(json.dumps({**summary, "signer": "\x1b[31mbuilder-1\nok"}))
+    rebuild_manifest(entry)
+    trusting = {e.key: e for e in list_cache(root, compat=None, trusted=_trusting(keys["builder-1"])).entries}
+    assert (trusting[forged.digest].signer, trusting[forged.digest].trust) == (None, "untrusted: unsigned")
+    assert trusting[planted.digest].signer is None
+    claims = {e.key: e.signer for e in list_cache(root, compat=None).entries}
+    assert claims == {forged.digest: "builder-1", planted.digest: None}, "a claim, shown only as a key name"
+
+
+@pytest.mark.quick
 def test_verify_fix_moves_an_untrusted_entry_aside_with_its_reason(
     tmp_path: Path, keys: dict[str, SecretKey]
 ) -> None:
@@ -293,7 +412,12 @@ def test_verify_fix_moves_an_untrusted_entry_aside_with_its_reason(
     assert item.moved_to
     reason = json.loads(Path(item.moved_to + ".reason.json").read_text())["reason"]
     assert reason == "untrusted: key other-1"
-    assert "untrusted entries" in report.damage_error().one_line()  # type: ignore[union-attr]
+    line = report.damage_error().one_line().lower()  # type: ignore[union-attr]
+    assert "untrusted entries" in line
+    # Not storage damage: a pod without the signing key does not compile it again, the builder does.
+    assert "the next pod start compiles" not in line
+    assert "a publisher with the signing key" in line
+    assert "without a trusted key" in line
     assert entry_dirs(root.path) == []
     assert list((root.quarantine).iterdir()), "nothing is deleted for being untrusted"
 

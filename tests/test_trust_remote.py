@@ -169,3 +169,33 @@ def test_an_untrusted_remote_entry_is_never_published_and_a_signing_pod_replaces
     third.wait_phase("serving")
     assert len(_events(third, "remote_hit")) == 1
     assert compiles(record) == 2
+
+
+def test_an_untrusted_local_entry_does_not_block_a_trusted_remote_copy(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], keys: dict[str, tuple[SecretKey, Path]]
+) -> None:
+    """With no signing key in this cluster (the bucket filled by another's builder), an entry
+    planted on the volume under the key's name must not keep the pods from the bucket's signed
+    copy: a planted entry would otherwise be a denial of service stronger than deleting one."""
+    secret, key_file = keys["builder-1"]
+    record = tmp_path / "compiler.jsonl"
+    _upload(pods, _root(tmp_path, "cluster-a"), record, remote, key_file)
+    root_b = _root(tmp_path, "cluster-b")
+    planter = pods.start(
+        "planter", server_argv(free_port()), cache_root=root_b, command="warm", options=_options(record)
+    )  # an open-mode warm Job: the right name, a self-consistent manifest, no signature
+    assert planter.wait_exit() == 0, planter.tail()
+    (planted,) = entry_dirs(root_b)
+    trusting = {**remote, "CACHEMGR_TRUSTED_KEYS": str(secret.public)}
+    options = [*_options(record), "--on-miss", "fail"]
+    pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=options, env=trusting)
+    pod.wait_phase("serving")
+    assert _events(pod, "entry_untrusted")[0]["reason"] == "untrusted: unsigned"
+    assert len(_events(pod, "remote_hit")) == 1
+    assert _events(pod, "launching")[0]["signer"] == "builder-1"
+    (entry,) = entry_dirs(root_b)
+    assert (entry / "signature.json").is_file(), "the trusted copy took the name"
+    (aside,) = (root_b / "quarantine").glob(f"{planted.name}.*[!n]")  # not the .reason.json
+    reason = json.loads(aside.with_name(aside.name + ".reason.json").read_text())["reason"]
+    assert reason.startswith("untrusted: unsigned"), "set aside with its reason, never deleted"
+    assert compiles(record) == 2, "the other cluster's compile and the planter's; none here since"

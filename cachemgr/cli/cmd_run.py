@@ -88,7 +88,7 @@ def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
 
 def trust_keys(args: argparse.Namespace) -> tuple[SecretKey | None, TrustedKeys | None]:
     """The signing key (loaded and checked now: a bad one stops the pod before anything runs) and
-    the keys trusted, the signing key's own among them (as Nix trusts its secret-key-files)."""
+    the keys trusted, which must list the signing key's own."""
     trusted = trusted_keys(args)
     if not args.signing_key_file:
         return None, trusted
@@ -97,7 +97,7 @@ def trust_keys(args: argparse.Namespace) -> tuple[SecretKey | None, TrustedKeys 
     where = f"{SIGNING_KEY_ENV} (--signing-key-file)"
     secret = load_secret_key(Path(args.signing_key_file), where=where)
     if trusted is not None:
-        trusted = trusted.adding(secret.public, where=f"{where} and CACHEMGR_TRUSTED_KEYS")
+        trusted = trusted.signing_with(secret.public, where=f"{where} and CACHEMGR_TRUSTED_KEYS")
     return secret, trusted
 
 

@@ -101,9 +101,24 @@ class TrustedKeys:
     def get(self, name: str) -> PublicKey | None:
         return self.by_name.get(name)
 
-    def adding(self, key: PublicKey, *, where: str) -> TrustedKeys:
-        """These keys and ``key`` (a publisher trusts its own, as Nix trusts its secret-key-files)."""
-        return TrustedKeys(MappingProxyType(_merged({**self.by_name}, key, where=where)))
+    def signing_with(self, key: PublicKey, *, where: str) -> TrustedKeys:
+        """These keys, for a pod that signs with ``key``: :class:`ConfigError` unless they list it.
+
+        A publisher trusting keys that leave out its own would sign what its peers, given the same
+        keys, never load: the builder finds its entry a hit and exits 0 while the serving pods wait
+        for a publisher for ever (a rotation done in the wrong order: the new signing key before
+        the new public key). Nix trusts its own secret-key-files; here a peer trusts only the list.
+        """
+        _merged({**self.by_name}, key, where=where)  # one name for two keys
+        if key.name not in self.by_name:
+            raise ConfigError(
+                f"{where}: this pod signs with key {key.name}, which CACHEMGR_TRUSTED_KEYS does not list "
+                f"({', '.join(self.names)}): pods that trust those keys would never load what it publishes",
+                remedy=f"add {key.name}'s public key ('cachemgr keys public --secret-file FILE') to "
+                "CACHEMGR_TRUSTED_KEYS of every pod; when rotating, list the new key before signing with it",
+                variable=where,
+            )
+        return self
 
 
 def _merged(found: dict[str, PublicKey], key: PublicKey, *, where: str) -> dict[str, PublicKey]:
@@ -132,8 +147,17 @@ def parse_trusted_keys(text: str | None, *, where: str = TRUSTED_KEYS_ENV) -> Tr
     return TrustedKeys(MappingProxyType(found))
 
 
+def is_key_name(name: object) -> bool:
+    """Whether ``name`` is a key name (``NAME`` of ``NAME:BASE64``): what a signature read from the
+    volume or the bucket must name before it is shown anywhere."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def _split(text: str, *, where: str, what: str, size: int) -> tuple[str, bytes]:
+    # A public key may be shown (abridged); a secret key never, not even in part: the error line
+    # goes to logs and the termination message, which `kubectl describe pod` prints.
     shown = text if len(text) <= 24 else text[:12] + "..." + text[-8:]
+    shown = repr(shown) if size == _PUBLIC_BYTES else "the file's text"
     name, colon, encoded = text.strip().partition(":")
     remedy = (
         f"give the {what} as NAME:BASE64, as 'cachemgr keys public --secret-file FILE' prints it"
@@ -142,7 +166,7 @@ def _split(text: str, *, where: str, what: str, size: int) -> tuple[str, bytes]:
     )
     if not colon or not _NAME.fullmatch(name):
         raise ConfigError(
-            f"{where}: {shown!r} is not a {what} of the form NAME:BASE64 (NAME: letters, digits, '.', '_', '-')",
+            f"{where}: {shown} is not a {what} of the form NAME:BASE64 (NAME: letters, digits, '.', '_', '-')",
             remedy=remedy,
             variable=where,
         )

@@ -114,9 +114,10 @@ class EntryInfo:
     # Where the entry came from: compiled on this volume, or downloaded from the remote tier
     # (summary.json's "origin", written by cachemgr.remote.hooks).
     origin: Mapping[str, Any] = field(default_factory=dict)
-    # The key its publisher signed it with, as summary.json claims (None: unsigned); and with
-    # trusted keys, whether one of them signed it for this key ("trusted") or why not
-    # ("untrusted: ..."); None: not checked. The bytes are checked by pods and ``verify``.
+    # The key its publisher signed it with: with trusted keys, the one its signature.json names
+    # (None: unsigned), else as summary.json claims (not checked); and with trusted keys, whether
+    # one of them signed it for this key ("trusted") or why not ("untrusted: ..."); None: not
+    # checked. The bytes are checked by pods and ``verify``.
     signer: str | None = None
     trust: str | None = None
     # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
@@ -311,6 +312,7 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
     compiler, npu = text(summary.get("compiler")), text(summary.get("npu"))
     why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
     usage = _usage(ctx, key)
+    signer, trust = _trust(ctx, name, key) if ctx.trusted else (_claimed_signer(summary), None)
     return EntryInfo(
         name=name,
         path=ctx.entries / name,
@@ -334,42 +336,25 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
         silent_users=usage.silent,
         usage_seen=usage.seen,
         origin=as_dict(summary.get("origin")),
-        signer=text(summary.get("signer")) or None,
-        trust=_trust(ctx, name, key) if ctx.trusted else None,
+        signer=signer,
+        trust=trust,
         starts=usage.starts,
     )
 
 
-def _trust(ctx: _Context, name: str, key: str) -> str:
-    """ "trusted", or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
-    from cachemgr.volume.trust import SignatureError, judge_signature, parse_signed
+def _claimed_signer(summary: Mapping[str, Any]) -> str | None:
+    """The signer summary.json claims (not checked without trusted keys), if it is a key name."""
+    from cachemgr.core.signing import is_key_name  # only for a summary that claims one
+
+    return summary["signer"] if "signer" in summary and is_key_name(summary["signer"]) else None
+
+
+def _trust(ctx: _Context, name: str, key: str) -> tuple[str | None, str]:
+    """The key the entry's signature names, and "trusted" or why not (see EntryInfo)."""
+    from cachemgr.volume.trust import SIGNATURE_NAME, inspect_signature
 
     assert ctx.trusted is not None  # called only with trusted keys
-    try:
-        raw = _signature_bytes(ctx, name)
-        verdict = judge_signature(parse_signed(raw) if raw is not None else None, ctx.trusted)
-    except (OSError, SignatureError) as error:
-        return f"untrusted: {_short_error(error)}"
-    if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
-        return f"untrusted: signed for another key ({verdict.statement.key[:16]})"
-    return "trusted" if verdict.trusted else verdict.reason
-
-
-def _signature_bytes(ctx: _Context, name: str) -> bytes | None:
-    """``signature.json`` of an entry, read as its summary is (one open from ``entries/``, no
-    link followed, a FIFO never waited on); None if it has none."""
-    from cachemgr.volume.trust import SIGNATURE_NAME, SignatureError
-
-    try:
-        fd = os.open(f"{ctx.prefix}{name}/{SIGNATURE_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
-    except FileNotFoundError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
-        return os.read(fd, _SUMMARY_MAX + 1)
-    finally:
-        os.close(fd)
+    return inspect_signature(ctx.entries_fd, f"{ctx.prefix}{name}/{SIGNATURE_NAME}", ctx.trusted, key=key)
 
 
 def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]:

@@ -106,16 +106,28 @@ class VerifyReport:
             else ("untrusted entries" if untrusted == len(self.damaged) else "damaged or untrusted entries")
         )
         found = f"found {what} in {len(self.damaged)} of {len(self.items)} entries checked ({names})"
+        # Who makes them again, and what to look for: an untrusted entry is no accident of the
+        # storage, and only a pod with the signing key replaces it (pods that trust keys wait).
+        again = (
+            "the next pod start compiles them again"
+            if not untrusted
+            else "a publisher with the signing key (the builder, a warm Job) compiles untrusted ones again, "
+            "and pods that trust the keys wait for it"
+        )
+        look = (
+            "look for what damages the volume (node dmesg, the storage backend)"
+            if not untrusted
+            else "look for who writes the volume without a trusted key ('cachemgr ls' shows each reason)"
+        )
         if self.fix:
             return VolumeError(
                 f"{found}; moved {moved} to quarantine",
-                remedy="the next pod start compiles them again; look for what damages the volume "
-                "(node dmesg, the storage backend)",
+                remedy=f"{again}; {look}",
                 damaged=[i.name for i in self.damaged],
             )
         return VolumeError(
             found,
-            remedy="run 'cachemgr verify --fix' to move them aside; the next pod start compiles them again",
+            remedy=f"run 'cachemgr verify --fix' to move them aside; {again}",
             damaged=[i.name for i in self.damaged],
         )
 

@@ -29,7 +29,7 @@ from cachemgr.core.log import get_logger
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, FileRecord, Manifest
-from cachemgr.volume.store import commit, create_staging
+from cachemgr.volume.store import commit, create_staging, lookup, quarantine
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
@@ -147,6 +147,7 @@ def download_and_publish(
         manifest, moved = result
         if trusted:
             _check_trust(root, key, staging.path, manifest, trusted, stop=stop)
+            _set_aside_untrusted(root, key, trusted, stop=stop)
         origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
         outcome = commit(root, staging, key, _with_origin(staging.path, manifest, origin, within=root.path))
         committed = True  # renamed into place, or discarded by commit for a peer's entry
@@ -181,6 +182,35 @@ def _check_trust(
             "('cachemgr prune --remote --key KEY')",
             untrusted=verdict.reason,
         )
+
+
+def _set_aside_untrusted(
+    root: CacheRoot, key: CacheKey, trusted: TrustedKeys, *, stop: StopFlag | None
+) -> None:
+    """A trusted copy in staging replaces an entry here that no trusted key signed as it is.
+
+    Whoever writes the volume must not keep the pods from the bucket's signed copy by planting an
+    entry under the key's name (a pod without the signing key leaves an untrusted entry where it
+    is, and the publishing rename would then take the planted entry for a peer's). It goes to
+    ``quarantine/`` with its reason, never deleted. Only after the copy was found trusted, and
+    only what is still not a trusted hit now (a peer's trusted publish meanwhile is kept).
+    """
+    try:
+        found = lookup(root, key, trusted=trusted, stop=stop)
+    except InterruptedError:
+        raise
+    except OSError:
+        return  # unreadable here: the pod's own lookup after the download reports it (exit 74)
+    if found.status in {"hit", "miss"}:
+        return
+    moved = quarantine(root, found.path, reason=found.reason)
+    log.info(
+        "untrusted_entry_replaced_from_remote",
+        key=key.short,
+        entry=found.path.name,
+        reason=found.reason,
+        moved_to=str(moved) if moved else None,
+    )
 
 
 def _warn_fetch(

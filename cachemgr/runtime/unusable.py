@@ -55,13 +55,16 @@ class Unusable:
         if seen is not None:
             self._left.add(seen)
         who = "a publisher with the signing key" if pod.options.trusted else "a pod that can write the volume"
+        # A trusted copy from the remote replaces it too (cachemgr.remote.hooks), where this pod may write.
+        remote = not damaged and not pod.read_only and pod.options.remote is not None
         log.warning(
             event,
             entry=found.path.name,
             **fields,
             moved_to=None,
             note=f"left in place: {pod.why_not_compiling}; {who} (the builder, a warm Job) moves it aside "
-            "and publishes its own",
+            "and publishes its own"
+            + ("; so does a trusted copy from the remote tier, if it has one" if remote else ""),
         )
 
     def fingerprint(self, root: CacheRoot, key: CacheKey) -> Fingerprint | None:

@@ -35,6 +35,10 @@ _OPEN_FOLDERS = 64
 # waits on its read most of the time; BLAKE3 hashes several GiB/s a core without the GIL).
 # Fewer left the disk idle here, on two cores (docs/benchmarks.md, "Trust checks").
 WORKERS = 8
+# EACCES is no flaky volume: a writer took the read away (a mode changed after signing, which the
+# pod's user cannot undo). Untrusted, then, like any change: never an exit of every pod that reads
+# the volume, and the signing key's holder replaces the entry (cachemgr.runtime.unusable).
+_UNREADABLE = "not readable by this pod: its mode was changed"
 
 
 class Expected(NamedTuple):  # one per file of a trusting hit: a NamedTuple is the cheap record
@@ -55,8 +59,9 @@ def first_problem(
 ) -> Problem | None:
     """The first of ``files`` (in their order) whose bytes are not what was signed; None if all are.
 
-    Missing, not a regular file, another size, other bytes: each a :class:`Problem` saying the file
-    changed after signing. Raises ``OSError`` for an I/O error (a flaky volume is not tampering),
+    Missing, not a regular file, not readable (EACCES), another size, other bytes: each a
+    :class:`Problem` saying the file changed after signing. Raises ``OSError`` for any other I/O
+    error (a flaky volume is not tampering),
     :class:`~cachemgr.core.safefs.UnsafePathError` if the entry itself is not a real directory,
     and ``InterruptedError`` once ``stop`` is set (SIGTERM: no server starts after it).
     """
@@ -123,6 +128,8 @@ class _Pool:
                     return index, expected, folder, name, self.folders.acquire(folder)
                 except (FileNotFoundError, NotADirectoryError, safefs.UnsafePathError):
                     self.found[index] = _changed(expected, "its folder is missing or not a directory")
+                except PermissionError:
+                    self.found[index] = _changed(expected, _UNREADABLE)
             return None
 
     def _work(self, todo: Iterator[tuple[int, Expected]]) -> None:
@@ -155,14 +162,9 @@ def _check_one(
     folder: int, name: str, expected: Expected, buffer: bytearray, stop: StopFlag | None = None
 ) -> Problem | None:
     """One file; abandoned (None) once ``stop`` is set, which the caller then raises for."""
-    try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
-    except FileNotFoundError:
-        return _changed(expected, "missing")
-    except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-            return _changed(expected, "not a regular file")
-        raise
+    fd = _open(folder, name, expected)
+    if isinstance(fd, Problem):
+        return fd
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -175,6 +177,20 @@ def _check_one(
         return None
     finally:
         os.close(fd)
+
+
+def _open(folder: int, name: str, expected: Expected) -> int | Problem:
+    """The file's descriptor (no link followed, no FIFO waited on), or why it cannot be one."""
+    try:
+        return os.open(name, _READ_FLAGS, dir_fd=folder)
+    except FileNotFoundError:
+        return _changed(expected, "missing")
+    except PermissionError:
+        return _changed(expected, _UNREADABLE)
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            return _changed(expected, "not a regular file")
+        raise
 
 
 def _blake3(fd: int, buffer: bytearray, stop: StopFlag | None) -> str | None:

@@ -109,6 +109,22 @@ def lookup(
         what = f"the entry is {safefs.describe(st)}, not a directory"
         return Lookup("damaged", path, problems=(Problem(path.name, what),))
     try:
+        found = _check_entry(root, key, path, mode=mode)
+    except PermissionError as error:
+        if not trusted:
+            raise  # the open mode: an unreadable entry is an I/O error (exit 74), as it always was
+        # A trusting pod never exits for what a writer of the volume did (cachemgr.volume.contentcheck).
+        # The name comes from a manifest no key has vouched for yet: shown only if it is plain.
+        name = os.path.basename(str(error.filename or ""))
+        name = name if name.isprintable() and 0 < len(name) <= 100 else "a file or folder of it"
+        what = f"untrusted: {name} is not readable by this pod: its mode was changed"
+        return Lookup("untrusted", path, untrusted=what)
+    return check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
+
+
+def _check_entry(root: CacheRoot, key: CacheKey, path: Path, *, mode: VerifyMode) -> Lookup:
+    """The committed entry at ``path`` against its manifest: a hit, or damaged (why)."""
+    try:
         manifest = read_manifest(path)
     except ManifestError as error:
         return Lookup("damaged", path, problems=(Problem("manifest.json", str(error)),))
@@ -116,8 +132,7 @@ def lookup(
         what = "manifest was written for different key inputs (digest collision or tampering)"
         return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
     problems = check_files(path, manifest, mode=mode, within=root.path)
-    found = Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
-    return check_trust(root, key, found, trusted, stop=stop) if trusted and not problems else found
+    return Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
 
 
 def check_trust(

@@ -31,7 +31,9 @@ import binascii
 import dataclasses
 import errno
 import json
+import math
 import os
+import re
 import stat
 import threading
 import time
@@ -53,6 +55,8 @@ KIND = "cachemgr-entry"
 FORMAT = 1
 _SIGNATURE_LIMIT = 1 << 20  # key inputs and a few numbers; a larger file is not ours
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_SIGNATURE_BYTES = 64  # Ed25519
+_LIST = re.compile(r"blake3:[0-9a-f]{64}")
 
 
 # NamedTuples, not dataclasses: this module is imported on a trusting pod's hit, before its
@@ -172,63 +176,120 @@ def read_signed(entry: Path, *, within: Path | None) -> Signed | None:
     """The entry's ``signature.json``, parsed; None if it has none; :class:`SignatureError` if it
     is not one. Read from the entry's folder reached from the root, never through a link."""
     try:
-        raw = _read(entry, within=within)
+        with safefs.open_tree(entry, within=within) as folder:
+            raw = _read_at(folder, SIGNATURE_NAME)
     except FileNotFoundError:
         return None
-    if raw is None:
-        raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
-    return parse_signed(raw)
+    return parse_signed(raw) if raw is not None else None
 
 
-def _read(entry: Path, *, within: Path | None) -> bytes | None:
-    with safefs.open_tree(entry, within=within) as folder:
-        try:
-            fd = os.open(SIGNATURE_NAME, _READ_FLAGS, dir_fd=folder)
-        except OSError as error:
-            if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-                return None
-            raise
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            return os.read(fd, _SIGNATURE_LIMIT + 1)
-        finally:
-            os.close(fd)
+def _read_at(dir_fd: int | None, rel: str) -> bytes | None:
+    try:
+        fd = os.open(rel, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file") from None
+        if error.errno == errno.EACCES:  # a mode changed by a writer: no flaky volume
+            raise SignatureError(f"{SIGNATURE_NAME} is not readable by this pod") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
+        return os.read(fd, _SIGNATURE_LIMIT + 1)
+    finally:
+        os.close(fd)
 
 
 def parse_signed(raw: bytes) -> Signed:
+    """``signature.json``'s bytes -> :class:`Signed`; :class:`SignatureError` unless it is exactly
+    what :func:`sign_staging` writes (every field of its type, the key names plain key names).
+
+    Nothing of a file that does not parse is repeated in the error: it comes from whoever wrote
+    the volume or the bucket, and the reason goes to logs, tables and quarantine notes.
+    """
     if len(raw) > _SIGNATURE_LIMIT:
         raise SignatureError(f"{SIGNATURE_NAME} is larger than {_SIGNATURE_LIMIT >> 20} MiB")
     try:
-        return _signed(loads_json(raw))
-    except (KeyError, TypeError, ValueError, OverflowError, UnicodeEncodeError, binascii.Error) as error:
-        raise SignatureError(f"{SIGNATURE_NAME} does not parse ({error})") from None
+        doc = loads_json(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise SignatureError(f"{SIGNATURE_NAME} does not parse (not JSON)") from None
+    return _signed(doc)
+
+
+def _bad(why: str) -> SignatureError:
+    return SignatureError(f"{SIGNATURE_NAME} does not parse ({why})")
 
 
 def _signed(doc: Any) -> Signed:
-    if not isinstance(doc, dict) or int(doc["format"]) > FORMAT:
-        raise ValueError("not a signature of a format this cachemgr reads")
-    text = str(doc["statement"]).encode("ascii")
-    signature = base64.b64decode(str(doc["signature"]), validate=True)
-    return Signed(text, str(doc["key"]), signature, _statement(loads_json(text)))
+    from cachemgr.core.signing import is_key_name
+
+    if not isinstance(doc, dict) or not _count(doc.get("format")) or doc["format"] > FORMAT:
+        raise _bad("not a signature of a format this cachemgr reads")
+    text = doc.get("statement")
+    if not isinstance(text, str) or not text.isascii():
+        raise _bad("its statement is not ASCII text")
+    if not is_key_name(doc.get("key")):
+        raise _bad("the key it names is not a key name")
+    encoded = doc.get("signature")
+    try:
+        signature = base64.b64decode(encoded, validate=True) if isinstance(encoded, str) else b""
+    except (binascii.Error, ValueError):
+        signature = b""
+    if len(signature) != _SIGNATURE_BYTES:
+        raise _bad("its signature is not 64 bytes of base64")
+    try:
+        statement = loads_json(text)
+    except ValueError:
+        raise _bad("its statement is not JSON") from None
+    return Signed(text.encode("ascii"), doc["key"], signature, _statement(statement))
 
 
 def _statement(doc: Any) -> Statement:
-    if not isinstance(doc, dict) or doc.get("kind") != KIND or int(doc["format"]) > FORMAT:
-        raise ValueError("its statement is not a cachemgr entry statement")
-    if not isinstance(doc["inputs"], dict):
-        raise TypeError("the statement's inputs are not an object")
-    built_by = doc.get("built_by")
+    from cachemgr.core.signing import is_key_name
+
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise _bad("its statement is not a cachemgr entry statement")
+    if not _count(doc.get("format")) or doc["format"] > FORMAT:
+        raise _bad("its statement is of a format this cachemgr does not read")
+    fields = {
+        "key": _plain(doc.get("key")),  # compared with the pod's digest once the signature holds
+        "inputs": isinstance(doc.get("inputs"), dict),
+        "files": _count(doc.get("files")),
+        "bytes": _count(doc.get("bytes")),
+        "list": isinstance(doc.get("list"), str) and _LIST.fullmatch(doc["list"]) is not None,
+        "signer": is_key_name(doc.get("signer")),
+        "signed_at": _finite(doc.get("signed_at")),
+        "built_by": isinstance(doc.get("built_by", {}), dict),
+    }
+    wrong = [name for name, ok in fields.items() if not ok]
+    if wrong:
+        raise _bad(f"its statement's {wrong[0]} is not what a signer writes")
     return Statement(
-        key=str(doc["key"]),
+        key=doc["key"],
         inputs=doc["inputs"],
-        files=int(doc["files"]),
-        total_bytes=int(doc["bytes"]),
-        listed=str(doc["list"]),
-        signer=str(doc["signer"]),
+        files=doc["files"],
+        total_bytes=doc["bytes"],
+        listed=doc["list"],
+        signer=doc["signer"],
         signed_at=float(doc["signed_at"]),
-        built_by=built_by if isinstance(built_by, dict) else {},
+        built_by=doc.get("built_by", {}),
     )
+
+
+def _count(value: Any) -> bool:
+    """A non-negative JSON integer (not a bool, not a string of digits)."""
+    return type(value) is int and value >= 0
+
+
+def _plain(value: Any) -> bool:
+    """Letters and digits only, as a key digest is: safe to show before it is compared."""
+    return isinstance(value, str) and 0 < len(value) <= 128 and value.isascii() and value.isalnum()
+
+
+def _finite(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
 
 
 def judge_signature(signed: Signed | None, trusted: TrustedKeys) -> Verdict:
@@ -337,6 +398,25 @@ class _Either:
 
     def is_set(self) -> bool:
         return self._second.is_set() or (self._first is not None and self._first.is_set())
+
+
+def inspect_signature(
+    dir_fd: int | None, rel: str, trusted: TrustedKeys, *, key: str
+) -> tuple[str | None, str]:
+    """For ``ls`` (cachemgr.ops.scan): the key an entry's signature names (None: unsigned, or it
+    does not parse) and "trusted" or why not. The signature and the key it was signed for, not the
+    files: pods and ``verify`` check those. ``rel``: ``signature.json`` from ``dir_fd`` (the
+    entries folder), opened as its summary is (no link followed, no FIFO waited on)."""
+    try:
+        raw = _read_at(dir_fd, rel)
+        verdict = judge_signature(parse_signed(raw) if raw is not None else None, trusted)
+    except SignatureError as error:
+        return None, f"untrusted: {error}"
+    except OSError as error:
+        return None, f"untrusted: {SIGNATURE_NAME} is unreadable ({error.strerror})"
+    if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
+        return verdict.signer, f"untrusted: signed for another key ({verdict.statement.key[:16]})"
+    return verdict.signer, "trusted" if verdict.trusted else verdict.reason
 
 
 def signer_of(entry: Path, *, within: Path | None) -> str | None:
