@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import psutil
 import pytest
 from cachemgr_standin.compiler import load_compiled_dir
 from cachemgr_standin.shim import write_vllm_shim
+from cachemgr_testkit.podlib import free_port
 
 DEADLINE = 20.0
 SERVER = [sys.executable, "-m", "cachemgr_standin.server"]
@@ -92,12 +92,6 @@ def spawn(tmp_path: Path, env: dict[str, str]) -> Iterator[Spawn]:
     yield start
     for proc in procs:
         proc.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes] | None:

@@ -103,11 +103,41 @@ def wait_for(
         time.sleep(every)
 
 
+# Ports handed to servers that bind them later (a pod's stand-in server, weed mini): never from
+# the kernel's ephemeral range, where any outgoing connection (a health check, an S3 request) may
+# take a port between our check and the server's bind; and never the same twice in a process, so
+# two servers of one test run cannot be handed one port. Each pytest-xdist worker draws from its
+# own block, from a random start: concurrent workers, and other runs on the machine, rarely meet.
+_PORT_LOW, _PORT_HIGH = 15000, 32000  # below ip_local_port_range's usual 32768
+_PORT_BLOCK = 2000
+_ports: Iterator[int] | None = None
+
+
+def _port_sequence() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 8
+    blocks = (_PORT_HIGH - _PORT_LOW) // _PORT_BLOCK
+    low = _PORT_LOW + (index % blocks) * _PORT_BLOCK
+    start = int.from_bytes(os.urandom(2), "big") % _PORT_BLOCK
+    while True:
+        for offset in range(_PORT_BLOCK):
+            yield low + (start + offset) % _PORT_BLOCK
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on now, for a server that binds it later."""
+    global _ports  # noqa: PLW0603  # one sequence per process: no port is handed out twice
+    if _ports is None:
+        _ports = _port_sequence()
+    for _ in range(_PORT_BLOCK):
+        port = next(_ports)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken (another run's server): the next one
+            return port
+    raise OSError(f"no free port in this worker's block of {_PORT_BLOCK} from {_PORT_LOW}")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

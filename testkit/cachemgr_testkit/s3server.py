@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from cachemgr_testkit.podlib import free_port
+
 ACCESS_KEY = "cachemgr-test"
 SECRET_KEY = "cachemgr-test-secret"  # a throwaway identity of a loopback test server
 BAD_KEYS = {"AWS_ACCESS_KEY_ID": "cachemgr-wrong", "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
@@ -111,23 +113,18 @@ class S3Server:
 
 
 def _free_ports(count: int) -> list[int]:
-    """Distinct free ports below 55000, all held open until every one is chosen (no duplicates).
-
-    Below 55000: weed derives some gRPC ports as HTTP port + 10000, which must stay a valid port.
-    """
-    socks: list[socket.socket] = []
-    try:
-        while len(socks) < count:
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            if sock.getsockname()[1] < 55000:
-                socks.append(sock)
-            else:
-                sock.close()
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
+    """Distinct free ports (podlib.free_port: outside the ephemeral range, never handed out twice),
+    each with its HTTP port + 10000 free too: weed derives some gRPC ports that way."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 def _answering(endpoint: str) -> bool:
