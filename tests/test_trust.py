@@ -474,6 +474,8 @@ def test_a_trusting_pod_serves_a_signed_entry_and_never_a_forged_one(
     pod = pods.start("t0", server_argv(free_port()), cache_root=root, options=_options(record), env=trusting)
     pod.wait_phase("serving")
     assert _events(pod, "launching")[0]["signer"] == "builder-1"
+    (read,) = _events(pod, "prefetch_done")
+    assert read["stopped"] == "content_checked", "the check before the launch was the read-ahead: one pass"
     assert _loads(pods, pod)
     pod.signal(signal.SIGTERM)
     assert pod.wait_exit() == 0

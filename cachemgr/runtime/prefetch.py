@@ -33,10 +33,10 @@ from cachemgr.core.log import get_logger
 from cachemgr.core.procs import Flag
 from cachemgr.runtime.metrics import Metrics
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord
+from cachemgr.volume.reader import Mechanism, ReadResult, loader_order, mechanism_for, read_entry
 
 if TYPE_CHECKING:
     from cachemgr.volume.store import Lookup
-from cachemgr.volume.reader import Mechanism, ReadResult, loader_order, mechanism_for, read_entry
 
 EVENT = "prefetch_done"
 # Workers: advice only queues reads (a few keep a local disk's queue full); reads on FUSE and
@@ -134,6 +134,23 @@ def _tree(pid: int) -> list[int]:
         except (OSError, ValueError):
             continue
     return found
+
+
+def checked_before_launch(found: Lookup) -> None:
+    """A trusting pod's hit: its content check read every byte of the entry before the launch
+    (cachemgr.volume.contentcheck, on the same reader), so that read was the read-ahead: one
+    pass, not two. The one ``prefetch_done`` event says so."""
+    assert found.manifest is not None  # a hit always has one
+    order = loader_order(found.manifest.files, prefix=ARTIFACTS + "/")
+    log.info(
+        EVENT,
+        entry=found.path.name,
+        files=len(order),
+        entry_bytes=sum(found.manifest.files[i].size for i in order),
+        bytes=0,
+        stopped="content_checked",
+        note="the trust check read every byte before the launch: no second pass",
+    )
 
 
 class Prefetch:

@@ -477,12 +477,17 @@ class Runner:
         self.state.phase("stopped", exit_code=code)
         return code
 
-    def _read_ahead(self, root: CacheRoot, found: Lookup, pid: int) -> Prefetch:
-        """The entry into the page cache while the server initialises; after the spawn, never before."""
-        from cachemgr.runtime.prefetch import Prefetch  # imported after the spawn
+    def _read_ahead(self, root: CacheRoot, found: Lookup, pid: int) -> Prefetch | None:
+        """The entry into the page cache while the server initialises; after the spawn, never before.
+        A trusting pod's hit was read whole by its content check before the launch: not again."""
+        from cachemgr.runtime import prefetch  # imported after the spawn
 
+        if self.options.trusted:
+            prefetch.checked_before_launch(found)
+            return None
         stops = (self.relay.stop, self.server_exited)
-        return Prefetch(found, within=root.path, server_pid=pid, stops=stops, metrics=self.metrics).start()
+        reader = prefetch.Prefetch(found, within=root.path, server_pid=pid, stops=stops, metrics=self.metrics)
+        return reader.start()
 
 
 def run(request: KeyRequest, options: RunOptions, *, environ: Mapping[str, str]) -> int:

@@ -1,36 +1,33 @@
 """A trusting pod's content check: every artifact's bytes against its signed BLAKE3, before the launch.
 
 The interface is what a parallel reader of an entry needs: files in order -> the first problem.
-Files are read by a few threads at once (a network filesystem answers one request per round
-trip; BLAKE3 hashes several GiB/s per core and releases the GIL), so a check keeps up with the
-disk rather than with one request at a time, and what it reads is in the page cache when the
-server loads it (docs/benchmarks.md, "Trust checks", from bench/bench_trust.py).
+The reading is :func:`cachemgr.volume.reader.read_entry`'s, the one parallel reader of an entry
+that the read-ahead after a launch uses too: a few threads at once (a network filesystem answers
+one request per round trip; BLAKE3 hashes several GiB/s per core and releases the GIL), each file
+whole by one of them with its hash riding on the read, so a check keeps up with the disk rather
+than with one request at a time, and what it reads is in the page cache when the server loads it.
+That is why a trusting hit needs no read-ahead: the check was it, one pass, not two
+(docs/benchmarks.md, "Trust checks", from bench/bench_trust.py).
 
 Everything is reached from the cache root as the rest of cachemgr reaches it
 (:mod:`cachemgr.core.safefs`): the entry from the root one level at a time, each folder below it
 from its parent with ``O_NOFOLLOW|O_DIRECTORY`` on the root's filesystem, each file with
 ``O_NOFOLLOW`` (``O_NONBLOCK``: a FIFO cannot block the open), and the bytes hashed are those of
-what was opened. A folder opens once however many files it holds, and at most a window of
-folders stays open.
+what was opened.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
-import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from cachemgr.core import safefs
 from cachemgr.volume.manifest import Problem
 
-_READ_CHUNK = 1 << 20  # BLAKE3's SIMD wants large updates; 1 MiB keeps the buffer in L2
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_OPEN_FOLDERS = 64
+if TYPE_CHECKING:
+    from blake3 import blake3 as Blake3  # noqa: N812  # the hasher's class, named as a type
+
 # Threads reading at once: enough to keep a disk's or a network filesystem's queue full (each
 # waits on its read most of the time; BLAKE3 hashes several GiB/s a core without the GIL).
 # Fewer left the disk idle here, on two cores (docs/benchmarks.md, "Trust checks").
@@ -39,6 +36,14 @@ WORKERS = 8
 # pod's user cannot undo). Untrusted, then, like any change: never an exit of every pod that reads
 # the volume, and the signing key's holder replaces the entry (cachemgr.runtime.unusable).
 _UNREADABLE = "not readable by this pod: its mode was changed"
+# The reader's reasons for leaving a file (cachemgr.volume.reader._why), as what changed.
+_CHANGES = {
+    "missing": "missing",
+    "unsafe_path": "its folder is missing or not a directory",
+    "not_a_regular_file": "not a regular file",
+    "not_permitted": _UNREADABLE,
+    "size_changed": "its size is not the signed size",
+}
 
 
 class Expected(NamedTuple):  # one per file of a trusting hit: a NamedTuple is the cheap record
@@ -47,6 +52,12 @@ class Expected(NamedTuple):  # one per file of a trusting hit: a NamedTuple is t
     path: str
     size: int
     blake3: str
+
+
+class StopFlag(Protocol):
+    """``threading.Event`` or the runner's signal-safe flag."""
+
+    def is_set(self) -> bool: ...
 
 
 def first_problem(
@@ -60,198 +71,69 @@ def first_problem(
     """The first of ``files`` (in their order) whose bytes are not what was signed; None if all are.
 
     Missing, not a regular file, not readable (EACCES), another size, other bytes: each a
-    :class:`Problem` saying the file changed after signing. Raises ``OSError`` for any other I/O
-    error (a flaky volume is not tampering),
+    :class:`Problem` saying the file changed after signing; the read stops at the first wrong
+    hash. Raises ``OSError`` for any other I/O error (a flaky volume is not tampering),
     :class:`~cachemgr.core.safefs.UnsafePathError` if the entry itself is not a real directory,
     and ``InterruptedError`` once ``stop`` is set (SIGTERM: no server starts after it).
     """
     if not files:
         return None
-    with safefs.open_dir(root, entry) as top, _Folders(top, entry) as folders:
-        return _Pool(folders, max(1, min(workers, len(files))), stop).run(files)
+    from blake3 import blake3  # a trusting pod's hit only
 
+    from cachemgr.volume.reader import read_entry
 
-class StopFlag(Protocol):
-    """``threading.Event`` or the runner's signal-safe flag."""
+    hashers: dict[int, Blake3] = {}
+    wrong: dict[int, Problem] = {}
+    found_wrong = threading.Event()
 
-    def is_set(self) -> bool: ...
+    def hashing(index: int, offset: int, data: memoryview) -> None:
+        # One worker reads a file whole, in order (read_entry with a chunk callback).
+        hasher = hashers[index] = blake3() if offset == 0 else hashers[index]
+        hasher.update(data)
+        expected = files[index]
+        if offset + len(data) == expected.size and hasher.hexdigest() != expected.blake3:
+            wrong[index] = _changed(expected, "its bytes differ from the signed BLAKE3")
+            found_wrong.set()  # nothing more to read: the entry is untrusted
 
-
-class _Pool:
-    """A few threads, each taking the next file in order and hashing it.
-
-    Plain threads and one lock: ``concurrent.futures`` imports ``logging``, ``queue`` two extension
-    modules, each a few milliseconds on the hit path before the server starts. The lock guards
-    the order, the folders and the findings; hashing runs outside it (and without the GIL).
-    """
-
-    def __init__(self, folders: _Folders, workers: int, stop: StopFlag | None) -> None:
-        self.folders = folders
-        self.workers = workers
-        self.stop = stop
-        self.lock = threading.Lock()
-        self.found: dict[int, Problem] = {}
-        self.error: BaseException | None = None
-
-    def run(self, files: Sequence[Expected]) -> Problem | None:
-        todo = iter(enumerate(files))
-        threads = [
-            threading.Thread(target=self._work, args=(todo,), name=f"cachemgr-check-{n}", daemon=True)
-            for n in range(self.workers)
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if self.stop is not None and self.stop.is_set():
-            raise InterruptedError("stopped while checking the entry")
-        if self.error is not None:
-            raise self.error
-        return self.found[min(self.found)] if self.found else None
-
-    def _next(self, todo: Iterator[tuple[int, Expected]]) -> tuple[int, Expected, str, str, int] | None:
-        """The next file and its folder's descriptor, in order; None once there is nothing to do.
-
-        After a problem nothing more is started: every file before it was started first (they
-        are taken in order) and is finished, so the first problem found is the first in order.
-        """
-        with self.lock:
-            while (
-                not self.found and self.error is None and not (self.stop is not None and self.stop.is_set())
-            ):
-                item = next(todo, None)
-                if item is None:
-                    return None
-                index, expected = item
-                folder, name = _split(expected.path)
-                try:
-                    return index, expected, folder, name, self.folders.acquire(folder)
-                except (FileNotFoundError, NotADirectoryError, safefs.UnsafePathError):
-                    self.found[index] = _changed(expected, "its folder is missing or not a directory")
-                except PermissionError:
-                    self.found[index] = _changed(expected, _UNREADABLE)
-            return None
-
-    def _work(self, todo: Iterator[tuple[int, Expected]]) -> None:
-        buffer = bytearray(_READ_CHUNK)
-        while (task := self._next(todo)) is not None:
-            index, expected, folder, name, fd = task
-            outcome: Problem | BaseException | None
-            try:
-                outcome = _check_one(fd, name, expected, buffer, self.stop)
-            except BaseException as error:  # noqa: BLE001  # raised in the caller's thread, after the join
-                outcome = error
-            with self.lock:
-                self.folders.release(folder)
-                if isinstance(outcome, BaseException):
-                    self.error = self.error or outcome
-                elif outcome is not None:
-                    self.found[index] = outcome
-
-
-def _split(path: str) -> tuple[str, str]:
-    folder, _, name = path.rpartition("/")
-    return folder, name
+    result = read_entry(
+        entry,
+        files,
+        range(len(files)),
+        within=root,
+        mechanism="read",
+        workers=max(1, min(workers, len(files))),
+        stop=_Either(stop, found_wrong),
+        on_chunk=hashing,
+    )
+    if stop is not None and stop.is_set():
+        raise InterruptedError("stopped while checking the entry")
+    problems = dict(wrong)
+    for index, why in result.left.items():
+        if why == "unreadable":
+            raise result.error or OSError(f"{files[index].path}: could not be read")
+        if why in _CHANGES:
+            problems.setdefault(index, _changed(files[index], _CHANGES[why]))
+    empty = blake3().hexdigest()
+    for index in result.files_done:  # an empty file has no chunk to hash
+        if files[index].size == 0 and files[index].blake3 != empty:
+            problems.setdefault(index, _changed(files[index], "its bytes differ from the signed BLAKE3"))
+    if problems:
+        return problems[min(problems)]
+    if not found_wrong.is_set() and len(result.files_done) < len(files):
+        raise OSError(f"{entry}: {len(files) - len(result.files_done)} files were not read whole")
+    return None
 
 
 def _changed(expected: Expected, how: str) -> Problem:
     return Problem(expected.path, f"changed after signing ({how})")
 
 
-def _check_one(
-    folder: int, name: str, expected: Expected, buffer: bytearray, stop: StopFlag | None = None
-) -> Problem | None:
-    """One file; abandoned (None) once ``stop`` is set, which the caller then raises for."""
-    fd = _open(folder, name, expected)
-    if isinstance(fd, Problem):
-        return fd
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return _changed(expected, "not a regular file")
-        if st.st_size != expected.size:
-            return _changed(expected, f"{st.st_size} bytes, signed {expected.size}")
-        digest = _blake3(fd, buffer, stop)
-        if digest is not None and digest != expected.blake3:
-            return _changed(expected, "its bytes differ from the signed BLAKE3")
-        return None
-    finally:
-        os.close(fd)
+class _Either:
+    """Set when either flag is: the pod's stop (SIGTERM), or a file already found wrong."""
 
+    def __init__(self, first: StopFlag | None, second: threading.Event) -> None:
+        self._first = first
+        self._second = second
 
-def _open(folder: int, name: str, expected: Expected) -> int | Problem:
-    """The file's descriptor (no link followed, no FIFO waited on), or why it cannot be one."""
-    try:
-        return os.open(name, _READ_FLAGS, dir_fd=folder)
-    except FileNotFoundError:
-        return _changed(expected, "missing")
-    except PermissionError:
-        return _changed(expected, _UNREADABLE)
-    except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-            return _changed(expected, "not a regular file")
-        raise
-
-
-def _blake3(fd: int, buffer: bytearray, stop: StopFlag | None) -> str | None:
-    """The BLAKE3 of what remains to read from ``fd``; None once ``stop`` is set (each 64 MiB)."""
-    from blake3 import blake3  # a trusting pod's hit only
-
-    digest = blake3()
-    view = memoryview(buffer)
-    with contextlib.suppress(OSError):  # advice only: larger readahead
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    chunks = 0
-    while count := os.readv(fd, (buffer,)):
-        digest.update(view[:count])
-        chunks += 1
-        if stop is not None and chunks % 64 == 0 and stop.is_set():
-            return None
-    return str(digest.hexdigest())
-
-
-class _Folders:
-    """Folders of the entry opened from its descriptor, one level at a time, shared by the threads.
-
-    Only the checking loop acquires and releases (one thread); the workers only ``openat`` in a
-    folder they were handed, which stays open until its file is done.
-    """
-
-    def __init__(self, top: int, shown: Path) -> None:
-        self._top = top
-        self._shown = shown
-        self._dev = os.fstat(top).st_dev
-        self._open: dict[str, int] = {}
-        self._users: dict[str, int] = {}
-
-    def __enter__(self) -> _Folders:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        for fd in self._open.values():
-            os.close(fd)
-        self._open.clear()
-
-    def acquire(self, folder: str) -> int:
-        if not folder:
-            return self._top
-        fd = self._open.get(folder)
-        if fd is None:
-            above, _, part = folder.rpartition("/")
-            parent = self.acquire(above)
-            try:
-                fd = safefs.open_below(parent, part, dev=self._dev, shown=self._shown / folder)
-            finally:
-                self.release(above)
-            self._open[folder] = fd
-        self._users[folder] = self._users.get(folder, 0) + 1
-        return fd
-
-    def release(self, folder: str) -> None:
-        if not folder:
-            return
-        left = self._users[folder] - 1
-        self._users[folder] = left
-        if left == 0 and len(self._open) > _OPEN_FOLDERS:
-            os.close(self._open.pop(folder))
-            del self._users[folder]
+    def is_set(self) -> bool:
+        return self._second.is_set() or (self._first is not None and self._first.is_set())

@@ -35,7 +35,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from cachemgr.core import safefs
 from cachemgr.core.membudget import MemoryBudget
@@ -59,6 +59,17 @@ ADVISE_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "zfs", "
 MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
 
 
+class FileToRead(Protocol):
+    """What a read needs of a file: its path in the entry and the size it should have (a
+    manifest's :class:`FileRecord`, or a signed file of :mod:`cachemgr.volume.contentcheck`)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+
 # on_chunk(index, offset, data): called from the worker reading file ``index``, in file order.
 ChunkCallback = Callable[[int, int, memoryview], None]
 # skip(index) -> how far into file ``index`` the server has read itself (0: not at all).
@@ -76,7 +87,8 @@ class ReadResult:
     skipped: Counter[str] = field(default_factory=Counter)  # reason -> files
     stopped: str | None = None  # "stop", "budget", "memory": why it ended before the last file
     seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)  # the first few, for the log
+    left: dict[int, str] = field(default_factory=dict)  # file -> why it was not read whole
+    error: OSError | None = None  # the first I/O error a read met (reason "unreadable")
 
     @property
     def throughput(self) -> float:
@@ -129,6 +141,7 @@ class _Shared:
         self.halted: str | None = None
         self.remaining: Counter[int] = Counter(s.index for s in segments)  # segments left per file
         self.reasons: dict[int, str] = {}  # file -> why a segment of it was left (the first reason)
+        self.error: OSError | None = None  # the first I/O error, for a caller that must know
 
     def take(self) -> _Segment | None:
         with self.lock:
@@ -164,7 +177,7 @@ class _Shared:
 
 def read_entry(
     entry: Path,
-    files: Sequence[FileRecord],
+    files: Sequence[FileToRead],
     order: Sequence[int],
     *,
     within: Path,
@@ -215,7 +228,9 @@ def read_entry(
     result.files_done = (
         {s.index for s in segments} - set(shared.reasons) - {i for i, n in shared.remaining.items() if n}
     )
+    result.left = dict(shared.reasons)
     result.skipped = Counter(r for r in shared.reasons.values() if r != "halted")
+    result.error = shared.error
     return result
 
 
@@ -223,7 +238,7 @@ def read_entry(
 class _Job:
     """One read: what its workers share."""
 
-    files: Sequence[FileRecord]
+    files: Sequence[FileToRead]
     shared: _Shared
     result: ReadResult
     mechanism: Mechanism
@@ -254,7 +269,7 @@ class _Job:
         try:
             fd = dirs.open_file(record.path)
         except OSError as error:
-            return _why(error)
+            return self._failed(error)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -262,8 +277,17 @@ class _Job:
             if st.st_size != record.size:
                 return "size_changed"
             return self._pull(fd, segment, buffer)
+        except OSError as error:  # EIO mid-read: a worker never dies of it, the file is left
+            return self._failed(error)
         finally:
             os.close(fd)
+
+    def _failed(self, error: OSError) -> str:
+        why = _why(error)
+        if why == "unreadable":
+            with self.shared.lock:
+                self.shared.error = self.shared.error or error
+        return why
 
     def _pull(self, fd: int, segment: _Segment, buffer: memoryview) -> str | None:
         offset = segment.start
@@ -326,12 +350,16 @@ def hash_entry(
 
 
 def _why(error: OSError) -> str:
+    """Why a file could not be opened or read, as a reason the caller can judge: "unreadable"
+    (an I/O error: a flaky volume) is the only one that is not about the entry's own files."""
     if isinstance(error, safefs.UnsafePathError):
         return "unsafe_path"
     if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
         return "not_a_regular_file"
     if isinstance(error, (FileNotFoundError, NotADirectoryError)):
         return "missing"
+    if isinstance(error, PermissionError):  # a mode taken away: the entry was changed
+        return "not_permitted"
     return "unreadable"
 
 
