@@ -26,8 +26,10 @@ from cachemgr.cli.render import (
     tell,
 )
 from cachemgr.core.coerce import as_dict
+from cachemgr.core.errors import ExitCode
 from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import compute_key
+from cachemgr.key.describe import keyed_pairs
 from cachemgr.ops.explain import Explanation
 from cachemgr.ops.explain import explain as explain_key
 from cachemgr.ops.image import ImageInfo, resolve_image
@@ -325,8 +327,9 @@ def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[s
         emit_json(result.to_json())
     else:
         emit(_explain_text(result))
-    tell("warning", result.warnings)
-    return 0
+    tell("warning", [*key.notes, *result.warnings])
+    # Like `diff` and `terraform plan -detailed-exitcode`: 0 a hit, 1 not (docs/reference.md).
+    return int(ExitCode.OK if result.result == "hit" else ExitCode.NOT_A_HIT)
 
 
 def _explain_text(x: Explanation) -> str:
@@ -335,10 +338,7 @@ def _explain_text(x: Explanation) -> str:
         ("key", x.key.digest),
         ("entry", x.key.entry_name),
     ]
-    if x.key.server.dropped:
-        pairs.append(("runtime-only", " ".join("--" + f for f in x.key.server.dropped) + " (not in the key)"))
-    for reason in x.key.details.get("uncacheable", ()):
-        pairs.append(("cannot cache", reason))
+    pairs += keyed_pairs(x.key)
     text = kv(pairs)
     if x.nearest:
         blocks = []

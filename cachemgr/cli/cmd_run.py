@@ -109,9 +109,11 @@ def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str,
 
 
 def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.cli.render import Column, emit, emit_json, flatten, table  # not on run's hit path
+    from cachemgr.cli.render import Column, emit, emit_json, flatten, kv, table, tell  # not on run's hit path
+    from cachemgr.key.describe import keyed_pairs
 
     computed = compute_key(key_request(args, server_argv, environ))
+    tell("warning", computed.notes)
     if args.output == "json":
         emit_json(computed.to_json())
         return 0
@@ -122,14 +124,9 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
         for name, value in flatten(top, value_)
     ]
     emit(table(rows, [Column("input", "input"), Column("value", "value"), Column("source", "source")]))
-    if computed.server.dropped:
-        emit(f"\nleft out as runtime-only: {', '.join('--' + d for d in computed.server.dropped)}")
-    if computed.server.unknown:
-        emit(
-            f"not known to vLLM {('0.30')}, keyed as given: {', '.join('--' + u for u in computed.server.unknown)}"
-        )
-    for reason in computed.details.get("uncacheable", ()):
-        emit(f"this configuration cannot be cached: {reason}")
+    pairs = keyed_pairs(computed)
+    if pairs:
+        emit("\n" + kv(pairs))
     return 0
 
 
