@@ -55,7 +55,7 @@ def digest(extra: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | Non
 @pytest.mark.quick
 def test_data_parallel_from_the_environment_is_keyed() -> None:
     """vLLM 0.30 config/parallel.py 910-940: without DP > 1 on the command line, VLLM_DP_SIZE and
-    VLLM_DP_RANK fill ParallelConfig; the size is hashed, the rank picks rank<N> (rbln_worker.py 822-835)."""
+    VLLM_DP_RANK fill ParallelConfig; the size is hashed, the rank picks rank<N> (rbln_worker.py 818-835)."""
     rank0 = digest(env={"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": "0"})
     rank1 = digest(env={"VLLM_DP_SIZE": "2", "VLLM_DP_RANK": "1"})
     assert len({digest(), rank0, rank1}) == 3

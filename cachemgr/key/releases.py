@@ -231,7 +231,7 @@ VLLM_RBLN_0_12_0 = Release(
 # --- vllm-rbln 0.11.2, optimum-rbln 0.11.2, vLLM 0.24.0+cpu ------------------------------------
 # vllm_rbln/envs.py 198-407 (environment_variables), 412-435 (RBLN_COMPILE_ENV, 20 names, hashed by
 # mega_cache._compile_env_factors), 437-454 (RBLN_NON_COMPILE_ENV). No RBLNConfig: additional_config
-# is a dict, which vLLM 0.24 hashes whole (config/vllm.py 475-480). The optimum directory is named by
+# is a dict, which vLLM 0.24 hashes whole (config/vllm.py 476-481). The optimum directory is named by
 # VLLM_RBLN_NUM_DEVICES_PER_LOCAL_RANK (utils/optimum/converter/dispatch.py 65).
 _ENV_0_11 = _env(
     EnvVar(f"{_R}USE_VLLM_MODEL", "bool", False, VLLM_PATH),

@@ -170,7 +170,7 @@ def vllm_env(
     if not ((isinstance(given, int) and given > 1) or options.get("data_parallel_size_local") == 0):
         # Not given on the command line: ParallelConfig takes them from the environment (vLLM 0.30
         # config/parallel.py 934-940). The size is hashed; the rank picks the rank<N> bundles
-        # (vllm-rbln v1/worker/rbln_worker.py 822-835).
+        # (vllm-rbln v1/worker/rbln_worker.py 818-835).
         size = _int_env(environ, "VLLM_DP_SIZE", 1)
         if size != 1:
             keyed["VLLM_DP_SIZE"] = size

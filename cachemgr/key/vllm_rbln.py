@@ -180,7 +180,7 @@ def redirected_model(model: str, environ: Mapping[str, str]) -> str:
 def model_impl(settings: Mapping[str, Any], environ: Mapping[str, str]) -> str:
     """Which model path vllm-rbln 0.12 takes, as far as it can be told without the model's config.
 
-    ``resolve_model_impl`` (config.py 363-448): the flag; else the path a parent process published
+    ``resolve_model_impl`` (config.py 365-448): the flag; else the path a parent process published
     in ``_VLLM_RBLN_RESOLVED_MODEL_IMPL`` (any non-empty value is taken as it is, envs.py 167-173);
     else the deprecated ``VLLM_RBLN_USE_VLLM_MODEL``; else ``auto`` (the model's architectures decide).
     """

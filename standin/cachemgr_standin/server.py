@@ -254,7 +254,7 @@ def _env_bool(name: str, default: str) -> bool:
 
 
 def resolve_impl(args: ServeArgs) -> str:
-    """``resolve_model_impl`` (config.py 363-448): ``--model-impl``, which ``VLLM_RBLN_USE_VLLM_MODEL``
+    """``resolve_model_impl`` (config.py 365-448): ``--model-impl``, which ``VLLM_RBLN_USE_VLLM_MODEL``
     must agree with; else the path a parent published in ``_VLLM_RBLN_RESOLVED_MODEL_IMPL``; else the
     deprecated variable; else ``auto``, which the stand-in (no architecture registry) takes as optimum."""
     flagged = _first(args.compile_flags.get("model-impl"))
@@ -285,7 +285,7 @@ def _int_flag(flags: Flags, name: str, default: int) -> int:
 
 def worker_ranks(flags: Flags) -> list[int]:
     """The LOCAL_RANK of each worker: vllm-rbln's worker sets it to its rank (rank across DP
-    when DP > 1, rbln_worker.py 817-835), overriding any inherited LOCAL_RANK, and each rank keeps
+    when DP > 1, rbln_worker.py 818-835), overriding any inherited LOCAL_RANK, and each rank keeps
     its own bundle. DP comes from the flags, else from VLLM_DP_SIZE / VLLM_DP_RANK (vLLM
     config/parallel.py 910-940)."""
     world = _int_flag(flags, "tensor-parallel-size", 1) * _int_flag(flags, "pipeline-parallel-size", 1)
