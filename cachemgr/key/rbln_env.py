@@ -17,8 +17,6 @@ tests/test_rbln_facts.py holds the table to the real module.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 import types
 from collections.abc import Callable, Mapping
@@ -188,6 +186,9 @@ def image_envs(release: Release) -> ImageEnvs | None:
 
 
 def _load(wanted: str) -> ImageEnvs | None:
+    import importlib  # only on the vllm strategy's key path, once per process
+    import importlib.util
+
     if "vllm_rbln" not in sys.modules and importlib.util.find_spec("vllm_rbln") is None:
         return None  # not installed: the usual case outside the modelserver image
     try:
