@@ -295,7 +295,8 @@ def test_a_release_that_was_not_checked_is_keyed_strictly() -> None:
     # ...but what is runtime-only in every release stays out, and so do cachemgr's own and the NPU's names
     assert digest(["--port", "1"], env=UNCHECKED) == digest(["--port", "2"], env=UNCHECKED)
     calm = {"RBLN_VISIBLE_DEVICES": "0,1", "VLLM_CACHE_ROOT": "/x", "RBLN_FORCE_NPU_NAME": "RBLN-CA25",
-            "VLLM_RBLN_COMPILE_ONLY": "1", "VLLM_API_KEY": "s3cret"}  # fmt: skip
+            "VLLM_RBLN_COMPILE_ONLY": "1", "VLLM_API_KEY": "s3cret", "VLLM_MY_TOKEN": "t",
+            "RBLN_REGISTRY_PASSWORD": "p"}  # fmt: skip
     assert digest(env={**UNCHECKED, **calm}) == digest(env=UNCHECKED)
 
 

@@ -183,3 +183,31 @@ def test_a_bundle_re_saved_grown_or_changed_at_its_own_path_is_new(tmp_path: Pat
         assert new_artifacts(tmp_path / "view", manifest) == ([f"{bundle} ({change})"] if change else []), (
             change
         )
+
+
+@pytest.mark.quick
+def test_the_last_look_at_exit_does_not_read_gigabytes(tmp_path: Path) -> None:
+    """After the server exited (SIGTERM's grace period), a re-saved file of the published size is not
+    hashed for the first time; one hashed while it served keeps its answer."""
+    import threading
+
+    from cachemgr.core.fsutil import hash_file
+    from cachemgr.volume.drift import DriftWatch
+    from cachemgr.volume.manifest import FileRecord, Manifest
+
+    bundle = "rbln/m-1/sig/rank0/mega_cache.bin"
+    in_view = tmp_path / "view" / bundle
+    in_view.parent.mkdir(parents=True)
+    in_view.write_bytes(b"g" * 100)
+    record = FileRecord(f"artifacts/{bundle}", 100, hash_file(in_view))
+    in_view.write_bytes(b"h" * 100)  # other bytes, same size
+    reported: list[list[str]] = []
+    watch = DriftWatch(
+        tmp_path / "view", Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm"), report=reported.append
+    )
+    exited = threading.Event()
+    exited.set()
+    watch.start(serving=lambda: False, exited=exited)
+    assert watch.check() == [], "at exit: sizes only"
+    exited.clear()
+    assert watch.check() == [f"{bundle} (re-saved with other content, same size (100 bytes))"]

@@ -318,8 +318,10 @@ def _option_spans(parser: argparse.ArgumentParser, tokens: list[str]) -> list[tu
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        found = parser._parse_optional(token) if _looks_like_option(token) else None
-        action = found[0] if found else None
+        found: Any = parser._parse_optional(token) if _looks_like_option(token) else None
+        if isinstance(found, list):  # some Python releases return the candidates as a list
+            found = found[0] if len(found) == 1 else None
+        action = found[0] if found else None  # (action, option string[, sep], explicit value)
         if action is None:
             i += 1
             continue

@@ -47,6 +47,8 @@ ALWAYS_RUNTIME_ENV = frozenset(
     }
 )  # fmt: skip
 _STRICT_ENV = re.compile(r"^_?(VLLM|RBLN)_")
+# A secret never enters a key (key.json lies on the volume, readable by every pod of the role).
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY")
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,11 @@ def vllm_inputs(
         if rbln:
             inputs["rbln"], sources["rbln"] = rbln, "--rbln-*, --additional-config, VLLM_RBLN_*"
     if release.strict:
-        env = {k: v for k, v in environ.items() if _STRICT_ENV.match(k) and k not in ALWAYS_RUNTIME_ENV}
+        env = {
+            k: v
+            for k, v in environ.items()
+            if _STRICT_ENV.match(k) and k not in ALWAYS_RUNTIME_ENV and not _SECRET.search(k)
+        }
         env_source = "environment (every VLLM_*/RBLN_* variable: strict)"
     else:
         env, env_source = keyed_env(release, paths, environ, npu=npu)

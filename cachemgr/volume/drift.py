@@ -55,7 +55,7 @@ _POLL = 0.5
 
 
 def new_artifacts(
-    view: Path, manifest: Manifest, memo: dict[tuple[str, int, int], str] | None = None
+    view: Path, manifest: Manifest, memo: dict[tuple[str, int, int], str] | None = None, *, deep: bool = True
 ) -> list[str]:
     """Compiled artifacts in ``view`` that the entry does not hold, or that the server re-saved
     grown or changed (paths relative to the view; a re-saved one with what changed)."""
@@ -74,13 +74,15 @@ def new_artifacts(
             if rel not in known:
                 found.append(rel)
             elif (
-                change := _resaved(Path(dirpath) / name, known[rel], memo if memo is not None else {})
+                change := _resaved(Path(dirpath) / name, known[rel], {} if memo is None else memo, deep=deep)
             ) is not None:
                 found.append(f"{rel} ({change})")
     return sorted(found)
 
 
-def _resaved(path: Path, record: FileRecord, memo: dict[tuple[str, int, int], str]) -> str | None:
+def _resaved(
+    path: Path, record: FileRecord, memo: dict[tuple[str, int, int], str], *, deep: bool
+) -> str | None:
     """What changed when the server replaced the view's link to ``record`` by a file of its own."""
     try:
         st = os.lstat(path)
@@ -91,17 +93,13 @@ def _resaved(path: Path, record: FileRecord, memo: dict[tuple[str, int, int], st
     if st.st_size != record.size:
         grown = "larger" if st.st_size > record.size else "smaller"
         return f"re-saved {grown} than published: {record.size} -> {st.st_size} bytes"
-    if not record.xxh3:
-        return None
     ident = (str(path), st.st_size, st.st_mtime_ns)
-    if ident not in memo:
-        try:
+    if record.xxh3 and ident not in memo and deep:
+        with contextlib.suppress(OSError):
             memo[ident] = hash_file(path)
-        except OSError:
-            return None
-    return (
-        None if memo[ident] == record.xxh3 else f"re-saved with other content, same size ({st.st_size} bytes)"
-    )
+    if memo.get(ident, record.xxh3) == record.xxh3:
+        return None  # the bytes it was published with (or not hashed: no time at exit, or unreadable)
+    return f"re-saved with other content, same size ({st.st_size} bytes)"
 
 
 def _is_compiled(rel: str) -> bool:
@@ -123,11 +121,18 @@ class DriftWatch:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._hashes: dict[tuple[str, int, int], str] = {}  # a re-saved file is hashed once
+        self._exited: threading.Event | None = None
 
     def check(self) -> list[str]:
-        """Report the paths not reported before; return them."""
+        """Report the paths not reported before; return them.
+
+        Once the server has exited (the last look, as the pod stops) a re-saved file of the
+        published size is not hashed: SIGTERM's grace period is no time to read gigabytes.
+        """
+        deep = self._exited is None or not self._exited.is_set()
         with self._lock:
-            new = [p for p in new_artifacts(self._view, self._manifest, self._hashes) if p not in self._seen]
+            found = new_artifacts(self._view, self._manifest, self._hashes, deep=deep)
+            new = [p for p in found if p not in self._seen]
             self._seen.update(new)
         if new:
             self._report(new)
@@ -135,6 +140,8 @@ class DriftWatch:
 
     def start(self, *, serving: Callable[[], bool], exited: threading.Event) -> None:
         """In the background: check when the server first serves (warm-up, and any save, is done)."""
+
+        self._exited = exited
 
         def watch() -> None:
             while not exited.is_set():
