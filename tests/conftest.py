@@ -56,7 +56,7 @@ _MOUNT_FIXTURE_MARKERS = {
 # gathers the whole module's results, and would otherwise be made once per worker.
 _ONE_WORKER_MODULES = {
     "test_campaign.py": "the campaign's totals and its clean-compile references: one summary",
-    "test_deploy.py": "the manifests, rendered once by kubectl",
+    "test_deploy.py": "the chart's workloads, rendered once by helm",
     "test_inspect.py": "one volume built by seven warm Jobs",
     "test_remote.py": "one S3 server (weed mini)",
 }

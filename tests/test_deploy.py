@@ -1,11 +1,13 @@
-"""The image recipe, the entrypoint scripts and the Kubernetes manifests, against the real code.
+"""The image recipe, the entrypoint scripts and the chart's workloads, against the real code.
 
-Nothing here trusts the manifests' own comments: every command, subcommand and flag they name
-goes through cachemgr's real parser (``build_parser``), every ``CACHEMGR_*`` variable must be one
-the code reads, the warm Jobs' keys are computed by ``cachemgr key`` beside the Deployments', and
-the entrypoint scripts run for real (stand-in ``vllm`` on PATH, a temporary cache volume) to show
-that signals reach the server and exit codes come back. A pod's volumes become temporary
-directories, its ports free ones; everything else is run as the manifest says.
+Nothing here trusts the chart's own comments: every command, subcommand and flag its Deployments
+and warm Jobs name goes through cachemgr's real parser (``build_parser``), every ``CACHEMGR_*``
+variable must be one the code reads, the warm Jobs' keys are computed by ``cachemgr key`` beside
+the Deployments', and the workloads run for real (their entrypoint scripts, their environment,
+the stand-in ``vllm`` on PATH, a temporary cache volume) to show that the probes pass through a
+compile, signals reach the server and exit codes come back. The chart is rendered by the real
+Helm (tests/test_chart.py holds the renders to the chart page); a pod's volumes become temporary
+directories, its ports free ones; everything else is run as the chart renders it.
 """
 
 from __future__ import annotations
@@ -26,18 +28,14 @@ from typing import Any
 import pytest
 from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_testkit.kube import (
-    DEPLOY,
     ENTRYPOINT,
     ROOT,
     Node,
     by_kind,
     container,
-    kustomize,
-    load_yaml,
     pod_spec,
     render,
     role_of,
-    venv_tool,
     workload,
 )
 from cachemgr_testkit.podlib import DEADLINE, wait_for
@@ -49,21 +47,18 @@ from cachemgr.runtime.state import State
 
 ROLES = ("prefill", "decode")
 ENTRYPOINT_SUBCOMMAND = {"cachemgr-entrypoint": "run", "cachemgr-warm": "warm"}
+WARM = {"prefill": {"warm": True}, "decode": {"warm": True}}
 
 
 @pytest.fixture(scope="module")
-def base() -> list[dict[str, Any]]:
-    return render(DEPLOY)
+def base(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The chart's defaults with both warm Jobs: Deployments, PVCs, Services and Jobs."""
+    return render(tmp_path_factory.mktemp("chart"), WARM)
 
 
 @pytest.fixture(scope="module")
-def warm_jobs() -> list[dict[str, Any]]:
-    return render(DEPLOY / "warm")
-
-
-@pytest.fixture(scope="module")
-def rwo() -> list[dict[str, Any]]:
-    return render(DEPLOY / "overlays" / "readwriteonce")
+def warm_jobs(base: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return by_kind(base, "Job")
 
 
 # --- what the code accepts -----------------------------------------------------------------------
@@ -104,95 +99,11 @@ def env_values(spec: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e["value"] for e in spec.get("env", []) if "value" in e}
 
 
-# --- the manifests parse and say what the chart page says ------------------------------------------
-
-
-@pytest.mark.quick
-def test_every_manifest_parses_and_every_kustomization_names_real_files() -> None:
-    files = sorted(DEPLOY.rglob("*.yaml"))
-    assert len(files) >= 10
-    for path in files:
-        docs = load_yaml(path)
-        assert docs, f"{path} is empty"
-        for doc in docs:
-            assert {"apiVersion", "kind"} <= set(doc), path
-            if doc["kind"] == "Kustomization":
-                for name in [*doc.get("resources", []), *(p["path"] for p in doc.get("patches", []))]:
-                    assert (path.parent / name).exists(), f"{path}: {name} does not exist"
-            else:
-                assert doc["metadata"].get("name"), path
-
-
-def test_each_role_has_one_compile_cache_pvc_as_the_chart_page_states(base: list[dict[str, Any]]) -> None:
-    claims = {doc["metadata"]["name"]: doc for doc in by_kind(base, "PersistentVolumeClaim")}
-    assert sorted(role_of(doc) for doc in claims.values()) == sorted(ROLES), "one PVC per role"
-    for role in ROLES:
-        deployment = workload(base, "Deployment", role)
-        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
-        claim = claims[volumes["compile-cache"]["persistentVolumeClaim"]["claimName"]]
-        assert role_of(claim) == role
-        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
-        assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
-        assert deployment["spec"]["replicas"] == 2  # the page's reference: 2 prefill, 2 decode pods
-
-
-def test_no_pvc_without_pods_of_its_role(
-    base: list[dict[str, Any]], rwo: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
-) -> None:
-    """A role with 0 replicas gets no PVC: a PVC ships only beside a Deployment with pods that mount it."""
-    for docs in (base, rwo):
-        for claim in by_kind(docs, "PersistentVolumeClaim"):
-            users = [
-                d
-                for d in by_kind(docs, "Deployment")
-                for v in pod_spec(d)["volumes"]
-                if v.get("persistentVolumeClaim", {}).get("claimName") == claim["metadata"]["name"]
-            ]
-            assert len(users) == 1, claim["metadata"]["name"]
-            assert users[0]["spec"]["replicas"] >= 1, claim["metadata"]["name"]
-    # A role's directory carries both, so leaving a role out drops its PVC with its pods.
-    for role in ROLES:
-        kinds = sorted(doc["kind"] for doc in render(DEPLOY / role))
-        assert kinds == ["Deployment", "PersistentVolumeClaim"]
-    assert by_kind(warm_jobs, "PersistentVolumeClaim") == [], "the warm Jobs mount the roles' PVCs"
-
-
-def test_readwriteonce_variant_runs_one_pod_per_role(rwo: list[dict[str, Any]]) -> None:
-    claims = by_kind(rwo, "PersistentVolumeClaim")
-    assert len(claims) == len(ROLES)
-    for claim in claims:
-        assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
-        assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
-        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    for role in ROLES:
-        deployment = workload(rwo, "Deployment", role)
-        assert deployment["spec"]["replicas"] == 1
-        # A rolling update would start the new pod while the old one holds the volume.
-        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-
-
-@pytest.mark.parametrize("directory", [".", "warm", "overlays/readwriteonce"])
-def test_rendered_manifests_validate_against_the_kubernetes_schemas(directory: str, tmp_path: Path) -> None:
-    """What kubectl renders is valid for Kubernetes 1.33, strictly: no field the API would drop."""
-    rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(kustomize(DEPLOY / directory))
-    result = subprocess.run(
-        [venv_tool("kubernetes-validate"), "--strict", "--kubernetes-version", "1.33.0", str(rendered)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "passed" in result.stdout, result.stdout
-    assert "fail" not in result.stdout.lower(), result.stdout
-
-
 def containers(
     base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
 ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """(workload, its container) for every Deployment and warm Job."""
-    for doc in [*by_kind(base, "Deployment"), *by_kind(warm_jobs, "Job")]:
+    for doc in [*by_kind(base, "Deployment"), *warm_jobs]:
         yield doc, container(doc)
 
 
@@ -249,7 +160,7 @@ def test_tmpdir_is_a_sized_emptydir_and_warm_jobs_name_the_vllm_model_path(
         volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
         assert env_values(spec)["TMPDIR"] == mounts["tmp"]
         assert parse_size(volumes["tmp"]["emptyDir"]["sizeLimit"]) >= 100 << 30
-    for job in by_kind(warm_jobs, "Job"):
+    for job in warm_jobs:
         args = container(job)["args"]
         assert args[args.index("--model-impl") + 1] == "vllm"
 
@@ -274,35 +185,6 @@ def test_the_entrypoint_scripts_name_only_what_the_code_accepts() -> None:
         subprocess.run(["sh", "-n", str(path)], check=True)
     if shutil.which("shellcheck"):
         subprocess.run(["shellcheck", "-s", "sh", *sorted(map(str, ENTRYPOINT.iterdir()))], check=True)
-
-
-def test_commands_options_and_probes_parse_with_the_real_parser(
-    base: list[dict[str, Any]], warm_jobs: list[dict[str, Any]]
-) -> None:
-    parser = build_parser()
-    for doc, spec in containers(base, warm_jobs):
-        (script,) = spec["command"]
-        assert (ENTRYPOINT / script).is_file(), script
-        assert (doc["kind"], script) in {("Deployment", "cachemgr-entrypoint"), ("Job", "cachemgr-warm")}
-        own, server = split_args(spec["args"])
-        assert server[:2] == ["vllm", "serve"]
-        run_args = shlex.split(env_values(spec).get("CACHEMGR_RUN_ARGS", ""))
-        args = parser.parse_args([ENTRYPOINT_SUBCOMMAND[script], *run_args, *own])
-        assert args.command == ENTRYPOINT_SUBCOMMAND[script]
-        if doc["kind"] == "Job":
-            continue
-        assert args.status_port == spec["ports"][1]["containerPort"]
-        assert server[server.index("--port") + 1] == str(spec["ports"][0]["containerPort"])
-        for probe, kind in (
-            ("startupProbe", "startup"),
-            ("livenessProbe", "live"),
-            ("readinessProbe", "ready"),
-        ):
-            command = spec[probe]["exec"]["command"]
-            assert command[:3] == ["cachemgr", "probe", kind]
-            parsed = parser.parse_args(command[1:])
-            assert (parsed.command, parsed.kind) == ("probe", kind)
-            assert parsed.state_dir in (None, env_values(spec)["CACHEMGR_STATE_DIR"])
 
 
 def test_probe_timings_fit_a_long_compile_and_catch_a_stall(base: list[dict[str, Any]]) -> None:

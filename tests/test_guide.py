@@ -1,18 +1,25 @@
 """docs/operator-guide.md, followed as a new operator would: every output it shows is re-made here.
 
-The guide's story runs for real: the Deployments and warm Jobs of deploy/kubernetes start as real
-processes (their entrypoint scripts, their environment, the stand-in ``vllm`` on PATH) on two
-200Gi volumes (tmpfs, so ``du`` reports the PVC's size), one per role. The guide marks where the
-story moves on with HTML comments, invisible when rendered:
+The guide's story runs for real: the Deployments and warm Jobs that the chart (deploy/helm/modelserver,
+rendered by the real Helm) makes start as real processes (their entrypoint scripts, their
+environment, the stand-in ``vllm`` on PATH) on two 200Gi volumes (tmpfs, so ``du`` reports the
+PVC's size), one per role. The guide marks where the story moves on with HTML comments, invisible
+when rendered:
 
 * ``<!-- guide: STEP -->`` runs STEP (a function below: pods start, an image is upgraded...);
 * a ``console`` block is a shell in the pod the story is in: each ``$ command`` runs there (the
   container's environment, as ``kubectl exec`` gives it), and its output must match the lines
-  under it;
+  under it; after ``<!-- guide: workstation -->`` it is the operator's own shell instead, in the
+  checkout, with the real Helm on PATH (``helm template``, ``helm lint``: what runs without a
+  cluster);
 * ``<!-- guide: exit N -->`` before a ``text`` block: a pod failing with exit code N; the block
-  is its termination message.
+  is its termination message;
+* ``<!-- guide: refusal NAME -->`` before a ``text`` block: the line the chart refuses an
+  install or upgrade with (``REFUSALS`` below: values against an existing PVC, which the same
+  template helper gets from ``testing.existingClaims`` where ``lookup`` has no cluster to ask).
 
-What only a real cluster prints (kubectl) is shown as ``sh`` blocks, never with output.
+What only a real cluster prints (kubectl, helm install/upgrade) is shown as ``sh`` blocks, never
+with output.
 Output is compared after the volatile parts are blurred: ages and durations, timestamps, pids,
 column padding. ``CACHEMGR_GUIDE_WRITE=1 pytest tests/test_guide.py`` writes the fresh output
 into the guide instead (review the diff before committing it).
@@ -24,6 +31,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -33,7 +41,8 @@ from typing import Any
 
 import psutil
 import pytest
-from cachemgr_testkit.kube import DEPLOY, ROOT, Container, Node, container, render, workload
+from cachemgr_testkit.helm import refusal
+from cachemgr_testkit.kube import ROOT, Container, Node, by_kind, container, merge, render, workload
 from cachemgr_testkit.mounts import tmpfs_volume
 from cachemgr_testkit.podlib import wait_for
 
@@ -43,6 +52,9 @@ WRITE = os.environ.get("CACHEMGR_GUIDE_WRITE") == "1"
 PVC_SIZE = 200 << 30  # the chart's default storage.compileCache.size
 OLD_SDK, NEW_SDK = "0.12.3", "0.13.0"  # rebel-compiler of the first image, and of the upgrade
 SERVER_PORT = "8000"
+# The guide's install: the image it builds, both warm Jobs on for the upgrade it makes.
+GUIDE_IMAGE = {"image": {"repository": "registry.example.com/modelserver-cachemgr", "tag": "sdk-0.12"}}
+WARM = {"prefill": {"warm": True}, "decode": {"warm": True}}
 
 # --- the guide's blocks ----------------------------------------------------------------------------
 
@@ -51,26 +63,33 @@ SERVER_PORT = "8000"
 class Block:
     """A fenced block the test re-makes: its place in the guide, what runs, what it shows."""
 
-    kind: str  # console | exit
+    kind: str  # console | exit | refusal
     start: int  # first line inside the fence
     end: int  # the closing fence's line
     steps: list[str]  # guide steps to run before it
     text: str
     code: int | None = None
+    refusal: str | None = None
 
 
 def guide_section(lines: list[str]) -> tuple[int, int]:
     """Where the guide is in its page: its heading's line, and the next heading's of the same level."""
     first = lines.index(SECTION)
     level = SECTION.split(maxsplit=1)[0] + " "
-    rest = [i for i, line in enumerate(lines[first + 1 :], first + 1) if line.startswith(level)]
-    return first, rest[0] if rest else len(lines)
+    fenced = False
+    for i, line in enumerate(lines[first + 1 :], first + 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith(level):  # a "# " line in a block is no heading
+            return first, i
+    return first, len(lines)
 
 
 def parse(lines: list[str]) -> list[Block]:
     blocks: list[Block] = []
     pending: list[str] = []
     exit_code: int | None = None
+    refused: str | None = None
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -79,16 +98,18 @@ def parse(lines: list[str]) -> list[Block]:
             words = directive[1].split()
             if words[0] == "exit":
                 exit_code = int(words[1])
+            elif words[0] == "refusal":
+                refused = words[1]
             else:
                 pending.append(directive[1])
         fence = re.fullmatch(r"```(\w*)", line.strip())
         if fence and fence[1] in ("console", "text"):
             end = lines.index("```", i + 1)
-            if fence[1] == "console" or exit_code is not None:
-                kind = "console" if fence[1] == "console" else "exit"
+            if fence[1] == "console" or exit_code is not None or refused is not None:
+                kind = "console" if fence[1] == "console" else "exit" if exit_code is not None else "refusal"
                 text = "\n".join(lines[i + 1 : end])
-                blocks.append(Block(kind, i + 1, end, pending, text, exit_code))
-                pending, exit_code = [], None
+                blocks.append(Block(kind, i + 1, end, pending, text, exit_code, refused))
+                pending, exit_code, refused = [], None, None
             i = end
         i += 1
     assert not pending, f"steps with no block after them: {pending}"
@@ -122,6 +143,7 @@ class World:
     shell: Container | None = None
     frozen: list[psutil.Process] = field(default_factory=list)
     serial: int = 0
+    workstation: bool = False  # the next console block runs in the operator's shell, not a pod
 
     def deployment(self, role: str) -> dict[str, Any]:
         return workload(self.base, "Deployment", role)
@@ -158,12 +180,18 @@ class World:
         return [p for p in self.pods.values() if p.doc["metadata"]["name"] == f"modelserver-{role}"]
 
     def sh(self, command: str) -> str:
-        """``command`` in the current pod, as ``kubectl exec POD -- sh -c COMMAND`` runs it."""
-        assert self.shell is not None, "a console block before any pod is running"
+        """``command`` in the current pod, as ``kubectl exec POD -- sh -c COMMAND`` runs it; or in
+        the operator's shell in the checkout (``workstation``), with the test venv's Helm on PATH."""
+        if self.workstation:
+            env = {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "HOME": str(self.node.work)}
+            cwd = ROOT
+        else:
+            assert self.shell is not None, "a console block before any pod is running"
+            env, cwd = self.shell.env, self.shell.pod_dir
         result = subprocess.run(
             ["sh", "-c", command],
-            env=self.shell.env,
-            cwd=self.shell.pod_dir,
+            env=env,
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -247,6 +275,22 @@ def _first_install_done(world: World) -> None:
         pod.wait_phase("serving")
     assert world.node.compiles() == 2, "one compile per role"
     world.shell = world.running("prefill")[0]
+
+
+@step("workstation")
+def _workstation(world: World) -> None:
+    world.workstation = True
+
+
+@step("warm-restart")
+def _warm_restart(world: World) -> None:
+    """A prefill pod is deleted; its replacement finds the entry and loads it, no compile."""
+    before = world.node.compiles()
+    world.stop(world.running("prefill")[-1])
+    again = world.start("prefill", node="npu-node-2")
+    again.wait_phase("serving")
+    assert world.node.compiles() == before, "a restart starts with a model load only"
+    world.shell = again
 
 
 @step("scale-out")
@@ -342,7 +386,7 @@ def failing_pod(work: Path, world: World, code: int, stack: ExitStack) -> tuple[
     elif code == 73:  # the old SDK's entry fills the volume: the new SDK's compile cannot fit
         job = workload(world.jobs, "Job", "prefill")
         warm = node.start(
-            job, env={"CACHEMGR_COMPILER_VERSION": OLD_SDK}, name="modelserver-prefill-warm-6xq2d"
+            job, env={"CACHEMGR_COMPILER_VERSION": OLD_SDK}, name=f"{job['metadata']['name']}-6xq2d"
         )
         assert warm.wait_exit() == 0, warm.tail()
     elif code == 74:
@@ -369,6 +413,36 @@ def termination_message(work: Path, world: World, code: int) -> str:
     with ExitStack() as stack:
         node, pod = failing_pod(work, world, code, stack)
         return presentable(pod.termination_log.read_text(), node)
+
+
+# --- what the chart refuses, against an existing PVC ---------------------------------------------------
+
+EXISTING = "modelserver-prefill-compile-cache"
+REFUSALS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    # name: (the values of the install or upgrade, the existing PVC's spec as lookup returns it)
+    "smaller-size": (
+        {"storage": {"compileCache": {"size": "100Gi"}}},
+        {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "200Gi"}}},
+    ),
+    "rwo-with-a-pending-rwx-pvc": (
+        {
+            "storage": {"compileCache": {"accessModes": ["ReadWriteOnce"]}},
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+        },
+        {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "200Gi"}}},
+    ),
+    "rwo-with-two-pods": ({"storage": {"compileCache": {"accessModes": ["ReadWriteOnce"]}}}, {}),
+}
+
+
+def refusal_line(work: Path, name: str) -> str:
+    """The chart's own line, without Helm's location prefix (``Error: ... execution error at (...): ``)."""
+    values, spec = REFUSALS[name]
+    claims = {EXISTING: {"spec": spec}} if spec else {}
+    message = refusal(merge(merge(GUIDE_IMAGE, values), {"testing": {"existingClaims": claims}}), work=work)
+    first = message.splitlines()[0]
+    return first.split("): ", 1)[1]
 
 
 # --- making output presentable, and comparing it ---------------------------------------------------
@@ -408,7 +482,8 @@ def blur(text: str) -> str:
 def world(tmp_path: Path, tmpfs_small: Callable[[int], Path]) -> Iterator[World]:
     with ExitStack() as stack:
         node = Node(tmp_path / "cluster", volume=lambda _claim: tmpfs_small(PVC_SIZE))
-        story = World(node, render(DEPLOY), render(DEPLOY / "warm"))
+        objects = render(tmp_path / "chart", merge(GUIDE_IMAGE, WARM))
+        story = World(node, objects, by_kind(objects, "Job"))
         stack.callback(node.stop_all)
         stack.callback(lambda: [p.resume() for p in story.frozen if p.is_running()])
         yield story
@@ -421,6 +496,7 @@ def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: Wo
     blocks = parse(lines)
     assert sum(b.kind == "console" for b in blocks) >= 7
     assert {b.code for b in blocks if b.kind == "exit"} >= {64, 69, 70, 73, 74, 75, 78, 143}
+    assert {b.refusal for b in blocks if b.kind == "refusal"} == set(REFUSALS)
     made: dict[int, str] = {}
     mismatches = []
     # The failing pods are independent of the story and of each other: they run meanwhile.
@@ -436,6 +512,10 @@ def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: Wo
             if block.kind == "console":
                 outputs = [(cmd, presentable(world.sh(cmd), world)) for cmd, _ in commands(block.text)]
                 actual = "\n".join(f"$ {cmd}\n{out}" if out else f"$ {cmd}" for cmd, out in outputs)
+                world.workstation = False
+            elif block.kind == "refusal":
+                assert block.refusal is not None
+                actual = refusal_line(tmp_path / "refusals", block.refusal)
             else:
                 actual = messages[n].result()
             made[n] = actual

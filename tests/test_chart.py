@@ -1,0 +1,829 @@
+"""deploy/helm/modelserver, rendered by the real Helm 4, held to the compile cache page fact by fact.
+
+Every render here is ``helm template`` (or ``helm lint``, ``helm install --dry-run=client``) of the
+chart in this checkout, offline: no cluster, so ``lookup`` answers nothing. The refusals of a
+smaller size or other access modes on an existing PVC (what ``helm install``/``helm upgrade``
+check through ``lookup``) run through the same template helper with ``testing.existingClaims``
+standing in for the API server's answer; the chart's README says what that does and does not
+exercise. The chart's workloads are run as real processes in tests/test_deploy.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cachemgr_testkit.helm import CHART, TEST_IMAGE, helm, refusal, template_text, values_file
+from cachemgr_testkit.kube import by_kind, container, merge, pod_spec, render, role_of, venv_tool, workload
+
+from cachemgr.cli.main import build_parser, split_server_argv
+from cachemgr.core.units import parse_size
+
+ROLES = ("prefill", "decode")
+Docs = list[dict[str, Any]]
+WARM = {"prefill": {"warm": True}, "decode": {"warm": True}}
+RWO = {
+    "storage": {"compileCache": {"accessModes": ["ReadWriteOnce"]}},
+    "prefill": {"replicas": 1},
+    "decode": {"replicas": 1},
+}
+EXISTING = "modelserver-prefill-compile-cache"
+TRUSTED = ["builder-1:MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="]
+TRUST = merge(
+    WARM,
+    {
+        "trust": {
+            "trustedKeys": TRUSTED,
+            "signingKeySecret": {"name": "modelserver-signing-key", "key": "signing.key"},
+            "readOnlyServing": True,
+        }
+    },
+)
+REMOTE = {
+    "remote": {
+        "url": "s3://modelserver-compile-cache/prod",
+        "endpoint": "https://s3.example.internal",
+        "credentialsSecret": "modelserver-remote-credentials",
+    },
+    "serviceAccount": {
+        "create": True,
+        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/compile-cache"},
+    },
+}
+
+# The matrix every render check runs over: the issue's list, and each optional part switched on.
+MATRIX: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "prefill-0": {"prefill": {"replicas": 0}},
+    "decode-0": {"decode": {"replicas": 0}},
+    "rwo-one-pod": RWO,
+    "size-and-class": {"storage": {"compileCache": {"size": "1.5Ti", "storageClassName": "juicefs-sc"}}},
+    "warm-on": WARM,
+    "warm-prefill-only": {"prefill": {"warm": True}},
+    "remote": merge(WARM, REMOTE),
+    "trust": TRUST,
+    "options": {
+        "cachemgr": {"onMiss": "fail", "stallTimeout": "15m", "extraArgs": ["--wait-timeout", "2h"]},
+        "prefill": {"extraEnv": [{"name": "VLLM_RBLN_USE_VLLM_MODEL", "value": "1"}], "warm": True},
+        "storage": {"tmp": {"sizeLimit": "500Gi"}, "home": {"sizeLimit": "20Gi"}},
+        "image": {"digest": "sha256:" + "ab" * 32},
+        "tolerations": [{"key": "rebellions.ai/npu", "operator": "Exists", "effect": "NoSchedule"}],
+        "extraVolumes": [{"name": "models", "persistentVolumeClaim": {"claimName": "models"}}],
+        "extraVolumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+        "podAnnotations": {"example.com/team": "inference"},
+        "metrics": {"prometheusAnnotations": False},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chart")
+
+
+@pytest.fixture(scope="module")
+def renders(work: Path) -> dict[str, Docs]:
+    """Each matrix case rendered once for the module."""
+    return {name: render(work, values) for name, values in MATRIX.items()}
+
+
+def claims(docs: Docs) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in by_kind(docs, "PersistentVolumeClaim")}
+
+
+def claim_of(doc: dict[str, Any]) -> str:
+    volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+    name: str = volumes["compile-cache"]["persistentVolumeClaim"]["claimName"]
+    return name
+
+
+def env_of(doc: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(doc)["env"] if "value" in e}
+
+
+def existing_claim(
+    size: str = "200Gi", modes: list[str] | None = None, cls: str = "juicefs-sc"
+) -> dict[str, Any]:
+    """A PVC as the API server returns it to ``lookup`` (spec filled in, status bound)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": EXISTING, "namespace": "default"},
+        "spec": {
+            "accessModes": modes or ["ReadWriteMany"],
+            "resources": {"requests": {"storage": size}},
+            "storageClassName": cls,
+            "volumeMode": "Filesystem",
+            "volumeName": "pvc-3f1c",
+        },
+        "status": {"phase": "Bound", "capacity": {"storage": size}},
+    }
+
+
+def with_existing(values: dict[str, Any], claim: dict[str, Any]) -> dict[str, Any]:
+    return merge(values, {"testing": {"existingClaims": {EXISTING: claim}}})
+
+
+# --- the page, fact by fact --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact of docs/compile-cache.en.md, the values that exercise it, and what the render holds."""
+
+    page: tuple[str, ...]  # the page's words, as they stand in docs/compile-cache.en.md
+    values: dict[str, Any]
+    holds: Callable[[Docs], None]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def one_pvc_per_role(docs: Docs) -> None:
+    assert sorted(claims(docs)) == [f"modelserver-{r}-compile-cache" for r in ("decode", "prefill")]
+    assert sorted(role_of(c) for c in claims(docs).values()) == sorted(ROLES)
+
+
+def replicas_share_their_roles_pvc(docs: Docs) -> None:
+    for role in ROLES:
+        deployment = workload(docs, "Deployment", role)
+        # One claim in the pod template: every replica mounts the same PVC, none gets its own.
+        assert "volumeClaimTemplates" not in deployment["spec"]
+        assert claim_of(deployment) == f"modelserver-{role}-compile-cache"
+        assert claim_of(workload(docs, "Job", role)) == claim_of(deployment), (
+            "the warm Job fills the same PVC"
+        )
+
+
+def target_configuration(docs: Docs) -> None:
+    assert {role_of(d): d["spec"]["replicas"] for d in by_kind(docs, "Deployment")} == {
+        "prefill": 2,
+        "decode": 2,
+    }
+
+
+def role_without_pods(role: str) -> Callable[[Docs], None]:
+    other = {"prefill": "decode", "decode": "prefill"}[role]
+
+    def holds(docs: Docs) -> None:
+        assert {role_of(d) for d in docs if "app.kubernetes.io/component" in d["metadata"]["labels"]} == {
+            other
+        }
+        assert list(claims(docs)) == [f"modelserver-{other}-compile-cache"]
+
+    return holds
+
+
+def pvc_spec(size: str, modes: list[str], cls: str | None) -> Callable[[Docs], None]:
+    def holds(docs: Docs) -> None:
+        for claim in claims(docs).values():
+            assert claim["spec"]["resources"]["requests"]["storage"] == size
+            assert claim["spec"]["accessModes"] == modes
+            assert claim["spec"].get("storageClassName") == cls
+
+    return holds
+
+
+def kept_by_uninstall(docs: Docs) -> None:
+    for claim in claims(docs).values():
+        assert claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for doc in docs:
+        if doc["kind"] != "PersistentVolumeClaim":
+            assert "helm.sh/resource-policy" not in doc["metadata"].get("annotations", {}), doc["kind"]
+
+
+def rwo_one_pod_recreate(docs: Docs) -> None:
+    pvc_spec("200Gi", ["ReadWriteOnce"], None)(docs)
+    for deployment in by_kind(docs, "Deployment"):
+        assert deployment["spec"]["replicas"] == 1
+        # A rolling update would start the new pod while the old one holds the volume.
+        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert by_kind(docs, "Job") == []
+
+
+def rwx_rolls_with_surge(docs: Docs) -> None:
+    for deployment in by_kind(docs, "Deployment"):
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+
+
+def key_takes_the_images_versions(docs: Docs) -> None:
+    for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job")]:
+        names = {e["name"] for e in container(doc)["env"]}
+        for pinned in (
+            "CACHEMGR_COMPILER_VERSION",
+            "CACHEMGR_VLLM_VERSION",
+            "CACHEMGR_VLLM_RBLN_VERSION",
+            "CACHEMGR_OPTIMUM_RBLN_VERSION",
+            "CACHEMGR_TRANSFORMERS_VERSION",
+        ):
+            assert pinned not in names, (doc["metadata"]["name"], pinned)
+        assert container(doc)["image"] == "registry.example.com/modelserver-cachemgr:sdk-0.12"
+
+
+def probes_follow_progress(docs: Docs) -> None:
+    """The page's rule (a start budget longer than the first compile) does not hold with the chart:
+    startup passes while cachemgr makes progress, and its budget covers only the process start."""
+    eleven_minutes = 11 * 60
+    for deployment in by_kind(docs, "Deployment"):
+        spec = container(deployment)
+        startup = spec["startupProbe"]
+        assert startup["exec"]["command"] == ["cachemgr", "probe", "startup"]
+        assert spec["livenessProbe"]["exec"]["command"] == ["cachemgr", "probe", "live"]
+        assert spec["readinessProbe"]["exec"]["command"][:3] == ["cachemgr", "probe", "ready"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] < eleven_minutes
+
+
+FACTS = {
+    "one PVC per role": Fact(
+        ("The chart makes one compile cache PVC for prefill and one for decode.",), {}, one_pvc_per_role
+    ),
+    "replicas share their role's PVC": Fact(
+        ("Replicas of the same P/D role share one PVC.",), WARM, replicas_share_their_roles_pvc
+    ),
+    "target configuration": Fact(("2 prefill Pods and 2 decode Pods",), {}, target_configuration),
+    "prefill with 0 replicas": Fact(
+        ("A P/D role with 0 replicas gets no PVC.",),
+        merge(WARM, {"prefill": {"replicas": 0}}),
+        role_without_pods("prefill"),
+    ),
+    "decode with 0 replicas": Fact(
+        ("A P/D role with 0 replicas gets no PVC.",),
+        merge(WARM, {"decode": {"replicas": 0}}),
+        role_without_pods("decode"),
+    ),
+    "defaults of size and accessModes": Fact(
+        ("| storage.compileCache.size | 200Gi |", '| storage.compileCache.accessModes | ["ReadWriteMany"] |'),
+        {},
+        pvc_spec("200Gi", ["ReadWriteMany"], None),
+    ),
+    "a size and StorageClass decided before installing": Fact(
+        ("Decide the PVC's size and accessModes before installing.",),
+        {"storage": {"compileCache": {"size": "1.5Ti", "storageClassName": "juicefs-sc"}}},
+        pvc_spec("1.5Ti", ["ReadWriteMany"], "juicefs-sc"),
+    ),
+    "RWX shares across nodes": Fact(
+        ("With ReadWriteMany (RWX), Pods of the same P/D role on different nodes share the compile cache.",),
+        {},
+        rwx_rolls_with_surge,
+    ),
+    "RWO with one pod each": Fact(
+        (
+            'Then set storage.compileCache.accessModes to ["ReadWriteOnce"] and run prefill and decode with '
+            "one Pod each.",
+        ),
+        RWO,
+        rwo_one_pod_recreate,
+    ),
+    "kept by helm uninstall": Fact(
+        (
+            "helm uninstall does not delete the compile cache PVCs: the chart sets helm.sh/resource-policy: keep",
+        ),
+        WARM,
+        kept_by_uninstall,
+    ),
+    "the compiler version is the image's": Fact(
+        (
+            "Replacing the modelserver image with one of another SDK version changes the RBLN Compiler version.",
+        ),
+        WARM,
+        key_takes_the_images_versions,
+    ),
+    "the start budget": Fact(
+        ("The modelserver Pod's start budget must be longer than the first compile.",),
+        {},
+        probes_follow_progress,
+    ),
+}
+
+
+@pytest.mark.parametrize("fact", list(FACTS))
+def test_each_fact_of_the_page_holds_in_the_render(fact: str, work: Path) -> None:
+    page = (Path(__file__).parents[1] / "docs" / "compile-cache.en.md").read_text()
+    the = FACTS[fact]
+    words = re.sub(r"\s+", " ", page.replace("`", ""))
+    for part in the.page:
+        assert part in words, f"the page no longer says: {part}"
+    the.holds(render(work, the.values))
+
+
+def test_a_reinstall_under_the_release_name_finds_its_pvcs(work: Path) -> None:
+    """PVC names derive from the release name alone: no value moves them, another release has its own."""
+    names = {
+        name: sorted(claims(render(work, values)))
+        for name, values in MATRIX.items()
+        if name not in ("prefill-0", "decode-0")
+    }
+    assert set(map(tuple, names.values())) == {
+        ("modelserver-decode-compile-cache", "modelserver-prefill-compile-cache")
+    }
+    other = render(work, {}, release="prod")
+    assert sorted(claims(other)) == ["prod-decode-compile-cache", "prod-prefill-compile-cache"]
+
+
+def test_two_renders_of_one_release_are_identical(work: Path) -> None:
+    for values in (MATRIX["defaults"], MATRIX["trust"], MATRIX["options"]):
+        first = template_text(merge(TEST_IMAGE, values), work=work / "a")
+        second = template_text(merge(TEST_IMAGE, values), work=work / "b")
+        assert first.returncode == 0, first.stderr
+        assert first.stdout == second.stdout
+
+
+# --- helm install / upgrade against an existing PVC ---------------------------------------------------
+
+
+def test_a_smaller_size_than_the_existing_pvc_is_refused_in_one_line(work: Path) -> None:
+    message = refusal(with_existing({**TEST_IMAGE}, existing_claim("300Gi")), work=work)
+    (line,) = [line for line in message.splitlines() if "storage.compileCache.size" in line]
+    assert line.endswith(
+        "storage.compileCache.size 200Gi is smaller than the existing PVC "
+        "modelserver-prefill-compile-cache's 300Gi: a PVC can only grow. Set storage.compileCache.size "
+        "to 300Gi or more (growing needs a StorageClass that allows volume expansion)"
+    ), line
+    # The same size, a larger one, or one written in other units: accepted.
+    for size in ("300Gi", "0.5Ti", "322122547200", "330G", "3.3e11"):
+        values = merge(TEST_IMAGE, {"storage": {"compileCache": {"size": size}}})
+        assert template_text(with_existing(values, existing_claim("300Gi")), work=work).returncode == 0, size
+    for size in ("299Gi", "322122547199", "3.2e11", "300G"):
+        values = merge(TEST_IMAGE, {"storage": {"compileCache": {"size": size}}})
+        assert "can only grow" in refusal(with_existing(values, existing_claim("300Gi")), work=work), size
+
+
+def test_the_readme_shows_the_real_refusal(work: Path) -> None:
+    readme = (CHART / "README.md").read_text()
+    (shown,) = re.findall(r"```text\n\s*(storage\.compileCache\.size .*?)\n", readme)
+    values = merge(TEST_IMAGE, {"storage": {"compileCache": {"size": "100Gi"}}})
+    assert (
+        refusal(with_existing(values, existing_claim("200Gi")), work=work)
+        .splitlines()[0]
+        .endswith(": " + shown)
+    )
+
+
+def test_other_access_modes_or_class_than_the_existing_pvc_are_refused(work: Path) -> None:
+    values = merge(TEST_IMAGE, RWO)
+    message = refusal(with_existing(values, existing_claim()), work=work)
+    assert (
+        'storage.compileCache.accessModes ["ReadWriteOnce"] differs from the existing PVC '
+        'modelserver-prefill-compile-cache\'s ["ReadWriteMany"]: Kubernetes refuses changes to an existing '
+        'PVC\'s spec. Set storage.compileCache.accessModes to ["ReadWriteMany"], or delete the PVC'
+    ) in message
+    values = merge(TEST_IMAGE, {"storage": {"compileCache": {"storageClassName": "ceph-sc"}}})
+    assert "storage.compileCache.storageClassName ceph-sc differs from the existing PVC" in refusal(
+        with_existing(values, existing_claim()), work=work
+    )
+    # The existing PVC's own settings pass (the cluster filled in the class: the chart left it out).
+    assert template_text(with_existing(TEST_IMAGE, existing_claim()), work=work).returncode == 0
+
+
+def test_helm_template_and_dry_run_do_not_check_the_existing_pvc(work: Path) -> None:
+    """As the page says: with no cluster to ask, a smaller size renders (lookup returns nothing)."""
+    small = merge(TEST_IMAGE, {"storage": {"compileCache": {"size": "1Gi"}}})
+    assert template_text(small, work=work).returncode == 0
+    dry = helm(
+        "install",
+        "modelserver",
+        str(CHART),
+        "--dry-run=client",
+        "-f",
+        str(values_file(work, small)),
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stderr
+    # The template does ask: lookup is what feeds the check, under install and upgrade alike.
+    checks = (CHART / "templates" / "_checks.tpl").read_text()
+    assert 'lookup "v1" "PersistentVolumeClaim" .root.Release.Namespace .name' in checks
+
+
+def test_the_lookup_stand_in_can_only_add_a_refusal() -> None:
+    """A real PVC (lookup's answer) always wins over testing.existingClaims: the value cannot hide one."""
+    checks = (CHART / "templates" / "_checks.tpl").read_text()
+    helper = checks[checks.index('define "modelserver.existingClaim"') :]
+    helper = helper[: helper.index("{{- end -}}\n\n")]
+    assert helper.index("lookup") < helper.index("if not $found") < helper.index("testing.existingClaims")
+
+
+# --- bad values: one refusal naming the key -------------------------------------------------------------
+
+REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "negative replicas": ({"prefill": {"replicas": -1}}, ["/prefill/replicas", "minimum: got -1, want 0"]),
+    "fractional replicas": ({"decode": {"replicas": 1.5}}, ["/decode/replicas", "want integer"]),
+    "replicas not a number": (
+        {"decode": {"replicas": "two"}},
+        ["/decode/replicas", "got string, want integer"],
+    ),
+    "size not a quantity": (
+        {"storage": {"compileCache": {"size": "200 Gi"}}},
+        ['storage.compileCache.size "200 Gi" is not a Kubernetes quantity'],
+    ),
+    "size in millibytes": (
+        {"storage": {"compileCache": {"size": "500m"}}},
+        ['storage.compileCache.size "500m" is not a Kubernetes quantity'],
+    ),
+    "size zero": (
+        {"storage": {"compileCache": {"size": "0Gi"}}},
+        ['storage.compileCache.size "0Gi" is no room at all'],
+    ),
+    "unknown access mode": (
+        {"storage": {"compileCache": {"accessModes": ["ReadWriteAll"]}}},
+        ["/storage/compileCache/accessModes/0", "must be one of"],
+    ),
+    "read-only access mode": (
+        {"storage": {"compileCache": {"accessModes": ["ReadOnlyMany"]}}},
+        ["storage.compileCache.accessModes", "must be writable"],
+    ),
+    "RWO with two pods": (
+        {"storage": {"compileCache": {"accessModes": ["ReadWriteOnce"]}}, "prefill": {"replicas": 1}},
+        [
+            'storage.compileCache.accessModes ["ReadWriteOnce"] with decode.replicas 2',
+            "set decode.replicas to 1",
+        ],
+    ),
+    "RWO with a warm Job": (
+        merge(RWO, {"decode": {"warm": True}}),
+        ["decode.warm with storage.compileCache.accessModes"],
+    ),
+    "empty image": ({"image": {"repository": ""}}, ["image.repository is empty"]),
+    "unknown key": (
+        {"storage": {"compileCache": {"sizes": "300Gi"}}},
+        ["/storage/compileCache", "'sizes' not allowed"],
+    ),
+    "--port in the args": (
+        {"prefill": {"args": ["vllm", "serve", "m", "--port=8001"]}},
+        ['prefill.args[3] "--port=8001": leave --host and --port out'],
+    ),
+    "chart-owned env": (
+        {"extraEnv": [{"name": "CACHEMGR_ROLE", "value": "x"}]},
+        ["extraEnv sets CACHEMGR_ROLE"],
+    ),
+    "a pinned compiler version": (
+        {"decode": {"extraEnv": [{"name": "CACHEMGR_COMPILER_VERSION", "value": "0.12"}]}},
+        ["extraEnv sets CACHEMGR_COMPILER_VERSION: the cache key must take the image's own version"],
+    ),
+    "a run option with a space": (
+        {"cachemgr": {"extraArgs": ["--wait-timeout 2h"]}},
+        ["/cachemgr/extraArgs/0"],
+    ),
+    "read-only serving with no builder": (
+        {"trust": {"readOnlyServing": True}, "prefill": {"warm": True}},
+        ["trust.readOnlyServing with decode.warm false", "set decode.warm to true"],
+    ),
+    "a signing key with no builder": (
+        {"trust": {"signingKeySecret": {"name": "k"}}},
+        ["trust.signingKeySecret.name is set but no warm Job runs"],
+    ),
+    "a class name that is YAML": (
+        {"storage": {"compileCache": {"storageClassName": "fast\nkind: Secret"}}},
+        ["/storage/compileCache/storageClassName", "does not match pattern"],
+    ),
+    "a signing key path out of its directory": (
+        merge(WARM, {"trust": {"signingKeySecret": {"name": "k", "key": "../../etc/passwd"}}}),
+        ["/trust/signingKeySecret/key"],
+    ),
+    "a malformed trusted key": ({"trust": {"trustedKeys": ["no-colon"]}}, ["/trust/trustedKeys/0"]),
+    "health timeout above the probe's": (
+        {"probes": {"readiness": {"healthTimeout": 5}}},
+        ["probes.readiness.healthTimeout 5 must be below probes.readiness.timeoutSeconds 5"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_bad_values_are_refused_naming_the_key(case: str, work: Path) -> None:
+    values, expected = REFUSALS[case]
+    message = refusal(merge(TEST_IMAGE, values), work=work)
+    assert message.startswith("Error: "), message
+    for part in expected:
+        assert part in message, message
+    if "execution error" in message:  # a template `fail`: one line, after Helm's location prefix
+        assert len([line for line in message.splitlines() if line.strip() and "--debug" not in line]) == 1, (
+            message
+        )
+
+
+# --- the matrix: lint, schemas, selectors, names, parsers -------------------------------------------------
+
+
+def test_helm_lint_strict_passes_on_the_defaults_and_the_matrix(work: Path) -> None:
+    for name, values in MATRIX.items():
+        result = helm(
+            "lint",
+            "--strict",
+            str(CHART),
+            "-f",
+            str(values_file(work, merge(TEST_IMAGE, values))),
+            check=False,
+        )
+        assert result.returncode == 0, (name, result.stdout, result.stderr)
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, (name, result.stdout)
+    bare = helm("lint", "--strict", str(CHART), check=False)  # the chart's own defaults, nothing set
+    assert bare.returncode == 0, bare.stdout + bare.stderr
+
+
+def test_every_render_of_the_matrix_passes_kubernetes_validate_strict(work: Path) -> None:
+    paths = []
+    for name, values in MATRIX.items():
+        result = template_text(merge(TEST_IMAGE, values), work=work)
+        assert result.returncode == 0, result.stderr
+        paths.append(work / f"render-{name}.yaml")
+        paths[-1].write_text(result.stdout)
+    result = subprocess.run(
+        [venv_tool("kubernetes-validate"), "--strict", "--kubernetes-version", "1.33.0", *map(str, paths)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "fail" not in result.stdout.lower(), result.stdout
+    objects = sum(1 for p in paths for doc in yaml.safe_load_all(p.read_text()) if doc)
+    assert result.stdout.count(" passed for resource ") == objects, result.stdout
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def test_no_job_pod_matches_a_deployment_or_service_selector(renders: dict[str, Docs]) -> None:
+    jobs_seen = 0
+    for name, docs in renders.items():
+        selectors = [d["spec"]["selector"]["matchLabels"] for d in by_kind(docs, "Deployment")]
+        selectors += [d["spec"]["selector"] for d in by_kind(docs, "Service")]
+        for job in by_kind(docs, "Job"):
+            jobs_seen += 1
+            labels = job["spec"]["template"]["metadata"]["labels"]
+            for selector in selectors:
+                assert not matches(selector, labels), (name, job["metadata"]["name"], selector)
+        for deployment in by_kind(docs, "Deployment"):
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            assert matches(deployment["spec"]["selector"]["matchLabels"], labels)
+            others = [d for d in by_kind(docs, "Deployment") if d is not deployment]
+            assert not [d for d in others if matches(d["spec"]["selector"]["matchLabels"], labels)]
+    assert jobs_seen >= 8
+
+
+def test_names_fit_kubernetes_limits_for_the_longest_release(work: Path) -> None:
+    release = "r" * 53  # Helm's longest release name
+    docs = render(work, WARM, release=release)
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+        limit = 253 if doc["kind"] in ("PersistentVolumeClaim", "Deployment") else 63
+        assert len(name) <= limit, (doc["kind"], name)
+    # A warm Job is named after what it compiles: a new image makes a new Job, the PVC stays.
+    first = render(work, WARM)
+    upgraded = render(work, merge(WARM, {"image": {"tag": "sdk-0.13"}}))
+    assert [j["metadata"]["name"] for j in by_kind(first, "Job")] != [
+        j["metadata"]["name"] for j in by_kind(upgraded, "Job")
+    ]
+    assert sorted(claims(first)) == sorted(claims(upgraded))
+    replicas = render(work, merge(WARM, {"prefill": {"replicas": 3}}))
+    assert [j["metadata"]["name"] for j in by_kind(first, "Job")] == [
+        j["metadata"]["name"] for j in by_kind(replicas, "Job")
+    ]
+
+
+ENTRYPOINT_SUBCOMMAND = {"cachemgr-entrypoint": "run", "cachemgr-warm": "warm"}
+
+
+def test_the_argv_and_env_the_chart_gives_cachemgr_parse_with_its_own_parser(
+    renders: dict[str, Docs],
+) -> None:
+    parser = build_parser()
+    for name, docs in renders.items():
+        for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job")]:
+            spec = container(doc)
+            (script,) = spec["command"]
+            server = spec["args"]
+            assert server[:2] == ["vllm", "serve"], (name, server)
+            run_args = shlex.split(env_of(doc).get("CACHEMGR_RUN_ARGS", ""))
+            own, after = split_server_argv([ENTRYPOINT_SUBCOMMAND[script], *run_args, "--", *server])
+            assert after == server
+            args = parser.parse_args(own)
+            assert args.command == ENTRYPOINT_SUBCOMMAND[script]
+            assert env_of(doc)["CACHEMGR_ROLE"] == role_of(doc)
+            assert server[server.index("--port") + 1] == "8000"
+            if doc["kind"] == "Job":
+                assert "--status-port" not in run_args
+                assert "--on-miss" not in run_args
+                continue
+            ports = {p["name"]: p["containerPort"] for p in spec["ports"]}
+            assert args.status_port == ports["cachemgr"]
+            assert ports["http"] == 8000
+            for probe, kind in (
+                ("startupProbe", "startup"),
+                ("livenessProbe", "live"),
+                ("readinessProbe", "ready"),
+            ):
+                parsed = parser.parse_args(spec[probe]["exec"]["command"][1:])
+                assert (parsed.command, parsed.kind) == ("probe", kind)
+    options = renders["options"]
+    run_args = shlex.split(env_of(workload(options, "Deployment", "prefill"))["CACHEMGR_RUN_ARGS"])
+    args = parser.parse_args(["run", *run_args])
+    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", "15m", "2h")
+
+
+def test_a_roles_warm_job_carries_its_deployments_args_env_and_image(renders: dict[str, Docs]) -> None:
+    for name in ("warm-on", "remote", "trust", "options"):
+        docs = renders[name]
+        for job in by_kind(docs, "Job"):
+            deployment = workload(docs, "Deployment", role_of(job))
+            served, warmed = container(deployment), container(job)
+            assert warmed["args"] == served["args"], name
+            assert warmed["image"] == served["image"]
+            own = {
+                "VLLM_RBLN_COMPILE_ONLY",
+                "RBLN_FORCE_NPU_NAME",
+                "CACHEMGR_RUN_ARGS",
+                "CACHEMGR_SIGNING_KEY_FILE",
+            }
+            assert {k: v for k, v in env_of(job).items() if k not in own} == {
+                k: v for k, v in env_of(deployment).items() if k not in own
+            }, name
+            assert env_of(job)["RBLN_FORCE_NPU_NAME"] == env_of(job)["CACHEMGR_NPU_TYPE"]
+
+
+def test_the_trust_modes_are_wired_off_by_default(renders: dict[str, Docs]) -> None:
+    """Issue 22's stable names: CACHEMGR_TRUSTED_KEYS (serving pods and builders),
+    CACHEMGR_SIGNING_KEY_FILE (the builder, from a Secret), read-only serving mounts."""
+    for name in ("defaults", "warm-on", "remote", "options"):
+        for doc in [*by_kind(renders[name], "Deployment"), *by_kind(renders[name], "Job")]:
+            assert not {"CACHEMGR_TRUSTED_KEYS", "CACHEMGR_SIGNING_KEY_FILE"} & set(env_of(doc)), name
+            assert not [
+                m
+                for m in container(doc)["volumeMounts"]
+                if m.get("readOnly") and m["name"] == "compile-cache"
+            ]
+    docs = renders["trust"]
+    for deployment in by_kind(docs, "Deployment"):
+        env = env_of(deployment)
+        assert env["CACHEMGR_TRUSTED_KEYS"] == " ".join(TRUSTED)
+        assert "CACHEMGR_SIGNING_KEY_FILE" not in env, "serving pods never hold the signing key"
+        mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
+        assert mounts["compile-cache"]["readOnly"] is True
+        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+        assert volumes["compile-cache"]["persistentVolumeClaim"]["readOnly"] is True
+        assert "signing-key" not in volumes
+    for job in by_kind(docs, "Job"):
+        env = env_of(job)
+        assert env["CACHEMGR_TRUSTED_KEYS"] == " ".join(TRUSTED)
+        mounts = {m["name"]: m for m in container(job)["volumeMounts"]}
+        assert not mounts["compile-cache"].get("readOnly"), "the builder writes the cache"
+        volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
+        secret = volumes["signing-key"]["secret"]
+        assert secret["secretName"] == "modelserver-signing-key"
+        path = Path(mounts["signing-key"]["mountPath"]) / secret["items"][0]["path"]
+        assert env["CACHEMGR_SIGNING_KEY_FILE"] == str(path)
+        assert mounts["signing-key"]["readOnly"] is True
+        assert secret["defaultMode"] == 0o400
+
+
+def test_the_remote_tier_and_its_credentials(renders: dict[str, Docs]) -> None:
+    docs = renders["remote"]
+    (account,) = by_kind(docs, "ServiceAccount")
+    assert account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+    for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job")]:
+        env = env_of(doc)
+        assert env["CACHEMGR_REMOTE"] == "s3://modelserver-compile-cache/prod"
+        assert env["CACHEMGR_REMOTE_ENDPOINT"] == "https://s3.example.internal"
+        assert container(doc)["envFrom"] == [{"secretRef": {"name": "modelserver-remote-credentials"}}]
+        assert pod_spec(doc)["serviceAccountName"] == account["metadata"]["name"]
+    for doc in by_kind(renders["defaults"], "Deployment"):
+        assert "CACHEMGR_REMOTE" not in env_of(doc)
+        assert "serviceAccountName" not in pod_spec(doc)
+
+
+def test_pods_run_non_root_on_a_read_only_root_with_writable_places(renders: dict[str, Docs]) -> None:
+    for doc in [*by_kind(renders["warm-on"], "Deployment"), *by_kind(renders["warm-on"], "Job")]:
+        pod, spec = pod_spec(doc), container(doc)
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == 10001
+        assert spec["securityContext"]["readOnlyRootFilesystem"] is True
+        assert spec["securityContext"]["allowPrivilegeEscalation"] is False
+        mounts = {m["mountPath"] for m in spec["volumeMounts"]}
+        env = env_of(doc)
+        for writable in (env["CACHEMGR_CACHE_ROOT"], env["CACHEMGR_STATE_DIR"], env["TMPDIR"], env["HOME"]):
+            assert writable in mounts, writable
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert parse_size(volumes["tmp"]["emptyDir"]["sizeLimit"]) == 200 << 30
+
+
+def test_prometheus_annotations_name_the_status_port(renders: dict[str, Docs]) -> None:
+    for deployment in by_kind(renders["defaults"], "Deployment"):
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        ports = {p["name"]: p["containerPort"] for p in container(deployment)["ports"]}
+        assert annotations == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(ports["cachemgr"]),
+            "prometheus.io/path": "/metrics",
+        }
+    for deployment in by_kind(renders["options"], "Deployment"):
+        assert deployment["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "inference"}
+
+
+def test_notes_name_the_pvcs_the_usage_command_and_mark_rwo_unverified(work: Path) -> None:
+    def notes(values: dict[str, Any]) -> str:
+        result = helm(
+            "install",
+            "modelserver",
+            str(CHART),
+            "--dry-run=client",
+            "-f",
+            str(values_file(work, merge(TEST_IMAGE, values))),
+        )
+        return result.stdout[result.stdout.index("NOTES:") :]
+
+    default = notes({})
+    assert "compile cache PVC modelserver-prefill-compile-cache (200Gi, ReadWriteMany)" in default
+    assert "kubectl exec deploy/modelserver-prefill -- cachemgr du" in default
+    assert "helm.sh/resource-policy: keep" in default
+    assert "Unverified" not in default
+    rwo = notes(merge(RWO, {"prefill": {"replicas": 0}}))
+    assert 'storage.compileCache.accessModes ["ReadWriteOnce"]: Unverified' in rwo
+    assert "prefill: 0 replicas: no Deployment and no compile cache PVC" in rwo
+
+
+# --- the chart's README and the docs agree with the chart ---------------------------------------------------
+
+
+def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves of values.yaml by dotted key; an empty map or list, or a free-form one, is a leaf."""
+    free = {
+        "resources",
+        "nodeSelector",
+        "affinity",
+        "podSecurityContext",
+        "securityContext",
+        "annotations",
+        "podAnnotations",
+        "podLabels",
+        "existingClaims",
+    }
+    if isinstance(values, dict) and values and prefix.rsplit(".", 1)[-1] not in free:
+        out: dict[str, Any] = {}
+        for key, value in values.items():
+            out |= flatten(value, f"{prefix}.{key}" if prefix else key)
+        return out
+    return {prefix: values}
+
+
+def readme_table() -> dict[str, str]:
+    rows = {}
+    for line in (CHART / "README.md").read_text().splitlines():
+        row = re.fullmatch(r"\| `([^`]+)` \| `(.*)` \|.*\|", line)
+        if row:
+            rows[row[1]] = row[2]
+    return rows
+
+
+@pytest.mark.quick
+def test_the_readme_values_table_is_values_yaml() -> None:
+    values = flatten(yaml.safe_load((CHART / "values.yaml").read_text()))
+    table = readme_table()
+    assert sorted(table) == sorted(values), set(table) ^ set(values)
+    for key, default in values.items():
+        assert json.loads(table[key]) == default, (key, table[key], default)
+
+
+@pytest.mark.quick
+def test_the_schema_knows_every_value_and_values_yaml_passes_it() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: dict[str, Any], value: Any, where: str) -> None:
+        if node.get("type") == "object" and node.get("additionalProperties") is False:
+            assert set(value) == set(node["properties"]), where
+            assert set(node.get("required", [])) == set(node["properties"]), where
+            for key, sub in node["properties"].items():
+                walk(sub, value[key], f"{where}.{key}")
+
+    walk(schema, values, "values")
+
+
+def kubernetes_md_settings() -> dict[str, Any]:
+    """The 'Settings that fit' block of docs/kubernetes.md: what it says the chart renders."""
+    text = (Path(__file__).parents[1] / "docs" / "kubernetes.md").read_text()
+    section = text[text.index("## Settings that fit") :]
+    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert block, "no yaml block under 'Settings that fit'"
+    loaded: dict[str, Any] = yaml.safe_load(block[1])
+    return loaded
+
+
+def test_docs_kubernetes_md_shows_what_the_chart_renders(renders: dict[str, Docs]) -> None:
+    """Issue 24's drift (the docs gave --stall-timeout 15m, the manifests did not): the chart is the truth."""
+    shown = kubernetes_md_settings()
+    spec = container(workload(renders["defaults"], "Deployment", "prefill"))
+    env = {e["name"]: e.get("value") for e in spec["env"]}
+    assert shown["env"], "the block shows env"
+    for entry in shown["env"]:
+        assert env.get(entry["name"]) == entry["value"], entry
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert shown[probe] == spec[probe], probe
