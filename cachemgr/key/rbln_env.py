@@ -121,7 +121,7 @@ def keyed_env(
     keyed: dict[str, Any] = {}
     for var in release.env.values():
         if var.field is not None or not (var.compiled_on & paths):
-            continue  # a field is keyed where the field is (cachemgr.key.rbln_config)
+            continue  # a field is keyed where the field is (cachemgr.key.vllm_key.resolve_rbln)
         value = read(release, var, environ, npu=npu)
         if value != var.default:
             keyed[var.name] = value
@@ -144,14 +144,14 @@ def read(release: Release, var: EnvVar, environ: Mapping[str, str], *, npu: str)
     """``envs.<name>`` as the image's own parser reads it where it can be run safely, else the table's."""
     image = image_envs(release)
     parser = image.parsers.get(var.name) if image is not None else None
-    return _run(parser, var, environ) if parser is not None else parse(var, environ, npu=npu)
-
-
-def _run(parser: Callable[[Mapping[str, str]], Any], var: EnvVar, environ: Mapping[str, str]) -> Any:
+    if parser is None:
+        return parse(var, environ, npu=npu)
     try:
         return parser(environ)
     except ValueError:
         return {"$unparsed": {name: environ[name] for name in var.sources if name in environ}}
+    except Exception:  # noqa: BLE001 - the image's parser failed otherwise: the table reads it
+        return parse(var, environ, npu=npu)
 
 
 # --- the image's own vllm_rbln.envs ------------------------------------------------------------

@@ -13,9 +13,9 @@ What goes into the key: every flag given, as the value vLLM stores (``-tp 02`` i
 0.9, ``--max-model-len 4k`` is 4000), except runtime-only flags (:data:`RUNTIME_ONLY`, reported in
 ``dropped``). ``--rbln-*`` flags are folded into ``additional_config`` as vllm-rbln folds them; RBLN
 options that do not change the compiled graphs and address/port keys of the transfer configs are left
-out. Model and revision are keyed separately. Flags this table does not know are kept as given, with
-the tokens argparse left after them (``unknown_argv``; fail closed: a needless miss costs a compile, a
-wrong hit costs an outage), and only they: a known runtime-only flag stays out of the key beside them.
+out. Model and revision are keyed separately. Flags this table does not know make the argv be keyed as
+given, in order (``unknown_argv``; fail closed: a needless miss costs a compile, a wrong hit costs an
+outage), but for the flags known to be runtime-only, which stay out of the key beside them.
 The ``vllm`` strategy applies the rules of the server's release on top (cachemgr.key.vllm_key). Any
 other server is keyed on its whole argv minus the same runtime-only flags.
 """
@@ -139,8 +139,10 @@ class ServerCommand:
 
     ``settings`` is the key's view with :data:`RUNTIME_ONLY` left out (the ``command`` strategy and
     other servers key it); ``options`` holds every flag given, as vLLM stores it (secrets aside),
-    for the ``vllm`` strategy's per-release rules (cachemgr.key.vllm_key). ``unknown_argv``: the
-    tokens of flags vLLM 0.30 does not know, as argparse left them, in order.
+    for the ``vllm`` strategy's per-release rules (cachemgr.key.vllm_key). When the argv has flags
+    vLLM 0.30 does not know, ``unknown_argv`` is the whole argv as argparse gets it (secrets masked),
+    and ``option_spans`` says where each known option sits in it, so the key can take it as given
+    minus the flags its rules leave out (:meth:`argv_without`).
     """
 
     argv: tuple[str, ...]

@@ -9,8 +9,8 @@ parsed argv (cachemgr.key.serving) and the environment and applies one release's
   model path the server takes) and minus values equal to the server's default (``--max-num-seqs 1``);
 - ``model_impl`` and ``rbln`` (0.12): the model path as vllm-rbln resolves it (it resets
   ``--model-impl`` to ``auto`` before vLLM hashes it) and the RBLN options it compiles from
-  (cachemgr.key.rbln_config), so a flag, an ``additional_config`` key and a variable that set one
-  field are one input;
+  (:func:`resolve_rbln`, below), so a flag, an ``additional_config`` key and a variable that set
+  one field are one input;
 - ``env``: the vllm-rbln variables the path compiles from, parsed (cachemgr.key.rbln_env), and the
   vLLM variables that change what it compiles: ``VLLM_MLA_DISABLE`` (the attention backend) and the
   data-parallel size and rank vLLM takes from ``VLLM_DP_SIZE``/``VLLM_DP_RANK`` when the argv does not;
