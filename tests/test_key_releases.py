@@ -322,10 +322,32 @@ def image_envs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     for name in [m for m in sys.modules if m == "vllm_rbln" or m.startswith("vllm_rbln.")]:
         monkeypatch.delitem(sys.modules, name)
     rbln_env._cache.clear()
+    rbln_env._identical.clear()
     yield package
     rbln_env._cache.clear()
+    rbln_env._identical.clear()
     for name in [m for m in sys.modules if m == "vllm_rbln" or m.startswith("vllm_rbln.")]:
         del sys.modules[name]
+
+
+@pytest.mark.quick
+def test_an_installed_envs_py_equal_to_the_checked_one_is_the_table_and_is_not_imported(
+    image_envs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import xxhash
+
+    from cachemgr.key import releases
+
+    same = dataclasses.replace(
+        releases.VLLM_RBLN_0_12_0, envs_xxh3=xxhash.xxh3_128_hexdigest((image_envs / "envs.py").read_bytes())
+    )
+    monkeypatch.setattr(releases, "KNOWN", (same, releases.VLLM_RBLN_0_11_2))
+    found = key(VLLM_PATH, env={"VLLM_RBLN_NEW_KNOB": "on"})
+    assert found.sources["env"] == "vllm_rbln/envs.py of this image: the checked vllm-rbln 0.12.0 file"
+    assert found.inputs["env"] == {}, "the table's names: this file is the one it was checked against"
+    assert "vllm_rbln.envs" not in sys.modules, "read (20 KB), not imported"
 
 
 @pytest.mark.quick

@@ -96,6 +96,7 @@ def test_every_checked_release_has_its_derived_facts_checked_in() -> None:
 def test_the_release_table_says_what_the_code_says(release: Release) -> None:
     facts = snapshot(release)
     assert dict(release.versions) == facts["versions"]
+    assert release.envs_xxh3 == facts["envs_xxh3"], "an installed envs.py equal to this file is the table"
     # every variable of envs.environment_variables, parsed as envs.py parses it
     assert set(release.env) == set(facts["env"])
     for name, var in release.env.items():
@@ -358,3 +359,22 @@ def _rehomed_with_helpers(module: ModuleType, name: str) -> Any:
         return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)()
 
     return run
+
+
+@wheels
+def test_the_real_vllm_rbln_installed_is_read_as_the_table(tmp_path: Path) -> None:
+    """The modelserver image: vllm-rbln 0.12.0 on sys.path. Its envs.py is the checked file: same key."""
+    from cachemgr_testkit.podlib import run_cli
+
+    env = {
+        "PATH": os.environ["PATH"], "HOME": str(tmp_path), "CACHEMGR_ROLE": "prefill",
+        "CACHEMGR_COMPILER_VERSION": "0.12.3", "CACHEMGR_NPU_TYPE": "RBLN-CA25", **standin.DECLARED_VERSIONS,
+    }  # fmt: skip
+    argv = ["vllm", "serve", "org/model", "-tp", "4", "--port", "8000"]
+    plain = run_cli("key", "-o", "json", "--", *argv, env=env)
+    image = run_cli(
+        "key", "-o", "json", "--", *argv, env={**env, "PYTHONPATH": str(SRC / "vllm_rbln-0.12.0")}
+    )
+    assert plain.returncode == image.returncode == 0, (plain.stderr, image.stderr)
+    assert json.loads(image.stdout)["sources"]["env"].endswith("the checked vllm-rbln 0.12.0 file")
+    assert json.loads(image.stdout)["key"] == json.loads(plain.stdout)["key"]

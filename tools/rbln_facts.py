@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import xxhash
+
 DEFAULT_SRC = Path("/tmp/wheels/src")  # noqa: S108  # where the pip downloads above are unpacked
 _RBLN = "vllm_rbln/vllm_rbln"
 _OPT = "optimum_rbln/optimum/rbln"
@@ -300,6 +302,8 @@ def env_table(src: Sources) -> dict[str, Any]:
     return {
         "env": env,
         **{k.lower(): v for k, v in partitions.items()},
+        # what cachemgr compares an installed envs.py with (cachemgr/key/rbln_env.py)
+        "envs_xxh3": xxhash.xxh3_128_hexdigest(path.read_bytes()),
         "cite": f"{path.relative_to(src.rbln.parent)}",
     }
 

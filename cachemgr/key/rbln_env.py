@@ -6,21 +6,25 @@ Each variable of a release's ``envs.environment_variables`` is parsed as its ``e
 and only where it differs from the default. A value the server cannot parse (``int("two")``) makes
 it fail at start, so nothing compiled for it is ever reused: it is keyed as ``{"$unparsed": text}``.
 
-Where the image has ``vllm_rbln`` installed and its version is the release's, its ``envs`` module is
-read as well (its package ``__init__`` imports nothing, and ``envs.py`` only ``os`` and ``typing``):
-a variable it names that the table does not, or one its ``RBLN_COMPILE_ENV`` adds, is keyed (raw,
-strictly), and the plain ``lambda`` parsers are its own, run on the request's environment. Its named
-functions are not called: some import ``vllm`` (0.11.2's ``get_use_w8a16``, the deprecation warning
-of ``get_num_devices_per_local_rank``), which is neither cheap nor safe in cachemgr's process.
-tests/test_rbln_facts.py holds the table to the real module.
+Where the image has ``vllm_rbln`` installed, its ``envs.py`` decides. Byte for byte the release's
+(its xxh3-128 is in the table, the usual case), it is the table, which tests/test_rbln_facts.py holds
+to that very file: one read of 20 KB, where importing it would cost some 4 ms at every pod start.
+Otherwise (a patched build) the module is imported, if its version is the release's (its package
+``__init__`` imports nothing, and ``envs.py`` only ``os`` and ``typing``): a variable it names that the
+table does not, or one its ``RBLN_COMPILE_ENV`` adds, is keyed (raw, strictly), and the plain
+``lambda`` parsers are its own, run on the request's environment. Its named functions are not
+called: some import ``vllm`` (0.11.2's ``get_use_w8a16``, the deprecation warning of
+``get_num_devices_per_local_rank``), which is neither cheap nor safe in cachemgr's process.
 """
 
 from __future__ import annotations
 
-import sys
+import os
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import xxhash
 
 from cachemgr.key.releases import EnvVar, Path, Release
 
@@ -137,7 +141,8 @@ def keyed_env(
             and release.env[name].field is None
             and present(release.env[name], environ)
         }
-    return dict(sorted(keyed.items())), image.source if image else "vllm-rbln's envs.py, as checked"
+    table = image_source(release) or "vllm-rbln's envs.py, as checked"
+    return dict(sorted(keyed.items())), image.source if image else table
 
 
 def read(release: Release, var: EnvVar, environ: Mapping[str, str], *, npu: str) -> Any:
@@ -160,8 +165,8 @@ def read(release: Release, var: EnvVar, environ: Mapping[str, str], *, npu: str)
 class ImageEnvs:
     """What the installed ``vllm_rbln.envs`` says: its names, its compile set, its pure parsers."""
 
-    def __init__(self, module: types.ModuleType, version: str) -> None:
-        self.source = f"vllm_rbln.envs {version} (this image)"
+    def __init__(self, module: types.ModuleType | None, source: str) -> None:
+        self.source = source
         self.compile_env = frozenset(getattr(module, "RBLN_COMPILE_ENV", ()))
         table = getattr(module, "environment_variables", {})
         self.names = frozenset(table)
@@ -176,26 +181,40 @@ _cache: dict[str, ImageEnvs | None] = {}
 
 
 def image_envs(release: Release) -> ImageEnvs | None:
-    """The image's ``vllm_rbln.envs`` when its version is this release's; else None (the table decides)."""
+    """The image's ``vllm_rbln.envs`` where it says more than the table; else None (the table decides)."""
     wanted = release.versions.get("vllm_rbln")
     if not wanted:
         return None
     if wanted not in _cache:
-        _cache[wanted] = _load(wanted)
+        _cache[wanted] = _load(release, wanted)
     return _cache[wanted]
 
 
-def _load(wanted: str) -> ImageEnvs | None:
+def image_source(release: Release) -> str | None:
+    """What ``sources["env"]`` says when the table read the variables (None: no vllm_rbln installed)."""
+    return _identical.get(release.name)
+
+
+_identical: dict[str, str] = {}
+
+
+def _load(release: Release, wanted: str) -> ImageEnvs | None:
     import importlib  # only on the vllm strategy's key path, once per process
     import importlib.util
 
-    if "vllm_rbln" not in sys.modules and importlib.util.find_spec("vllm_rbln") is None:
-        return None  # not installed: the usual case outside the modelserver image
     try:
+        spec = importlib.util.find_spec("vllm_rbln")
+        if spec is None or not spec.submodule_search_locations:
+            return None  # not installed: the usual case outside the modelserver image
+        envs_py = os.path.join(next(iter(spec.submodule_search_locations)), "envs.py")
+        with open(envs_py, "rb") as source:
+            if xxhash.xxh3_128_hexdigest(source.read()) == release.envs_xxh3:
+                _identical[release.name] = f"vllm_rbln/envs.py of this image: the checked {release.name} file"
+                return None
         version = importlib.import_module("vllm_rbln._version").__version__
         if version != wanted:
             return None
-        return ImageEnvs(importlib.import_module("vllm_rbln.envs"), version)
+        return ImageEnvs(importlib.import_module("vllm_rbln.envs"), f"vllm_rbln.envs {version} (this image)")
     except Exception:  # noqa: BLE001 - an odd installation must not stop the key: the table decides
         return None
 

@@ -82,6 +82,9 @@ class Release:
     model_impl: Literal["flag_then_env", "env"]
     rbln_fields: Mapping[str, RblnField] = field(default_factory=dict)
     optimum_runtime_keys: frozenset[str] = frozenset()  # dispatch.py's _RUNTIME_ONLY_KEYS
+    envs_xxh3: str = (
+        ""  # xxh3-128 of the release's vllm_rbln/envs.py: an installed one equal to it is this table
+    )
     cite: str = ""
 
     @property
@@ -225,6 +228,7 @@ VLLM_RBLN_0_12_0 = Release(
     model_impl="flag_then_env",
     rbln_fields=_FIELDS_0_12,
     optimum_runtime_keys=frozenset({"create_runtimes", "device", "kvcache_num_blocks"}),  # dispatch.py 41-43
+    envs_xxh3="265a9016dfffceb088453ae6c87cd86e",
     cite="vllm_rbln 0.12.0 envs.py, config.py, platform/__init__.py, v1/worker/mega_cache.py; vLLM 0.30.0 config/",
 )
 
@@ -283,6 +287,7 @@ VLLM_RBLN_0_11_2 = Release(
     defaults={"max_num_seqs": (1,), "gpu_memory_utilization": (0.92,)},
     additional_config="whole",
     model_impl="env",
+    envs_xxh3="ed1ce65e6d9b9ba97f522e508dfe1203",
     cite="vllm_rbln 0.11.2 envs.py, platform.py, v1/worker/mega_cache.py; vLLM 0.24.0 config/",
 )
 
