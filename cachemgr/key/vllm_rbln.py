@@ -29,6 +29,7 @@ they are unpacked and fails when a fact moves, and tools/rbln_facts.py prints th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -106,20 +107,28 @@ def installed_version(distribution: str) -> str:
     """
     wanted = _normalize(distribution)
     for folder in sys.path:
-        try:
-            names = os.listdir(folder or ".")
-        except OSError:
-            continue
-        for name in names:
-            stem, dot, ext = name.rpartition(".")
-            if ext != "dist-info" or not dot:
-                continue
-            dist, _, _ = stem.partition("-")
-            if _normalize(dist) == wanted:
-                found = _metadata_version(os.path.join(folder or ".", name, "METADATA"))
-                if found:
-                    return found
+        for name in _dist_infos(folder or ".").get(wanted, ()):
+            found = _metadata_version(os.path.join(folder or ".", name, "METADATA"))
+            if found:
+                return found
     return _importlib_version(distribution)
+
+
+@functools.lru_cache(maxsize=64)
+def _dist_infos(folder: str) -> dict[str, tuple[str, ...]]:
+    """A ``sys.path`` folder's ``.dist-info`` directories by normalized name: listed once per process,
+    though the key asks for five distributions (the compiler, vllm, vllm-rbln, optimum-rbln, transformers)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        stem, dot, ext = name.rpartition(".")
+        if ext == "dist-info" and dot:
+            dist = _normalize(stem.partition("-")[0])
+            found[dist] = (*found.get(dist, ()), name)
+    return found
 
 
 def _metadata_version(path: str) -> str | None:
