@@ -334,14 +334,12 @@ def image_envs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
 def test_an_installed_envs_py_equal_to_the_checked_one_is_the_table_and_is_not_imported(
     image_envs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import dataclasses
-
     import xxhash
 
     from cachemgr.key import releases
 
-    same = dataclasses.replace(
-        releases.VLLM_RBLN_0_12_0, envs_xxh3=xxhash.xxh3_128_hexdigest((image_envs / "envs.py").read_bytes())
+    same = releases.VLLM_RBLN_0_12_0._replace(
+        envs_xxh3=xxhash.xxh3_128_hexdigest((image_envs / "envs.py").read_bytes())
     )
     monkeypatch.setattr(releases, "KNOWN", (same, releases.VLLM_RBLN_0_11_2))
     found = key(VLLM_PATH, env={"VLLM_RBLN_NEW_KNOB": "on"})

@@ -1,5 +1,8 @@
 """The key's rules per server release: what each checked release hashes or compiles from, as data.
 
+(NamedTuples, not dataclasses: the table is built at every pod start, and a dataclass costs ~0.7 ms
+of CPU to define.)
+
 The ``vllm`` strategy keys what the server keys, or more (docs/design.md, the cache key). What that
 is differs from release to release: vllm-rbln 0.12.0 hashes 3 environment variables into its bundle
 signature and reads 16 more into ``RBLNConfig`` fields; 0.11.2 hashes 20 and hashes
@@ -17,8 +20,7 @@ entry to :data:`KNOWN`, give the stand-in its behaviour if it differs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Path = Literal["vllm", "optimum"]
 # How envs.py parses a variable (each a lambda or function there): see cachemgr.key.rbln_env.
@@ -30,8 +32,7 @@ VLLM_PATH: frozenset[Path] = frozenset({"vllm"})
 NEITHER: frozenset[Path] = frozenset()
 
 
-@dataclass(frozen=True)
-class EnvVar:
+class EnvVar(NamedTuple):
     """One variable of vllm-rbln's ``envs.environment_variables``, as the release reads it."""
 
     name: str  # its name in envs.py, and in the key
@@ -48,8 +49,7 @@ class EnvVar:
         return self.reads or (self.name,)
 
 
-@dataclass(frozen=True)
-class RblnField:
+class RblnField(NamedTuple):
     """One field of vllm-rbln 0.12's RBLNConfig / OptimumRBLNConfig (``vllm_rbln/config.py``)."""
 
     name: str
@@ -62,8 +62,7 @@ class RblnField:
     derived: bool = False  # written by the server from other inputs: a given value is overwritten
 
 
-@dataclass(frozen=True)
-class Release:
+class Release(NamedTuple):
     """What one checked release of vllm-rbln (with its vLLM and optimum-rbln) keys on."""
 
     name: str
@@ -80,7 +79,7 @@ class Release:
     # "flag_then_env": --model-impl, the inherited resolved path, then VLLM_RBLN_USE_VLLM_MODEL;
     # "env": VLLM_RBLN_USE_VLLM_MODEL alone (--model-impl is vLLM's own then, and hashed)
     model_impl: Literal["flag_then_env", "env"]
-    rbln_fields: Mapping[str, RblnField] = field(default_factory=dict)
+    rbln_fields: Mapping[str, RblnField] = {}  # never changed: one shared empty table is fine
     optimum_runtime_keys: frozenset[str] = frozenset()  # dispatch.py's _RUNTIME_ONLY_KEYS
     envs_xxh3: str = (
         ""  # xxh3-128 of the release's vllm_rbln/envs.py: an installed one equal to it is this table

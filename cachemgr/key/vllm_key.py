@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cachemgr.key import vllm_rbln
 from cachemgr.key.models import resolve_weights
@@ -51,8 +50,7 @@ _STRICT_ENV = re.compile(r"^_?(VLLM|RBLN)_")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY")
 
 
-@dataclass(frozen=True)
-class VllmInputs:
+class VllmInputs(NamedTuple):
     """What the release's rules key, where each came from, and what key/explain say about it."""
 
     inputs: dict[str, Any]
