@@ -13,6 +13,7 @@ The stand-in's signatures follow the real code (cachemgr_standin.signature), not
 from __future__ import annotations
 
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -211,3 +212,26 @@ def test_the_last_look_at_exit_does_not_read_gigabytes(tmp_path: Path) -> None:
     assert watch.check() == [], "at exit: sizes only"
     exited.clear()
     assert watch.check() == [f"{bundle} (re-saved with other content, same size (100 bytes))"]
+
+
+def test_explain_names_a_difference_in_unknown_flags_as_such(pods: Cluster, root: Path) -> None:
+    """issue 24 item 4: no ``--unrecognized-argv`` (no such flag), and what differs is said as it is keyed."""
+    from cachemgr_testkit.podlib import run_cli
+
+    _stop(_serve(pods, root, "future", "--model-impl", "vllm", "--future-flag", "3"))
+    env = {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root), "HF_HOME": str(root.parent / "hf")}
+    argv = vllm_argv(free_port(), "--model-impl", "vllm", "--future-flag", "4")
+    done = run_cli("explain", "--", *argv, env=env)
+    assert done.returncode == 1, done.stderr
+    assert "--unrecognized-argv" not in done.stdout
+    assert "--unknown-flags" not in done.stdout
+    assert re.search(r"^runtime-only +--port \(not in the key\)$", done.stdout, re.MULTILINE), done.stdout
+    assert (
+        "the server argv, keyed as given because vLLM 0.30 does not know some of its flags, differs"
+        in done.stdout
+    )
+    assert '"--future-flag", "3"] -> [' in done.stdout, done.stdout
+    hit = run_cli(
+        "explain", "--", *vllm_argv(free_port(), "--model-impl", "vllm", "--future-flag", "3"), env=env
+    )
+    assert hit.returncode == 0, hit.stdout

@@ -325,8 +325,8 @@ def _keyed_advice(by_top: Mapping[str, list[Difference]]) -> list[str]:
         )
     if "unknown_flags" in by_top:
         advice.append(
-            "the flags vLLM 0.30 does not know differ (keyed as given, in order, without the runtime-only "
-            "ones): give them as the entry had them to reuse it"
+            "the server argv, keyed as given because vLLM 0.30 does not know some of its flags, differs from "
+            "the entry's (in order, runtime-only flags aside): give it as the entry had it to reuse it"
         )
     return advice
 
