@@ -148,11 +148,14 @@ def test_a_compiled_directory_is_loadable_only_with_every_graph_it_names(tmp_pat
     for broken in (
         {**config, "_compile_cfgs": [], "submodule": {}},
         {**config, "_compile_cfgs": [{"compiled_model_name": "../x"}]},
+        {**config, "_compile_cfgs": 7},
+        {**config, "_compile_cfgs": "graph_000"},
     ):
         (folder / "rbln_config.json").write_text(json.dumps(broken))
         assert why_not_loadable(artifacts, strategy="vllm") is not None, broken
-    (folder / "rbln_config.json").write_text("not json")
-    assert "not a JSON object" in str(why_not_loadable(artifacts, strategy="vllm"))
+    for text in ("not json", "[" * 100_000 + "]" * 100_000):  # garbage, and JSON nested past the parser
+        (folder / "rbln_config.json").write_text(text)
+        assert "not a JSON object" in str(why_not_loadable(artifacts, strategy="vllm"))
 
 
 @pytest.mark.quick

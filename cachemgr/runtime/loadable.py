@@ -70,7 +70,8 @@ def _walk(
     config: dict[str, Any], root: Path, rel: str, named: list[str], missing: list[str], *, depth: int
 ) -> None:
     """Every ``<compiled_model_name>.rbln`` the config (and its submodules' configs) names, found or not."""
-    for cfg in config.get("_compile_cfgs") or []:
+    cfgs = config.get("_compile_cfgs") or []
+    for cfg in cfgs if isinstance(cfgs, list) else [None]:  # anything but a list names nothing loadable
         name = cfg.get("compiled_model_name", COMPILED_MODEL_NAME) if isinstance(cfg, dict) else None
         graph = f"{rel}{name}.rbln"
         if not isinstance(name, str) or not _plain(name):
@@ -95,7 +96,7 @@ def _read_config(path: Path) -> dict[str, Any] | None:
         if path.is_symlink() or path.stat().st_size > _CONFIG_LIMIT:
             return None
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
