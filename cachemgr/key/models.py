@@ -88,7 +88,7 @@ def resolve_weights(
                 "so the key cannot tell which one the server will load (it is keyed without one); pin "
                 "--revision to a commit, or fill the cache first"
             )
-        else:
+        elif hub["snapshot"] != revision:
             source = f"{source}; snapshot {hub['snapshot'][:12]} from the local Hugging Face cache"
     return hub, source, details
 
