@@ -11,7 +11,8 @@ Real filesystems
                             nothing and a create reaches the other mount only through its metadata
                             subscription (the O_EXCL race of issue 12).
     tmpfs_small             tmpfs_small(size_bytes) -> a fresh tmpfs of that size (fills up: ENOSPC).
-Tests using them are marked `juicefs` / `seaweedfs` / `tmpfs` automatically (select with -m, e.g. -m "not juicefs").
+    readonly_bind           readonly_bind(source) -> a read-only bind mount of it (a PVC mounted readOnly).
+Tests using them are marked `juicefs` / `seaweedfs` / `tmpfs` / `bind` automatically (select with -m, e.g. -m "not juicefs").
 Where mounting is impossible (not root, no /dev/fuse, no juicefs or weed binary) they skip with the reason;
 with CACHEMGR_REQUIRE_MOUNTS=1 (CI sets it) they fail instead, so CI never skips them silently.
 
@@ -34,6 +35,7 @@ from cachemgr_testkit.mounts import (
     REQUIRE_MOUNTS_ENV,
     juicefs_volume,
     mount_unavailable_reason,
+    readonly_bind,
     seaweedfs_volume,
     tmpfs_volume,
 )
@@ -48,6 +50,7 @@ _MOUNT_FIXTURE_MARKERS = {
     "juicefs_volume_factory": "juicefs",
     "seaweedfs_mounts": "seaweedfs",
     "tmpfs_small": "tmpfs",
+    "readonly_bind": "bind",
 }
 
 
@@ -59,6 +62,7 @@ _ONE_WORKER_MODULES = {
     "test_deploy.py": "the chart's workloads, rendered once by helm",
     "test_inspect.py": "one volume built by seven warm Jobs",
     "test_remote.py": "one S3 server (weed mini)",
+    "test_trust_remote.py": "one S3 server (weed mini)",
 }
 
 
@@ -151,6 +155,18 @@ def tmpfs_small(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
             count += 1
             path = tmp_path / f"tmpfs{count}"
             return stack.enter_context(tmpfs_volume(path, size_bytes=size_bytes, inodes=inodes))
+
+        yield make
+
+
+@pytest.fixture(name="readonly_bind")
+def readonly_bind_fixture(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
+    """readonly_bind(source) -> a read-only bind mount of ``source``, unmounted after the test."""
+    require_mount("bind")
+    with ExitStack() as stack:
+
+        def make(source: Path) -> Path:
+            return stack.enter_context(readonly_bind(source, tmp_path / f"ro-{source.name}"))
 
         yield make
 

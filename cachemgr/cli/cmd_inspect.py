@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
-from cachemgr.cli.cmd_run import cache_root, key_request
+from cachemgr.cli.cmd_run import cache_root, key_request, trusted_keys
 from cachemgr.cli.render import (
     Column,
     emit,
@@ -66,9 +66,10 @@ _LS = [
 
 def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     image = image_of(args, environ)
+    trusted = trusted_keys(args)
     root = open_cache(args)
     with volume_errors(root):
-        listing = list_cache(root, compat=image.compat)
+        listing = list_cache(root, compat=image.compat, trusted=trusted)
     if args.output == "json":
         emit_long_json(listing.to_json())
     else:
@@ -84,11 +85,14 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
             key=e.short, model=e.model, role=e.role, compiler=e.compiler, npu=e.npu, size=e.size_str,
             created=e.created_str, last_used=e.last_used_str,
             in_use=plural(len(e.users), "pod") if e.in_use else "no",
-            status=e.status if e.origin_kind == "local" else f"{e.status} ({e.origin_kind})",
+            status=_status(e), signer=e.signer,
         )
         for e in listing.entries
     ]  # fmt: skip
-    text = table(rows, _LS) if rows else f"no entries under {root}"
+    columns = _LS
+    if any(e.signer or e.trust for e in listing.entries):  # the open mode's table stays as it was
+        columns = [*_LS[:-1], Column("signed by", "signer"), _LS[-1]]
+    text = table(rows, columns) if rows else f"no entries under {root}"
     total = human_bytes(sum(e.size_bytes for e in listing.entries))
     text += f"\n\n{plural(len(rows), 'entry')}, {total}"
     incompatible = [e for e in listing.entries if e.status == "incompatible"]
@@ -101,6 +105,12 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
     text += _other_npus(listing.entries, image)
     if listing.count("damaged"):
         text += f"; {listing.count('damaged')} damaged: 'cachemgr verify --fix' moves them aside"
+    untrusted = [e for e in listing.entries if e.trust not in (None, "trusted")]
+    if untrusted:
+        text += (
+            f"; {len(untrusted)} untrusted: pods that trust these keys never load them "
+            f"('cachemgr show KEY' says why; a publisher with the signing key replaces them)"
+        )
     drifted = [e.short for e in listing.entries if e.recompiled_on_hit]
     if drifted:
         text += (
@@ -108,6 +118,12 @@ def _ls_text(listing: Listing, image: ImageInfo, root: str) -> str:
             "input the server hashes ('cachemgr show KEY' names the new files)"
         )
     return text + _side_sections(listing)
+
+
+def _status(e: EntryInfo) -> str:
+    """ok / damaged / incompatible, or untrusted where trusted keys were given and none signed it."""
+    status = "untrusted" if e.trust not in (None, "trusted") and e.status == "ok" else e.status
+    return status if e.origin_kind == "local" else f"{status} ({e.origin_kind})"
 
 
 def _other_npus(entries: tuple[EntryInfo, ...], image: ImageInfo) -> str:
@@ -197,9 +213,10 @@ def _float(value: Any) -> float | None:
 
 def show(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     image = image_of(args, environ)
+    trusted = trusted_keys(args)
     root = open_cache(args)
     with volume_errors(root):
-        detail = show_key(root, args.key, compat=image.compat)
+        detail = show_key(root, args.key, compat=image.compat, trusted=trusted)
     if args.output == "json":
         emit_json(detail.to_json())
     else:
@@ -251,6 +268,7 @@ def _show_text(d: EntryDetail) -> str:
                 "files check",
                 "; ".join(d.problems) or "sizes match the manifest ('cachemgr verify' hashes them)",
             ),
+            *_signature_rows(d),
         ]
     text = kv(pairs)
     inputs = d.inputs
@@ -290,6 +308,30 @@ def _show_text(d: EntryDetail) -> str:
     return text
 
 
+def _signature_rows(d: EntryDetail) -> list[tuple[str, Any]]:
+    """``show``: who signed the entry, and whether a trusted key did (the bytes: 'cachemgr verify')."""
+    e, sig = d.entry, d.signature
+    if e is None or (sig is None and e.trust is None):
+        return []  # the open mode's entries, shown as they always were
+    if sig is None:
+        signed = "unsigned"
+    elif "problem" in sig:
+        signed = f"signature.json does not parse ({sig['problem']})"
+    else:
+        by = as_dict(sig.get("built_by"))
+        signed = (
+            f"key {sig.get('key')}, {human_age(_float(sig.get('signed_at')))}, by pod {by.get('pod', '?')} "
+            f"on node {by.get('node') or '?'}"
+        )
+    if e.trust is None:
+        trust = "not checked: pass --trusted-keys (or set CACHEMGR_TRUSTED_KEYS)"
+    elif e.trust == "trusted":
+        trust = "trusted: a trusted key signed it for this key ('cachemgr verify' checks the bytes)"
+    else:
+        trust = e.trust
+    return [("signed", signed), ("trust", trust)]
+
+
 def _recompiled_text(record: Mapping[str, Any]) -> str:
     paths = record.get("paths")
     shown = [str(p) for p in paths] if isinstance(paths, list) else []
@@ -320,9 +362,10 @@ def _failure_text(record: Mapping[str, Any]) -> str:
 
 def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
     key = compute_key(key_request(args, server_argv, environ))
+    trusted = trusted_keys(args)
     root = open_cache(args)
     with volume_errors(root):
-        result = explain_key(root, key)
+        result = explain_key(root, key, trusted=trusted)
     if args.output == "json":
         emit_json(result.to_json())
     else:
@@ -339,6 +382,10 @@ def _explain_text(x: Explanation) -> str:
         ("entry", x.key.entry_name),
     ]
     pairs += keyed_pairs(x.key)
+    if x.entry is not None and x.trusting:
+        pairs.append(("trust", f"trusted: signed by {x.signer}" if x.result == "hit" else x.untrusted or "-"))
+    elif x.entry is not None and x.signer:
+        pairs.append(("signed by", f"{x.signer} (not checked: no --trusted-keys)"))
     text = kv(pairs)
     if x.nearest:
         blocks = []

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
+from cachemgr.cli.cmd_run import trusted_keys
 from cachemgr.cli.render import (
     Column,
     emit,
@@ -116,7 +117,9 @@ def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[
     meter = open_meter(what="verify", event="verify_progress", interval=interval_from(args.progress_interval))
     try:
         with volume_errors(root):
-            report = verify_entries(root, list(args.keys), fix=args.fix, meter=meter)
+            report = verify_entries(
+                root, list(args.keys), fix=args.fix, meter=meter, trusted=trusted_keys(args)
+            )
     finally:
         meter.close()
     if args.output == "json":
@@ -132,12 +135,21 @@ def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[
 
 def _verify_text(r: VerifyReport) -> str:
     rows = [
-        {"entry": i.name, "size": i.size_str, "status": i.status, "problems": "; ".join(i.problems) or "-"}
+        {
+            "entry": i.name,
+            "size": i.size_str,
+            "signer": i.signer,
+            "status": i.status,
+            "problems": "; ".join(i.problems) or "-",
+        }
         for i in r.items
     ]
     cols = [Column("entry", "entry"), Column("size", "size", ">"), Column("status", "status")]
+    if any(i.signer or i.trust for i in r.items):  # the open mode's table stays as it was
+        cols.insert(2, Column("signed by", "signer"))
     text = table(rows, [*cols, Column("problems", "problems")]) if rows else "no entries to verify"
-    counts = {s: sum(1 for i in r.items if i.status == s) for s in ("ok", "damaged", "unreadable", "gone")}
+    kinds = ("ok", "damaged", "untrusted", "unreadable", "gone")
+    counts = {s: sum(1 for i in r.items if i.status == s) for s in kinds}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing"
     text += f"\n\nverified {plural(len(r.items), 'entry')} ({human_bytes(r.checked_bytes)}) in {r.seconds:.1f}s: {summary}"
     for item in r.items:
@@ -158,6 +170,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
     identity = PodIdentity.current(environ)
     with volume_errors(root):
         plan = plan_prune(root, scan(root, compat=compat), request, identity=identity)
+    tell("note", plan.notes)
     if not plan.items or args.dry_run:
         _render_prune(args, plan, None)
         return 0

@@ -14,6 +14,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
+from cachemgr.cli.cmd_run import trusted_keys
 from cachemgr.cli.render import Column, emit, emit_json, entry_row, plural, table
 from cachemgr.core.errors import CacheMgrError, ConfigError, UsageError
 from cachemgr.core.units import human_age, human_bytes, parse_duration, parse_size
@@ -150,8 +151,11 @@ def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     remote = _open(args, environ)
     entry = find_remote(_call(remote, "listing", lambda: list_remote(remote)), args.key)
     identity = PodIdentity.current(environ)
+    trusted = trusted_keys(args)  # a trusting pull publishes only what a trusted key signed
     outcome, moved = _call(
-        remote, f"downloading {entry.entry}", lambda: pull_entry(root, remote, entry, identity=identity)
+        remote,
+        f"downloading {entry.entry}",
+        lambda: pull_entry(root, remote, entry, identity=identity, trusted=trusted),
     )
     verb = "downloaded" if outcome.published else "downloaded (already published here: kept that one)"
     _render_moves(args, [(entry.entry, moved, None)], verb=verb)

@@ -6,13 +6,16 @@ import argparse
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.core.units import parse_duration, parse_size
 from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
 from cachemgr.runtime.state import DEFAULT_STATE_DIR
 from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
+
+if TYPE_CHECKING:
+    from cachemgr.core.signing import SecretKey, TrustedKeys
 
 
 def key_request(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> KeyRequest:
@@ -51,6 +54,37 @@ def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | 
     return seconds
 
 
+def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
+    """``--trusted-keys`` / CACHEMGR_TRUSTED_KEYS parsed (exit 78 naming it when malformed); None: open mode."""
+    if not getattr(args, "trusted_keys", None):
+        return None
+    from cachemgr.core.signing import TRUSTED_KEYS_ENV, parse_trusted_keys
+
+    where = f"{TRUSTED_KEYS_ENV} (--trusted-keys)"
+    trusted = parse_trusted_keys(args.trusted_keys, where=where)
+    if not trusted:  # set to blanks: a typo must not turn trust off
+        raise ConfigError(
+            f"{where} is set but names no key",
+            remedy="give public keys NAME:BASE64, or unset it for the open mode",
+        )
+    return trusted
+
+
+def trust_keys(args: argparse.Namespace) -> tuple[SecretKey | None, TrustedKeys | None]:
+    """The signing key (loaded and checked now: a bad one stops the pod before anything runs) and
+    the keys trusted, the signing key's own among them (as Nix trusts its secret-key-files)."""
+    trusted = trusted_keys(args)
+    if not args.signing_key_file:
+        return None, trusted
+    from cachemgr.core.signing import SIGNING_KEY_ENV, load_secret_key
+
+    where = f"{SIGNING_KEY_ENV} (--signing-key-file)"
+    secret = load_secret_key(Path(args.signing_key_file), where=where)
+    if trusted is not None:
+        trusted = trusted.adding(secret.public, where=f"{where} and CACHEMGR_TRUSTED_KEYS")
+    return secret, trusted
+
+
 def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, str] | None = None) -> Any:
     from cachemgr.ops.meter import interval_from
     from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
@@ -67,6 +101,7 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         expected = parse_size(args.expected_size) if args.expected_size else None
     except ValueError as error:
         raise UsageError(f"--expected-size: {error}", remedy="pass bytes or a size such as 150Gi") from None
+    signing_key, trusted = trust_keys(args)
     return RunOptions(
         cache_root=cache_root(args),
         state_dir=Path(os.path.abspath(args.state_dir or DEFAULT_STATE_DIR)),
@@ -85,6 +120,8 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         warm=warm,
         progress_interval=interval_from(args.progress_interval),
         remote=remote_config(args.remote, environ or {}),
+        signing_key=signing_key,
+        trusted=trusted,
     )
 
 

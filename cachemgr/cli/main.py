@@ -33,6 +33,7 @@ _HANDLERS: dict[str, tuple[str, bool]] = {
     "probe": ("cachemgr.cli.cmd_probe:probe", False),
     "push": ("cachemgr.cli.cmd_remote:push", False),
     "pull": ("cachemgr.cli.cmd_remote:pull", False),
+    "keys": ("cachemgr.cli.cmd_keys:keys", False),
 }
 # `ls --remote` and `prune --remote` act on the bucket: the remote tier's handlers.
 _REMOTE_VARIANTS = {"ls", "prune"}
@@ -162,6 +163,28 @@ def _add_run(parser: argparse.ArgumentParser) -> None:
         help="second tier on S3-compatible storage, s3://bucket/prefix: download on a miss, upload after "
         "a compile [env CACHEMGR_REMOTE; endpoint: CACHEMGR_REMOTE_ENDPOINT; default: off]",
     )
+    _add_signing(group)
+    _add_trusted(group)
+
+
+def _add_trusted(parser: argparse._ActionsContainer) -> None:  # a parser or one of its groups
+    parser.add_argument(
+        "--trusted-keys",
+        default=_env("CACHEMGR_TRUSTED_KEYS"),
+        metavar="KEYS",
+        help="public keys NAME:BASE64, separated by spaces: use only entries one of them signed "
+        "[env CACHEMGR_TRUSTED_KEYS; default: trust every entry]",
+    )
+
+
+def _add_signing(parser: argparse._ActionsContainer) -> None:
+    parser.add_argument(
+        "--signing-key-file",
+        default=_env("CACHEMGR_SIGNING_KEY_FILE"),
+        metavar="FILE",
+        help="sign what this pod publishes with this secret key ('cachemgr keys generate') "
+        "[env CACHEMGR_SIGNING_KEY_FILE; default: unsigned]",
+    )
 
 
 def _port(text: str) -> int:
@@ -209,6 +232,7 @@ def _add_key_command(sub: Any, name: str) -> None:
     else:
         cmd = sub.add_parser("explain", help="hit or miss for -- SERVER ARGV here, and why")
         _add_root(cmd)
+        _add_trusted(cmd)
     _with(cmd, _add_key, _add_output, _add_log)
 
 
@@ -234,19 +258,22 @@ def _add_listing_command(sub: Any, name: str) -> None:
     _with(cmd, _add_root, _add_output, _add_compat, _add_log)
     if name == "ls":
         _add_remote(cmd, listing=True)
+        _add_trusted(cmd)
 
 
 def _add_show_command(sub: Any, name: str) -> None:
     cmd = sub.add_parser(name, help="every key input, manifest summary, users and failures of one entry")
     cmd.add_argument("key", help="a unique prefix of the key, or the entry name")
-    _with(cmd, _add_root, _add_output, _add_compat, _add_log)
+    _with(cmd, _add_root, _add_output, _add_compat, _add_trusted, _add_log)
 
 
 def _add_verify_command(sub: Any, name: str) -> None:
-    cmd = sub.add_parser(name, help="hash-check entries; --fix moves damaged ones aside")
+    cmd = sub.add_parser(
+        name, help="hash-check entries (and with trusted keys, their signatures); --fix moves bad ones aside"
+    )
     cmd.add_argument("keys", nargs="*", help="key prefixes (default: all)")
     cmd.add_argument("--fix", action="store_true")
-    _with(cmd, _add_root, _add_output, _add_progress, _add_log)
+    _with(cmd, _add_root, _add_output, _add_trusted, _add_progress, _add_log)
 
 
 def _add_prune_command(sub: Any, name: str) -> None:
@@ -293,7 +320,20 @@ def _add_pull_command(sub: Any, name: str) -> None:
     cmd = sub.add_parser(name, help="download an entry from the remote tier, check it, publish it here")
     cmd.add_argument("key", help="a key prefix or entry name ('cachemgr ls --remote' lists them)")
     _add_remote(cmd)
-    _with(cmd, _add_root, _add_output, _add_log)
+    _with(cmd, _add_root, _add_output, _add_trusted, _add_log)
+
+
+def _add_keys_command(sub: Any, name: str) -> None:
+    cmd = sub.add_parser(name, help="signing keys: generate a key pair, or print a secret key's public key")
+    cmd.add_argument("action", choices=["generate", "public"])
+    cmd.add_argument("--name", help="generate: the key's name, NAME-N (builder-1, then builder-2 to rotate)")
+    cmd.add_argument(
+        "--secret-file",
+        required=True,
+        metavar="FILE",
+        help="the secret key file (generate: written with mode 0600, never over an existing file)",
+    )
+    _add_log(cmd)
 
 
 def _add_probe_command(sub: Any, name: str) -> None:
@@ -318,6 +358,7 @@ _COMMANDS: dict[str, Callable[[Any, str], None]] = {
     "prune": _add_prune_command,
     "push": _add_push_command,
     "pull": _add_pull_command,
+    "keys": _add_keys_command,
     "probe": _add_probe_command,
 }
 

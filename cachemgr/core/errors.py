@@ -17,7 +17,7 @@ class ExitCode(enum.IntEnum):
     """The documented exit codes; any other code is the server's own."""
 
     OK = 0
-    NOT_A_HIT = 1  # explain: this argv would compile, not load (a miss, or a damaged entry), as diff's 1
+    NOT_A_HIT = 1  # explain: no entry this argv would load (a miss; damaged, untrusted), as diff's 1
     USAGE = 64  # EX_USAGE: bad flags or arguments
     MISS = 69  # EX_UNAVAILABLE: no published entry and --on-miss fail
     COMPILE_FAILED = 70  # EX_SOFTWARE: the compiler (or the server while compiling) failed

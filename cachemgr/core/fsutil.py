@@ -16,7 +16,7 @@ import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import xxhash
 
@@ -165,17 +165,24 @@ def loads_json(data: bytes | str) -> Any:
         raise ValueError("JSON nested too deep") from None
 
 
-def hash_file(path: Path) -> str:
-    """xxh3-128 of a file's bytes."""
+class Hasher(Protocol):
+    """A second digest fed from the same reads (``blake3.blake3``, ``hashlib.sha256``)."""
+
+    def update(self, data: memoryview, /) -> object: ...
+
+
+def hash_file(path: Path, *, also: Hasher | None = None) -> str:
+    """xxh3-128 of a file's bytes (and ``also`` fed the same bytes, in the same pass)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return hash_fd(fd)
+        return hash_fd(fd, also=also)
     finally:
         os.close(fd)
 
 
-def hash_fd(fd: int) -> str:
-    """xxh3-128 of what remains to read from ``fd``, read in chunks into one reused buffer."""
+def hash_fd(fd: int, *, also: Hasher | None = None) -> str:
+    """xxh3-128 of what remains to read from ``fd``, read in chunks into one reused buffer;
+    ``also`` (a signed publish's BLAKE3) is fed each chunk too: one read of the file for both."""
     digest = xxhash.xxh3_128()
     buffer = bytearray(_READ_CHUNK)
     view = memoryview(buffer)
@@ -183,6 +190,8 @@ def hash_fd(fd: int) -> str:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
     while count := os.readv(fd, (buffer,)):
         digest.update(view[:count])
+        if also is not None:
+            also.update(view[:count])
     return digest.hexdigest()
 
 

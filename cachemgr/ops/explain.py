@@ -6,7 +6,9 @@ used); for the nearest, each differing input is shown with both values (``compil
 0.13``, ``serving.tensor_parallel_size 4 -> 8``), and the advice says what the difference means
 and what to do: an SDK upgrade compiles again and leaves old entries to prune, a serving flag
 changed, the model's revision moved, the NPU type differs, or nothing was compiled for this
-role yet. A compile in progress and earlier failures of the key are named too. Read-only.
+role yet. A compile in progress and earlier failures of the key are named too. With trusted keys
+the lookup is a trusting pod's, the bytes read and hashed: an entry not signed by one of them as
+it is, is ``untrusted``, and the advice says why and what to do. Read-only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core.coerce import as_dict, number, read_dict
@@ -30,6 +33,7 @@ from cachemgr.volume.records import failures
 from cachemgr.volume.store import lookup
 
 if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
     from cachemgr.volume.lease import Holder
 
 # The order fields are shown in: what operators change most, and the likeliest cause, first.
@@ -68,7 +72,7 @@ class Explanation:
     """``explain``: hit or miss for one argv here, and on a miss, why, field by field."""
 
     key: CacheKey
-    result: Literal["hit", "miss", "damaged"]
+    result: Literal["hit", "miss", "damaged", "untrusted"]
     entry: EntryInfo | None
     problems: tuple[str, ...]
     nearest: tuple[Nearest, ...]
@@ -78,6 +82,9 @@ class Explanation:
     advice: tuple[str, ...]
     warnings: tuple[str, ...] = ()
     recompiled: tuple[Mapping[str, Any], ...] = ()  # recompiled_on_hit records of the key
+    signer: str | None = None  # the key that signed it (trusted if the result is a hit)
+    untrusted: str = ""  # why the entry is not trusted ("untrusted: ...")
+    trusting: bool = False  # looked up with trusted keys, as a trusting pod does
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,13 +100,20 @@ class Explanation:
             "advice": list(self.advice),
             "warnings": list(self.warnings),
             "recompiled_on_hit": [dict(r) for r in self.recompiled],
+            "signer": self.signer,
+            "trust": ("trusted" if self.result == "hit" else self.untrusted or None)
+            if self.trusting
+            else None,
         }
 
 
-def explain(root: CacheRoot, key: CacheKey, *, limit: int = 3) -> Explanation:
-    """Look the key up (read-only, sizes checked) and, on a miss, rank the entries of its role."""
+def explain(
+    root: CacheRoot, key: CacheKey, *, limit: int = 3, trusted: TrustedKeys | None = None
+) -> Explanation:
+    """Look the key up (read-only, sizes checked; with ``trusted`` keys, signature and bytes too)
+    and, on a miss, rank the entries of its role."""
     compat = Compat(str(key.inputs["compiler"]), str(key.inputs["npu"]))
-    found = lookup(root, key, mode="fast")
+    found = lookup(root, key, mode="fast", trusted=trusted)
     found_entries = scan(root, compat=compat, with_staging=False).entries
     role = str(key.inputs["role"])
     warnings: list[str] = []
@@ -123,8 +137,17 @@ def explain(root: CacheRoot, key: CacheKey, *, limit: int = 3) -> Explanation:
         advice=(),
         warnings=tuple(warnings),
         recompiled=tuple(drift_records(root, key.digest)),
+        signer=found.signer or _claimed_signer(found.path, root),
+        untrusted=found.untrusted,
+        trusting=bool(trusted),
     )
     return replace(partial, advice=tuple(_advice(partial, found_entries)))
+
+
+def _claimed_signer(entry: Path, root: CacheRoot) -> str | None:
+    from cachemgr.volume.trust import signer_of
+
+    return signer_of(entry, within=root.path)
 
 
 def _rank(key: CacheKey, candidates: list[EntryInfo], warnings: list[str]) -> list[Nearest]:
@@ -198,8 +221,17 @@ def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]
     key = ex.key
     if ex.result == "hit":
         assert ex.entry is not None  # a hit has an entry
-        return [f"a pod with this argv loads entry {ex.entry.name} ({ex.entry.size_str}) without compiling"]
+        signed = f", signed by {ex.signer}" if ex.trusting else ""
+        return [
+            f"a pod with this argv loads entry {ex.entry.name} ({ex.entry.size_str}{signed}) without compiling"
+        ]
     advice = []
+    if ex.result == "untrusted":
+        advice.append(
+            f"entry {key.entry_name} is here but {ex.untrusted}: a pod that trusts these keys never loads it. "
+            "A pod with the signing key (the builder, a warm Job) moves it to quarantine and publishes its own; "
+            "pods without it wait for that (--on-miss compile) or exit 69 (--on-miss fail)"
+        )
     if ex.result == "damaged":
         advice.append(
             f"entry {key.entry_name} is here but damaged ({'; '.join(ex.problems)}): the next pod start moves "
@@ -220,6 +252,8 @@ def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]
             f"{ex.history.count} earlier compile(s) of this key failed, the last {human_age(number(last.get('time')))} "
             f"({last.get('reason')}): {last.get('message')} 'cachemgr show {key.short}' has the last output lines"
         )
+    if not ex.nearest and ex.result == "untrusted":
+        return advice  # the entry is here: what to do about it is said above
     if not ex.nearest:
         role = key.inputs["role"]
         elsewhere = (

@@ -38,6 +38,7 @@ from cachemgr.volume.records import failures
 from cachemgr.volume.store import list_staging
 
 if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
     from cachemgr.volume.lease import Holder
 
 
@@ -66,8 +67,8 @@ class Listing:
         return rows
 
 
-def list_cache(root: CacheRoot, *, compat: Compat | None) -> Listing:
-    found = scan(root, compat=compat)
+def list_cache(root: CacheRoot, *, compat: Compat | None, trusted: TrustedKeys | None = None) -> Listing:
+    found = scan(root, compat=compat, trusted=trusted)
     published = {e.key for e in found.entries if e.key}
     attempts = tuple(attempt_of(root, info, published=published) for info in found.staging)
     warnings = list(found.warnings)
@@ -105,6 +106,9 @@ class EntryDetail:
     warnings: tuple[str, ...] = ()
     # recompiled_on_hit records of this key (cachemgr.volume.drift), oldest first.
     recompiled: tuple[Mapping[str, Any], ...] = ()
+    # What the entry's signature.json says (key, when, by whom): a claim unless entry.trust says
+    # "trusted"; None when unsigned. And why it does not parse, if it does not.
+    signature: Mapping[str, Any] | None = None
 
     @property
     def inputs(self) -> Mapping[str, Any]:
@@ -137,6 +141,9 @@ class EntryDetail:
             "attempts": [a.to_json() for a in self.attempts],
             "warnings": list(self.warnings),
             "recompiled_on_hit": [dict(r) for r in self.recompiled],
+            "signer": self.entry.signer if self.entry else None,
+            "trust": self.entry.trust if self.entry else None,
+            "signature": dict(self.signature) if self.signature is not None else None,
         }
 
 
@@ -185,10 +192,12 @@ def _keys_starting(root: CacheRoot, prefix: str) -> dict[str, str | None]:
     return matches
 
 
-def show(root: CacheRoot, query: str, *, compat: Compat | None) -> EntryDetail:
+def show(
+    root: CacheRoot, query: str, *, compat: Compat | None, trusted: TrustedKeys | None = None
+) -> EntryDetail:
     match = find_key(root, query)
     warnings: list[str] = []
-    entry = scan_entry(root, match.entry, compat=compat) if match.entry else None
+    entry = scan_entry(root, match.entry, compat=compat, trusted=trusted) if match.entry else None
     published = {match.digest} if entry else set()
     attempts = tuple(attempt_of(root, info, published=published) for info in list_staging(root, match.digest))
     manifest: dict[str, Any] | None = None
@@ -219,7 +228,29 @@ def show(root: CacheRoot, query: str, *, compat: Compat | None) -> EntryDetail:
         attempts=attempts,
         recompiled=tuple(drift_records(root, match.digest)),
         warnings=tuple(warnings),
+        signature=_signature(root, entry) if entry is not None else None,
     )
+
+
+def _signature(root: CacheRoot, entry: EntryInfo) -> dict[str, Any] | None:
+    """``show``: the signature's key and statement (not the file list's hash), as signed."""
+    from cachemgr.volume.trust import SignatureError, read_signed
+
+    try:
+        signed = read_signed(entry.path, within=root.path)
+    except (OSError, SignatureError) as error:
+        return {"problem": str(error)}
+    if signed is None:
+        return None
+    statement = signed.statement
+    return {
+        "key": signed.key_name,
+        "signed_at": statement.signed_at,
+        "built_by": dict(statement.built_by),
+        "files": statement.files,
+        "bytes": statement.total_bytes,
+        "for_key": statement.key,
+    }
 
 
 def _manifest_summary(path: Path) -> tuple[dict[str, Any] | None, tuple[str, ...]]:

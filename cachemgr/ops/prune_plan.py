@@ -66,6 +66,7 @@ class PrunePlan:
 
     items: tuple[PruneItem, ...]
     kept: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -80,6 +81,7 @@ class PrunePlan:
             "bytes": self.bytes,
             "items": [item.to_json() for item in self.items],
             "kept": [{"name": name, "reason": why} for name, why in self.kept],
+            "notes": list(self.notes),
         }
 
 
@@ -148,7 +150,25 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
     if request.keep_bytes is not None:
         chosen.update(_over_budget(entries, chosen, request.keep_bytes, kept))
     ordered = sorted(chosen.values(), key=lambda i: i.last_used_at or 0.0)
-    return PrunePlan(items=tuple(items) + tuple(ordered), kept=tuple(kept))
+    return PrunePlan(
+        items=tuple(items) + tuple(ordered), kept=tuple(kept), notes=_notes(entries, chosen, request)
+    )
+
+
+def _notes(
+    entries: tuple[EntryInfo, ...], chosen: dict[str, PruneItem], request: PruneRequest
+) -> tuple[str, ...]:
+    """What the plan cannot see: signed entries may be served by pods on a read-only mount, which
+    record no use (docs/design.md, "The threat model"), so age and size are no proof of disuse."""
+    by_use = request.unused_for is not None or request.keep_bytes is not None
+    signed = [e.name for e in entries if e.name in chosen and e.signer]
+    if not by_use or not signed:
+        return ()
+    return (
+        f"{len(signed)} of the planned entries are signed: pods serving from a read-only mount record no use, "
+        "so --unused-for and --keep-bytes count from the builder's last use; run the builder (warm) for every "
+        "configuration in use, or prune by --key, --incompatible or --npu (docs/operator-guide.md, trusted entries)",
+    )
 
 
 def _settled(entries: tuple[EntryInfo, ...], request: PruneRequest) -> tuple[EntryInfo, ...]:

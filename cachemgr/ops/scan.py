@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core import safefs
 from cachemgr.core.coerce import as_dict, number, read_dict, text
@@ -36,6 +36,9 @@ from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Mark, Usage, User, read_usage
 from cachemgr.volume.store import StagingInfo, list_staging
+
+if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
 
 EntryStatus = Literal["ok", "damaged", "incompatible"]
 
@@ -105,6 +108,11 @@ class EntryInfo:
     # Where the entry came from: compiled on this volume, or downloaded from the remote tier
     # (summary.json's "origin", written by cachemgr.remote.hooks).
     origin: Mapping[str, Any] = field(default_factory=dict)
+    # The key its publisher signed it with, as summary.json claims (None: unsigned); and with
+    # trusted keys, whether one of them signed it for this key ("trusted") or why not
+    # ("untrusted: ..."); None: not checked. The bytes are checked by pods and ``verify``.
+    signer: str | None = None
+    trust: str | None = None
 
     @property
     def origin_kind(self) -> str:
@@ -161,6 +169,8 @@ class EntryInfo:
             "problem": self.problem,
             "recompiled_on_hit": self.recompiled_on_hit,
             "origin": {"kind": self.origin_kind, **self.origin},
+            "signer": self.signer,
+            "trust": self.trust,
         }
 
 
@@ -173,12 +183,19 @@ class Scan:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
-def scan(root: CacheRoot, *, compat: Compat | None = None, with_staging: bool = True) -> Scan:
-    """Read every entry's summary; damaged ones are reported, not fatal."""
+def scan(
+    root: CacheRoot,
+    *,
+    compat: Compat | None = None,
+    with_staging: bool = True,
+    trusted: TrustedKeys | None = None,
+) -> Scan:
+    """Read every entry's summary; damaged ones are reported, not fatal. With ``trusted`` keys,
+    also each entry's signature (a small file, not the manifest nor the bytes)."""
     names = entry_names(root)
     with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
         used = frozenset(os.listdir(usage_fd)) if usage_fd is not None else frozenset()
-        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd)
+        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd, trusted)
         entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     # Sorted: entries read by threads (a slow volume) add theirs in no set order.
@@ -208,12 +225,14 @@ def _entry_infos(ctx: _Context, names: list[str]) -> list[EntryInfo | None]:
         return infos + list(pool.map(lambda name: _entry_info(ctx, name), rest))
 
 
-def scan_entry(root: CacheRoot, name: str, *, compat: Compat | None = None) -> EntryInfo | None:
+def scan_entry(
+    root: CacheRoot, name: str, *, compat: Compat | None = None, trusted: TrustedKeys | None = None
+) -> EntryInfo | None:
     """One entry as ``scan`` sees it (None if it is not there), without scanning the rest."""
     with _directory(root, root.entries) as entries_fd:
         if entries_fd is None or not _is_dir_at(entries_fd, name):
             return None  # gone, or a link or file in place of an entry: never read through
-        return _entry_info(_Context(root, compat, None, time.time(), [], entries_fd, None), name)
+        return _entry_info(_Context(root, compat, None, time.time(), [], entries_fd, None, trusted), name)
 
 
 def _is_dir_at(fd: int, name: str) -> bool:
@@ -236,6 +255,7 @@ class _Context:
     # one path walk less per file on the hot path.
     entries_fd: int | None
     usage_fd: int | None = None
+    trusted: TrustedKeys | None = None
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
 
@@ -291,7 +311,41 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         silent_users=usage.silent,
         usage_seen=usage.seen,
         origin=as_dict(summary.get("origin")),
+        signer=text(summary.get("signer")) or None,
+        trust=_trust(ctx, name, key) if ctx.trusted else None,
     )
+
+
+def _trust(ctx: _Context, name: str, key: str) -> str:
+    """ "trusted", or why not: the signature and the key it names, not the bytes (see EntryInfo)."""
+    from cachemgr.volume.trust import SignatureError, judge_signature, parse_signed
+
+    assert ctx.trusted is not None  # called only with trusted keys
+    try:
+        raw = _signature_bytes(ctx, name)
+        verdict = judge_signature(parse_signed(raw) if raw is not None else None, ctx.trusted)
+    except (OSError, SignatureError) as error:
+        return f"untrusted: {_short_error(error)}"
+    if verdict.trusted and verdict.statement is not None and verdict.statement.key != key:
+        return f"untrusted: signed for another key ({verdict.statement.key[:16]})"
+    return "trusted" if verdict.trusted else verdict.reason
+
+
+def _signature_bytes(ctx: _Context, name: str) -> bytes | None:
+    """``signature.json`` of an entry, read as its summary is (one open from ``entries/``, no
+    link followed, a FIFO never waited on); None if it has none."""
+    from cachemgr.volume.trust import SIGNATURE_NAME, SignatureError
+
+    try:
+        fd = os.open(f"{ctx.prefix}{name}/{SIGNATURE_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
+        return os.read(fd, _SUMMARY_MAX + 1)
+    finally:
+        os.close(fd)
 
 
 def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]:

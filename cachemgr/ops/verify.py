@@ -7,6 +7,11 @@ aside to ``quarantine/`` (as a pod's lookup would), where ``prune --damaged`` re
 Healthy entries are only read. A file that cannot be read (EIO, EACCES) is ``unreadable`` and
 never moved: a flaky volume is not damage. Files in an entry that its manifest does not list
 are warnings: pods never see them (their views list the manifest's files only).
+
+A signed entry's BLAKE3s are checked in the same read as its xxh3s. With trusted keys, each
+entry's signature is judged as a trusting pod judges it (cachemgr.volume.trust): an entry no
+trusted key signed as it is, is ``untrusted``, and ``fix`` moves it aside too, with the reason
+(nothing is deleted for being untrusted: ``quarantine/`` keeps it).
 """
 
 from __future__ import annotations
@@ -27,11 +32,13 @@ from cachemgr.volume.entries import entry_digest, entry_names
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import MANIFEST_NAME, Manifest, ManifestError, check_files, read_manifest
 from cachemgr.volume.store import quarantine
+from cachemgr.volume.trust import judge, signer_of
 
 if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
     from cachemgr.ops.meter import Meter
 
-VerifyStatus = Literal["ok", "damaged", "unreadable", "gone"]
+VerifyStatus = Literal["ok", "damaged", "untrusted", "unreadable", "gone"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,8 @@ class Verified:
     users: tuple[str, ...] = ()
     moved_to: str | None = None
     warnings: tuple[str, ...] = ()
+    signer: str | None = None  # the key its signature names (a claim unless trust is "trusted")
+    trust: str | None = None  # with trusted keys: "trusted" or why not; None: not checked
 
     @property
     def size_str(self) -> str:
@@ -63,6 +72,8 @@ class Verified:
             "in_use_by": list(self.users),
             "moved_to": self.moved_to,
             "warnings": list(self.warnings),
+            "signer": self.signer,
+            "trust": self.trust,
         }
 
 
@@ -74,7 +85,7 @@ class VerifyReport:
 
     @property
     def damaged(self) -> tuple[Verified, ...]:
-        return tuple(i for i in self.items if i.status in {"damaged", "unreadable"})
+        return tuple(i for i in self.items if i.status in {"damaged", "untrusted", "unreadable"})
 
     @property
     def checked_bytes(self) -> int:
@@ -87,7 +98,13 @@ class VerifyReport:
             return None
         names = ", ".join(i.name for i in self.damaged[:3]) + (", ..." if len(self.damaged) > 3 else "")
         moved = sum(1 for i in self.damaged if i.moved_to)
-        found = f"found damage in {len(self.damaged)} of {len(self.items)} entries checked ({names})"
+        untrusted = sum(1 for i in self.damaged if i.status == "untrusted")
+        what = (
+            "damage"
+            if not untrusted
+            else ("untrusted entries" if untrusted == len(self.damaged) else "damaged or untrusted entries")
+        )
+        found = f"found {what} in {len(self.damaged)} of {len(self.items)} entries checked ({names})"
         if self.fix:
             return VolumeError(
                 f"{found}; moved {moved} to quarantine",
@@ -112,7 +129,14 @@ class VerifyReport:
         }
 
 
-def verify(root: CacheRoot, queries: list[str], *, fix: bool, meter: Meter | None = None) -> VerifyReport:
+def verify(
+    root: CacheRoot,
+    queries: list[str],
+    *,
+    fix: bool,
+    meter: Meter | None = None,
+    trusted: TrustedKeys | None = None,
+) -> VerifyReport:
     """Hash-check the chosen entries (all by default); with ``fix``, quarantine damaged ones.
 
     Healthy entries are only read. A file that cannot be read (EIO, EACCES) is reported as
@@ -125,8 +149,8 @@ def verify(root: CacheRoot, queries: list[str], *, fix: bool, meter: Meter | Non
     if meter is not None:
         meter.total(sum(info.size_bytes for name in names if (info := scan_entry(root, name)) is not None))
     for name in names:
-        item = _verify_one(root, name, meter=meter)
-        if fix and item.status == "damaged":
+        item = _verify_one(root, name, meter=meter, trusted=trusted)
+        if fix and item.status in {"damaged", "untrusted"}:
             item = _move_aside(root, item)
         items.append(item)
     return VerifyReport(tuple(items), time.monotonic() - started, fix)
@@ -150,7 +174,9 @@ def _chosen(root: CacheRoot, queries: list[str]) -> list[str]:
     return list(chosen)
 
 
-def _verify_one(root: CacheRoot, name: str, *, meter: Meter | None = None) -> Verified:
+def _verify_one(
+    root: CacheRoot, name: str, *, meter: Meter | None = None, trusted: TrustedKeys | None = None
+) -> Verified:
     path = root.entries / name
     started = time.monotonic()
     info = scan_entry(root, name)
@@ -166,6 +192,12 @@ def _verify_one(root: CacheRoot, name: str, *, meter: Meter | None = None) -> Ve
         status, problems, warnings = _check_entry(
             root, path, manifest, on_file=meter.advance if meter else None
         )
+    signer = signer_of(path, within=root.path)
+    trust = None
+    if trusted and manifest is not None and status == "ok":
+        trust = _trust(root, path, manifest, trusted)
+        if trust != "trusted":
+            status, problems = "untrusted", [trust]
     if status != "ok" and safefs.lstat(root.path, path) is None:
         status, problems = "gone", ["removed while being checked (pruned or quarantined)"]
     return Verified(
@@ -177,7 +209,20 @@ def _verify_one(root: CacheRoot, name: str, *, meter: Meter | None = None) -> Ve
         seconds=time.monotonic() - started,
         users=users,
         warnings=tuple(warnings),
+        signer=signer,
+        trust=trust,
     )
+
+
+def _trust(root: CacheRoot, path: Path, manifest: Manifest, trusted: TrustedKeys) -> str:
+    """The signature, the key it is for and the signed file list; the bytes were just hashed."""
+    try:
+        verdict = judge(
+            path, manifest, digest=manifest.key, inputs=manifest.inputs, trusted=trusted, within=root.path
+        )
+    except OSError as error:
+        return f"untrusted: signature.json is unreadable ({error.strerror})"
+    return "trusted" if verdict.trusted else verdict.reason
 
 
 def _check_entry(

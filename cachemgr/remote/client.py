@@ -26,6 +26,12 @@ class RemoteDamageError(RemoteError):
     reason = "remote-damaged"
 
 
+class RemoteUntrustedError(RemoteDamageError):
+    """A remote entry no trusted key signed as it is (cachemgr.volume.trust): never published here."""
+
+    reason = "remote-untrusted"
+
+
 _CREDENTIAL_CODES = {
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",

@@ -32,6 +32,7 @@ from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, File
 from cachemgr.volume.store import commit, create_staging
 
 if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
     from cachemgr.key.cachekey import CacheKey
     from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
     from cachemgr.volume.identity import PodIdentity
@@ -66,8 +67,14 @@ def fetch(
     metrics: RemoteCounters,
     beat: Heartbeat,
     stop: StopFlag,
+    trusted: TrustedKeys | None = None,
+    compiling: bool = True,
 ) -> FetchOutcome:
-    """Publish the remote's entry of ``key`` on this volume: "hit"; else why not (one warning at most)."""
+    """Publish the remote's entry of ``key`` on this volume: "hit"; else why not (one warning at most).
+
+    With ``trusted`` keys the entry must be signed by one of them, its bytes as signed, before it
+    is published here. ``compiling``: what the pod does otherwise (compile, or wait for a publisher).
+    """
     started = time.monotonic()
     try:
         from cachemgr.remote.transfer import Remote  # boto3: a remote path only
@@ -80,6 +87,7 @@ def fetch(
             deadline=started + config.budget,
             stop=stop,
             beat=beat,
+            trusted=trusted,
         )
         if fetched is None:
             metrics.remote_misses += 1
@@ -91,7 +99,7 @@ def fetch(
     except BaseException as error:  # the remote never stops a pod: any failure -> compile
         if isinstance(error, KeyboardInterrupt | SystemExit):
             raise
-        return _warn_fetch(error, key, config, metrics)
+        return _warn_fetch(error, key, config, metrics, compiling=compiling)
     seconds = time.monotonic() - started
     metrics.remote_hit(moved.bytes, seconds)
     log.info(
@@ -117,11 +125,13 @@ def download_and_publish(
     stop: StopFlag | None = None,
     beat: Heartbeat | None = None,
     progress: Progress | None = None,
+    trusted: TrustedKeys | None = None,
 ) -> tuple[PublishOutcome, Moved] | None:
     """Download into private staging, check, record the origin, publish by rename; None: no entry.
 
-    Raises what went wrong (RemoteError, RemoteDamageError, OSError, TimeoutError); staging is
-    removed in every case.
+    With ``trusted`` keys, also the signature and every file's signed BLAKE3, in staging, before
+    anything is published (RemoteUntrustedError). Raises what went wrong (RemoteError,
+    RemoteDamageError, OSError, TimeoutError); staging is removed in every case.
     """
     started = time.monotonic()
     staging = create_staging(root, key, identity)
@@ -135,6 +145,8 @@ def download_and_publish(
         if result is None:
             return None
         manifest, moved = result
+        if trusted:
+            _check_trust(root, key, staging.path, manifest, trusted, stop=stop)
         origin = _origin(remote.config, identity, seconds=time.monotonic() - started, manifest_doc=manifest)
         outcome = commit(root, staging, key, _with_origin(staging.path, manifest, origin, within=root.path))
         committed = True  # renamed into place, or discarded by commit for a peer's entry
@@ -148,10 +160,33 @@ def download_and_publish(
             staging.discard()
 
 
+def _check_trust(
+    root: CacheRoot,
+    key: CacheKey,
+    staging: Path,
+    manifest: Manifest,
+    trusted: TrustedKeys,
+    *,
+    stop: StopFlag | None,
+) -> None:
+    """The downloaded entry, judged in staging as a trusting pod judges a local one."""
+    from cachemgr.remote.client import RemoteUntrustedError
+    from cachemgr.volume.trust import check
+
+    verdict = check(root.path, staging, manifest, key=key, trusted=trusted, stop=stop)
+    if not verdict.trusted:
+        raise RemoteUntrustedError(
+            f"remote entry {key.entry_name} is {verdict.reason}",
+            remedy="push an entry a trusted publisher signed ('cachemgr push' from the builder), or delete it "
+            "('cachemgr prune --remote --key KEY')",
+            untrusted=verdict.reason,
+        )
+
+
 def _warn_fetch(
-    error: BaseException, key: CacheKey, config: RemoteConfig, metrics: RemoteCounters
+    error: BaseException, key: CacheKey, config: RemoteConfig, metrics: RemoteCounters, *, compiling: bool
 ) -> FetchOutcome:
-    from cachemgr.remote.client import RemoteDamageError, describe
+    from cachemgr.remote.client import RemoteDamageError, RemoteUntrustedError, describe
 
     damaged = False
     if isinstance(error, OSError) and is_disk_full(error):
@@ -160,9 +195,11 @@ def _warn_fetch(
         reported = describe(error, config, doing=f"downloading key {key.short}")
         damaged = isinstance(reported, RemoteDamageError)
         problem = "damaged" if damaged else str(reported.fields.get("problem", "other"))
+        problem = "untrusted" if isinstance(reported, RemoteUntrustedError) else problem
         message = reported.one_line()
     metrics.remote_failure(problem)
-    log.warning("remote_unusable_compiling_locally", key=key.short, problem=problem, message=message)
+    event = "remote_unusable_compiling_locally" if compiling else "remote_unusable_waiting_for_publisher"
+    log.warning(event, key=key.short, problem=problem, message=message)
     return "damaged" if damaged else "unusable"
 
 

@@ -20,10 +20,11 @@ from collections.abc import Iterable
 
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.volume.manifest import ARTIFACTS, KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, Manifest
+from cachemgr.volume.trust import SIGNATURE_NAME
 
 OBJECTS = "objects"
 _UPLOAD_ID = re.compile(r"[0-9a-z][0-9a-z.-]{0,63}")
-_TOP_FILES = {KEY_NAME, SUMMARY_NAME}
+_TOP_FILES = {KEY_NAME, SUMMARY_NAME, SIGNATURE_NAME}
 # A manifest of a MiB lists ~5,000 files; this bounds what a hostile one can make us buffer.
 MAX_MANIFEST_BYTES = 64 << 20
 
@@ -47,7 +48,8 @@ def unsafe_paths(manifest: Manifest) -> list[str]:
     """The manifest's file paths that could write outside a fresh staging directory, or clash.
 
     The manifest parser already refuses absolute paths and ``..``; a remote manifest is also held
-    to what a publish writes: ``key.json``, ``summary.json`` and files under ``artifacts/``, with
+    to what a publish writes: ``key.json``, ``summary.json``, a signed entry's ``signature.json``
+    and files under ``artifacts/``, with
     no empty or ``.`` parts, no backslashes or control characters, no duplicates, and no file
     that is also another file's directory.
     """
@@ -73,7 +75,7 @@ def _path_problem(path: str) -> str | None:
     if any(part in {"", ".", ".."} for part in parts):
         return "has an empty, '.' or '..' part"
     if path not in _TOP_FILES and (parts[0] != ARTIFACTS or len(parts) < 2):
-        return "is not key.json, summary.json or under artifacts/"
+        return "is not key.json, summary.json, signature.json or under artifacts/"
     return None
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.errors import MissError, UsageError
 from cachemgr.core.units import human_bytes
@@ -28,6 +28,9 @@ from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
 from cachemgr.volume.store import PublishOutcome
+
+if TYPE_CHECKING:
+    from cachemgr.core.signing import TrustedKeys
 
 STALE_UPLOAD_AFTER = 86400.0  # objects without a manifest this old are a dead upload, not one under way
 
@@ -262,10 +265,14 @@ def pull_entry(
     *,
     identity: PodIdentity,
     progress: Progress | None = None,
+    trusted: TrustedKeys | None = None,
 ) -> tuple[PublishOutcome, Moved]:
-    """Download, check and publish one remote entry here (as a pod's remote hit does)."""
+    """Download, check and publish one remote entry here (as a pod's remote hit does; with
+    ``trusted`` keys, as a trusting pod's: RemoteUntrustedError unless one of them signed it)."""
     key = key_of(entry)
-    fetched = download_and_publish(root, key, remote, identity=identity, deadline=None, progress=progress)
+    fetched = download_and_publish(
+        root, key, remote, identity=identity, deadline=None, progress=progress, trusted=trusted
+    )
     if fetched is None:
         raise MissError(
             f"remote entry {entry.entry} was removed while pulling it", remedy="'cachemgr ls --remote'"

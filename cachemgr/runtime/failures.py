@@ -170,11 +170,15 @@ def view_failed(error: OSError, views: Path, *, files: int) -> CacheMgrError:
     )
 
 
-def wait_timeout(root: CacheRoot, key: CacheKey, waited: float) -> WaitTimeoutError:
+def wait_timeout(
+    root: CacheRoot, key: CacheKey, waited: float, *, publisher: bool = False
+) -> WaitTimeoutError:
+    """``publisher``: the pod waited for any publisher (it cannot compile), not for a lease holder."""
     from cachemgr.volume.lease import read_holder
 
-    holder = read_holder(root, key.digest)
-    who = holder.describe() if holder else "a peer that has since released it"
+    holder = read_holder(root, key.digest) if root.leases.is_dir() else None
+    gone = "a publisher (the builder or a warm Job)" if publisher else "a peer that has since released it"
+    who = holder.describe() if holder else gone
     return WaitTimeoutError(
         f"gave up after {waited:.0f}s (--wait-timeout) waiting for {who} to compile key {key.short}",
         remedy="raise --wait-timeout or unset it to wait; 'cachemgr locks' shows the holder, whose logs say "

@@ -61,6 +61,7 @@ class MetricsSnapshot:
     phase: str
     phase_seconds: dict[str, float]
     remote: dict[str, Any] = field(default_factory=dict)
+    untrusted: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +71,7 @@ class MetricsSnapshot:
             "compile_seconds": round(self.compile_seconds, 3),
             "lease_wait_seconds": round(self.lease_wait_seconds, 3),
             "damaged": self.damaged,
+            "untrusted": self.untrusted,
             "recompiled_on_hit": self.recompiled_on_hit,
             "failures": dict(sorted(self.failures.items())),
             "phase": self.phase,
@@ -86,6 +88,8 @@ class Metrics:
     compile_seconds: float = 0.0
     lease_wait_seconds: float = 0.0
     damaged: int = 0
+    # Entries not trusted (cachemgr.volume.trust): unsigned, another key's, changed after signing.
+    untrusted: int = 0
     # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
     recompiled_on_hit: int = 0
     failures: Counter[str] = field(default_factory=Counter)
@@ -159,6 +163,7 @@ class Metrics:
                 compile_seconds=self.compile_seconds,
                 lease_wait_seconds=self.lease_wait_seconds,
                 damaged=self.damaged,
+                untrusted=self.untrusted,
                 recompiled_on_hit=self.recompiled_on_hit,
                 failures=dict(failures),
                 phase=self.phase,

@@ -11,6 +11,7 @@ from cachemgr.volume.manifest import VerifyMode
 from cachemgr.volume.store import stale_staging_after
 
 if TYPE_CHECKING:
+    from cachemgr.core.signing import SecretKey, TrustedKeys
     from cachemgr.ops.space import SpaceCheck
     from cachemgr.remote.config import RemoteConfig
 
@@ -39,6 +40,10 @@ class RunOptions:
     # compile_progress and waiting_for_compile, at most once per this (cachemgr.ops.progress.DEFAULT_INTERVAL)
     progress_interval: float = 30.0
     remote: RemoteConfig | None = None  # the remote tier (cachemgr.remote); off by default
+    # Trust (cachemgr.volume.trust): a publisher signs what it publishes with its signing key; a
+    # pod with trusted keys uses only entries one of them signed (its own key among them).
+    signing_key: SecretKey | None = None
+    trusted: TrustedKeys | None = None
 
     @property
     def stale_staging_after(self) -> float:

@@ -4,6 +4,7 @@ The flow, in one direction::
 
     key      compiler major.minor + NPU type + serving config -> digest
     lookup   published entry for the digest? (lock-free, read-only; damaged -> quarantined)
+    trust    with trusted keys: signed by one of them, every file's bytes as signed (else a miss)
     hit      launch the server against a pod-local view of the entry; supervise it
     miss     take the key's lease (or wait while a peer compiles, watching for its publish)
              look again; clean dead attempts; check space
@@ -11,6 +12,11 @@ The flow, in one direction::
              release the lease; launch as on a hit
 
 ``warm`` is the same flow for a Job: it exits 0 once the entry is published (or found).
+
+A pod that cannot publish what it compiles (the volume is read-only to it, or it trusts keys
+but holds no signing key) never compiles: on a miss it takes a trusted copy from the remote
+tier if it can write the volume, else waits for a publisher (``--on-miss compile``) or fails
+as ``--on-miss fail`` does. On a read-only volume a hit writes nothing there at all.
 
 This module is the flow only. How a key compiles and how its server is pointed at an entry is
 its strategy's (cachemgr.runtime.strategies); failures become errors and records in
@@ -26,7 +32,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core.errors import CacheMgrError, CompileError, DiskFullError
+from cachemgr.core.errors import CacheMgrError, CompileError, ConfigError, DiskFullError
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import hold as hold_logs
 from cachemgr.core.log import release as release_logs
@@ -40,7 +46,7 @@ from cachemgr.runtime.state import StateWriter
 from cachemgr.runtime.strategies import STRATEGIES, Compiled, Strategy
 from cachemgr.runtime.views import build_view, remove_old_views_later
 from cachemgr.volume.identity import PodIdentity
-from cachemgr.volume.layout import CacheRoot, open_root
+from cachemgr.volume.layout import CacheRoot, is_read_only, open_root
 from cachemgr.volume.manifest import MANIFEST_NAME
 from cachemgr.volume.store import (
     Lookup,
@@ -49,12 +55,12 @@ from cachemgr.volume.store import (
     create_staging,
     lookup,
     publish,
-    quarantine,
 )
 
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
     from cachemgr.remote.hooks import FetchOutcome, Upload
+    from cachemgr.runtime.unusable import Unusable
     from cachemgr.runtime.waiting import Waiting
     from cachemgr.volume.lease import KeyLease
 
@@ -87,6 +93,7 @@ class Runner:
         self._missed = False
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
+        self.read_only = False  # the volume cannot be written by this pod (set once it is opened)
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -136,13 +143,18 @@ class Runner:
         key = self._resolve()
         strategy = STRATEGIES[str(key.inputs["strategy"])](self)
         root = open_root(self.options.cache_root, create=False)
+        self.read_only = is_read_only(root.path)
+        if self.read_only:
+            log.info("read_only_volume", cache_root=str(root.path), note="a hit writes nothing there")
         for _ in range(_MAX_ROUNDS):
             found = self.find(root, key)
             if found is None and not self._missed:
                 # Counted once per start: later lookups (after our own publish) are not hits.
                 self._missed = True
                 self.metrics.misses += 1
-            if found is None and self.options.on_miss == "fail":
+            if found is None and self.cannot_compile:
+                found = self._miss_without_compiling(root, key, strategy)
+            elif found is None and self.options.on_miss == "fail":
                 found = self.waiting.for_peer(root, key)
             if found is None:
                 strategy.check_can_compile(key)
@@ -178,21 +190,68 @@ class Runner:
         return key
 
     def find(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
-        """A verified hit, or None; a damaged entry is moved aside and counts as a miss."""
+        """A verified (and with trusted keys, trusted) hit, or None; a damaged or untrusted entry
+        is moved aside where this pod may (cachemgr.runtime.unusable), and counts as a miss."""
+        seen = self.unusable.fingerprint(root, key) if self.cannot_compile else None
+        if seen is not None and self.unusable.known(seen):
+            return None
         try:
-            found = lookup(root, key, mode=self.options.verify)
+            found = lookup(
+                root, key, mode=self.options.verify, trusted=self.options.trusted, stop=self.relay.stop
+            )
+        except InterruptedError:
+            raise failures.interrupted(self.relay) from None  # SIGTERM while the content was checked
         except OSError as error:
             raise failures.unreadable_entry(error, root, key) from error
         if found.status == "hit":
             return found
-        if found.status == "damaged":
-            self.metrics.damaged += 1
-            moved = quarantine(root, found.path, reason=found.reason)
-            log.warning("entry_damaged", entry=found.path.name, problems=found.reason, moved_to=str(moved))
+        if found.status != "miss":
+            self.unusable.set_aside(root, found, seen)
         return None
 
+    @cached_property
+    def unusable(self) -> Unusable:
+        """Damaged and untrusted entries: moved aside, or left and remembered (not on a hit)."""
+        from cachemgr.runtime.unusable import Unusable
+
+        return Unusable(self)
+
     def published(self, root: CacheRoot, key: CacheKey) -> bool:
-        return (root.entry_path(key) / MANIFEST_NAME).is_file()
+        """A committed entry is there, other than one this pod already found unusable."""
+        if not (root.entry_path(key) / MANIFEST_NAME).is_file():
+            return False
+        unusable: Unusable | None = self.__dict__.get("unusable")  # the cached_property, once made
+        return unusable is None or not unusable.known(unusable.fingerprint(root, key))
+
+    # --- who may compile ---------------------------------------------------------------
+
+    @property
+    def cannot_compile(self) -> bool:
+        """This pod could not publish what it compiled: it only takes what a publisher made."""
+        return self.read_only or (bool(self.options.trusted) and self.options.signing_key is None)
+
+    @property
+    def why_not_compiling(self) -> str:
+        if self.read_only:
+            return "the cache volume is read-only to this pod"
+        return (
+            "this pod trusts signing keys (CACHEMGR_TRUSTED_KEYS) but holds none (CACHEMGR_SIGNING_KEY_FILE)"
+        )
+
+    def _miss_without_compiling(self, root: CacheRoot, key: CacheKey, strategy: Strategy) -> Lookup | None:
+        """A trusted copy from the remote if this pod can write the volume; else wait or fail."""
+        if self.options.warm:
+            raise ConfigError(
+                f"this warm Job cannot fill the cache for key {key.short}: {self.why_not_compiling}",
+                remedy="give the warm Job the signing key (CACHEMGR_SIGNING_KEY_FILE) and the volume read-write",
+            )
+        found = None
+        if not self.read_only and self.options.remote is not None:
+            root = self._open_for_writing(root, key)
+            found = self._compile_under_lease(root, key, strategy).found
+        return found or self.waiting.for_peer(
+            root, key, until_published=self.options.on_miss == "compile", why=self.why_not_compiling
+        )
 
     # --- a miss: wait for a peer, or take the lease and compile --------------------------
 
@@ -232,6 +291,8 @@ class Runner:
                 log.info("stale_staging_removed", key=key.short, attempts=[p.name for p in removed])
             if self._fetch_remote(root, key):
                 return Compiled(found=self.find(root, key))  # the remote had it: launch it now
+            if self.cannot_compile:
+                return Compiled()  # nothing this pod may publish: it waits for a publisher
             self._preflight(root, key)
             return strategy.compile(root, key, lease)
         finally:
@@ -288,6 +349,7 @@ class Runner:
             identity=self.identity,
             compile_seconds=seconds,
             strategy=str(key.inputs["strategy"]),
+            signer=self.options.signing_key,
         )
         self.metrics.compiles += 1
         self.metrics.compile_seconds += seconds
@@ -331,6 +393,8 @@ class Runner:
             metrics=self.metrics,
             beat=self.beats.volume,
             stop=self.relay.stop,
+            trusted=self.options.trusted,
+            compiling=not self.cannot_compile,
         )
         if self._fetched != "hit" and self.relay.stop.is_set():
             raise failures.interrupted(self.relay)
@@ -345,7 +409,13 @@ class Runner:
     # --- launching --------------------------------------------------------------------
 
     def _use(self, root: CacheRoot, key: CacheKey) -> bool:
-        """Record this pod's use of the entry; False if it was pruned meanwhile (look again)."""
+        """Record this pod's use of the entry; False if it was pruned meanwhile (look again).
+
+        On a read-only volume there is no record: the use is in the pod's state record only, and
+        prune cannot see it (docs/design.md, "The threat model").
+        """
+        if self.read_only:
+            return self.published(root, key)
         self.beats.use(root, key)
         if self.published(root, key):
             return True
@@ -372,7 +442,7 @@ class Runner:
         url = self.health_url(key)
         self.state.update(health_url=url)
         self.state.phase("launching", entry=found.path.name)
-        log.info("launching", key=key.short, entry=found.path.name, view=str(view))
+        log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
         child = launcher.start(argv, env=env, capture=False, what="server")
         self.relay.attach(child)
         release_logs()

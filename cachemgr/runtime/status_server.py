@@ -181,6 +181,11 @@ class RunCollector:
             "cachemgr_damaged_entries", "Damaged entries found and moved to quarantine", snap.damaged
         )
         yield _counter(
+            "cachemgr_untrusted_entries",
+            "Entries not used because no trusted key signed them as they are (unsigned, another key, changed)",
+            snap.untrusted,
+        )
+        yield _counter(
             "cachemgr_recompiled_on_hit",
             "Hits after which the server compiled anyway: the key lacks an input the server hashes",
             snap.recompiled_on_hit,

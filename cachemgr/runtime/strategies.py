@@ -354,7 +354,8 @@ class VllmStrategy(Strategy):
                 count=len(paths),
                 note="the server compiled although cachemgr found an entry: its key has an input cachemgr's lacks",
             )
-            drift.record(root, key.digest, pod.identity, entry=found.path.name, paths=paths)
+            if not pod.read_only:  # a read-only volume gets nothing written, this record neither
+                drift.record(root, key.digest, pod.identity, entry=found.path.name, paths=paths)
 
         watch = drift.DriftWatch(view, found.manifest, report=report)
         watch.start(serving=lambda: pod.state.current.phase == "serving", exited=pod.server_exited)

@@ -2,7 +2,10 @@
 
 A waiting pod shows the holder and its progress in the state record every few seconds and logs
 ``waiting_for_compile`` once per progress interval. ``--on-miss fail`` never takes the lease: it
-waits only while a live holder compiles (a warm Job), and fails with exit 69 otherwise.
+waits only while a live holder compiles (a warm Job), and fails with exit 69 otherwise. A pod
+that cannot publish (a read-only volume, trusted keys without a signing key) waits the same way;
+with ``--on-miss compile`` it waits for a publisher even while none compiles (``--wait-timeout``
+bounds it), having said once why it does not compile itself (``waiting_for_publisher``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.errors import MissError
 from cachemgr.core.log import get_logger
+from cachemgr.core.log import release as release_logs
 from cachemgr.runtime import failures
 
 if TYPE_CHECKING:
@@ -32,17 +36,35 @@ class Waiting:
         self.pod = pod
         self._log: Every | None = None
 
-    def for_peer(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
-        """--on-miss fail: wait for a compile already under way (a warm Job), never start one."""
+    def for_peer(
+        self, root: CacheRoot, key: CacheKey, *, until_published: bool = False, why: str | None = None
+    ) -> Lookup | None:
+        """Wait for a compile already under way (a warm Job), never start one.
+
+        ``until_published``: also while no one compiles (a pod that cannot publish, waiting for
+        the builder); ``why`` says why this pod does not compile itself.
+        """
         from cachemgr.ops.progress import Every
         from cachemgr.volume.lease import marker_path, read_holder  # the miss path only
         from cachemgr.volume.softlease import MarkerWatch, patience, read_marker_view
 
+        release_logs()  # a wait takes seconds to hours: log as it happens from here on
         started = time.monotonic()
         notify = Every(min(5.0, self.pod.options.progress_interval))
         # A holder is dead once its marker stops changing, by this node's clock: the marker's
         # mtime against our wall clock would misjudge a holder on a node with a skewed clock.
         watch = MarkerWatch()
+        if why is not None:
+            log.warning(
+                "waiting_for_publisher",
+                key=key.short,
+                entry=key.entry_name,
+                reason=why,
+                on_miss=self.pod.options.on_miss,
+                note="run the builder (a warm Job with the signing key) for this configuration"
+                if until_published
+                else "fails unless a compile is under way",
+            )
         while True:
             if self.pod.published(root, key):
                 found = self.pod.find(root, key)
@@ -51,24 +73,20 @@ class Waiting:
             holder = read_holder(root, key.digest) if root.leases.is_dir() else None
             view = read_marker_view(marker_path(root, key.digest)) if holder is not None else None
             silent = watch.silent_for(view)
-            if (
+            live = not (
                 holder is None
                 or view is None
                 or silent > patience(view.record, default=self.pod.options.lease_duration)
-            ):
-                raise MissError(
-                    f"no published entry for key {key.short} ({key.entry_name}) and --on-miss fail forbids "
-                    "compiling in this pod",
-                    remedy="run the cachemgr warm Job for this configuration, or use --on-miss compile; "
-                    "'cachemgr explain -- ARGV' shows the nearest entries",
-                )
+            )
+            if not live and not until_published:
+                raise _miss(key, why)
             if notify.due():
-                self._on_wait(holder, time.monotonic() - started, root=root, key=key)
+                self._on_wait(holder if live else None, time.monotonic() - started, root=root, key=key)
             if self.pod.relay.stop.is_set():
                 raise failures.interrupted(self.pod.relay)
             timeout = self.pod.options.wait_timeout
             if timeout is not None and time.monotonic() - started >= timeout:
-                raise failures.wait_timeout(root, key, time.monotonic() - started)
+                raise failures.wait_timeout(root, key, time.monotonic() - started, publisher=until_published)
             self.pod.relay.stop.wait(0.2)
 
     def take_lease(self, root: CacheRoot, key: CacheKey) -> KeyLease | None:
@@ -126,3 +144,20 @@ class Waiting:
             state.phase("waiting", **detail)
         else:
             state.update(detail=detail)
+
+
+def _miss(key: CacheKey, why: str | None) -> MissError:
+    """Exit 69: no entry this pod may use, and no compile under way to wait for."""
+    if why is None:
+        return MissError(
+            f"no published entry for key {key.short} ({key.entry_name}) and --on-miss fail forbids "
+            "compiling in this pod",
+            remedy="run the cachemgr warm Job for this configuration, or use --on-miss compile; "
+            "'cachemgr explain -- ARGV' shows the nearest entries",
+        )
+    return MissError(
+        f"no entry this pod may use for key {key.short} ({key.entry_name}), no compile under way, and this "
+        f"pod does not compile: {why}",
+        remedy="run the builder (a cachemgr warm Job with the signing key) for this configuration, or use "
+        "--on-miss compile to wait for it; 'cachemgr explain -- ARGV' says why an entry there is not used",
+    )

@@ -85,6 +85,19 @@ class CacheRoot:
         safefs.check_children(self.path, _SUBDIRS)
 
 
+def is_read_only(path: Path) -> bool:
+    """The volume at ``path`` cannot be written by this pod: mounted read-only (a PVC with
+    ``readOnly: true``, a read-only bind mount: ``ST_RDONLY``), or not writable by its user.
+    Such a pod writes nothing there: a hit needs no write (principle 3), a miss waits for a
+    publisher."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return True
+    except OSError:
+        return False  # the root's own checks report an unusable volume
+    return not os.access(path, os.W_OK)
+
+
 def open_root(path: Path, *, create: bool) -> CacheRoot:
     """Check (and with ``create``, initialise) the layout at ``path``.
 

@@ -41,6 +41,20 @@ class FileRecord:
     # Nanoseconds, as published: a write into the entry (root, or its owner after a chmod) moves
     # it, and the fast check compares it from the lstat it makes anyway. None in older manifests.
     mtime_ns: int | None = None
+    # BLAKE3 of the bytes, in a signed entry only (cachemgr.volume.trust: the signed statement
+    # commits to every artifact's path, size and this hash). None in the open mode.
+    blake3: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "path": self.path,
+            "size": self.size,
+            "xxh3": self.xxh3,
+            "mtime_ns": self.mtime_ns,
+        }
+        if self.blake3 is not None:
+            data["blake3"] = self.blake3
+        return data
 
 
 @dataclass(frozen=True)
@@ -64,7 +78,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["files"] = [asdict(record) for record in self.files]
+        data["files"] = [record.to_json() for record in self.files]
         data["total_bytes"] = self.total_bytes
         return data
 
@@ -94,10 +108,14 @@ def build_manifest(
     strategy: str,
     model_name: str,
     extra: Mapping[str, Any] | None = None,
+    blake3: bool = False,
 ) -> Manifest:
-    """Hash every file under ``entry_dir`` (key.json and artifacts/) into a manifest."""
+    """Hash every file under ``entry_dir`` (key.json and artifacts/) into a manifest.
+
+    ``blake3`` (a signed publish): each file's BLAKE3 too, from the same read as its xxh3.
+    """
     files = tuple(
-        FileRecord(path=rel, size=st.st_size, xxh3=hash_file(entry_dir / rel), mtime_ns=st.st_mtime_ns)
+        _record(entry_dir, rel, st, blake3=blake3)
         for rel, st in walk_files(entry_dir)
         if rel != MANIFEST_NAME
     )
@@ -112,6 +130,16 @@ def build_manifest(
         model_name=model_name,
         extra=dict(extra or {}),
     )
+
+
+def _record(entry_dir: Path, rel: str, st: os.stat_result, *, blake3: bool) -> FileRecord:
+    if not blake3:
+        return FileRecord(rel, st.st_size, hash_file(entry_dir / rel), st.st_mtime_ns)
+    from blake3 import blake3 as hasher  # a signed publish only
+
+    second = hasher()
+    xxh3 = hash_file(entry_dir / rel, also=second)
+    return FileRecord(rel, st.st_size, xxh3, st.st_mtime_ns, second.hexdigest())
 
 
 def write_manifest(entry_dir: Path, manifest: Manifest, *, within: Path | None = None) -> None:
@@ -176,6 +204,7 @@ def _from_json(data: Any) -> Manifest:
             size=int(item["size"]),
             xxh3=str(item["xxh3"]),
             mtime_ns=None if item.get("mtime_ns") is None else int(item["mtime_ns"]),
+            blake3=None if item.get("blake3") is None else str(item["blake3"]),
         )
         for item in data["files"]
     )
@@ -285,7 +314,8 @@ def check_files(
     within: Path | None = None,
     on_file: Callable[[int], None] | None = None,
 ) -> list[Problem]:
-    """Compare the files with the manifest: presence, type and size, and with ``full`` their hashes.
+    """Compare the files with the manifest: presence, type and size, and with ``full`` their hashes
+    (a signed entry's BLAKE3 too, from the same read as the xxh3).
 
     Anything in the entry other than regular files and real directories is a problem too.
     ``within`` (the cache root) makes the walk refuse a symlink above the entry as well.
@@ -335,6 +365,21 @@ def _check_mtime(record: FileRecord, st: os.stat_result | None) -> Problem | Non
     return None
 
 
+def _check_bytes(fd: int, record: FileRecord) -> Problem | None:
+    if record.blake3 is None:
+        if hash_fd(fd) != record.xxh3:
+            return Problem(record.path, "content differs from the manifest's xxh3-128")
+        return None
+    from blake3 import blake3  # a signed entry only
+
+    second = blake3()
+    if hash_fd(fd, also=second) != record.xxh3:
+        return Problem(record.path, "content differs from the manifest's xxh3-128")
+    if second.hexdigest() != record.blake3:
+        return Problem(record.path, "content differs from its signed BLAKE3 (changed after signing)")
+    return None
+
+
 def _check_full(base: str, record: FileRecord) -> Problem | None:
     """One file as ``cat`` reads it: open (no symlink followed), fstat, hash what was opened."""
     try:
@@ -349,8 +394,8 @@ def _check_full(base: str, record: FileRecord) -> Problem | None:
     try:
         st = os.fstat(fd)
         problem = _check_shape(record, st)
-        if problem is None and hash_fd(fd) != record.xxh3:
-            problem = Problem(record.path, "content differs from the manifest's xxh3-128")
+        if problem is None:
+            problem = _check_bytes(fd, record)
         # A changed mtime with the same bytes is still a write into a published entry.
         problem = problem or _check_mtime(record, st)
     finally:

@@ -20,6 +20,7 @@ first rename wins; a later one finds the entry there and discards its copy.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import stat
@@ -27,7 +28,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core import safefs
 from cachemgr.core.errors import CompileError
@@ -60,9 +61,14 @@ from cachemgr.volume.manifest import (
 )
 from cachemgr.volume.records import Mark, observe_marks, record_mark
 
+if TYPE_CHECKING:
+    from cachemgr.core.signing import SecretKey, TrustedKeys
+    from cachemgr.volume.contentcheck import StopFlag
+
 # --- lookup -------------------------------------------------------------------------------
 
-LookupStatus = Literal["hit", "miss", "damaged"]
+# untrusted: whole and committed, but not what a trusted publisher built (cachemgr.volume.trust).
+LookupStatus = Literal["hit", "miss", "damaged", "untrusted"]
 
 
 @dataclass(frozen=True)
@@ -73,14 +79,28 @@ class Lookup:
     path: Path
     manifest: Manifest | None = None
     problems: tuple[Problem, ...] = ()
+    signer: str | None = None  # the key that signed a trusted hit
+    untrusted: str = ""  # why, for status "untrusted": "untrusted: unsigned", ...
 
     @property
     def reason(self) -> str:
-        return "; ".join(str(p) for p in self.problems)
+        return self.untrusted or "; ".join(str(p) for p in self.problems)
 
 
-def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Lookup:
-    """Is there a committed entry for ``key`` whose files match its manifest?"""
+def lookup(
+    root: CacheRoot,
+    key: CacheKey,
+    *,
+    mode: VerifyMode = "fast",
+    trusted: TrustedKeys | None = None,
+    stop: StopFlag | None = None,
+) -> Lookup:
+    """Is there a committed entry for ``key`` whose files match its manifest?
+
+    With ``trusted`` keys (a trusting pod), a hit must also be signed by one of them, and every
+    artifact's bytes must be the signed ones (read now, in parallel: cachemgr.volume.trust);
+    ``InterruptedError`` once ``stop`` is set meanwhile.
+    """
     path = root.entry_path(key)
     st = safefs.lstat(root.path, path)
     if st is None:
@@ -97,7 +117,26 @@ def lookup(root: CacheRoot, key: CacheKey, *, mode: VerifyMode = "fast") -> Look
         what = "manifest was written for different key inputs (digest collision or tampering)"
         return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
     problems = check_files(path, manifest, mode=mode, within=root.path)
-    return Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
+    found = Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
+    return check_trust(root, key, found, trusted, stop=stop) if trusted and not problems else found
+
+
+def check_trust(
+    root: CacheRoot, key: CacheKey, found: Lookup, trusted: TrustedKeys, *, stop: StopFlag | None = None
+) -> Lookup:
+    """A hit whose signature is a trusted key's and whose bytes are the signed ones, else untrusted."""
+    from cachemgr.volume.trust import check  # a trusting pod only
+
+    assert found.manifest is not None  # a hit has its manifest
+    try:
+        verdict = check(root.path, found.path, found.manifest, key=key, trusted=trusted, stop=stop)
+    except safefs.UnsafePathError as error:  # the entry swapped for a link since the fast check
+        return Lookup("damaged", found.path, found.manifest, (Problem(found.path.name, error.what),))
+    if not verdict.trusted:
+        return Lookup(
+            "untrusted", found.path, found.manifest, signer=verdict.signer, untrusted=verdict.reason
+        )
+    return dataclasses.replace(found, signer=verdict.signer)
 
 
 def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
@@ -195,14 +234,24 @@ def publish(
     compile_seconds: float,
     strategy: str,
     extra: dict[str, Any] | None = None,
+    signer: SecretKey | None = None,
 ) -> PublishOutcome:
     """Write the manifest last, fsync everything, and rename the attempt into place.
 
+    With ``signer`` the entry is signed first: the statement of its files, hashed from this
+    private staging in the same read as the manifest's (cachemgr.volume.trust).
     If another attempt published first, ours is discarded and theirs is returned: both were
     compiled from the same key, and the first publisher wins.
     """
     _refuse_special_files(staging)
-    _write_summary(staging, key, identity=identity, compile_seconds=compile_seconds, strategy=strategy)
+    _write_summary(
+        staging,
+        key,
+        identity=identity,
+        compile_seconds=compile_seconds,
+        strategy=strategy,
+        signer=signer.name if signer is not None else None,
+    )
     manifest = build_manifest(
         staging.path,
         key=key.digest,
@@ -212,7 +261,14 @@ def publish(
         strategy=strategy,
         model_name=key.model_name,
         extra=extra,
+        blake3=signer is not None,
     )
+    if signer is not None:
+        from cachemgr.volume.trust import sign_staging  # a publisher with a key only
+
+        manifest = sign_staging(
+            staging.path, manifest, signer, built_by=identity.to_json(), within=staging.within
+        )
     write_manifest(staging.path, manifest, within=staging.within)
     return commit(root, staging, key, manifest)
 
@@ -270,7 +326,13 @@ def _refuse_special_files(staging: Staging) -> None:
 
 
 def _write_summary(
-    staging: Staging, key: CacheKey, *, identity: PodIdentity, compile_seconds: float, strategy: str
+    staging: Staging,
+    key: CacheKey,
+    *,
+    identity: PodIdentity,
+    compile_seconds: float,
+    strategy: str,
+    signer: str | None,
 ) -> None:
     files = list(walk_files(staging.artifacts, within=staging.within))
     summary = {
@@ -291,6 +353,10 @@ def _write_summary(
         "compile_seconds": round(compile_seconds, 3),
         "created_by": identity.to_json(),
     }
+    if signer is not None:
+        # What `ls` shows as the signer without reading the signature: a claim, checked by pods
+        # and, with --trusted-keys, by `ls`, `show` and `verify` (cachemgr.volume.trust).
+        summary["signer"] = signer
     atomic_write_json(staging.path / SUMMARY_NAME, summary, within=staging.within)
 
 

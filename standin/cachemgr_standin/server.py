@@ -9,6 +9,9 @@ to the compile cache, and nothing else:
   ``$VLLM_CACHE_ROOT/compiled_models/<model, / and : as _>_<sha256(config)[:16]>/`` is loaded when
   compiled, or compiled in a temporary directory and saved there as optimum-rbln's
   ``save_pretrained`` does (copy to ``<dir>.tmp``, rename; merge when the directory exists).
+  A loaded directory whose ``rbln_config.json`` sets ``use_inputs_embeds`` has its
+  ``torch_artifacts.pth`` unpickled, as optimum-rbln's decoder-only models ``torch.load`` it with
+  ``weights_only=False``: whoever writes the directory runs code here (:func:`load_torch_artifacts`).
 * vLLM-model path (``VLLM_RBLN_USE_VLLM_MODEL=1`` or ``--model-impl vllm``): per worker rank,
   ``$VLLM_CACHE_ROOT/rbln/<safe model>-<sha1(model)[:8]>/<sig>/rank<R>/mega_cache.bin`` is loaded
   if readable, missing graphs are compiled, and after warm-up every rank's bundle is saved again
@@ -35,6 +38,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import signal
 import socket
@@ -392,8 +396,29 @@ def save_pretrained(src: Path, dest: Path) -> None:
         raise
 
 
+TORCH_ARTIFACTS = "torch_artifacts.pth"
+
+
+def load_torch_artifacts(root: Path) -> None:
+    """optimum-rbln 0.12.0's ``RBLNDecoderOnlyModel.__post_init__``: when ``rbln_config.json`` sets
+    ``use_inputs_embeds``, ``torch.load(model_save_dir / subfolder / "torch_artifacts.pth",
+    weights_only=False)`` (transformers/models/decoderonly/modeling_decoderonly.py 78-82; about
+    twenty vision-language and diffusers classes load it unconditionally, e.g.
+    qwen2_vl/modeling_qwen2_vl.py 87). ``weights_only=False`` is a full unpickle: whatever the file's
+    pickle calls runs in the server. The stand-in has no torch; ``pickle.load`` is what that load
+    does to a legacy (non-zip) ``.pth``. Whoever can write the compiled directory runs code here.
+    """
+    config = json.loads((root / RBLN_CONFIG).read_bytes())
+    if not isinstance(config, dict) or not config.get("use_inputs_embeds"):
+        return
+    with (root / TORCH_ARTIFACTS).open("rb") as handle:
+        artifacts = pickle.load(handle)  # noqa: S301  # as optimum-rbln does: the risk trust guards against
+    log("INFO", f"Loaded {TORCH_ARTIFACTS} from {root} ({type(artifacts).__name__})")
+
+
 def _loaded_unit(root: Path, source: str, knobs: Knobs, cache_root: Path) -> Unit:
     digest, entries, size = load_compiled_dir(root)
+    load_torch_artifacts(root)
     record_event(
         knobs.record, "load", impl="optimum", cache_root=str(cache_root), path=str(root), digest=digest
     )

@@ -716,6 +716,33 @@ def tmpfs_volume(path: Path, *, size_bytes: int, inodes: int | None = None) -> I
 
 
 # --------------------------------------------------------------------------------------------------
+# A read-only bind mount: a PVC mounted with readOnly: true
+
+
+@contextlib.contextmanager
+def readonly_bind(source: Path, target: Path) -> Iterator[Path]:
+    """``source`` bind-mounted read-only at ``target`` (created if missing); always unmounted.
+
+    What a pod sees of a volume mounted ``readOnly: true``: statvfs says ``ST_RDONLY`` and every
+    write fails with EROFS, while ``source`` itself stays writable (the builder's side).
+    """
+    target = Path(os.path.realpath(target))
+    created = not target.exists()
+    target.mkdir(parents=True, exist_ok=True)
+    if is_mounted(target):
+        raise MountError(f"{target} is already a mount point")
+    _run(["mount", "--bind", str(source), str(target)], COMMAND_TIMEOUT_S)
+    fstype = next((t for mp, t in reversed(_mounts()) if mp == str(target)), "")  # the source's
+    try:
+        _run(["mount", "-o", "remount,bind,ro", str(target)], COMMAND_TIMEOUT_S)
+        yield target
+    finally:
+        if _unmount(target, fstype, [["umount", str(target)]]) and created:
+            with contextlib.suppress(OSError):
+                target.rmdir()
+
+
+# --------------------------------------------------------------------------------------------------
 # Can we mount here at all?
 
 
@@ -734,8 +761,8 @@ def mount_unavailable_reason(kind: str) -> str | None:
     Checks the prerequisites, then really mounts a tiny volume once and writes a file to it; the answer
     is cached for the life of the process.
     """
-    if kind not in ("juicefs", "seaweedfs", "tmpfs"):
-        raise ValueError(f"unknown mount kind {kind!r}; expected 'juicefs', 'seaweedfs' or 'tmpfs'")
+    if kind not in ("juicefs", "seaweedfs", "tmpfs", "bind"):
+        raise ValueError(f"unknown mount kind {kind!r}; expected 'juicefs', 'seaweedfs', 'tmpfs' or 'bind'")
     return _probe(kind)
 
 
@@ -752,6 +779,12 @@ def _probe(kind: str) -> str | None:
         elif kind == "seaweedfs":
             with seaweedfs_volume(probe_dir / "vol", mounts=1) as (point,):
                 _write_and_read(point / "probe")
+        elif kind == "bind":
+            (probe_dir / "src").mkdir()
+            _write_and_read(probe_dir / "src" / "probe")
+            with readonly_bind(probe_dir / "src", probe_dir / "ro") as point:
+                if (point / "probe").read_bytes() != b"probe" or not os.statvfs(point).f_flag & os.ST_RDONLY:
+                    return "a read-only bind mount did not show the source read-only"
         else:
             with tmpfs_volume(probe_dir / "mnt", size_bytes=1 << 20) as point:
                 _write_and_read(point / "probe")
@@ -766,7 +799,7 @@ def _probe(kind: str) -> str | None:
 def _missing_prerequisite(kind: str) -> str | None:
     if os.geteuid() != 0:
         return f"{kind} mounts need root (euid is {os.geteuid()})"
-    if kind == "tmpfs":
+    if kind in ("tmpfs", "bind"):
         return None
     try:
         os.close(os.open("/dev/fuse", os.O_RDWR))
