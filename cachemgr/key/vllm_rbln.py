@@ -81,8 +81,8 @@ def resolve_versions(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
     if missing:
         raise ConfigError(
             f"cannot tell the server's versions: {', '.join(VERSION_ENV[k][0] for k, (_, e) in VERSION_ENV.items() if e in missing)} "
-            "not installed in this environment, and the variables naming them are unset (vllm-rbln's "
-            "compile cache is keyed on the vLLM version)",
+            "not installed in this environment, and the variables naming them are unset (the server's "
+            "compile cache is keyed on its versions)",
             remedy=f"run in the modelserver image, or set {', '.join(missing)} to the server's versions",
         )
     return versions, "; ".join(sources)
