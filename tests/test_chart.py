@@ -25,6 +25,7 @@ from cachemgr_testkit.helm import CHART, TEST_IMAGE, helm, refusal, template_tex
 from cachemgr_testkit.kube import by_kind, container, merge, pod_spec, render, role_of, venv_tool, workload
 
 from cachemgr.cli.main import build_parser, split_server_argv
+from cachemgr.core.signing import parse_trusted_keys
 from cachemgr.core.units import parse_size
 
 ROLES = ("prefill", "decode")
@@ -36,7 +37,8 @@ RWO = {
     "decode": {"replicas": 1},
 }
 EXISTING = "modelserver-prefill-compile-cache"
-TRUSTED = ["builder-1:MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="]
+# A real public key, as `cachemgr keys generate --name builder-1` printed it (32 bytes).
+TRUSTED = ["builder-1:7Hy+1Hr7O+3xKVnKafnKcp/iKblqbVBadtH1dbt3xnY="]
 TRUST = merge(
     WARM,
     {
@@ -489,6 +491,18 @@ REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["/trust/signingKeySecret/key"],
     ),
     "a malformed trusted key": ({"trust": {"trustedKeys": ["no-colon"]}}, ["/trust/trustedKeys/0"]),
+    "a trusted key that is not 32 bytes": (
+        {
+            "trust": {
+                "trustedKeys": ["builder-1:MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="]
+            }
+        },
+        ["/trust/trustedKeys/0"],
+    ),
+    "trusted keys with nobody to sign": (
+        {"trust": {"trustedKeys": TRUSTED}},
+        ["trust.trustedKeys is set but nothing in this release signs the prefill cache"],
+    ),
     "health timeout above the probe's": (
         {"probes": {"readiness": {"healthTimeout": 5}}},
         ["probes.readiness.healthTimeout 5 must be below probes.readiness.timeoutSeconds 5"],
@@ -627,7 +641,7 @@ def test_the_argv_and_env_the_chart_gives_cachemgr_parse_with_its_own_parser(
     options = renders["options"]
     run_args = shlex.split(env_of(workload(options, "Deployment", "prefill"))["CACHEMGR_RUN_ARGS"])
     args = parser.parse_args(["run", *run_args])
-    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", "15m", "2h")
+    assert (args.on_miss, args.stall_timeout, args.wait_timeout) == ("fail", 900.0, 7200.0), "15m, 2h"
 
 
 def test_a_roles_warm_job_carries_its_deployments_args_env_and_image(renders: dict[str, Docs]) -> None:
@@ -665,6 +679,8 @@ def test_the_trust_modes_are_wired_off_by_default(renders: dict[str, Docs]) -> N
     for deployment in by_kind(docs, "Deployment"):
         env = env_of(deployment)
         assert env["CACHEMGR_TRUSTED_KEYS"] == " ".join(TRUSTED)
+        # What the pods get parses as cachemgr parses it at their start.
+        assert parse_trusted_keys(env["CACHEMGR_TRUSTED_KEYS"]).names == ("builder-1",)
         assert "CACHEMGR_SIGNING_KEY_FILE" not in env, "serving pods never hold the signing key"
         mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
         assert mounts["compile-cache"]["readOnly"] is True

@@ -38,10 +38,10 @@ from cachemgr_testkit.kube import (
     role_of,
     workload,
 )
-from cachemgr_testkit.podlib import DEADLINE, wait_for
+from cachemgr_testkit.podlib import DEADLINE, error_lines, wait_for
 
 from cachemgr.cli.main import build_parser
-from cachemgr.core.units import parse_duration, parse_size
+from cachemgr.core.units import parse_size
 from cachemgr.runtime.probes import stale_after
 from cachemgr.runtime.state import State
 
@@ -189,7 +189,7 @@ def test_the_entrypoint_scripts_name_only_what_the_code_accepts() -> None:
 
 def test_probe_timings_fit_a_long_compile_and_catch_a_stall(base: list[dict[str, Any]]) -> None:
     heartbeat_limit = stale_after(State._field_defaults["heartbeat_interval"])
-    stall_default = parse_duration(build_parser().parse_args(["run"]).stall_timeout)
+    stall_default = build_parser().parse_args(["run"]).stall_timeout  # parsed: seconds
     for role in ROLES:
         spec = container(workload(base, "Deployment", role))
         startup, live, ready = spec["startupProbe"], spec["livenessProbe"], spec["readinessProbe"]
@@ -471,7 +471,7 @@ def test_demo_without_the_stand_ins_says_what_to_install(tmp_path: Path) -> None
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 78, result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("cachemgr demo:")]
+    (line,) = error_lines(result.stderr)
     assert "cachemgr-standin" in line
     assert "scripts/demo" in line
     assert "Traceback" not in result.stderr

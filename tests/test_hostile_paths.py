@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, run_cli, wait_for
+from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, error_lines, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.core import safefs
@@ -263,8 +263,7 @@ def _check_cli(volume: Volume, commands: list[tuple[list[str], set[int]]]) -> No
         assert "Traceback" not in result["stderr"], shown
         assert result["code"] in allowed, shown
         if result["code"] and (args[0], result["code"]) != ("explain", 1):  # explain's 1: not a hit, no error
-            errors = [line for line in result["stderr"].splitlines() if line.startswith("cachemgr ")]
-            assert len(errors) == 1, shown
+            assert len(error_lines(result["stderr"])) == 1, shown
 
 
 def _check_pod(volume: Volume, name: str, command: str, options: tuple[str, ...]) -> None:
@@ -287,7 +286,7 @@ def _check_pod(volume: Volume, name: str, command: str, options: tuple[str, ...]
 def _every_command(volume: Volume) -> None:
     built = volume.built
     explain = ["explain", *built.hit_options, "--", *server_argv(8000)]
-    _check_cli(volume, [*INSPECT, (["show", built.key[:12]], {0, 64, 74}), (explain, {0, 1, 74})])
+    _check_cli(volume, [*INSPECT, (["show", built.key[:12]], {0, 64, 66, 74}), (explain, {0, 1, 74})])
     _check_pod(volume, "warm", "warm", built.miss_options)  # a miss: lease, staging, publish
     _check_pod(volume, "hit", "run", built.hit_options)  # a hit: lookup, use record, view
     _check_cli(volume, REPAIR)
@@ -321,7 +320,7 @@ def test_prune_damaged_refuses_a_quarantine_that_is_a_symlink(volume: Volume) ->
     done = run_cli("prune", "--damaged", "--yes", env=volume.env)
     assert snapshot(volume.canary) == before, "prune deleted through quarantine/"
     assert done.returncode == 74, done.stderr
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("cachemgr ")]
+    (line,) = error_lines(done.stderr)
     assert str(planted) in line
     assert "remove the symlink" in line.lower()
 

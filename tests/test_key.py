@@ -13,7 +13,7 @@ from typing import Any
 import cachemgr_standin as standin
 import pytest
 from cachemgr_standin import DECLARED_VERSIONS
-from cachemgr_testkit.podlib import run_cli
+from cachemgr_testkit.podlib import error_lines, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -374,7 +374,7 @@ def test_compiler_version_comes_from_installed_package_metadata(tmp_path: Path) 
 def test_without_compiler_the_key_exits_78_saying_what_to_set() -> None:
     result = run_cli("key", "--", *ARGV, env=_env_without_overrides(CACHEMGR_NPU_TYPE="RBLN-CA25"))
     assert result.returncode == 78
-    lines = [line for line in result.stderr.splitlines() if line.startswith("cachemgr key:")]
+    lines = error_lines(result.stderr)
     assert len(lines) == 1
     assert "CACHEMGR_COMPILER_VERSION" in lines[0]
 
@@ -383,7 +383,7 @@ def test_without_any_npu_source_the_key_exits_78_with_one_line(tmp_path: Path) -
     env = _env_without_overrides(CACHEMGR_COMPILER_VERSION="0.12.3", PATH=str(tmp_path))
     result = run_cli("key", "--", *ARGV, env=env)
     assert result.returncode == 78
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("cachemgr key:")]
+    (line,) = error_lines(result.stderr)
     assert "CACHEMGR_NPU_TYPE" in line
     assert "unknown" not in json.dumps(result.stdout)
 
@@ -521,7 +521,7 @@ def test_without_the_server_versions_the_vllm_strategy_exits_78(tmp_path: Path) 
     env = {**env, "CACHEMGR_VLLM_VERSION": "0.30.0+cpu"}
     result = run_cli("key", "--", *ARGV, env=env)
     assert result.returncode == 78, result.stderr
-    (line,) = [line for line in result.stderr.splitlines() if line.startswith("cachemgr key:")]
+    (line,) = error_lines(result.stderr)
     assert "vllm-rbln, optimum-rbln" in line
     assert "CACHEMGR_VLLM_RBLN_VERSION, CACHEMGR_OPTIMUM_RBLN_VERSION" in line
     bad = run_cli("key", "--", *ARGV, env={**env, **DECLARED_VERSIONS, "CACHEMGR_VLLM_VERSION": "thirty"})

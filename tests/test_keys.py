@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from cachemgr_testkit.podlib import Cluster, free_port, run_cli
+from cachemgr_testkit.podlib import Cluster, error_lines, free_port, run_cli
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
 from cachemgr.core.errors import ConfigError, UsageError
@@ -180,7 +180,7 @@ def test_keys_generate_prints_the_public_key_and_keys_public_prints_it_again(pod
 
 
 def _one_line(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line.startswith("cachemgr ")]
+    lines = error_lines(stderr)  # once per stream, in that stream's format
     assert len(lines) == 1, stderr
     return lines[0]
 

@@ -32,13 +32,13 @@ def test_the_lease_default_is_one_constant_that_the_cli_the_options_and_the_leas
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     args = build_parser().parse_args(["run", "--cache-root", "/cache"])
-    assert float(args.lease_duration) == DEFAULT_DURATION
+    assert args.lease_duration == DEFAULT_DURATION
     assert run_options(args, warm=False).lease_duration == DEFAULT_DURATION
     assert RunOptions(cache_root=Path("/x"), state_dir=Path("/y")).lease_duration == DEFAULT_DURATION
     assert inspect.signature(KeyLease).parameters["duration"].default == DEFAULT_DURATION
     # and they follow it: a changed default reaches the parser built after the change
-    monkeypatch.setattr("cachemgr.cli.main.DEFAULT_LEASE_DURATION", 45.0)
-    assert build_parser().parse_args(["run"]).lease_duration == "45"
+    monkeypatch.setattr("cachemgr.cli.options.DEFAULT_LEASE_DURATION", 45.0)
+    assert build_parser().parse_args(["run"]).lease_duration == 45.0
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

@@ -371,6 +371,8 @@ def test_metrics_parse_and_count_what_happened(pods: Cluster, root: Path) -> Non
     assert samples["cachemgr_cache_misses_total"] == 1
     assert samples["cachemgr_cache_hits_total"] == 0
     assert samples["cachemgr_compile_seconds_total"] > 0
+    cold_compile = samples["cachemgr_compile_seconds_total"]
+    assert samples["cachemgr_saved_seconds_total"] == 0, "the compiling pod saved nothing"
     assert samples["cachemgr_cache_entries"] == 1
     assert samples["cachemgr_volume_free_bytes"] > 0
     assert samples["cachemgr_volume_size_bytes"] >= samples["cachemgr_volume_free_bytes"]
@@ -387,6 +389,24 @@ def test_metrics_parse_and_count_what_happened(pods: Cluster, root: Path) -> Non
     assert samples["cachemgr_compiles_total"] == 0
     assert samples["cachemgr_lease_wait_seconds_total"] == 0
     assert samples["cachemgr_phase_seconds_total{phase=launching}"] > 0
+    assert samples["cachemgr_saved_seconds_total"] > 0, "a hit saves the entry's compile time"
+
+    # cachemgr stats counts the same from the volume: the two pods' use records, the entry's summary.
+    stats = json.loads(
+        run_cli("stats", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}).stdout
+    )
+    assert {k: stats["volume"][k] for k in ("hits", "misses", "compiles")} == {
+        "hits": 1,
+        "misses": 1,
+        "compiles": 1,
+    }
+    (key,) = stats["keys"]
+    assert key["saved_seconds"] == pytest.approx(samples["cachemgr_saved_seconds_total"], abs=0.01)
+    assert key["compile_seconds"] == pytest.approx(cold_compile, abs=0.5)
+    listing = json.loads(
+        run_cli("ls", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}).stdout
+    )
+    assert [(r["kind"], r["hits"]) for r in listing if r["kind"] == "entry"] == [("entry", 1)]
 
     openmetrics = LOOPBACK.open(
         urllib.request.Request(
@@ -398,6 +418,30 @@ def test_metrics_parse_and_count_what_happened(pods: Cluster, root: Path) -> Non
     with openmetrics:
         assert openmetrics.headers["Content-Type"].startswith("application/openmetrics-text")
         assert openmetrics.read().decode().endswith("# EOF\n")
+
+
+def test_the_status_port_answers_head_as_get_without_a_body(pods: Cluster, root: Path) -> None:
+    """HTTP probes and load balancers may send HEAD (it was 501); on a kept-alive connection the
+    next GET still gets its body."""
+    import http.client
+
+    pod = pods.start("a", vllm_argv(free_port()), cache_root=root, options=STATUS)
+    pod.wait_phase("serving")
+    conn = http.client.HTTPConnection("127.0.0.1", status_port(pod), timeout=5)
+    try:
+        for path in ("/livez", "/readyz", "/metrics", "/status"):
+            conn.request("HEAD", path)
+            head = conn.getresponse()
+            assert head.status == 200, (path, head.status)
+            assert int(head.headers["Content-Length"]) > 0
+            assert head.read() == b""
+            conn.request("GET", path)
+            got = conn.getresponse()
+            body = got.read()
+            assert got.status == 200
+            assert len(body) > 0
+    finally:
+        conn.close()
 
 
 def test_a_command_strategy_compile_is_not_also_a_hit(pods: Cluster, root: Path) -> None:

@@ -69,28 +69,31 @@ def test_incompatible_keeps_another_npus_entries_and_npu_names_them(pods: Cluste
     listing = cachemgr(root, env, "ls")
     assert listing.returncode == 0, listing.stderr
     assert "1 entry for other NPU types (RBLN-CA12; this pod has RBLN-CA25)" in listing.stdout
-    assert "'cachemgr prune --npu RBLN-CA12' removes them" in listing.stdout
+    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in listing.stdout
     rows = json.loads(cachemgr(root, env, "ls", "-o", "json").stdout)
     assert {r["npu"]: r["status"] for r in rows if r["kind"] == "entry"} == {
-        "RBLN-CA12": "ok",
-        "RBLN-CA25": "ok",
+        "RBLN-CA12": "published",
+        "RBLN-CA25": "published",
     }
 
     # Named, in any case, they go; the pod's own entry (in use, and this NPU's) stays.
-    done = prune_json(root, env, "--npu", "rbln-ca12", "--yes")
-    assert [i["reason"] for i in done["result"]["removed"]] == ["for NPU RBLN-CA12 (--npu)"]
+    done = prune_json(root, env, "--for-npu", "rbln-ca12", "--yes")
+    assert [i["reason"] for i in done["result"]["removed"]] == ["for NPU RBLN-CA12 (--for-npu)"]
     assert npus(root) == [("c0.12", "RBLN-CA25")]
-    done = prune_json(root, env, "--npu", "RBLN-CA25", "--yes")
+    # The old spelling still works, with a deprecation note on stderr.
+    old = cachemgr(root, env, "prune", "--npu", "RBLN-CA25", "--yes", "-o", "json")
+    assert "--npu is deprecated" in old.stderr
+    done = json.loads(old.stdout)
     assert done["plan"]["items"] == []
     assert [k["reason"] for k in done["plan"]["kept"]] == ["in use by ca25"]
     assert pod.proc.poll() is None
 
 
 def test_npu_needs_a_plausible_name(root: Path, pods: Cluster) -> None:
-    done = cachemgr(root, pods.base_env, "prune", "--npu", "x" * 100_000, "--yes")
+    done = cachemgr(root, pods.base_env, "prune", "--for-npu", "x" * 100_000, "--yes")
     assert done.returncode == 64
     assert len(done.stderr) < 1000
-    assert len(done.stderr.strip().splitlines()) <= 2  # the one line (and its JSON log twin)
+    assert len(done.stderr.strip().splitlines()) == 1, "the one line, once"
     assert "Traceback" not in done.stderr
 
 

@@ -21,7 +21,16 @@ from typing import Any
 
 import pytest
 import xxhash
-from cachemgr_testkit.podlib import Cluster, Pod, free_port, metrics, run_cli, status_port, wait_for
+from cachemgr_testkit.podlib import (
+    Cluster,
+    Pod,
+    error_lines,
+    free_port,
+    metrics,
+    run_cli,
+    status_port,
+    wait_for,
+)
 from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
 from cachemgr_testkit.scenarios import (
     assert_entries_valid,
@@ -385,7 +394,9 @@ def test_push_pull_ls_and_prune_remote_from_the_cli(
     assert "downloaded" in _cli("pull", key[:10], env=env_b).stdout
     (entry,) = [e for e in json.loads(_cli("ls", "-o", "json", env=env_b).stdout) if e["kind"] == "entry"]
     assert entry["origin"]["kind"] == "remote"
-    assert "ok (remote)" in _cli("ls", env=env_b).stdout
+    wide = _cli("ls", "-o", "wide", env=env_b).stdout.splitlines()
+    assert wide[0].split()[-2] == "ORIGIN"
+    assert wide[1].split()[-2] == "remote", wide
     shown = _cli("show", key[:10], env=env_b).stdout
     assert f"from {remote['CACHEMGR_REMOTE']}" in shown
     assert_entries_valid(root_b)
@@ -398,7 +409,7 @@ def test_push_pull_ls_and_prune_remote_from_the_cli(
     assert "dry run" in _cli("prune", "--remote", "--key", key[:10], "--dry-run", env=env).stdout
     assert "removed 1 item" in _cli("prune", "--remote", "--key", key[:10], "--yes", env=env).stdout
     assert "no entries in s3://" in _cli("ls", "--remote", env=env).stdout
-    missing = _cli("pull", key[:10], env=env_b, code=69)
+    missing = _cli("pull", key[:10], env=env_b, code=66)  # not found: its own code
     assert "the remote has no entry matching" in missing.stderr
 
     refused = _cli("push", "--force", env={**env_a, **BAD_KEYS}, code=74)
@@ -888,8 +899,8 @@ def test_a_full_bucket_costs_a_warning_after_the_compile_and_push_exits_73(
     assert pod.wait_exit() == 0
 
     refused = _cli("push", env={**pods.base_env, **env, "CACHEMGR_CACHE_ROOT": str(root)}, code=73)
-    line = refused.stderr.strip().splitlines()[-1]  # after the JSON log record of the failure
-    assert line.startswith("cachemgr push: remote is full or over quota: "), refused.stderr
+    (line,) = error_lines(refused.stderr)  # once: the JSON log's failed event
+    assert line.startswith("remote is full or over quota: "), refused.stderr
     assert "raise its quota" in line, line
 
 
@@ -1111,10 +1122,8 @@ def test_push_of_a_file_rewritten_while_it_uploads_exits_74_with_one_line(
     )
     assert push.returncode == 74, push.stdout + push.stderr
     assert "Traceback" not in push.stderr
-    line = push.stderr.strip().splitlines()[-1]
-    assert line.startswith(
-        f"cachemgr push: {entry}/artifacts/graph_1.rbln changed while it was uploading "
-    ), line
+    (line,) = error_lines(push.stderr)
+    assert line.startswith(f"{entry}/artifacts/graph_1.rbln changed while it was uploading "), line
     assert "its bytes no longer match the manifest's xxh3-128" in line, line
     assert "'cachemgr verify --fix'" in line, line
     assert not [k for k in _objects(s3, remote) if k.endswith("manifest.json")], "the entry appeared"

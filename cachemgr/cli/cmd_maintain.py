@@ -1,33 +1,37 @@
 """``du``, ``verify``, ``prune``: the volume's space and damage, and what may go; parse, call the
 library, render.
 
-Results go to stdout (aligned tables, or JSON with ``-o json``); notes and warnings go to
+Results go to stdout in the form ``-o`` asks for (cachemgr.cli.render); notes and warnings go to
 stderr. Only ``verify --fix`` and ``prune`` write to the volume, and nothing prompts without a
-terminal.
+terminal. ``prune`` prints its plan first, then removes (a bar on a terminal, progress events in a
+log), then says what it did.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
 from cachemgr.cli.render import (
+    Block,
     Column,
+    Pairs,
+    Style,
+    Table,
+    Text,
     emit,
-    emit_json,
-    emit_long_json,
-    kv,
+    emit_data,
+    layout,
     plural,
-    section,
-    table,
+    result,
     tell,
 )
 from cachemgr.core.errors import UsageError, VolumeError
-from cachemgr.core.units import human_bytes, parse_duration, parse_size
+from cachemgr.core.printable import safe
+from cachemgr.core.units import human_bytes
 from cachemgr.ops.diskusage import DiskUsage, disk_usage
 from cachemgr.ops.inspection import volume_errors
 from cachemgr.ops.meter import interval_from, open_meter
@@ -43,34 +47,44 @@ _TOP_ENTRIES = 15  # du lists the largest entries; -o json has them all
 
 # --- du -------------------------------------------------------------------------------------
 
+DU_ENTRY_COLUMNS = (
+    Column("key", "key"),
+    Column("model", "model", shrink="model", least=10),
+    Column("role", "role", wide=True),
+    Column("compiler", "compiler"),
+    Column("npu", "npu", wide=True),
+    Column("size", "size", ">"),
+    Column("last used", "last_used"),
+    Column("status", "status"),
+)
+
 
 def du(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     image = image_of(args, environ)
     root = open_cache(args)
     with volume_errors(root):
         usage = disk_usage(root, compat=image.compat)
-    if args.output == "json":
-        emit_long_json(usage.to_json())
-    else:
-        emit(_du_text(usage))
+    result(args, data=usage.to_json, blocks=lambda: _du_blocks(usage), long=True)
     tell("warning", usage.warnings)
     tell("note", image.notes)
     return 0
 
 
-def _du_text(u: DiskUsage) -> str:
-    share = f" ({100 * u.used_bytes / u.total_bytes:.0f}%)" if u.total_bytes else ""
+def _du_blocks(u: DiskUsage) -> Iterator[Block]:
     staged = f"{human_bytes(u.staging_bytes)} in {plural(len(u.attempts), 'attempt')}"
     shared = sum(a.shared_bytes for a in u.attempts)
     if shared:
-        staged += f" (+{human_bytes(shared)} hard-linked with entries, counted there)"
-    text = kv(
+        staged += f" (+{human_bytes(shared)} hard-linked with a published or quarantined copy, counted there)"
+    size = human_bytes(u.usable_bytes)
+    if u.reserved_bytes:
+        size += f" usable by the pod (of {human_bytes(u.total_bytes)}: {human_bytes(u.reserved_bytes)} reserved for root)"
+    share = f" ({u.used_percent:.0f}%)" if u.used_percent is not None else ""
+    yield Pairs(
         [
             ("volume", f"{u.volume}  (statvfs: a CephFS/JuiceFS directory quota shows here)"),
-            ("size", human_bytes(u.total_bytes)),
+            ("size", size),
             ("used", human_bytes(u.used_bytes) + share),
             ("free", human_bytes(u.free_bytes)),
-            *([("reserved", f"{human_bytes(u.reserved_bytes)} (for root only)")] if u.reserved_bytes else []),
             ("cache", human_bytes(u.cache_bytes)),
             ("  entries", f"{human_bytes(u.entries_bytes)} in {plural(len(u.entries), 'entry')}"),
             ("  staging", staged),
@@ -79,42 +93,58 @@ def _du_text(u: DiskUsage) -> str:
         ]
     )
     rows = [{"compiler": c.compiler, "entries": c.entries, "size": c.size_str} for c in u.by_compiler]
-    cols = [Column("compiler", "compiler"), Column("entries", "entries", ">"), Column("size", "size", ">")]
-    text += section("BY COMPILER VERSION", table(rows, cols)) if rows else ""
+    cols = (Column("compiler", "compiler"), Column("entries", "entries", ">"), Column("size", "size", ">"))
+    if rows:
+        yield Table(rows, cols, title="BY COMPILER VERSION")
     largest = sorted(u.entries, key=lambda e: e.size_bytes, reverse=True)[:_TOP_ENTRIES]
     if largest:
         rows = [
-            {"key": e.short, "model": e.model, "role": e.role, "compiler": e.compiler, "size": e.size_str,
-             "last_used": e.last_used_str, "status": e.status}
+            {"key": e.short, "model": e.model or "?", "role": e.role or "?", "compiler": e.compiler or "?",
+             "npu": e.npu or "?", "size": e.size_str, "last_used": e.last_used_str, "status": e.status}
             for e in largest
         ]  # fmt: skip
-        cols = [
-            Column(c, c, ">" if c == "size" else "<") for c in ("key", "model", "role", "compiler", "size")
-        ]
-        cols += [Column("last used", "last_used"), Column("status", "status")]
         more = (
             f" (largest {len(largest)} of {len(u.entries)}; -o json lists all)"
             if len(u.entries) > len(largest)
             else ""
         )
-        text += section(f"BY ENTRY{more}", table(rows, cols))
+        yield Table(rows, DU_ENTRY_COLUMNS, title=f"BY ENTRY{more}")
     rows = [
         {"command": f"cachemgr prune {f.flag}", "items": f.items, "frees": f.bytes_str} for f in u.prunable
     ]
-    total = sum(f.bytes for f in u.prunable)
-    rows.append({"command": "total", "items": sum(f.items for f in u.prunable), "frees": human_bytes(total)})
-    cols = [Column("command", "command"), Column("items", "items", ">"), Column("frees", "frees", ">")]
-    return text + section(
-        "PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)", table(rows, cols)
+    rows.append(
+        {
+            "command": "total",
+            "items": sum(f.items for f in u.prunable),
+            "frees": human_bytes(sum(f.bytes for f in u.prunable)),
+        }
     )
+    cols = (Column("command", "command"), Column("items", "items", ">"), Column("frees", "frees", ">"))
+    yield Table(rows, cols, title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)")
+    if not u.compiler_known:
+        yield Text(
+            "'cachemgr prune --incompatible' needs this image's RBLN Compiler version: set "
+            "CACHEMGR_COMPILER_VERSION (or --compiler-version) to see what it frees"
+        )
 
 
 # --- verify ---------------------------------------------------------------------------------
 
+VERIFY_COLUMNS = (
+    Column("key", "key"),
+    Column("model", "model", shrink="model", least=10),
+    Column("size", "size", ">"),
+    Column("status", "status"),
+    Column("entry", "entry", wide=True),
+    Column("problems", "problems", wide=True),
+)
 
-def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[str, str]) -> int:
+
+def verify(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     root = open_cache(args)
-    meter = open_meter(what="verify", event="verify_progress", interval=interval_from(args.progress_interval))
+    meter = open_meter(
+        what="verify", event="verify_progress", interval=interval_from(args.progress_interval, environ)
+    )
     try:
         with volume_errors(root):
             report = verify_entries(
@@ -122,10 +152,12 @@ def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[
             )
     finally:
         meter.close()
-    if args.output == "json":
-        emit_json(report.to_json())
-    else:
-        emit(_verify_text(report))
+    result(
+        args,
+        data=report.to_json,
+        blocks=lambda: _verify_blocks(report),
+        names=lambda: (f"entry/{i.name}" for i in report.items),
+    )
     tell("warning", (f"{i.name}: {w}" for i in report.items for w in i.warnings))
     error = report.damage_error()
     if error is not None:
@@ -133,33 +165,50 @@ def verify(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[
     return 0
 
 
-def _verify_text(r: VerifyReport) -> str:
+def _verify_blocks(r: VerifyReport) -> Iterator[Block]:
     rows = [
-        {
-            "entry": i.name,
-            "size": i.size_str,
-            "signer": i.signer,
-            "status": i.status,
-            "problems": "; ".join(i.problems) or "-",
-        }
+        {"key": i.key[:12] or i.name.rsplit("__", 1)[-1][:12], "model": _model_of(i.name), "size": i.size_str,
+         "signer": i.signer or "-", "status": i.status, "entry": i.name, "problems": "; ".join(i.problems) or "-"}
         for i in r.items
-    ]
-    cols = [Column("entry", "entry"), Column("size", "size", ">"), Column("status", "status")]
+    ]  # fmt: skip
+    columns: tuple[Column, ...] = VERIFY_COLUMNS
     if any(i.signer or i.trust for i in r.items):  # the open mode's table stays as it was
-        cols.insert(2, Column("signed by", "signer"))
-    text = table(rows, [*cols, Column("problems", "problems")]) if rows else "no entries to verify"
+        columns = (
+            *VERIFY_COLUMNS[:3],
+            Column("signed by", "signer", shrink="head", least=10),
+            *VERIFY_COLUMNS[3:],
+        )
+    yield Table(rows, columns, empty="no entries to verify")
+    problems = [
+        f"{safe(i.name)}:\n" + "\n".join(f"  - {safe(p)}" for p in i.problems) for i in r.items if i.problems
+    ]
+    if problems:
+        yield Text("PROBLEMS\n" + "\n".join(problems))
     kinds = ("ok", "damaged", "untrusted", "unreadable", "gone")
     counts = {s: sum(1 for i in r.items if i.status == s) for s in kinds}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "nothing"
-    text += f"\n\nverified {plural(len(r.items), 'entry')} ({human_bytes(r.checked_bytes)}) in {r.seconds:.1f}s: {summary}"
+    text = f"verified {plural(len(r.items), 'entry')} ({human_bytes(r.checked_bytes)}) in {r.seconds:.1f}s: {summary}"
     for item in r.items:
         if item.moved_to:
-            users = f" (it was in use by {', '.join(item.users)}: restart them)" if item.users else ""
-            text += f"\nmoved aside to quarantine/{item.moved_to.rsplit('/', 1)[-1]}{users}"
-    return text
+            users = f" (it was in use by {safe(', '.join(item.users))}: restart them)" if item.users else ""
+            text += f"\nmoved aside to quarantine/{safe(item.moved_to.rsplit('/', 1)[-1])}{users}"
+    yield Text(text)
+
+
+def _model_of(name: str) -> str:
+    """An entry name's model part (``MiniMaxAI--MiniMax-M2.7__prefill__...``), as a hub id."""
+    return name.split("__", 1)[0].replace("--", "/") if "__" in name else name
 
 
 # --- prune ----------------------------------------------------------------------------------
+
+PLAN_COLUMNS = (
+    Column("kind", "kind"),
+    Column("key", "key"),
+    Column("size", "size", ">"),
+    Column("reason", "reason", shrink="head", least=20),
+    Column("name", "name", wide=True),
+)
 
 
 def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
@@ -176,19 +225,31 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
         return 0
     if not args.yes and not _asked_yes(args, plan):
         return 0
-    meter = open_meter(what="prune", event="prune_progress", interval=interval_from(args.progress_interval))
+    if _is_table(args):  # the plan first, then the progress, then what was done
+        emit(_plan_text(args, plan))
+        sys.stdout.flush()
+    meter = open_meter(
+        what="prune", event="prune_progress", interval=interval_from(args.progress_interval, environ)
+    )
     try:
-        result = execute(root, plan, stale_after=request.stale_after, identity=identity, meter=meter)
+        done = execute(root, plan, stale_after=request.stale_after, identity=identity, meter=meter)
     finally:
         meter.close()
-    _render_prune(args, plan, result)
-    if result.failed:
-        item, why = result.failed[0]
+    if _is_table(args):
+        emit(_done_text(plan, done))
+    else:
+        _render_prune(args, plan, done)
+    if done.failed:
+        item, why = done.failed[0]
         raise VolumeError(
-            f"could not remove {len(result.failed)} of {plural(len(plan.items), 'item')} ({item.name}: {why})",
+            f"could not remove {len(done.failed)} of {plural(len(plan.items), 'item')} ({item.name}: {why})",
             remedy="run prune where the compile cache PVC is mounted read-write",
         )
     return 0
+
+
+def _is_table(args: argparse.Namespace) -> bool:
+    return args.output in ("table", "wide")
 
 
 def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
@@ -200,7 +261,7 @@ def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
             f"prune would remove {what}, and asks first, but there is no terminal to ask on",
             remedy="pass --yes to remove them, or --dry-run to only print the plan",
         )
-    _render_prune(args, plan, None, to=sys.stderr)
+    print(_plan_text(args, plan), file=sys.stderr)
     print(f"remove {what}? [y/N] ", end="", file=sys.stderr, flush=True)
     if sys.stdin.readline().strip().lower() in {"y", "yes"}:
         return True
@@ -209,27 +270,24 @@ def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
 
 
 def _prune_request(args: argparse.Namespace) -> PruneRequest:
-    try:
-        unused = parse_duration(args.unused_for) if args.unused_for is not None else None
-    except ValueError as error:
-        raise UsageError(
-            f"--unused-for {args.unused_for!r}: {error}", remedy="pass e.g. --unused-for 14d"
-        ) from None
-    try:
-        keep = parse_size(args.keep_bytes) if args.keep_bytes is not None else None
-    except ValueError as error:
-        raise UsageError(f"--keep-bytes: {error}", remedy="pass e.g. --keep-bytes 150Gi") from None
+    if args.npu:
+        tell(
+            "warning", ["--npu is deprecated: it is spelled --for-npu now (the entries for that NPU type go)"]
+        )
     request = PruneRequest(
         incompatible=args.incompatible,
-        unused_for=unused,
-        keep_bytes=keep,
+        unused_for=args.unused_for,
+        keep_bytes=args.keep_bytes,
         stale_staging=args.stale_staging,
         damaged=args.damaged,
-        npu=frozenset(_npu_name(name) for name in args.npu),
+        npu=frozenset(_npu_name(name) for name in [*args.for_npu, *args.npu]),
     )
+    if args.unused_for is not None and args.unused_for < 0:
+        raise UsageError("--unused-for must not be negative", remedy="pass e.g. --unused-for 14d")
     if request.empty:
         raise UsageError(
-            "prune needs at least one of --incompatible, --npu, --unused-for, --keep-bytes, --stale-staging, --damaged",
+            "prune needs at least one of --incompatible, --for-npu, --unused-for, --keep-bytes, --stale-staging, "
+            "--damaged",
             remedy="say what may go, e.g. 'cachemgr prune --incompatible --dry-run'",
         )
     return request
@@ -239,38 +297,58 @@ def _npu_name(name: str) -> str:
     """An NPU type as keys spell it (upper case, as ``key`` resolves it)."""
     clean = name.strip().upper()
     if not clean or len(clean) > 64 or not clean.replace("-", "").replace("_", "").isalnum():
-        raise UsageError(f"--npu {name[:32]!r} is not an NPU type", remedy="pass e.g. --npu RBLN-CA12")
+        raise UsageError(
+            f"--for-npu {name[:32]!r} is not an NPU type", remedy="pass e.g. --for-npu RBLN-CA12"
+        )
     return clean
 
 
-def _render_prune(
-    args: argparse.Namespace, plan: PrunePlan, result: PruneResult | None, to: Any = None
-) -> None:
-    if args.output == "json" and to is None:  # the question on a terminal shows the table, on stderr
-        emit_json(
-            {"plan": plan.to_json(), "executed": result is not None, "result": result and result.to_json()}
+def _plan_blocks(plan: PrunePlan, *, dry_run: bool = False) -> Iterator[Block]:
+    rows = [
+        {"kind": i.kind, "key": (i.key or _key_of(i.name))[:12] or "-", "size": i.bytes_str, "reason": i.reason,
+         "name": i.name}
+        for i in plan.items
+    ]  # fmt: skip
+    if rows:
+        yield Table(rows, PLAN_COLUMNS)
+    lines = [f"plan: {plural(len(rows), 'item')}, {plan.bytes_str}"] if rows else ["nothing to prune"]
+    lines += [f"kept: {safe(name)}: {safe(why)}" for name, why in plan.kept]
+    if rows and dry_run:
+        lines.append("(dry run: nothing removed)")
+    yield Text("\n".join(lines))
+
+
+def _key_of(name: str) -> str:
+    """The key digits in an item's name: an entry's (or a quarantined one's), an attempt's folder."""
+    if "__" in name:
+        return name.rsplit("__", 1)[-1].split(".", 1)[0]
+    return name.split("/", 1)[0] if "/" in name else ""
+
+
+def _plan_text(args: argparse.Namespace, plan: PrunePlan) -> str:
+    return layout(_plan_blocks(plan), Style.of(args))
+
+
+def _done_text(plan: PrunePlan, done: PruneResult) -> str:
+    lines = [f"removed {plural(len(done.removed), 'item')} of {len(plan.items)}, freed {done.freed_str}"]
+    lines += [f"skipped: {safe(i.name)}: {safe(why)}" for i, why in done.skipped]
+    lines += [f"failed: {safe(i.name)}: {safe(why)}" for i, why in done.failed]
+    return "\n".join(lines)
+
+
+def _render_prune(args: argparse.Namespace, plan: PrunePlan, done: PruneResult | None) -> None:
+    if args.output in ("json", "yaml"):
+        emit_data(
+            {"plan": plan.to_json(), "executed": done is not None, "result": done and done.to_json()},
+            args.output,
         )
         return
-    rows = [{"kind": i.kind, "name": i.name, "size": i.bytes_str, "reason": i.reason} for i in plan.items]
-    cols = [
-        Column("kind", "kind"),
-        Column("name", "name"),
-        Column("size", "size", ">"),
-        Column("reason", "reason"),
-    ]
-    text = (
-        (table(rows, cols) + f"\n\nplan: {plural(len(rows), 'item')}, {plan.bytes_str}")
-        if rows
-        else "nothing to prune"
-    )
-    text += "".join(f"\nkept: {name}: {why}" for name, why in plan.kept)
-    if result is not None:
-        text += f"\nremoved {plural(len(result.removed), 'item')}, freed {result.freed_str}"
-        text += "".join(f"\nskipped: {i.name}: {why}" for i, why in result.skipped)
-        text += "".join(f"\nfailed: {i.name}: {why}" for i, why in result.failed)
-    elif rows and args.dry_run:
-        text += "\n(dry run: nothing removed)"
-    if to is None:
-        emit(text)
-    else:
-        print(text, file=to)
+    if args.output == "name":
+        names = [f"{i.kind}/{i.name}" for i in plan.items]
+        if names:
+            emit("\n".join(safe(n) for n in names))
+        return
+    blocks: list[Block] = list(_plan_blocks(plan, dry_run=args.dry_run and done is None))
+    if done is not None:
+        blocks.append(Text(_done_text(plan, done)))
+    emit(layout(blocks, Style.of(args)))

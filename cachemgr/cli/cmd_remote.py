@@ -7,7 +7,6 @@ remote that cannot be used is one line and exit 74, as a volume that cannot be u
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
@@ -15,9 +14,23 @@ from typing import Any, TypeVar
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
-from cachemgr.cli.render import Column, emit, emit_json, entry_row, plural, table
-from cachemgr.core.errors import CacheMgrError, ConfigError, UsageError
-from cachemgr.core.units import human_age, human_bytes, parse_duration, parse_size
+from cachemgr.cli.render import (
+    Block,
+    Column,
+    Style,
+    Table,
+    Text,
+    emit_data,
+    emit_names,
+    entry_row,
+    plural,
+    result,
+    show,
+    tell,
+)
+from cachemgr.core.errors import CacheMgrError, ConfigError, NotFoundError, UsageError
+from cachemgr.core.printable import safe
+from cachemgr.core.units import human_age, human_bytes
 from cachemgr.remote.config import RemoteConfig, remote_config
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
@@ -69,28 +82,42 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
 
     remote = _open(args, environ)
     listing = _call(remote, "listing", lambda: list_remote(remote))
-    if args.output == "json":
-        emit_json(listing.to_json())
-    else:
+
+    def blocks() -> Iterator[Block]:
         rows = [
             entry_row(
                 key=e.key, model=e.model, role=e.role, compiler=e.compiler, npu=e.npu, size=e.size_str,
-                uploaded=human_age(e.uploaded_at), by=e.uploaded_by or "?",
+                uploaded=human_age(e.uploaded_at), by=e.uploaded_by or "?", entry=e.entry,
             )
             for e in listing.entries
         ]  # fmt: skip
-        cols = [Column(c, c, ">" if c == "size" else "<") for c in rows[0]] if rows else []
-        text = table(rows, cols) if rows else f"no entries in {remote.config.url}"
-        text += f"\n\n{plural(len(rows), 'entry')}, {human_bytes(sum(e.size_bytes for e in listing.entries))}"
+        yield Table(rows, _REMOTE_COLUMNS, empty=f"no entries in {safe(remote.config.url)}")
+        text = f"{plural(len(rows), 'entry')}, {human_bytes(sum(e.size_bytes for e in listing.entries))}"
         if listing.uploads:
             text += (
                 f"; {plural(len(listing.uploads), 'upload')} without a manifest (under way or cut short; "
                 "'cachemgr prune --remote --stale-staging' removes those older than a day)"
             )
-        emit(text)
-    for line in listing.warnings:
-        print(f"warning: {line}", file=sys.stderr)
+        yield Text(text)
+
+    result(
+        args, data=listing.to_json, blocks=blocks, names=lambda: (f"entry/{e.entry}" for e in listing.entries)
+    )
+    tell("warning", listing.warnings)
     return 0
+
+
+_REMOTE_COLUMNS = (
+    Column("key", "key"),
+    Column("model", "model", shrink="model", least=10),
+    Column("role", "role", wide=True),
+    Column("compiler", "compiler"),
+    Column("npu", "npu"),
+    Column("size", "size", ">"),
+    Column("uploaded", "uploaded"),
+    Column("by", "by", shrink="tail", least=10),
+    Column("entry", "entry", wide=True),
+)
 
 
 # --- push and pull ------------------------------------------------------------------------------
@@ -110,7 +137,9 @@ def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     errors: list[CacheMgrError] = []
     for name in names:
         if name is None:
-            raise UsageError("that key has no published entry here", remedy="'cachemgr ls' lists the entries")
+            raise NotFoundError(
+                "that key has no published entry here", remedy="'cachemgr ls' lists the entries"
+            )
         try:
             moved = _call(
                 remote,
@@ -163,8 +192,8 @@ def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
 
 
 def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | None]], *, verb: str) -> None:
-    if args.output == "json":
-        emit_json(
+    if args.output in ("json", "yaml"):
+        emit_data(
             [
                 {
                     "entry": name,
@@ -177,8 +206,12 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
                     "error": error,
                 }
                 for name, moved, error in rows_in
-            ]
+            ],
+            args.output,
         )
+        return
+    if args.output == "name":
+        emit_names(f"entry/{name}" for name, _, _ in rows_in)
         return
     rows = [
         {
@@ -191,8 +224,17 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
         }
         for name, moved, error in rows_in
     ]
-    cols = [Column(c, c, "<" if c in {"entry", "result"} else ">") for c in rows[0]] if rows else []
-    emit(table(rows, cols) if rows else "no entries to push")
+    cols = [
+        Column(
+            c,
+            c,
+            "<" if c in {"entry", "result"} else ">",
+            shrink="head" if c in {"entry", "result"} else None,
+            least=20,
+        )
+        for c in ("entry", "files", "size", "seconds", "mib_s", "result")
+    ]
+    show([Table(rows, cols, empty="no entries to push")], Style.of(args))
 
 
 # --- prune --remote -----------------------------------------------------------------------------
@@ -230,13 +272,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
 
 
 def _remote_prune_options(args: argparse.Namespace) -> dict[str, Any]:
-    try:
-        older = parse_duration(args.unused_for) if args.unused_for is not None else None
-        keep = parse_size(args.keep_bytes) if args.keep_bytes is not None else None
-    except ValueError as error:
-        raise UsageError(
-            f"prune --remote: {error}", remedy="e.g. --unused-for 30d, --keep-bytes 2Ti"
-        ) from None
+    older, keep = args.unused_for, args.keep_bytes  # parsed by the parser (seconds, bytes)
     options = {
         "keys": tuple(args.key),
         "older_than": older,
@@ -252,12 +288,20 @@ def _remote_prune_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *, executed: bool) -> None:
-    if args.output == "json":
-        emit_json({"plan": rows, "executed": executed})
+    if args.output in ("json", "yaml"):
+        emit_data({"plan": rows, "executed": executed}, args.output)
         return
-    if not rows:
-        emit("nothing to prune")
+    if args.output == "name":
+        emit_names(f"entry/{row['entry']}" for row in rows)
         return
-    cols = [Column(c, c, ">" if c == "size" else "<") for c in rows[0]]
+    cols = [
+        Column(
+            c, c, ">" if c == "size" else "<", shrink="head" if c in {"entry", "reason"} else None, least=20
+        )
+        for c in ("entry", "upload", "size", "reason")
+    ]
     done = f"removed {plural(len(rows), 'item')}" if executed else "(dry run: nothing removed)"
-    emit(table(rows, cols) + f"\n\nplan: {plural(len(rows), 'item')}\n{done}")
+    blocks: list[Block] = [Table(rows, cols, empty="nothing to prune")]
+    if rows:
+        blocks.append(Text(f"plan: {plural(len(rows), 'item')}\n{done}"))
+    show(blocks, Style.of(args))

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.errors import ConfigError, UsageError
-from cachemgr.core.units import parse_duration, parse_size
+from cachemgr.core.units import parse_duration
 from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
 from cachemgr.runtime.state import DEFAULT_STATE_DIR
+from cachemgr.volume.lease_defaults import CONFIRM_ENV
 from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
 
 if TYPE_CHECKING:
@@ -42,16 +44,30 @@ def cache_root(args: argparse.Namespace) -> Path:
     return Path(os.path.abspath(args.cache_root))
 
 
-def _seconds(value: str | None, flag: str, *, positive: bool = True) -> float | None:
+def _seconds(value: float | None, flag: str, *, positive: bool = True) -> float | None:
+    """A duration option, parsed by the parser (cachemgr.cli.main.duration), checked for sign."""
     if value is None:
         return None
+    if positive and value <= 0:
+        raise UsageError(
+            f"{flag} must be positive, not {value:g}", remedy=f"pass a positive {flag}, e.g. 30s"
+        )
+    return value
+
+
+def _env_seconds(value: float | None, flag: str, env: str, environ: Mapping[str, str]) -> float | None:
+    """The flag, else its environment variable (a bad value there is configuration: exit 78)."""
+    if value is not None:
+        return _seconds(value, flag, positive=False)
+    text = environ.get(env) or ""
+    if not text:
+        return None
     try:
-        seconds = parse_duration(value)
+        return parse_duration(text)
     except ValueError as error:
-        raise UsageError(f"{flag} {error}", remedy=f"pass {flag} as seconds or 30s / 15m / 2h") from None
-    if positive and seconds <= 0:
-        raise UsageError(f"{flag} must be positive, not {value}", remedy=f"pass a positive {flag}")
-    return seconds
+        raise ConfigError(
+            f"{env}: {error}", remedy=f"set {env} to seconds or a duration such as 2s"
+        ) from None
 
 
 def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
@@ -90,6 +106,7 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
     from cachemgr.remote.config import remote_config  # stdlib only; boto3 loads on a miss
     from cachemgr.runtime.options import RunOptions
 
+    environ = os.environ if environ is None else environ
     lease = _seconds(args.lease_duration, "--lease-duration") or DEFAULT_LEASE_DURATION
     heartbeat = _seconds(args.lease_heartbeat, "--lease-heartbeat")
     if heartbeat is not None and heartbeat >= lease:
@@ -97,10 +114,6 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
             f"--lease-heartbeat {heartbeat:g}s must be shorter than --lease-duration {lease:g}s",
             remedy="use a heartbeat of about a third of the lease",
         )
-    try:
-        expected = parse_size(args.expected_size) if args.expected_size else None
-    except ValueError as error:
-        raise UsageError(f"--expected-size: {error}", remedy="pass bytes or a size such as 150Gi") from None
     signing_key, trusted = trust_keys(args)
     return RunOptions(
         cache_root=cache_root(args),
@@ -108,9 +121,9 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         on_miss=args.on_miss,
         lease_duration=lease,
         lease_heartbeat=heartbeat,
-        lease_confirm=_seconds(args.lease_confirm, "--lease-confirm", positive=False),
+        lease_confirm=_env_seconds(args.lease_confirm, "--lease-confirm", CONFIRM_ENV, environ),
         wait_timeout=_seconds(args.wait_timeout, "--wait-timeout"),
-        expected_size=expected,
+        expected_size=args.expected_size,
         space_check=args.space_check,
         auto_prune=args.auto_prune,
         verify=args.verify,
@@ -118,8 +131,8 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         stall_timeout=_seconds(args.stall_timeout, "--stall-timeout") or 1800.0,
         status_port=args.status_port,
         warm=warm,
-        progress_interval=interval_from(args.progress_interval),
-        remote=remote_config(args.remote, environ or {}),
+        progress_interval=interval_from(args.progress_interval, environ),
+        remote=remote_config(args.remote, environ),
         signing_key=signing_key,
         trusted=trusted,
     )
@@ -136,34 +149,76 @@ def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
 
 
 def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.runtime.runner import run as run_pod
+    """The same flow as ``run`` for a Job; ends with one line: what it compiled or found, size, time."""
+    from cachemgr.runtime.runner import Runner
 
-    return run_pod(
+    started = time.monotonic()
+    runner = Runner(
         key_request(args, server_argv, environ),
         run_options(args, warm=True, environ=environ),
         environ=environ,
     )
+    code = runner.run()
+    if code == 0:
+        from cachemgr.cli.render import emit
+
+        emit(warm_summary(runner, seconds=time.monotonic() - started))
+    return code
+
+
+def warm_summary(runner: Any, *, seconds: float) -> str:
+    """``warm: compiled entry NAME (1.0 MiB in 5 files) in 3.1s; published``, or what it found."""
+    from cachemgr.cli.render import plural
+    from cachemgr.core.printable import safe
+    from cachemgr.core.units import human_bytes
+    from cachemgr.ops.scan import scan_entry
+    from cachemgr.volume.layout import open_root
+
+    name = runner.state.current.entry or ""
+    metrics = runner.metrics
+    try:
+        info = scan_entry(open_root(runner.options.cache_root, create=False), name) if name else None
+    except OSError:
+        info = None
+    size = f" ({human_bytes(info.size_bytes)} in {plural(info.files, 'file')})" if info is not None else ""
+    if metrics.compiles:
+        how = f"compiled entry {safe(name)}{size} in {seconds:.1f}s (the compile took {metrics.compile_seconds:.1f}s); published"
+    elif metrics.remote_hits:
+        how = f"downloaded entry {safe(name)}{size} from the remote tier in {seconds:.1f}s; published"
+    elif metrics.misses:
+        how = f"entry {safe(name)}{size} was published by another pod while this Job waited ({seconds:.1f}s)"
+    else:
+        how = f"entry {safe(name)}{size} was already published: nothing compiled ({seconds:.1f}s)"
+    return f"warm: {how}"
 
 
 def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.cli.render import Column, emit, emit_json, flatten, kv, table, tell  # not on run's hit path
+    from cachemgr.cli.render import (
+        INPUT_COLUMNS,
+        Pairs,
+        Table,
+        Text,
+        input_notes,
+        input_rows,
+        result,
+        tell,
+    )  # not on run's hit path
     from cachemgr.key.describe import keyed_pairs
 
     computed = compute_key(key_request(args, server_argv, environ))
     tell("warning", computed.notes)
-    if args.output == "json":
-        emit_json(computed.to_json())
-        return 0
-    emit(f"key    {computed.digest}\nentry  {computed.entry_name}\n")
-    rows = [
-        {"input": name, "value": value, "source": computed.sources.get(name.split(".")[0], "")}
-        for top, value_ in computed.inputs.items()
-        for name, value in flatten(top, value_)
-    ]
-    emit(table(rows, [Column("input", "input"), Column("value", "value"), Column("source", "source")]))
-    pairs = keyed_pairs(computed)
-    if pairs:
-        emit("\n" + kv(pairs))
+
+    def blocks() -> Any:
+        yield Pairs([("key", computed.digest), ("entry", computed.entry_name)])
+        yield Table(input_rows(computed.inputs, computed.sources), INPUT_COLUMNS)
+        notes = input_notes(computed.sources)
+        if notes:
+            yield Text("\n".join(notes))
+        pairs = keyed_pairs(computed)  # what is keyed: the rules, the flags left out or keyed as given
+        if pairs:
+            yield Pairs(pairs)
+
+    result(args, data=computed.to_json, blocks=blocks)
     return 0
 
 

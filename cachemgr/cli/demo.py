@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -19,6 +20,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
@@ -27,6 +29,7 @@ from cachemgr_standin.shim import write_vllm_shim
 
 MODEL = "rebellions/Demo-LLM-8B"
 _DEADLINE = 120.0
+_SETTLE = 1.5  # seconds a phase event may arrive late (held until the pod launches or misses)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class Pod:
     proc: subprocess.Popen[bytes] | None = None
     phase: str = "-"
     log_file: IO[bytes] | None = field(default=None, repr=False)
+    read: int = 0  # how far its log has been read for phase events
 
 
 def _free_port() -> int:
@@ -84,6 +88,7 @@ def _start(pod: Pod, env: dict[str, str]) -> None:
     for stale in ("state.json", "heartbeat"):
         (pod.state_dir / stale).unlink(missing_ok=True)
     pod.log_file = pod.log_path.open("ab")
+    pod.read = pod.log_file.tell()  # this start's events only (the log is appended to)
     argv = [sys.executable, "-m", "cachemgr", "run", "--lease-duration", "10", "--", "vllm", "serve", MODEL,
             "--tensor-parallel-size", "4", "--max-model-len", "8192", "--port", str(pod.port)]  # fmt: skip
     pod.proc = subprocess.Popen(argv, env=env, stdout=pod.log_file, stderr=pod.log_file)
@@ -91,23 +96,70 @@ def _start(pod: Pod, env: dict[str, str]) -> None:
 
 
 def _watch(pods: list[Pod], started: float, *, until: str) -> bool:
-    """Print each phase change as it happens; True once every pod reached ``until``."""
+    """Print every phase change, from the pods' own ``phase`` log events (however short a phase
+    was: polling the state record missed the few milliseconds of ``publishing``); True once every
+    pod reached ``until``."""
     deadline = time.monotonic() + _DEADLINE
+    wall = time.time() - (time.monotonic() - started)
+    pending: list[tuple[float, str, str, str]] = []
+
+    def show(*, settled_before: float) -> None:
+        # A pod holds its first events until it launches or misses (cachemgr.core.log): lines are
+        # printed in time order once no earlier one can still arrive.
+        pending.sort()
+        while pending and pending[0][0] <= settled_before:
+            at, name, phase, note = pending.pop(0)
+            print(f"  {max(0.0, at - wall):6.2f}s  {name:<10} {phase:<11} {note}".rstrip(), flush=True)
+
     while time.monotonic() < deadline:
+        pending.extend(change for pod in pods for change in _phase_events(pod))
+        show(settled_before=time.time() - _SETTLE)
         for pod in pods:
-            phase, detail = _read_phase(pod)
-            if phase != pod.phase:
-                pod.phase = phase
-                note = _note(phase, detail)
-                print(f"  {time.monotonic() - started:6.2f}s  {pod.name:<10} {phase:<11} {note}", flush=True)
-            if pod.proc is not None and pod.proc.poll() is not None and phase != until:
+            if pod.proc is not None and pod.proc.poll() is not None and pod.phase != until:
+                show(settled_before=float("inf"))
                 print(f"  {pod.name} exited with code {pod.proc.returncode}: see {pod.log_path}", flush=True)
                 return False
         if all(pod.phase == until for pod in pods):
+            show(settled_before=float("inf"))
             return True
         time.sleep(0.05)
+    show(settled_before=float("inf"))
     print(f"  timed out after {_DEADLINE:.0f}s waiting for every pod to reach {until}", flush=True)
     return False
+
+
+def _phase_events(pod: Pod) -> list[tuple[float, str, str, str]]:
+    """The pod's new ``phase`` events as (time, pod, phase, note); its first also says where it began."""
+    try:
+        with pod.log_path.open("rb") as log:
+            log.seek(pod.read)
+            data = log.read()
+    except OSError:
+        return []
+    complete = data[: data.rfind(b"\n") + 1]
+    pod.read += len(complete)
+    found = []
+    for line in complete.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue  # the server's own output
+        if not isinstance(event, dict) or event.get("event") != "phase":
+            continue
+        at = _epoch(str(event.get("timestamp", "")))
+        if pod.phase == "-":
+            began = at - float(event.get("seconds_in_previous") or 0.0)
+            found.append((began, pod.name, str(event.get("from")), ""))
+        pod.phase = str(event.get("to"))
+        found.append((at, pod.name, pod.phase, _note(pod.phase, dict(event.get("detail") or {}))))
+    return found
+
+
+def _epoch(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return time.time()
 
 
 def _note(phase: str, detail: dict[str, object]) -> str:
@@ -189,6 +241,18 @@ def prepare(work: Path) -> tuple[Path, list[Pod]]:
     return bin_dir, pods
 
 
+def cachemgr_command() -> list[str]:
+    """How to run this cachemgr from a shell, as printed: ``cachemgr`` where PATH finds this one
+    (scripts/demo installs into .venv, which is not on PATH), else its path, else ``python -m``."""
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    found = shutil.which("cachemgr")
+    if script is not None and found is not None and Path(found).resolve() == script:
+        return ["cachemgr"]
+    if script is not None and script.name == "cachemgr" and os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "cachemgr"]
+
+
 def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) -> int:
     """Cold start, then warm restart; 0 when each role compiled exactly once and then never."""
     work = work.resolve()
@@ -211,7 +275,9 @@ def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) 
     warm = {role: total - cold[role] for role, total in compiles(work).items()}
     print(f"\ncompiles: cold prefill={cold['prefill']} decode={cold['decode']}; "
           f"warm prefill={warm['prefill']} decode={warm['decode']}")  # fmt: skip
-    print(f"inspect:  cachemgr ls --cache-root {work / 'prefill-volume'}")
+    print(
+        f"inspect:  {shlex.join([*cachemgr_command(), 'ls', '--cache-root', str(work / 'prefill-volume')])}"
+    )
     passed = (
         cold_ok and warm_ok and cold == {"prefill": 1, "decode": 1} and warm == {"prefill": 0, "decode": 0}
     )

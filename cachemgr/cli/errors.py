@@ -20,6 +20,7 @@ from cachemgr.core.errors import (
     StateDirInUseError,
     shorten,
 )
+from cachemgr.core.printable import safe
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message
@@ -45,37 +46,53 @@ def message_for(error: BaseException) -> str:
 
 
 def report(error: BaseException, *, command: str, environ: Mapping[str, str], entrypoint: bool) -> int:
-    """Print the one line on stderr, log it, write the termination message; return the exit code."""
+    """Say it once on stderr, write the termination message; return the exit code.
+
+    Once per stream, in that stream's format: where stderr is a terminal, or the logs are in the
+    console format, the plain line ``cachemgr COMMAND: what happened. What to do.``; in a pod's
+    log (JSON, stderr not a terminal) the ``failed`` event alone, whose ``message`` is that line.
+    The termination message (run, warm) gets the line either way.
+    """
     code = exit_code_for(error)
     line = message_for(error)
     if not isinstance(error, CacheMgrError | KeyboardInterrupt):
         traceback.print_exception(error, file=sys.stderr)
-    _log(error, command=command, code=code, line=line)
-    print(f"cachemgr {command}: {line}", file=sys.stderr, flush=True)
+    if not _log(error, command=command, code=code, line=line):
+        prefix = f"cachemgr {command}" if command else "cachemgr"
+        print(f"{prefix}: {safe(line)}", file=sys.stderr, flush=True)
     # Not for a second run refused in a live pod: the termination message is the live one's.
     if entrypoint and not isinstance(error, StateDirInUseError):
-        write_termination_message(line, environ=environ)
+        write_termination_message(safe(line), environ=environ)  # kubectl describe shows it raw
     return code
 
 
-def _log(error: BaseException, *, command: str, code: int, line: str) -> None:
+def _log(error: BaseException, *, command: str, code: int, line: str) -> bool:
+    """Log the ``failed`` event where stderr is a JSON log; True if that said it."""
     if "cachemgr.core.log" not in sys.modules:
-        return
+        return False
     from cachemgr.core.log import configured_format, get_logger, release
 
     release()  # events held by a run that failed early come first
-    if configured_format() != "json":
-        return  # on a console the plain line below says it all
+    if configured_format() != "json" or _isatty(sys.stderr):
+        return False  # a person reads this stream: the plain line says it all
     fields = dict(error.fields) if isinstance(error, CacheMgrError) else {}
     reason = error.reason if isinstance(error, CacheMgrError) else "internal"
     get_logger("cachemgr").error(
         "failed",
-        command=command,
+        command=command or None,
         exit_code=code,
         reason=reason,
         message=line,
         **{k: v for k, v in fields.items() if k not in {"command", "exit_code", "reason", "message"}},
     )
+    return True
+
+
+def _isatty(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError):
+        return False
 
 
 def write_termination_message(line: str, *, environ: Mapping[str, str]) -> None:

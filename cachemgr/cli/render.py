@@ -1,36 +1,204 @@
-"""The output layer: aligned tables for people, JSON for machines (``-o json``). Stdout only."""
+"""The output layer: tables and prose for people, JSON, YAML and names for machines. Stdout only.
+
+Every command builds its result as blocks (:class:`Table`, :class:`Pairs`, :class:`Text`) and
+:func:`show` lays them out for the ``-o`` form the operator asked for, as kubectl does:
+
+* ``table`` (the default): the essential columns, fitted to the terminal (80 columns where it
+  says nothing: a pipe, a pod's log): shrinkable columns are shortened to what identifies
+  them (a model to its name without the organisation, a pod name to its tail), with ``…``;
+* ``wide``: every column, nothing shortened;
+* ``--no-headers``: the rows alone, without headers, titles or prose;
+* ``json`` / ``yaml``: the command's result document; ``name``: ``KIND/NAME`` lines.
+
+What the volume holds is written by every pod, Job and person with access to it (docs/design.md
+principle 6), so no byte of it reaches a terminal as it is: :func:`safe` escapes every
+non-printable character (an ANSI escape, a newline that would fake a table row) in each cell,
+pair and name, and :func:`emit` escapes what is left but the layout's own newlines. Prose that
+quotes the volume escapes what it quotes with :func:`safe` too.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
-Output = Literal["table", "json"]
+from cachemgr.core.printable import safe
+
+Output = Literal["table", "wide", "json", "yaml", "name"]
+Shrink = Literal["head", "tail", "model"]
+ELLIPSIS = "…"
+DEFAULT_WIDTH = 80
+
+
+def _guard(text: str) -> str:
+    """The last line of defence: nothing non-printable leaves but the layout's newlines."""
+    return "\n".join(safe(line) for line in text.split("\n"))
+
+
+# --- blocks ----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Column:
+    """One column: its header, the row key it shows, and how it behaves in a narrow table.
+
+    ``wide``: shown only with ``-o wide``. ``shrink``: how its cells are shortened when the table
+    is wider than the terminal (``head`` keeps the start, ``tail`` the end, ``model`` drops the
+    organisation first); ``least`` is the narrowest it gets.
+    """
+
     header: str
     key: str
     align: Literal["<", ">"] = "<"
+    wide: bool = False
+    shrink: Shrink | None = None
+    least: int = 8
+    give: int = 0  # among shrinkable columns, those that give more shrink first (then the widest)
 
 
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+@dataclass(frozen=True)
+class Table:
+    rows: Sequence[Mapping[str, Any]]
+    columns: Sequence[Column]
+    title: str | None = None  # a section heading above the table (dropped with --no-headers)
+    empty: str | None = None  # prose shown instead of a table without rows
 
 
-def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
-    """Rows under upper-case headers, columns padded to their widest cell."""
-    cells = [[c.header.upper() for c in columns]] + [[_cell(row.get(c.key)) for c in columns] for row in rows]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
-    lines = []
-    for line in cells:
-        parts = [f"{text:{col.align}{width}}" for text, col, width in zip(line, columns, widths, strict=True)]
-        lines.append("  ".join(parts).rstrip())
-    return "\n".join(lines)
+@dataclass(frozen=True)
+class Pairs:
+    """``name  value`` lines (``show``, ``du``): values escaped; no headers to drop."""
+
+    pairs: Sequence[tuple[str, Any]]
+    title: str | None = None
+
+
+@dataclass(frozen=True)
+class Text:
+    """Prose: summaries, notes, what to do. Quoted volume text must go through :func:`safe`."""
+
+    text: str
+
+
+Block = Table | Pairs | Text
+
+
+@dataclass(frozen=True)
+class Style:
+    output: Output = "table"
+    headers: bool = True
+    width: int = DEFAULT_WIDTH
+
+    @classmethod
+    def of(cls, args: Any) -> Style:
+        output = cast(Output, getattr(args, "output", "table") or "table")
+        return cls(output=output, headers=not getattr(args, "no_headers", False), width=terminal_width())
+
+
+def terminal_width() -> int:
+    """COLUMNS, else the terminal's width, else 80 (a pipe, a pod's log)."""
+    import shutil  # not for cachemgr probe, which imports this module for safe()
+
+    return shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns or DEFAULT_WIDTH
+
+
+# --- laying blocks out -----------------------------------------------------------------------------
+
+
+def layout(blocks: Iterable[Block], style: Style) -> str:
+    """The blocks as text for ``table`` or ``wide`` output."""
+    parts: list[str] = []
+    for block in blocks:
+        text = _layout_block(block, style)
+        if text:
+            parts.append(text)
+    return "\n\n".join(parts)
+
+
+def _layout_block(block: Block, style: Style) -> str:
+    if isinstance(block, Text):
+        return block.text if style.headers else ""
+    if isinstance(block, Pairs):
+        if not style.headers:
+            return ""  # --no-headers: table rows only
+        body = pairs_text(block.pairs)
+        return body if not block.title else f"{block.title}\n{body}"
+    if not block.rows:
+        return (block.empty or "") if style.headers else ""
+    body = table(
+        block.rows, block.columns, wide=style.output == "wide", headers=style.headers, width=style.width
+    )
+    return body if not block.title or not style.headers else f"{block.title}\n{body}"
+
+
+def show(blocks: Iterable[Block], style: Style) -> None:
+    emit(layout(blocks, style))
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[Column],
+    *,
+    wide: bool = False,
+    headers: bool = True,
+    width: int | None = None,
+) -> str:
+    """Rows under upper-case headers, columns padded to their widest cell, fitted to ``width``."""
+    shown = [c for c in columns if wide or not c.wide]
+    cells = [[safe(_cell(row.get(c.key))) for c in shown] for row in rows]
+    heads = [c.header.upper() for c in shown]
+    widths = [max([len(heads[i])] + [len(line[i]) for line in cells]) for i in range(len(shown))]
+    if not wide:
+        fitted = _fit(shown, heads, widths, width or terminal_width())
+        cells = [
+            [_shorten(text, w, c.shrink) for text, w, c in zip(line, fitted, shown, strict=True)]
+            for line in cells
+        ]
+        widths = [max([len(heads[i])] + [len(line[i]) for line in cells]) for i in range(len(shown))]
+    lines = ([heads] if headers else []) + cells
+    out = []
+    for line in lines:
+        parts = [f"{text:{col.align}{w}}" for text, col, w in zip(line, shown, widths, strict=True)]
+        out.append("  ".join(parts).rstrip())
+    return "\n".join(out)
+
+
+def _fit(columns: Sequence[Column], heads: list[str], widths: list[int], width: int) -> list[int]:
+    """Narrow the shrinkable columns, widest first, until the table fits (or none can give more)."""
+    excess = sum(widths) + 2 * (len(widths) - 1) - width
+    order = sorted(
+        (i for i, c in enumerate(columns) if c.shrink is not None),
+        key=lambda i: (-columns[i].give, -widths[i]),
+    )
+    fitted = list(widths)
+    for i in order:
+        if excess <= 0:
+            break
+        floor = max(columns[i].least, len(heads[i]))
+        cut = min(excess, max(0, fitted[i] - floor))
+        fitted[i] -= cut
+        excess -= cut
+    return fitted
+
+
+def _shorten(text: str, width: int, how: Shrink | None) -> str:
+    if len(text) <= width or how is None:
+        return text
+    if how == "model" and "/" in text:
+        text = text.rsplit("/", 1)[-1]  # the organisation goes first: the name identifies the model
+        if len(text) <= width:
+            return text
+    if how == "tail":
+        # The end identifies a pod (its ReplicaSet hash and suffix): kept from a word boundary.
+        kept = text[len(text) - width + 1 :]
+        cut = kept.find("-")
+        if 0 <= cut < len(kept) // 2:
+            kept = kept[cut + 1 :]
+        return ELLIPSIS + kept
+    return text[: width - 1] + ELLIPSIS
 
 
 def _cell(value: Any) -> str:
@@ -41,17 +209,49 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def emit(text: str) -> None:
-    sys.stdout.write(text.rstrip("\n") + "\n")
+def pairs_text(pairs: Sequence[tuple[str, Any]]) -> str:
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k:<{width}}  {'-' if v is None else safe(v)}" for k, v in pairs)
 
 
-def flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
-    """``{"serving": {"tp": 4}}`` -> ``("serving.tp", 4)``: nested inputs as table rows."""
-    if isinstance(value, dict) and value:
-        for key in sorted(value):
-            yield from flatten(f"{prefix}.{key}" if prefix else str(key), value[key])
+# Kept for the callers that lay out one block by hand.
+kv = pairs_text
+
+
+# --- machine forms ---------------------------------------------------------------------------------
+
+
+def emit_data(obj: Any, output: Output, *, long: bool = False) -> None:
+    """``-o json`` (one line per item of a long list when ``long``) or ``-o yaml``."""
+    if output == "yaml":
+        emit_yaml(obj)
+    elif long and isinstance(obj, list | dict):
+        emit_long_json(obj)
     else:
-        yield prefix, json.dumps(value) if isinstance(value, dict | list) else value
+        emit_json(obj)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def emit_yaml(obj: Any) -> None:
+    import yaml  # only for -o yaml
+
+    # Through JSON first: the same document as -o json (numbers, nulls, strings), nothing Python-only.
+    data = json.loads(json.dumps(obj, default=str))
+    sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=1 << 16))
+
+
+def emit_names(names: Iterable[str]) -> None:
+    """``-o name``: one ``KIND/NAME`` per line, escaped (names come from the volume)."""
+    lines = [safe(name) for name in names]
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+
+
+def emit(text: str) -> None:
+    sys.stdout.write(_guard(text.rstrip("\n")) + "\n")
 
 
 def emit_long_json(obj: list[Any] | dict[str, Any]) -> None:
@@ -61,8 +261,13 @@ def emit_long_json(obj: list[Any] | dict[str, Any]) -> None:
     (it runs only without ``indent``: ten times faster), and each entry stays one grep-able line.
     """
     if isinstance(obj, list):
-        emit(
-            "[\n" + ",\n".join("  " + json.dumps(item, default=str) for item in obj) + "\n]" if obj else "[]"
+        sys.stdout.write(
+            (
+                "[\n" + ",\n".join("  " + json.dumps(item, default=str) for item in obj) + "\n]"
+                if obj
+                else "[]"
+            )
+            + "\n"
         )
         return
     lines = []
@@ -73,7 +278,90 @@ def emit_long_json(obj: list[Any] | dict[str, Any]) -> None:
         else:
             text = json.dumps(value, default=str)
         lines.append(f"  {json.dumps(name)}: {text}")
-    emit("{\n" + ",\n".join(lines) + "\n}")
+    sys.stdout.write("{\n" + ",\n".join(lines) + "\n}\n")
+
+
+def result(
+    args: Any,
+    *,
+    data: Callable[[], Any],
+    blocks: Callable[[], Iterable[Block]],
+    names: Callable[[], Iterable[str]] | None = None,
+    long: bool = False,
+) -> None:
+    """Print a command's result in the form ``-o`` asks for (each form is built only when asked)."""
+    style = Style.of(args)
+    if style.output in ("json", "yaml"):
+        emit_data(data(), style.output, long=long)
+    elif style.output == "name":
+        emit_names(names() if names is not None else ())
+    else:
+        show(blocks(), style)
+
+
+# --- small helpers ---------------------------------------------------------------------------------
+
+INPUT_COLUMNS = (
+    Column("input", "input"),
+    Column("value", "value", shrink="head", least=16),
+    Column("source", "source", shrink="head", least=12, give=1),
+)
+
+
+def input_rows(inputs: Mapping[str, Any], sources: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A key's inputs as rows, each with where it came from: said once per input group, and for
+    an input read from one of several variables (``versions``), that one's variable only. A note
+    on a source (``argv (revision unpinned: ...)``) is left for :func:`input_notes`."""
+    rows: list[dict[str, Any]] = []
+    for top, value_ in inputs.items():
+        said = ""
+        for name, value in flatten(top, value_):
+            source = _source_of(name, _plain(str(sources.get(top, ""))), value)
+            rows.append({"input": name, "value": value, "source": "" if source == said else source})
+            said = source
+    return rows
+
+
+def input_notes(sources: Mapping[str, Any]) -> list[str]:
+    """``model: revision unpinned: the hub may change it``: the notes sources carry, once each."""
+    notes = []
+    for top, source in sources.items():
+        text = str(source)
+        if text.endswith(")") and " (" in text:
+            notes.append(f"{top}: {text[text.index(' (') + 2 : -1]}")
+    return notes
+
+
+def _plain(source: str) -> str:
+    return source[: source.index(" (")] if source.endswith(")") and " (" in source else source
+
+
+def _source_of(name: str, source: str, value: Any) -> str:
+    parts = source.split("; ")
+    if len(parts) < 2 or "." not in name:
+        return source
+    leaf = name.rsplit(".", 1)[-1].upper().replace("-", "_")
+    found = [p for p in parts if _variable(p) == leaf]
+    if len(found) != 1:
+        return source
+    return found[0].removesuffix(f" {value}")  # the value is in its own column
+
+
+def _variable(part: str) -> str:
+    """``CACHEMGR_VLLM_RBLN_VERSION 0.12.0`` or ``installed vllm-rbln 0.12.0`` -> ``VLLM_RBLN``."""
+    words = part.split()
+    word = words[1] if len(words) > 1 and words[0] == "installed" else (words[0] if words else "")
+    word = word.upper().replace("-", "_")
+    return re.sub(r"^CACHEMGR_|_VERSION$", "", word)
+
+
+def flatten(prefix: str, value: Any) -> Iterable[tuple[str, Any]]:
+    """``{"serving": {"tp": 4}}`` -> ``("serving.tp", 4)``: nested inputs as table rows."""
+    if isinstance(value, dict) and value:
+        for key in sorted(value):
+            yield from flatten(f"{prefix}.{key}" if prefix else str(key), value[key])
+    else:
+        yield prefix, json.dumps(value) if isinstance(value, dict | list) else value
 
 
 def entry_row(
@@ -86,21 +374,18 @@ def entry_row(
 
 
 def tell(kind: str, lines: Iterable[str]) -> None:
-    """Notes and warnings: to stderr, so that ``-o json`` output always parses."""
+    """Notes and warnings: to stderr, so that ``-o json`` output always parses; escaped."""
     for line in lines:
-        print(f"{kind}: {line}", file=sys.stderr)
-
-
-def kv(pairs: Sequence[tuple[str, Any]]) -> str:
-    width = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k:<{width}}  {'-' if v is None else v}" for k, v in pairs)
+        print(f"{kind}: {safe(line)}", file=sys.stderr)
 
 
 def plural(count: int, noun: str) -> str:
     """``1 entry``, ``2 entries``."""
     if count == 1:
         return f"1 {noun}"
-    return f"{count} {noun[:-1]}ies" if noun.endswith("y") else f"{count} {noun}s"
+    if noun.endswith("y"):
+        return f"{count} {noun[:-1]}ies"
+    return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch")) else f"{count} {noun}s"
 
 
 def section(title: str, body: str) -> str:

@@ -19,6 +19,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     NOT_A_HIT = 1  # explain: no entry this argv would load (a miss; damaged, untrusted), as diff's 1
     USAGE = 64  # EX_USAGE: bad flags or arguments
+    NOT_FOUND = 66  # EX_NOINPUT: no entry (or record) matches the KEY an inspection command was given
     MISS = 69  # EX_UNAVAILABLE: no published entry and --on-miss fail
     COMPILE_FAILED = 70  # EX_SOFTWARE: the compiler (or the server while compiling) failed
     DISK_FULL = 73  # EX_CANTCREAT: the volume is full or the quota is exceeded
@@ -86,6 +87,17 @@ class UsageError(CacheMgrError, ValueError):
 
     exit_code = ExitCode.USAGE
     reason = "usage"
+
+
+class NotFoundError(CacheMgrError, LookupError):
+    """Nothing on the volume (or in the remote) matches the KEY a command was given.
+
+    Its own code, not 64: the command was right, the cache does not hold what it names (a script
+    can tell "gone" from "mistyped", as ``kubectl get`` tells NotFound from a bad flag).
+    """
+
+    exit_code = ExitCode.NOT_FOUND
+    reason = "not-found"
 
 
 class StateDirInUseError(CacheMgrError, RuntimeError):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core.coerce import as_dict, number, read_dict
 from cachemgr.core.units import human_bytes, human_duration
+from cachemgr.ops.progress import read_record
 from cachemgr.volume.entries import listdir, tree_usage
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -25,7 +26,7 @@ from cachemgr.volume.store import StagingInfo, stale_staging_after
 if TYPE_CHECKING:
     from cachemgr.volume.lease import Holder
 
-AttemptStatus = Literal["compiling", "published", "active", "silent", "stale"]
+AttemptStatus = Literal["compiling", "stalled", "published", "active", "silent", "stale"]
 
 # An attempt whose owner record has not been refreshed for this long (by this node's clock) is
 # a candidate for --stale-staging; prune then watches it for a beat before removing it (skew).
@@ -74,6 +75,8 @@ class Attempt:
         if self.status == "compiling":
             refreshed = self.holder.refreshed_age if self.holder else None
             return f"holds the lease, refreshed {human_duration(refreshed)} ago"
+        if self.status == "stalled":
+            return "holds the lease, but its compile shows no progress past its --stall-timeout"
         if self.status == "published":
             return "entry published; the pod's server still runs from its own copy"
         if self.status == "active":
@@ -111,6 +114,19 @@ class Attempt:
             status=self.status,
             problem=self.detail if self.status in ("silent", "stale") else None,
         )
+
+
+# What each status means, once under the STAGING table (the per-row detail is in -o wide).
+LEGEND: dict[str, str] = {
+    "compiling": "its pod holds the lease and compiles ('cachemgr locks' shows how far)",
+    "stalled": "its pod holds the lease, but the compile shows no progress past --stall-timeout: "
+    "liveness restarts that pod",
+    "published": "the entry is published; the pod's server still runs from its own copy",
+    "active": "its pod is alive without the lease (publishing, or its lease lapsed)",
+    "silent": "its pod stopped beating (gone, or its node's clock is off); "
+    f"'cachemgr prune --stale-staging' removes it once silent for {human_duration(STALE_STAGING_AFTER)}",
+    "stale": "its pod is gone: 'cachemgr prune --stale-staging' removes it, and its lease",
+}
 
 
 @dataclass(frozen=True)
@@ -191,7 +207,8 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
         # pod whose heartbeat stopped is compiling nothing and serving nothing from here.
         status = "silent"
     elif holder is not None and not holder.stale and holder.pod == owner.get("pod"):
-        status = "compiling"
+        seen = read_record(root, digest, token=holder.token) if holder.current else None
+        status = "stalled" if seen is not None and seen.snapshot.stalled else "compiling"
     elif digest in published:
         status = "published"
     else:
@@ -212,7 +229,7 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
         size_bytes=own,
         shared_bytes=shared,
         status=status,
-        holder=holder if status == "compiling" else None,
+        holder=holder if status in ("compiling", "stalled") else None,
     )
 
 

@@ -59,11 +59,24 @@ class DiskUsage:
     unused_after: float
     reserved_bytes: int = 0  # free blocks only root may use (ext4's reserve); 0 on network filesystems
     warnings: tuple[str, ...] = ()
+    # This image's compiler is known: without it no entry is judged incompatible, and
+    # 'prune --incompatible' refuses to run (exit 78), so du does not offer it.
+    compiler_known: bool = True
 
     @property
     def used_bytes(self) -> int:
         """As ``df`` shows it: neither free nor reserved."""
         return max(0, self.total_bytes - self.free_bytes - self.reserved_bytes)
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the pod (not root: the chart's UID 10001) can use: used plus free, without the reserve."""
+        return self.used_bytes + self.free_bytes
+
+    @property
+    def used_percent(self) -> float | None:
+        """As ``df`` computes Use%: of what an unprivileged writer can use."""
+        return 100 * self.used_bytes / self.usable_bytes if self.usable_bytes else None
 
     @property
     def entries_bytes(self) -> int:
@@ -101,8 +114,13 @@ class DiskUsage:
             for e in self.entries
             if e.status == "damaged" and not e.in_use and e.name not in counted
         ]
+        incompatible = (
+            [Freeable.of("incompatible", "--incompatible", [e.size_bytes for e in found.incompatible])]
+            if self.compiler_known
+            else []
+        )
         return (
-            Freeable.of("incompatible", "--incompatible", [e.size_bytes for e in found.incompatible]),
+            *incompatible,
             Freeable.of(
                 "unused",
                 f"--unused-for {human_duration(self.unused_after)}",
@@ -123,6 +141,8 @@ class DiskUsage:
             "used_bytes": self.used_bytes,
             "free_bytes": self.free_bytes,
             "reserved_bytes": self.reserved_bytes,
+            "usable_bytes": self.usable_bytes,
+            "used_percent": None if self.used_percent is None else round(self.used_percent, 1),
             "cache_bytes": self.cache_bytes,
             "entries_bytes": self.entries_bytes,
             "staging_bytes": self.staging_bytes,
@@ -166,4 +186,5 @@ def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 
         unused_after=unused_after,
         reserved_bytes=max(0, (st.f_bfree - st.f_bavail) * st.f_frsize),
         warnings=found.warnings,
+        compiler_known=bool(compat is not None and compat.compiler),
     )

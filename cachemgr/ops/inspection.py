@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.coerce import as_dict, read_dict
-from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.errors import NotFoundError, UsageError, VolumeError
 from cachemgr.ops.attempts import (
     Attempt,
     FailureHistory,
@@ -111,6 +111,17 @@ class EntryDetail:
     signature: Mapping[str, Any] | None = None
 
     @property
+    def status(self) -> str:
+        """What ``show`` found, from the check it prints: the files' sizes and mtimes against the
+        manifest (``damaged`` when any differs), then the scan's judgement (``incompatible``,
+        ``damaged``); ``ok`` only when the check passed."""
+        if self.entry is None:
+            return "not published"
+        if self.problems or self.entry.status == "damaged":
+            return "damaged"
+        return "incompatible" if self.entry.status == "incompatible" else "ok"
+
+    @property
     def inputs(self) -> Mapping[str, Any]:
         return as_dict(self.key_doc.get("inputs")) or as_dict((self.manifest or {}).get("inputs"))
 
@@ -120,7 +131,8 @@ class EntryDetail:
             "key": self.digest,
             "entry": self.name,
             "published": self.entry is not None,
-            "status": self.entry.status if self.entry else None,
+            "status": self.status if self.entry else None,
+            "checked": "sizes and mtimes against the manifest" if self.manifest else None,
             "origin": self.entry.to_json()["origin"] if self.entry else None,
             "problem": self.entry.problem if self.entry else None,
             "size_bytes": self.entry.size_bytes if self.entry else None,
@@ -148,7 +160,9 @@ class EntryDetail:
 
 
 def find_key(root: CacheRoot, query: str) -> KeyMatch:
-    """A unique digest prefix or an entry name -> the key; UsageError when none or several match."""
+    """A unique digest prefix or an entry name (``entry/NAME`` too, as ``-o name`` prints it) -> the
+    key; NotFoundError when none matches, UsageError when several do."""
+    query = strip_kind(query)
     if query in entry_names(root):
         return KeyMatch(entry_digest(root, query), query)
     prefix = query.strip().lower()
@@ -159,7 +173,7 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         digest, entry = next(iter(matches.items()))
         return KeyMatch(digest, entry)
     if not matches:
-        raise UsageError(
+        raise NotFoundError(
             f"no entry, compile attempt or failure record under {root.path} matches {query!r}",
             remedy="'cachemgr ls' lists the keys; pass a prefix of one or an entry name",
         )
@@ -168,6 +182,12 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         f"{query!r} matches {len(matches)} keys ({listed}{', ...' if len(matches) > 6 else ''})",
         remedy="pass a longer prefix or the entry name",
     )
+
+
+def strip_kind(query: str) -> str:
+    """``entry/NAME`` (a line of ``ls -o name``) -> ``NAME``; other queries as given."""
+    kind, slash, rest = query.partition("/")
+    return rest if slash and kind in {"entry", "failure", "lease", "stats"} and rest else query
 
 
 def _keys_starting(root: CacheRoot, prefix: str) -> dict[str, str | None]:

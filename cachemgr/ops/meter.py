@@ -13,14 +13,53 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, Protocol
 
-from cachemgr.core.errors import UsageError
+from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.core.log import get_logger, set_write_guard
 from cachemgr.core.units import parse_duration
-from cachemgr.ops.progress import DEFAULT_INTERVAL, INTERVAL_ENV, Every, about
 
 log = get_logger("cachemgr.ops.meter")
+
+# How often a compiling pod logs compile_progress and a waiting pod logs waiting_for_compile:
+# about 22 lines per pod for an 11-minute compile (it was every 5 s: 130 lines).
+DEFAULT_INTERVAL = 30.0
+INTERVAL_ENV = "CACHEMGR_PROGRESS_INTERVAL"
+
+
+class Every:
+    """A rate limit on the monotonic clock: :meth:`due` is true at most once per ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._last: float | None = None
+
+    def due(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        if self._last is not None and now - self._last < self.seconds:
+            return False
+        self._last = now
+        return True
+
+
+def clock(seconds: float | None) -> str:
+    """``10m52s``, ``1h04m``, ``45s``: precise enough to say what an estimate rests on."""
+    if seconds is None:
+        return "?"
+    total = round(max(0.0, seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def about(seconds: float) -> str:
+    """``~11m``, ``~40s``: an ETA is an estimate, shown as one."""
+    if seconds >= 90:
+        return f"~{round(seconds / 60)}m"
+    return f"~{max(1, round(seconds))}s"
 
 
 class Meter(Protocol):
@@ -32,19 +71,29 @@ class Meter(Protocol):
     def close(self) -> None: ...
 
 
-def interval_from(value: str | None) -> float:
-    """``--progress-interval`` (or ``CACHEMGR_PROGRESS_INTERVAL``) in seconds; default 30 s."""
-    text = value or os.environ.get(INTERVAL_ENV) or ""
-    if not text:
-        return DEFAULT_INTERVAL
-    try:
-        seconds = parse_duration(text)
-    except ValueError as error:
-        raise UsageError(
-            f"--progress-interval {text!r}: {error}", remedy="pass seconds or a duration such as 30s or 2m"
-        ) from None
+def interval_from(value: float | None, environ: Mapping[str, str] | None = None) -> float:
+    """``--progress-interval`` (parsed by the parser), else ``CACHEMGR_PROGRESS_INTERVAL``; default 30 s.
+
+    A bad value in the environment is configuration (exit 78); a flag's sign is a usage error.
+    """
+    env = os.environ if environ is None else environ
+    seconds = value
+    if seconds is None:
+        text = env.get(INTERVAL_ENV) or ""
+        if not text:
+            return DEFAULT_INTERVAL
+        try:
+            seconds = parse_duration(text)
+        except ValueError as error:
+            raise ConfigError(
+                f"{INTERVAL_ENV}: {error}", remedy=f"set {INTERVAL_ENV} to seconds or a duration such as 30s"
+            ) from None
+        if seconds <= 0:
+            raise ConfigError(
+                f"{INTERVAL_ENV} must be positive, not {text!r}", remedy=f"set {INTERVAL_ENV}=30s"
+            )
     if seconds <= 0:
-        raise UsageError(f"--progress-interval must be positive, not {text!r}", remedy="pass e.g. 30s")
+        raise UsageError(f"--progress-interval must be positive, not {seconds:g}", remedy="pass e.g. 30s")
     return seconds
 
 

@@ -34,6 +34,7 @@ from cachemgr.core.fsutil import atomic_write_json, tree_bytes
 from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
+from cachemgr.ops.meter import DEFAULT_INTERVAL, Every, about, clock
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.records import HEARTBEAT_SECONDS
 
@@ -43,48 +44,10 @@ if TYPE_CHECKING:
 
 log = get_logger("cachemgr.ops.progress")
 
-# How often a compiling pod logs compile_progress and a waiting pod logs waiting_for_compile:
-# about 22 lines per pod for an 11-minute compile (it was every 5 s: 130 lines).
-DEFAULT_INTERVAL = 30.0
-INTERVAL_ENV = "CACHEMGR_PROGRESS_INTERVAL"
 RECORD_MAX = 64 * 1024  # a record is a few hundred bytes; anything larger is not one
 _SUFFIX = ".progress.json"
 _MAX_SECONDS = 1e7  # 115 days: a compile time beyond this is a damaged summary
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-class Every:
-    """A rate limit on the monotonic clock: :meth:`due` is true at most once per ``seconds``."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._last: float | None = None
-
-    def due(self, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        if self._last is not None and now - self._last < self.seconds:
-            return False
-        self._last = now
-        return True
-
-
-def clock(seconds: float | None) -> str:
-    """``10m52s``, ``1h04m``, ``45s``: precise enough to say what an estimate rests on."""
-    if seconds is None:
-        return "?"
-    total = round(max(0.0, seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
-
-
-def about(seconds: float) -> str:
-    """``~11m``, ``~40s``: an ETA is an estimate, shown as one."""
-    if seconds >= 90:
-        return f"~{round(seconds / 60)}m"
-    return f"~{max(1, round(seconds))}s"
 
 
 # --- what the estimate rests on --------------------------------------------------------------------
@@ -143,6 +106,18 @@ class Snapshot:
     eta_s: float | None
     eta_source: str
     every_s: float
+    # How long the compile has shown no progress (CPU, writes, output), and the holder's
+    # --stall-timeout: a compile past it is stalled (liveness fails; locks and ls say so).
+    no_progress_s: float | None = None
+    stall_timeout_s: float | None = None
+
+    @property
+    def stalled(self) -> bool:
+        return (
+            self.no_progress_s is not None
+            and self.stall_timeout_s is not None
+            and self.no_progress_s >= self.stall_timeout_s
+        )
 
     def describe(self) -> str:
         """``4m12s in, 5m10s CPU, 1.2 GiB staged of ~7.6 GiB, ETA ~6m (from entry ... in 10m52s)``."""
@@ -150,6 +125,11 @@ class Snapshot:
         if self.expected_bytes:
             staged += f" of ~{human_bytes(self.expected_bytes)}"
         text = f"{clock(self.elapsed_s)} in, {clock(self.cpu_seconds)} CPU, {staged}"
+        if self.stalled:
+            return (
+                f"{text}, STALLED: no CPU, writes or output for {clock(self.no_progress_s)} "
+                f"(--stall-timeout {clock(self.stall_timeout_s)}: liveness restarts the pod)"
+            )
         if self.eta_s is None:
             return f"{text}, no ETA ({self.eta_source})"
         if self.eta_s <= 0:
@@ -165,6 +145,8 @@ class Snapshot:
             "expected_source": self.expected_source,
             "eta_s": None if self.eta_s is None else round(max(0.0, self.eta_s)),
             "eta_source": self.eta_source,
+            "no_progress_s": None if self.no_progress_s is None else round(self.no_progress_s),
+            "stalled": self.stalled,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -281,6 +263,8 @@ def _parse(data: Any, digest: str) -> Snapshot | None:
             eta_s=None if data.get("eta_s") is None else _num(data["eta_s"], negative=True),
             eta_source=str(data.get("eta_source") or "")[:300],
             every_s=_num(data.get("every_s", HEARTBEAT_SECONDS)),
+            no_progress_s=None if data.get("no_progress_s") is None else _num(data["no_progress_s"]),
+            stall_timeout_s=None if data.get("stall_timeout_s") is None else _num(data["stall_timeout_s"]),
         )
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
@@ -341,7 +325,14 @@ class CompileProgress:
         self.peak_staged = 0  # a lower bound for what the compile writes, if it fails
         self._log.due()  # the first event comes one interval in: "compiling" was just logged
 
-    def snapshot(self, *, cpu_seconds: float, staged_bytes: int) -> Snapshot:
+    def snapshot(
+        self,
+        *,
+        cpu_seconds: float,
+        staged_bytes: int,
+        no_progress_s: float | None = None,
+        stall_timeout: float | None = None,
+    ) -> Snapshot:
         elapsed = time.monotonic() - self._started
         eta = None if self._duration.seconds is None else self._duration.seconds - elapsed
         return Snapshot(
@@ -356,13 +347,27 @@ class CompileProgress:
             eta_s=eta,
             eta_source=self._duration.source,
             every_s=self._every,
+            no_progress_s=no_progress_s,
+            stall_timeout_s=stall_timeout,
         )
 
-    def tick(self, *, cpu_seconds: float, staged_bytes: int) -> None:
+    def tick(
+        self,
+        *,
+        cpu_seconds: float,
+        staged_bytes: int,
+        no_progress_s: float | None = None,
+        stall_timeout: float | None = None,
+    ) -> None:
         """Called on every monitor sample (twice a second); logs and writes at their own pace."""
         now = time.monotonic()
         self.peak_staged = max(self.peak_staged, staged_bytes)
-        snap = self.snapshot(cpu_seconds=cpu_seconds, staged_bytes=staged_bytes)
+        snap = self.snapshot(
+            cpu_seconds=cpu_seconds,
+            staged_bytes=staged_bytes,
+            no_progress_s=no_progress_s,
+            stall_timeout=stall_timeout,
+        )
         if self._meter is not None:
             self._meter.set(staged_bytes)
         if self._log.due(now):

@@ -32,9 +32,10 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import fsync_dir, random_suffix, remove_tree
@@ -135,7 +136,23 @@ def _remove_attempt(
     remove_tree(trashed, within=root.path)
     with contextlib.suppress(OSError):
         safefs.rmdir(root.path, item.path.parent)  # the key's staging folder, if this was its last attempt
+    _remove_dead_lease(root, item.path.parent.name, now[0].owner)
     return None
+
+
+def _remove_dead_lease(root: CacheRoot, digest: str, owner: Mapping[str, Any]) -> None:
+    """The dead attempt's lease goes with it (marker, holder and progress records), if its pod
+    held it and it is stale by the one rule (cachemgr.volume.lease.Holder.stale); never another's."""
+    from cachemgr.ops.progress import remove_record
+    from cachemgr.volume.lease import remove_dead
+
+    pod, pid = owner.get("pod"), owner.get("pid")
+    if not isinstance(pod, str) or not isinstance(pid, int):
+        return
+    with contextlib.suppress(OSError):
+        token = remove_dead(root, digest, pod=pod, pid=pid)
+        if token is not None:
+            remove_record(root, digest, token=token or None)
 
 
 def _owner_changed(info: StagingInfo, item: PruneItem) -> bool:

@@ -117,7 +117,7 @@ class PruneRequest:
     stale_staging: bool = False
     damaged: bool = False
     stale_after: float = STALE_STAGING_AFTER
-    # Entries for these NPU types (upper case), named by the operator: another NPU's entries are
+    # Entries for these NPU types (upper case, --for-npu), named by the operator: another NPU's entries are
     # not incompatible (that hardware's pods may share the volume), so they go only when asked.
     npu: frozenset[str] = frozenset()
 
@@ -218,7 +218,7 @@ def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
     if request.incompatible and entry.status == "incompatible":
         return f"incompatible: {entry.problem}"
     if entry.npu.upper() in request.npu:
-        return f"for NPU {entry.npu} (--npu)"
+        return f"for NPU {entry.npu} (--for-npu)"
     if request.unused_for is not None and entry.unused_for() >= request.unused_for:
         # Whatever its status: an entry nobody used for that long goes (space.Prunable agrees).
         return f"unused for {human_duration(entry.unused_for())}"

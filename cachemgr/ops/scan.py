@@ -40,7 +40,11 @@ from cachemgr.volume.store import StagingInfo, list_staging
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
 
-EntryStatus = Literal["ok", "damaged", "incompatible"]
+# What the scan checked, and no more: ``published`` (its summary reads, its manifest, the commit
+# record written last, is there), ``incompatible`` (another compiler major.minor: this image can
+# never use it), ``damaged`` (summary or manifest missing or unreadable). The files themselves are
+# not checked here: ``show`` checks sizes and mtimes, ``verify`` hashes them.
+EntryStatus = Literal["published", "damaged", "incompatible"]
 
 _SUMMARY_MAX = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -113,6 +117,13 @@ class EntryInfo:
     # ("untrusted: ..."); None: not checked. The bytes are checked by pods and ``verify``.
     signer: str | None = None
     trust: str | None = None
+    # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
+    starts: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def hits(self) -> int:
+        """Starts that found the entry published and loaded it without compiling or waiting."""
+        return int(self.starts.get("hit", 0))
 
     @property
     def origin_kind(self) -> str:
@@ -171,6 +182,8 @@ class EntryInfo:
             "origin": {"kind": self.origin_kind, **self.origin},
             "signer": self.signer,
             "trust": self.trust,
+            "hits": self.hits,
+            "starts": dict(self.starts),
         }
 
 
@@ -304,7 +317,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         created_at=number(summary.get("created_at")),
         last_used_at=usage.last,
         users=usage.live,
-        status="incompatible" if why else "ok",
+        status="incompatible" if why else "published",
         problem=why,
         compile_seconds=number(summary.get("compile_seconds")),
         recompiled_on_hit=usage.recompiled_on_hit,
@@ -313,6 +326,7 @@ def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
         origin=as_dict(summary.get("origin")),
         signer=text(summary.get("signer")) or None,
         trust=_trust(ctx, name, key) if ctx.trusted else None,
+        starts=usage.starts,
     )
 
 
@@ -440,6 +454,7 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         problem=problem,
         silent_users=usage.silent if usage else (),
         usage_seen=usage.seen if usage else None,
+        starts=usage.starts if usage else {},
     )
 
 

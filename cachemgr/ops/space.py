@@ -208,6 +208,8 @@ class DiskReport:
     prunable: Prunable
     written_bytes: int = 0
     free_at_start: int | None = None  # statvfs when the compile started (None: before it did)
+    # What the compiler printed (a copytree error lists every file): the report's, not the line's.
+    printed: str = ""
 
     @property
     def filled_bytes(self) -> int:
@@ -235,22 +237,25 @@ class DiskReport:
         return self.expected.source
 
     def what(self) -> str:
+        """One line: the volume, the figures that explain it, what the compile needs."""
         head = f"compile cache volume {self.volume} is out of space ({self.cause}): "
         if self.free_at_start is None and not self.written_bytes:
             return (
                 head
                 + f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}; {self._need()}"
             )
-        start = (
-            f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile "
-            "started and the volume filled during it"
+        facts = (
+            [
+                f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile started"
+            ]
             if self.free_at_start is not None
-            else f"the volume has {human_bytes(self.total_bytes)}"
+            else [f"the volume has {human_bytes(self.total_bytes)}"]
         )
-        return (
-            head + f"{start}; the attempt was seen writing {human_bytes(self.written_bytes)} "
-            f"(removed since: {human_bytes(self.free_bytes)} free now); {self._need()}"
-        )
+        if self.written_bytes:
+            facts.append(f"the attempt was seen writing {human_bytes(self.written_bytes)}")
+        if self.free_at_start is None or human_bytes(self.free_bytes) != human_bytes(self.free_at_start):
+            facts.append(f"{human_bytes(self.free_bytes)} free now that it is removed")
+        return head + ", ".join(facts) + f"; {self._need()}"
 
     def _need(self) -> str:
         needed = self.needed_bytes
@@ -290,6 +295,7 @@ class DiskReport:
             "expected_bytes": self.expected.bytes,
             "expected_source": self.expected.source,
             "cause": self.cause,
+            "printed": self.printed[:2000],
             "written_bytes": self.written_bytes,
             "filled_bytes": self.filled_bytes,
             "needed_bytes": self.needed_bytes,
@@ -317,6 +323,7 @@ def disk_report(
     given: int | None,
     written: int = 0,
     free_at_start: int | None = None,
+    printed: str = "",
 ) -> DiskReport:
     """Measure the volume and the cache now and build the report.
 
@@ -334,6 +341,7 @@ def disk_report(
         prunable=prunable_now(entries),
         written_bytes=written,
         free_at_start=free_at_start,
+        printed=printed,
     )
 
 

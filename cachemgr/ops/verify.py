@@ -23,10 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core import safefs
-from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.errors import NotFoundError, VolumeError
 from cachemgr.core.fsutil import walk_names
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import digest_of
+from cachemgr.ops.inspection import strip_kind
 from cachemgr.ops.scan import scan_entry
 from cachemgr.volume.entries import entry_digest, entry_names
 from cachemgr.volume.layout import CacheRoot
@@ -161,13 +162,13 @@ def _chosen(root: CacheRoot, queries: list[str]) -> list[str]:
     if not queries:
         return names
     chosen: dict[str, None] = {}
-    for query in queries:
+    for query in map(strip_kind, queries):
         prefix = query.strip().lower()
         matched = [n for n in names if n == query]
         if not matched and prefix:
             matched = [n for n in names if entry_digest(root, n).startswith(prefix)]
         if not matched:
-            raise UsageError(
+            raise NotFoundError(
                 f"no entry under {root.path} matches {query!r}", remedy="'cachemgr ls' lists the entries"
             )
         chosen.update(dict.fromkeys(matched))

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core.errors import MissError, UsageError
+from cachemgr.core.errors import NotFoundError, UsageError
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.key.serving import ServerCommand
@@ -182,7 +182,7 @@ def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | No
 
 
 def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
-    """An entry name or a unique key prefix -> the remote entry; UsageError / MissError otherwise."""
+    """An entry name or a unique key prefix -> the remote entry; NotFoundError / UsageError otherwise."""
     query = query.strip()
     if not query:
         raise UsageError("an empty KEY matches everything", remedy="pass a key prefix or an entry name")
@@ -190,7 +190,7 @@ def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
     if len(found) == 1:
         return found[0]
     if not found:
-        raise MissError(
+        raise NotFoundError(
             f"the remote has no entry matching {query!r}",
             remedy="'cachemgr ls --remote' lists the remote's entries",
         )
@@ -274,7 +274,7 @@ def pull_entry(
         root, key, remote, identity=identity, deadline=None, progress=progress, trusted=trusted
     )
     if fetched is None:
-        raise MissError(
+        raise NotFoundError(
             f"remote entry {entry.entry} was removed while pulling it", remedy="'cachemgr ls --remote'"
         )
     return fetched

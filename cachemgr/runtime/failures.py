@@ -36,7 +36,15 @@ if TYPE_CHECKING:
 
 
 class DiskFullSeenError(Exception):
-    """The compiler reported a full volume; turned into the full report by :func:`as_reported`."""
+    """The compiler reported a full volume; turned into the full report by :func:`as_reported`.
+
+    ``str()`` is the short cause the one-line message names (``the server printed 'No space left
+    on device'``); ``line`` is what it printed (a copytree ``shutil.Error`` lists every file), kept
+    for the report in the log event and the failure record, never in the one line."""
+
+    def __init__(self, cause: str, *, line: str = "") -> None:
+        super().__init__(cause)
+        self.line = line
 
 
 def interrupted(relay: launcher.SignalRelay) -> Interrupted:
@@ -66,12 +74,12 @@ def as_reported(
         return None
     figures: dict[str, Any] = {"given": given, "written": written, "free_at_start": free_at_start}
     if isinstance(error, DiskFullSeenError):
-        return disk_report(root, key, cause=str(error), **figures).error()
+        return disk_report(root, key, cause=str(error), printed=error.line, **figures).error()
     if isinstance(error, CacheMgrError):
         return error
     if isinstance(error, OSError) and is_disk_full(error):
         cause = f"writing {error.filename}: {error.strerror}" if error.filename else str(error.strerror)
-        return disk_report(root, key, cause=cause, **figures).error()
+        return disk_report(root, key, cause=cause, printed=str(error), **figures).error()
     if isinstance(error, OSError):
         return VolumeError(
             f"cache volume I/O failed: {error}", remedy="check the compile cache PVC and the node's mount"
@@ -122,7 +130,14 @@ def compile_ended(
     from cachemgr.runtime.launcher import exit_status
 
     if watch.disk_full_line is not None:
-        raise DiskFullSeenError(f"the {what} printed: {watch.disk_full_line}")
+        line = watch.disk_full_line
+        lowered = line.lower()
+        phrase = (
+            "Disk quota exceeded"
+            if "quota" in lowered or "errno 122" in lowered
+            else "No space left on device"
+        )
+        raise DiskFullSeenError(f"the {what} printed '{phrase}'", line=line)
     if relay.stop.is_set():
         raise interrupted(relay)
     if code == 0:

@@ -54,10 +54,12 @@ class StallWatch:
     def __init__(self, state: StateWriter, *, stall_timeout: float) -> None:
         self.state = state
         self.stall_timeout = stall_timeout
+        self.no_progress_s = 0.0  # at the last sample: what the progress record tells peers
 
     def sample(self, monitor: launcher.ProgressMonitor) -> launcher.Progress:
         progress = monitor.sample()
         stalled = monitor.stalled_for()
+        self.no_progress_s = stalled
         detail: dict[str, Any] = {
             "cpu_seconds": round(progress.cpu_seconds, 1),
             "written_bytes": progress.written_bytes,

@@ -32,16 +32,17 @@ class Heartbeats:
         self._state = Heartbeat(interval=state.current.heartbeat_interval)
         self._state.on_beat(state.beat)
         self._use_record: Path | None = None
+        self._start = "hit"  # how this start got its entry: its use record's kind (records.STARTS)
 
     def start(self) -> None:
         self._state.start()
         self.volume.start()
 
     def stop(self) -> None:
-        """Stop beating and remove the use record: this pod no longer uses its entry."""
+        """Stop beating and end the use: the record goes into the entry's history (cachemgr stats)."""
         self.volume.stop()
         self._state.stop()
-        release_use(self._use_record)
+        release_use(self._use_record, ended=self._start)
 
     def add(self, path: Path, *, within: Path) -> None:
         """Keep ``path`` fresh (a staging attempt's owner file under root ``within``) until :meth:`discard`."""
@@ -50,10 +51,27 @@ class Heartbeats:
     def discard(self, path: Path) -> None:
         self.volume.discard(path)
 
-    def use(self, root: CacheRoot, key: CacheKey) -> None:
-        """Record that this pod uses the key's entry, and keep the record fresh."""
+    def use(
+        self,
+        root: CacheRoot,
+        key: CacheKey,
+        *,
+        start: str = "hit",
+        saved_s: float | None = None,
+        waited_s: float | None = None,
+    ) -> None:
+        """Record that this pod uses the key's entry (and how it got it), and keep the record fresh."""
+        self._start = start
         try:
-            self._use_record = register_use(root, key.digest, self.identity, entry=key.entry_name)
+            self._use_record = register_use(
+                root,
+                key.digest,
+                self.identity,
+                entry=key.entry_name,
+                start=start,
+                saved_s=saved_s,
+                waited_s=waited_s,
+            )
         except OSError as error:
             # The hit path needs no write access; without it, prune cannot see this pod.
             log.warning("use_not_recorded", error=error.strerror, note="read-only volume?")
@@ -61,4 +79,5 @@ class Heartbeats:
         self.volume.add(self._use_record, within=root.path)
 
     def release_use(self) -> None:
+        """The entry went before this pod used it (pruned): no start to keep."""
         release_use(self._use_record)

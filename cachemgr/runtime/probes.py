@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from cachemgr.core.printable import safe
 from cachemgr.core.procs import same_process
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.runtime.state import STATE_FILE, State, heartbeat_age, read_state
@@ -49,7 +50,8 @@ class Verdict(NamedTuple):
     reason: str
 
     def line(self) -> str:
-        return f"{self.kind} {'ok' if self.ok else 'failed'}: {self.reason}"
+        # The reason may quote the volume (a holder's pod name): printed for the kubelet, escaped.
+        return f"{self.kind} {'ok' if self.ok else 'failed'}: {safe(self.reason)}"
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "reason": self.reason}
@@ -188,8 +190,14 @@ def _frozen(state: State, state_dir: Path, now: float) -> str | None:
     )
 
 
+def stalled(state: State, now: float) -> str | None:
+    """No progress for --stall-timeout: as the runner says, or as its silence says. The one rule
+    for the probes and the ``cachemgr_compile_stalled`` gauge (a gauge that disagreed with a
+    failing liveness probe under load told the operator nothing was wrong)."""
+    return _stalled(state, now)
+
+
 def _stalled(state: State, now: float) -> str | None:
-    """No progress for --stall-timeout: as the runner says, or as its silence says."""
     detail = state.detail
     if "no_progress_s" not in detail:
         return None

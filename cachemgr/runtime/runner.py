@@ -163,7 +163,7 @@ class Runner:
                 if compiled.exit_code is not None:
                     return compiled.exit_code
                 found = compiled.found
-            if found is not None and self._use(root, key):
+            if found is not None and self._use(root, key, found):
                 return self._launch(root, key, found, strategy)
         raise CompileError(
             f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} attempts",
@@ -341,7 +341,7 @@ class Runner:
             )
         self.state.phase("publishing")
         # Use before publishing: a prune running now sees the new entry in use and leaves it.
-        self.beats.use(root, key)
+        self.beats.use(root, key, start="compiled", saved_s=0.0)
         outcome = publish(
             root,
             staging,
@@ -408,7 +408,7 @@ class Runner:
 
     # --- launching --------------------------------------------------------------------
 
-    def _use(self, root: CacheRoot, key: CacheKey) -> bool:
+    def _use(self, root: CacheRoot, key: CacheKey, found: Lookup) -> bool:
         """Record this pod's use of the entry; False if it was pruned meanwhile (look again).
 
         On a read-only volume there is no record: the use is in the pod's state record only, and
@@ -416,17 +416,36 @@ class Runner:
         """
         if self.read_only:
             return self.published(root, key)
-        self.beats.use(root, key)
+        if self.metrics.compiles:
+            return self.published(root, key)  # registered when it published (Runner.publish)
+        start, saved, waited = self._start_kind(found)
+        self.beats.use(root, key, start=start, saved_s=saved, waited_s=waited)
         if self.published(root, key):
             return True
         # Pruned between our lookup and our use record: look again (prune re-checks users).
         self.beats.release_use()
         return False
 
+    def _start_kind(self, found: Lookup) -> tuple[str, float, float | None]:
+        """How this start got the entry, the compile time that saved, and how long it waited."""
+        compile_s = float(found.manifest.compile_seconds or 0.0) if found.manifest is not None else 0.0
+        if self._fetched == "hit":
+            return (
+                "fetched",
+                0.0,
+                None,
+            )  # downloaded instead of compiling: the remote's saving, not the volume's
+        if self._missed:
+            waited = self.metrics.lease_wait_seconds
+            return "waited", max(0.0, compile_s - waited), waited
+        return "hit", compile_s, None
+
     def _launch(self, root: CacheRoot, key: CacheKey, found: Lookup, strategy: Strategy) -> int:
         """The server on a pod-local view of the entry, supervised until it exits (warm: exit 0)."""
         if not self._missed:
             self.metrics.hits += 1
+        if not self.metrics.compiles:
+            self.metrics.saved_seconds += self._start_kind(found)[1]
         assert found.manifest is not None  # a hit always has one
         if self.options.warm:
             log.info("already_published", key=key.short, entry=found.path.name)

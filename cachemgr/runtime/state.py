@@ -255,9 +255,12 @@ class StateWriter:
             now = time.time()
             self._state = old._replace(phase=phase, since=now, detail=detail, updated_at=now)
             new = self._state
-            self._write()
+        # The listeners first (the metrics count the phase that ended): whoever sees the new phase
+        # in the record (a probe, a test, /metrics) then sees the counters that go with it.
         for listener in self._listeners:
             listener(old, new)
+        with self._lock:
+            self._write()
 
     def update(self, **changes: Any) -> None:
         """Change fields (key, entry, health_url) or merge into the current detail."""

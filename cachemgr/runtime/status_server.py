@@ -37,7 +37,7 @@ from cachemgr.core.errors import ConfigError
 from cachemgr.ops.scan import scan, total_bytes
 from cachemgr.ops.space import VolumeSpace
 from cachemgr.runtime.metrics import FAILURE_REASONS, Metrics
-from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check
+from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check, stalled
 from cachemgr.runtime.state import (
     PHASES,
     STATUS_PORT_FILE,
@@ -173,6 +173,11 @@ class RunCollector:
             "cachemgr_compile_seconds", "Seconds spent in compiles that were published", snap.compile_seconds
         )
         yield _counter(
+            "cachemgr_saved_seconds",
+            "Compile seconds this pod's start did not spend: the entry's compile time on a hit, less the wait",
+            snap.saved_seconds,
+        )
+        yield _counter(
             "cachemgr_lease_wait_seconds",
             "Seconds spent waiting on another pod's compile lease",
             snap.lease_wait_seconds,
@@ -236,7 +241,7 @@ class RunCollector:
         yield _gauge(
             "cachemgr_compile_stalled",
             "1 while a compile has shown no progress for --stall-timeout",
-            1.0 if detail.get("stalled") else 0.0,
+            1.0 if stalled(state, time.time()) else 0.0,
         )
         if "no_progress_s" in detail:
             yield _gauge(
@@ -335,13 +340,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, b"not found: try /startupz /livez /readyz /status /metrics\n")
 
+    def do_HEAD(self) -> None:
+        """As GET, without the body (HTTP probes and load balancers may ask so)."""
+        self._head_only = True
+        try:
+            self.do_GET()
+        finally:
+            self._head_only = False  # one handler serves every request of a kept-alive connection
+
     def _send(self, code: int, body: bytes, content_type: str = "text/plain; charset=utf-8") -> None:
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        self.wfile.write(body)
+        if not getattr(self, "_head_only", False):
+            self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: a probe every few seconds would drown the compile log."""

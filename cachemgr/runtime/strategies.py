@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from cachemgr.key.cachekey import CacheKey
     from cachemgr.ops.progress import CompileProgress
-    from cachemgr.runtime.runner import Runner
+    from cachemgr.runtime.pod import Pod
     from cachemgr.volume.drift import DriftWatch
     from cachemgr.volume.layout import CacheRoot
     from cachemgr.volume.lease import KeyLease
@@ -73,7 +73,7 @@ class Strategy:
 
     name: ClassVar[str]
 
-    def __init__(self, pod: Runner) -> None:
+    def __init__(self, pod: Pod) -> None:
         self.pod = pod
         self._progress: CompileProgress | None = None
         self._peak_staged = 0  # the most the last attempt was seen to have staged
@@ -126,7 +126,12 @@ class Strategy:
     def _sample(self, monitor: launcher.ProgressMonitor) -> None:
         progress = self.pod.stall.sample(monitor)
         if self._progress is not None:
-            self._progress.tick(cpu_seconds=progress.cpu_seconds, staged_bytes=progress.staging_bytes)
+            self._progress.tick(
+                cpu_seconds=progress.cpu_seconds,
+                staged_bytes=progress.staging_bytes,
+                no_progress_s=self.pod.stall.no_progress_s,
+                stall_timeout=self.pod.stall.stall_timeout,
+            )
 
     def _check_loadable(self, key: CacheKey, staging: Staging, *, serving: bool) -> bool:
         """Publish only what the server will load (cachemgr.runtime.loadable): a serving server keeps

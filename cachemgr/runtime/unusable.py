@@ -20,7 +20,7 @@ from cachemgr.volume.store import quarantine
 
 if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey
-    from cachemgr.runtime.runner import Runner
+    from cachemgr.runtime.pod import Pod
     from cachemgr.volume.layout import CacheRoot
     from cachemgr.volume.store import Lookup
 
@@ -32,7 +32,7 @@ Fingerprint = tuple[int, ...]
 class Unusable:
     """One run's damaged and untrusted entries."""
 
-    def __init__(self, pod: Runner) -> None:
+    def __init__(self, pod: Pod) -> None:
         self.pod = pod
         self._left: set[Fingerprint] = set()
 

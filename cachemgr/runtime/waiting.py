@@ -20,8 +20,8 @@ from cachemgr.runtime import failures
 
 if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey
-    from cachemgr.ops.progress import Every
-    from cachemgr.runtime.runner import Runner
+    from cachemgr.ops.meter import Every
+    from cachemgr.runtime.pod import Pod
     from cachemgr.volume.layout import CacheRoot
     from cachemgr.volume.lease import Holder, KeyLease
     from cachemgr.volume.store import Lookup
@@ -32,7 +32,7 @@ log = get_logger("cachemgr.run")
 class Waiting:
     """One run's waits on its peers (the flow's lease step)."""
 
-    def __init__(self, pod: Runner) -> None:
+    def __init__(self, pod: Pod) -> None:
         self.pod = pod
         self._log: Every | None = None
 
@@ -44,7 +44,7 @@ class Waiting:
         ``until_published``: also while no one compiles (a pod that cannot publish, waiting for
         the builder); ``why`` says why this pod does not compile itself.
         """
-        from cachemgr.ops.progress import Every
+        from cachemgr.ops.meter import Every
         from cachemgr.volume.lease import marker_path, read_holder  # the miss path only
         from cachemgr.volume.softlease import MarkerWatch, patience, read_marker_view
 
@@ -100,6 +100,7 @@ class Waiting:
             duration=self.pod.options.lease_duration,
             heartbeat=self.pod.options.lease_heartbeat,
             confirm=self.pod.options.lease_confirm,
+            entry=key.entry_name,
         )
         started = time.monotonic()
         try:
@@ -129,7 +130,8 @@ class Waiting:
 
     def _on_wait(self, holder: Holder | None, waited: float, *, root: CacheRoot, key: CacheKey) -> None:
         """Called while a peer compiles: the state every few seconds, a log line per progress interval."""
-        from cachemgr.ops.progress import Every, holder_detail
+        from cachemgr.ops.meter import Every
+        from cachemgr.ops.progress import holder_detail
 
         detail: dict[str, Any] = {"waited_s": round(waited)}
         if holder is not None and holder.current:

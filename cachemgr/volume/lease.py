@@ -34,7 +34,14 @@ from cachemgr.core.procs import Flag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.lease_defaults import DEFAULT_DURATION
-from cachemgr.volume.softlease import MarkerRecord, SoftLease, default_confirm, patience, read_marker_view
+from cachemgr.volume.softlease import (
+    MarkerRecord,
+    SoftLease,
+    default_confirm,
+    holder_gone,
+    patience,
+    read_marker_view,
+)
 
 log = get_logger("cachemgr.volume.lease")
 
@@ -56,21 +63,35 @@ class Holder:
     refreshed_age: float | None = None  # since the holder's last heartbeat, by this node's clock
     duration: float | None = None  # as the holder wrote it into its marker (None: it names none)
     confirm: float = 0.0  # the holder's confirm window, during which it does not refresh
+    # Its process is known gone (it ran on this host: cachemgr.volume.liveness): a contender here
+    # takes the lease over at once, as cachemgr.volume.softlease does.
+    gone: bool = False
+    entry: str = ""  # the entry it compiles, as its holder record names it
 
     @property
-    def stale(self) -> bool:
-        """Not refreshed within its holder's promise: dead or frozen, and a contender takes it over.
+    def expired(self) -> bool:
+        """Not refreshed within its holder's own promise: any contender takes it over.
 
-        The one rule for ``locks``, ``show``, ``explain`` and ``ls``: the holder's own recorded
-        duration (and confirm window) is authoritative, as contenders judge it
-        (:func:`cachemgr.volume.softlease.patience`); a marker that names no duration (damaged or
-        foreign) is judged by the default duration, as a pod with default settings judges it.
+        The holder's recorded duration (and confirm window) is authoritative, as contenders judge
+        it (:func:`cachemgr.volume.softlease.patience`); a marker that names no duration (damaged
+        or foreign) is judged by the default duration, as a pod with default settings judges it.
         Ages are by this node's clock from the marker's mtime.
         """
         record = MarkerRecord(duration=self.duration, confirm=self.confirm)
         return self.refreshed_age is not None and self.refreshed_age > patience(
             record, default=DEFAULT_DURATION
         )
+
+    @property
+    def stale(self) -> bool:
+        """The one rule for ``locks``, ``show``, ``explain``, ``ls`` and ``prune``: the next
+        contender takes the lease over, because its holder is gone (here) or silent too long."""
+        return self.gone or self.expired
+
+    @property
+    def state(self) -> str:
+        """``dead`` (its process is gone), ``expired`` (not refreshed for its duration) or ``live``."""
+        return "dead" if self.gone else "expired" if self.expired else "live"
 
     @property
     def held_for(self) -> float:
@@ -113,6 +134,8 @@ def read_holder(root: CacheRoot, digest: str) -> Holder | None:
         refreshed_age=age,
         duration=marker.duration,
         confirm=marker.confirm,
+        gone=holder_gone(marker),
+        entry=str(data.get("entry") or ""),
     )
 
 
@@ -131,8 +154,11 @@ class KeyLease:
         duration: float = DEFAULT_DURATION,
         heartbeat: float | None = None,
         confirm: float | None = None,
+        entry: str | None = None,
     ) -> None:
-        """``confirm``: seconds a won create is held before it counts (None: by filesystem type)."""
+        """``confirm``: seconds a won create is held before it counts (None: by filesystem type);
+        ``entry``: the entry this compile makes, for the holder record (``cachemgr locks``)."""
+        self._entry = entry
         self._root = root
         self._digest = digest
         self._identity = identity
@@ -212,6 +238,8 @@ class KeyLease:
 
     def _write_holder(self) -> None:
         record = {**self._identity.to_json(), "since": time.time(), "token": self._lease.token}
+        if self._entry:
+            record["entry"] = self._entry
         with contextlib.suppress(OSError):
             atomic_write_json(holder_path(self._root, self._digest), record, within=self._root.path)
 
@@ -231,3 +259,41 @@ class KeyLease:
             if isinstance(data, dict) and data.get("token") == token:
                 os.unlink(holder.name, dir_fd=leases)
         self._lease.release()
+
+
+def remove_dead(root: CacheRoot, digest: str, *, pod: str, pid: int) -> str | None:
+    """Remove the key's lease if its holder is that dead attempt's pod: ``prune --stale-staging``.
+
+    Only a stale lease (its holder gone, or silent past its promise: :attr:`Holder.stale`) held by
+    ``pod``/``pid`` goes, marker and holder record, as a contender would take it over; a marker
+    that changed meanwhile (a new holder) is put back. Returns the removed marker's token (its
+    progress record goes with it), or None when nothing was removed.
+    """
+    holder = read_holder(root, digest)
+    if holder is None or not holder.stale or holder.pid != pid or holder.pod != pod:
+        return None
+    marker, record = marker_path(root, digest), holder_path(root, digest)
+    with safefs.open_dir(root.path, root.leases) as folder:
+        view = read_marker_view(marker, dir_fd=folder)
+        if view is None:
+            return None
+        aside = f"{marker.name}.pruned.{os.getpid()}.{int(time.time_ns())}"
+        try:
+            os.rename(marker.name, aside, src_dir_fd=folder, dst_dir_fd=folder)
+        except FileNotFoundError:
+            return None  # a contender took it over first
+        moved = read_marker_view(marker.with_name(aside), dir_fd=folder)
+        if moved is None or moved.stamp[:1] != view.stamp[:1]:
+            # A new holder's marker came in between our read and the rename: it is live, give it back.
+            with contextlib.suppress(OSError):
+                os.link(aside, marker.name, src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+            with contextlib.suppress(OSError):
+                os.unlink(aside, dir_fd=folder)
+            return None
+        os.unlink(aside, dir_fd=folder)
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(record, dir_fd=folder)
+            if isinstance(data, dict) and data.get("token") in (None, view.record.token):
+                os.unlink(record.name, dir_fd=folder)
+    log.info("dead_lease_removed", key=digest[:12], holder=pod, pid=pid)
+    return view.record.token or ""

@@ -90,6 +90,8 @@ class User:
     silent: bool = False
     path: str = field(default="", repr=False, compare=False)
     mark: Mark | None = field(default=None, repr=False, compare=False)
+    start: str = field(default="other", compare=False)  # how this start got the entry (STARTS)
+    waited_s: float = field(default=0.0, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +106,15 @@ class User:
 # usage/<digest>/recompiled-on-hit.<pod>.<pid>: a hit whose server compiled anyway (cachemgr.volume.drift).
 # Not ".json", so never read as a use record; prune removes them with the entry's usage folder.
 RECOMPILED_PREFIX = "recompiled-on-hit."
+# usage/<digest>/ended.<start>.<stamp>.<pod>.<pid>: the use record of a pod start that has ended,
+# renamed (not removed) when the pod stopped using the entry. Not ".json", so never a user; the
+# history `cachemgr stats` counts: one per start, with no write on the hit path (the record is
+# the one every start writes anyway, and the rename replaces the unlink at exit).
+ENDED_PREFIX = "ended."
+# How a start got its entry, as its use record says: found it, waited for a peer's compile,
+# compiled it itself, or downloaded it from the remote tier. Anything else (a record of an older cachemgr) counts as a start, not a hit.
+STARTS = ("hit", "waited", "compiled", "fetched")
+_NAME_MAX = 255
 
 
 @dataclass(frozen=True)
@@ -117,6 +128,11 @@ class Usage:
     seen: frozenset[tuple[str, Mark]] = frozenset()
     last: float | None = None  # the latest mtime there: when a pod last started, beat or left
     recompiled_on_hit: int = 0  # records of hits that saw the server compile anyway (cachemgr.volume.drift)
+    # Pod starts by how they got the entry (STARTS; "other" for a record that does not say):
+    # the ended ones by name, the live and silent ones from the records read anyway.
+    starts: Mapping[str, int] = field(default_factory=dict)
+    # Names of ended starts that waited for a peer (their records say how long: stats reads them).
+    waited: tuple[str, ...] = ()
 
     @property
     def records(self) -> frozenset[tuple[str, Mark]]:
@@ -124,29 +140,70 @@ class Usage:
         return frozenset(item for item in self.seen if item[0] != ".")
 
 
-def register_use(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str) -> Path:
-    """Record that this pod uses the entry now (before it is checked, so prune sees us first)."""
+def register_use(
+    root: CacheRoot,
+    digest: str,
+    identity: PodIdentity,
+    *,
+    entry: str,
+    start: str = "hit",
+    saved_s: float | None = None,
+    waited_s: float | None = None,
+) -> Path:
+    """Record that this pod uses the entry now (before it is checked, so prune sees us first).
+
+    ``start``: how this start got the entry (STARTS); ``saved_s``: the compile time it did not
+    spend; ``waited_s``: how long it waited for a peer's compile. In the one record a start
+    writes anyway: ``cachemgr stats`` counts from it, the hit path pays nothing more.
+    """
     folder = root.usage / digest
     # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
     # through); the record and the last-used mark are written from that descriptor.
     with safefs.open_dir(root.path, folder, create=True) as fd:
-        atomic_write_json_at(
-            fd, identity.record_name, {**identity.to_json(), "entry": entry, "since": time.time()}
-        )
+        record = {**identity.to_json(), "entry": entry, "since": time.time(), "start": start}
+        if saved_s is not None:
+            record["saved_s"] = round(saved_s, 3)
+        if waited_s is not None:
+            record["waited_s"] = round(waited_s, 3)
+        atomic_write_json_at(fd, identity.record_name, record)
         touch_at(fd, "last-used")
     return folder / identity.record_name
 
 
-def release_use(record: Path | None) -> None:
-    """Remove this pod's use record (``ROOT/usage/<digest>/<name>``, as :func:`register_use` made it).
+def release_use(record: Path | None, *, ended: str | None = None) -> None:
+    """End this pod's use (``ROOT/usage/<digest>/<name>``, as :func:`register_use` made it).
 
-    Reached from the root one level at a time: if ``usage/<digest>`` was swapped for a symlink
-    since registration, nothing in the link's target is removed. A pod that is leaving does not
-    fail for that: the record it could not remove stops beating, and prune expires it.
+    With ``ended`` (the start's kind) the record is renamed into the entry's history
+    (``ENDED_PREFIX``), else removed. Reached from the root one level at a time: if
+    ``usage/<digest>`` was swapped for a symlink since registration, nothing in the link's target
+    is renamed or removed. A pod that is leaving does not fail for that: the record it could not
+    move stops beating, and prune expires it.
     """
-    if record is not None:
-        with contextlib.suppress(OSError):
+    if record is None:
+        return
+    with contextlib.suppress(OSError):
+        if ended is None:
             safefs.unlink(record.parents[2], record)
+            return
+        with safefs.open_dir(record.parents[2], record.parent) as folder:
+            os.rename(record.name, ended_name(ended, record.name), src_dir_fd=folder, dst_dir_fd=folder)
+
+
+def ended_name(start: str, record_name: str) -> str:
+    """``ended.<start>.<stamp>.<pod>.<pid>``: unique per start, within a file name's 255 bytes."""
+    kind = start if start in STARTS else "other"
+    stem = record_name.removesuffix(".json")
+    head = f"{ENDED_PREFIX}{kind}.{time.time_ns():x}."
+    room = _NAME_MAX - len(head.encode())
+    return head + stem.encode()[-room:].decode("utf-8", "ignore")
+
+
+def start_of(name: str) -> str | None:
+    """The kind of an ended start from its history name (None: not one)."""
+    if not name.startswith(ENDED_PREFIX):
+        return None
+    kind = name[len(ENDED_PREFIX) :].split(".", 1)[0]
+    return kind if kind in STARTS else "other"
 
 
 def read_usage(
@@ -186,6 +243,14 @@ def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float
     silent: list[User] = []
     last = st.st_mtime
     recompiled = sum(1 for name in names if name.startswith(RECOMPILED_PREFIX))
+    starts: dict[str, int] = {}
+    waited: list[str] = []
+    for name in names:
+        kind = start_of(name)
+        if kind is not None:
+            starts[kind] = starts.get(kind, 0) + 1
+            if kind == "waited":
+                waited.append(name)
     for name in sorted(names):
         if name.startswith(".") or not name.endswith(".json"):
             # A record being written (tmp file, then rename) shows in the folder's mtime; so
@@ -199,7 +264,8 @@ def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float
         last = max(last, mark[1] / 1e9)
         user = _user(path, name, mark, now - mark[1] / 1e9, window)
         (silent if user.silent else live).append(user)
-    return Usage(tuple(live), tuple(silent), frozenset(seen), last, recompiled)
+        starts[user.start] = starts.get(user.start, 0) + 1
+    return Usage(tuple(live), tuple(silent), frozenset(seen), last, recompiled, starts, tuple(waited))
 
 
 def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:
@@ -211,11 +277,27 @@ def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:
     if not isinstance(data, dict):
         # Unreadable (half-written, damaged): someone may be there; prune must not guess.
         return User(name.removesuffix(".json"), "", 0.0, age, silent, path, mark)
+    since, waited = _number(data.get("since")), _number(data.get("waited_s"))
+    start = data.get("start") if data.get("start") in STARTS else "other"
+    return User(
+        str(data.get("pod", "")),
+        str(data.get("node", "")),
+        since,
+        age,
+        silent,
+        path,
+        mark,
+        str(start),
+        waited,
+    )
+
+
+def _number(value: Any) -> float:
     try:
-        since = float(data.get("since") or 0)
+        number = float(value or 0)
     except (TypeError, ValueError):
-        since = 0.0
-    return User(str(data.get("pod", "")), str(data.get("node", "")), since, age, silent, path, mark)
+        return 0.0
+    return number if 0 <= number < 1e12 else 0.0  # nan, inf and garbage from the volume: nothing
 
 
 def record_mark(path: str) -> Mark | None:

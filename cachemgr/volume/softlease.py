@@ -41,17 +41,15 @@ import contextlib
 import errno
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from cachemgr.core import safefs
 from cachemgr.core.log import get_logger
+from cachemgr.volume.liveness import Here, gone_here
 
 log = get_logger("cachemgr.volume.lease")
 
@@ -61,7 +59,6 @@ PROTOCOL = "filelock/2"
 # cache attributes and entries for 1 s; two `weed mount` clients see each other's writes within
 # tens of milliseconds when idle). It is paid only on a miss, once, before a compile of minutes.
 DEFAULT_CONFIRM = 2.0
-CONFIRM_ENV = "CACHEMGR_LEASE_CONFIRM"
 # Filesystems of one kernel: O_EXCL is atomic there, so a create needs no confirming. (A volume of
 # these types is mounted by one node only; ReadWriteMany volumes are NFS, CephFS, FUSE...)
 _LOCAL_FILESYSTEMS = frozenset(
@@ -186,6 +183,17 @@ def patience(record: MarkerRecord, *, default: float) -> float:
     return duration + min(record.confirm, MAX_JUDGED_SECONDS)
 
 
+def holder_gone(record: MarkerRecord) -> bool:
+    """The marker's holder is known gone (cachemgr.volume.liveness): contenders here take it over at
+    once, and ``locks`` says so. A marker that names no boot or pid namespace (foreign, or
+    damaged) is judged by silence alone."""
+    if record.boot is None or record.pidns is None:
+        return False
+    return gone_here(
+        host=record.host, pid=record.pid, boot=record.boot, pidns=record.pidns, started=record.started
+    )
+
+
 class MarkerWatch:
     """How long a marker has gone unchanged, by this node's monotonic clock.
 
@@ -203,54 +211,6 @@ class MarkerWatch:
             self._seen = None if view is None else (view.stamp, now)
             return 0.0
         return now - self._seen[1]
-
-
-@dataclass(frozen=True)
-class _Self:
-    """This process as a marker names it, and how a marker from this host is recognised."""
-
-    pid: int
-    host: str
-    started: float
-    boot: str | None
-    pidns: str | None
-
-    @classmethod
-    def current(cls) -> _Self:
-        pid = os.getpid()
-        return cls(pid, socket.gethostname(), psutil.Process(pid).create_time(), _boot_id(), _pidns())
-
-    def knows(self, record: MarkerRecord) -> bool:
-        """The holder ran in this host's pid namespace, so its pid can be probed from here."""
-        return (
-            record.host == self.host
-            and record.boot == self.boot
-            and record.pidns == self.pidns
-            and None not in (record.boot, record.pidns)
-        )
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
-    except OSError:
-        return None
-
-
-def _pidns() -> str | None:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-
-
-def _process_gone(pid: int, started: float | None) -> bool:
-    try:
-        return started is not None and abs(psutil.Process(pid).create_time() - started) > 0.01
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
 
 
 class SoftLease:
@@ -278,7 +238,7 @@ class SoftLease:
             raise ValueError(f"heartbeat must be positive and below the duration, got {self.heartbeat!r}")
         self.confirm = max(0.0, confirm)
         self._on_lost = on_lost
-        self._me = _Self.current()
+        self._me = Here.current()
         self._token: str | None = None
         self._lost = threading.Event()
         self._stop = threading.Event()
@@ -424,11 +384,7 @@ class SoftLease:
         return False
 
     def _holder_dead(self, record: MarkerRecord) -> bool:
-        if record.pid is None or not self._me.knows(record):
-            return False
-        if record.pid == self._me.pid and record.started == self._me.started:
-            return False  # another lease object of this very process
-        return _process_gone(record.pid, record.started)
+        return holder_gone(record)
 
     def _break(self, folder: int, view: MarkerView) -> bool:
         """Move the stale marker aside; if a live one was swapped in meanwhile, put it back."""

@@ -42,7 +42,6 @@ from cachemgr.core.fsutil import (
     remove_tree,
     walk_files,
 )
-from cachemgr.core.procs import pid_alive
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -391,9 +390,12 @@ class StagingInfo:
         return self.heartbeat_age is None or self.heartbeat_age > stale_after
 
     def died_here(self, identity: PodIdentity) -> bool:
-        """Its owner ran on this host, and that pid is gone."""
-        pid = self.owner.get("pid")
-        return self.owner.get("host") == identity.host and isinstance(pid, int) and not pid_alive(pid)
+        """Its owner ran on this host, and that process is gone (cachemgr.volume.liveness)."""
+        from cachemgr.volume.liveness import gone_here  # psutil: not on the hit path
+
+        del identity  # this process, as the liveness rule knows it
+        pid, host = self.owner.get("pid"), self.owner.get("host")
+        return isinstance(pid, int) and isinstance(host, str) and gone_here(host=host, pid=pid)
 
 
 def dead_attempts(

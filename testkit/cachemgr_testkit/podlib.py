@@ -330,3 +330,15 @@ def metrics(port: int) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
     return samples
+
+
+def error_lines(stderr: str) -> list[str]:
+    """How a failure was said on stderr, once per stream (docs/reference.md, "What a failure
+    prints"): the ``message`` of a JSON log's ``failed`` event, or the plain ``cachemgr CMD:`` line."""
+    found = []
+    for line in stderr.splitlines():
+        if line.startswith(("cachemgr ", "cachemgr:")):
+            found.append(line)
+        elif line.startswith("{") and '"event": "failed"' in line:
+            found.append(str(json.loads(line)["message"]))
+    return found

@@ -60,6 +60,9 @@ access modes first; these are the checks a schema cannot say well, or at all.
 {{- if and $v.trust.readOnlyServing (has $role $roles) (not $r.warm) -}}
 {{- fail (printf "trust.readOnlyServing with %s.warm false: serving pods mount the volume read-only, so only a warm Job can fill the %s cache; set %s.warm to true (the builder)" $role $role $role) -}}
 {{- end -}}
+{{- if and $v.trust.trustedKeys (has $role $roles) (not (and $r.warm $v.trust.signingKeySecret.name)) (not $v.remote.url) -}}
+{{- fail (printf "trust.trustedKeys is set but nothing in this release signs the %s cache: serving pods would wait for a signed entry forever; set trust.signingKeySecret.name and %s.warm true (the builder), or remote.url where a builder outside publishes signed entries" $role $role) -}}
+{{- end -}}
 {{- range $i, $word := $r.args -}}
 {{- if regexMatch "^--(host|port)(=.*)?$" (toString $word) -}}
 {{- fail (printf "%s.args[%d] %q: leave --host and --port out of the server args; the chart adds --host 0.0.0.0 --port %d (server.port), which the probes and the Service use" $role $i (toString $word) (int $v.server.port)) -}}

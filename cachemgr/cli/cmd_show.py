@@ -1,0 +1,210 @@
+"""``show``: everything about one key, its status from the check it prints.
+
+Split from :mod:`cachemgr.cli.cmd_inspect` (``ls``, ``explain``, ``locks``), whose helpers it uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from cachemgr.cli.cmd_inspect import attempt_row, image_of, open_cache
+from cachemgr.cli.cmd_run import trusted_keys
+from cachemgr.cli.render import (
+    INPUT_COLUMNS,
+    Block,
+    Column,
+    Pairs,
+    Table,
+    Text,
+    input_notes,
+    input_rows,
+    plural,
+    result,
+    tell,
+)
+from cachemgr.core.coerce import as_dict
+from cachemgr.core.printable import safe
+from cachemgr.core.units import human_age, human_duration
+from cachemgr.ops.inspection import EntryDetail, volume_errors
+from cachemgr.ops.inspection import show as show_key
+from cachemgr.ops.scan import EntryInfo
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) else None
+
+
+def show(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
+    image = image_of(args, environ)
+    trusted = trusted_keys(args)
+    root = open_cache(args)
+    with volume_errors(root):
+        detail = show_key(root, args.key, compat=image.compat, trusted=trusted)
+    result(args, data=detail.to_json, blocks=lambda: _show_blocks(detail))
+    tell("warning", detail.warnings)
+    return 0
+
+
+def _origin_pairs(origin: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``show``: where a downloaded entry came from (nothing for one compiled on this volume)."""
+    if origin.get("kind") != "remote":
+        return []
+    by = as_dict(origin.get("downloaded_by"))
+    return [
+        (
+            "downloaded",
+            f"{human_age(_float(origin.get('downloaded_at')))} from {origin.get('remote', '?')} "
+            f"in {human_duration(_float(origin.get('download_seconds')))} by pod {by.get('pod', '?')}",
+        )
+    ]
+
+
+def _status_line(d: EntryDetail) -> str:
+    """The status and the check it comes from, in one line."""
+    e = d.entry
+    if e is None:
+        return "not published"
+    if d.problems:
+        return f"damaged: {len(d.problems)} of the manifest's files fail the size and mtime check (below)"
+    if e.status == "damaged":
+        return f"damaged ({e.problem})"
+    check = "every file's size and mtime match the manifest ('cachemgr verify' hashes them)"
+    if e.status == "incompatible":
+        return f"incompatible ({e.problem}); {check}"
+    return f"ok: {check}"
+
+
+def _show_blocks(d: EntryDetail) -> Iterator[Block]:
+    e, m = d.entry, d.manifest or {}
+    pairs: list[tuple[str, Any]] = [("key", d.digest), ("entry", d.name or "?"), ("status", _status_line(d))]
+    if e is not None:
+        created_by = as_dict(m.get("created_by"))
+        compiled = human_duration(_float(m.get("compile_seconds")))
+        pairs += [
+            ("path", str(e.path)),
+            ("size", f"{e.size_str} in {plural(e.files, 'file')}"),
+            ("created", f"{e.created_str} by pod {created_by.get('pod', '?')} on node {created_by.get('node') or '?'}"),
+            ("compiled in", f"{compiled} ({m.get('strategy') or e.strategy or '?'} strategy)"),
+            *_origin_pairs(e.origin),
+            ("last used", e.last_used_str),
+            ("in use by", ", ".join(f"{u.pod} (node {u.node or '?'}, since {human_age(u.since)})" for u in e.users) or "no pod"),
+            ("starts", _starts_text(e)),
+            *_signature_rows(d),
+        ]  # fmt: skip
+        if e.silent_users:
+            pods = ", ".join(f"{u.pod} (node {u.node or '?'})" for u in e.silent_users)
+            pairs.append(
+                (
+                    "silent users",
+                    f"{pods}: dead, or their node's clock differs; prune watches them for a beat",
+                )
+            )
+    yield Pairs(pairs)
+    if d.problems:
+        yield Text(
+            "FILES CHECK (size and mtime against the manifest)\n"
+            + "\n".join(f"- {safe(p)}" for p in d.problems)
+        )
+    if d.inputs:
+        yield Table(
+            input_rows(d.inputs, as_dict(d.key_doc.get("sources"))), INPUT_COLUMNS, title="KEY INPUTS"
+        )
+        notes = [safe(n) for n in input_notes(as_dict(d.key_doc.get("sources")))]
+        dropped = d.key_doc.get("dropped_runtime_flags")
+        if dropped and isinstance(dropped, list):
+            notes.append(f"left out as runtime-only: {safe(', '.join('--' + str(f) for f in dropped))}")
+        if notes:
+            yield Text("\n".join(notes))
+    if d.holder is not None:
+        h = d.holder
+        refreshed = f"refreshed {human_duration(h.refreshed_age)} ago, lease {human_duration(h.duration)}"
+        yield Text(f"LEASE\nheld by {safe(h.describe())}; {refreshed}: {_lease_state(h.state)}")
+    if d.attempts:
+        yield Table([attempt_row(a) for a in d.attempts], ATTEMPT_COLUMNS, title="COMPILE ATTEMPTS")
+    if d.history is not None:
+        yield Text(
+            f"FAILED COMPILES ({d.history.count})\n" + "\n".join(_failure_text(r) for r in d.history.records)
+        )
+    if d.recompiled:
+        yield Text(
+            f"RECOMPILED ON HIT ({len(d.recompiled)}): the server compiled anyway; the key lacks an input it hashes\n"
+            + "\n".join(_recompiled_text(r) for r in d.recompiled)
+        )
+
+
+ATTEMPT_COLUMNS = (
+    Column("pod", "pod", shrink="tail", least=16),
+    Column("node", "node", shrink="tail", least=8),
+    Column("size", "size", ">"),
+    Column("started", "started"),
+    Column("status", "status"),
+    Column("detail", "detail", shrink="head", least=16),
+)
+
+
+def _starts_text(e: EntryInfo) -> str:
+    if not e.starts:
+        return "none recorded"
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(e.starts.items()))
+
+
+def _lease_state(state: str) -> str:
+    return {
+        "dead": "DEAD (its process is gone: a pod on this host takes it over at once)",
+        "expired": "STALE (not refreshed for its duration: the next pod to start takes it over)",
+    }.get(state, "live")
+
+
+def _signature_rows(d: EntryDetail) -> list[tuple[str, Any]]:
+    """``show``: who signed the entry, and whether a trusted key did (the bytes: 'cachemgr verify')."""
+    e, sig = d.entry, d.signature
+    if e is None or (sig is None and e.trust is None):
+        return []  # the open mode's entries, shown as they always were
+    if sig is None:
+        signed = "unsigned"
+    elif "problem" in sig:
+        signed = f"signature.json does not parse ({sig['problem']})"
+    else:
+        by = as_dict(sig.get("built_by"))
+        signed = (
+            f"key {sig.get('key')}, {human_age(_float(sig.get('signed_at')))}, by pod {by.get('pod', '?')} "
+            f"on node {by.get('node') or '?'}"
+        )
+    if e.trust is None:
+        trust = "not checked: pass --trusted-keys (or set CACHEMGR_TRUSTED_KEYS)"
+    elif e.trust == "trusted":
+        trust = "trusted: a trusted key signed it for this key ('cachemgr verify' checks the bytes)"
+    else:
+        trust = e.trust
+    return [("signed", signed), ("trust", trust)]
+
+
+def _recompiled_text(record: Mapping[str, Any]) -> str:
+    paths = record.get("paths")
+    shown = [safe(p) for p in paths] if isinstance(paths, list) else []
+    head = (
+        f"{human_age(_float(record.get('time')))}  pod {safe(record.get('pod', '?'))} on node "
+        f"{safe(record.get('node') or '?')}: {safe(record.get('count', len(shown)))} new file(s)"
+    )
+    return "\n".join([head, *(f"    {p}" for p in shown)])
+
+
+def _failure_text(record: Mapping[str, Any]) -> str:
+    status = record.get("exit_status")
+    codes = [f"exit {safe(record.get('exit_code', '?'))}"]
+    if status is not None:
+        codes.append(f"compiler status {safe(status)}")
+    codes.append(f"after {human_duration(_float(record.get('elapsed_s')))}")
+    head = (
+        f"{human_age(_float(record.get('time')))}  pod {safe(record.get('pod', '?'))} on node "
+        f"{safe(record.get('node') or '?')}: {safe(record.get('reason', '?'))} ({', '.join(codes)})"
+    )
+    tail = record.get("output_tail")
+    tail = [str(line) for line in tail] if isinstance(tail, list) else []
+    lines = [head, f"  {safe(record.get('message', ''))}"]
+    if tail:
+        lines.append("  last output:")
+        lines += [f"    | {safe(line)}" for line in tail]
+    return "\n".join(lines)

@@ -1,0 +1,297 @@
+"""The options commands share, and one form for each kind of value: durations (``90``, ``90s``,
+``15m``, ``1h30m``: a plain number is seconds), sizes (``150Gi``, ``512Mi``, bytes), ports, the
+``-o`` forms. Every option has a help text (tests/test_help.py holds them to it)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, NoReturn
+
+from cachemgr.core.errors import UsageError
+from cachemgr.core.units import parse_duration, parse_size
+from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
+
+FORMATTER = argparse.RawDescriptionHelpFormatter
+
+
+def env(name: str) -> str | None:
+    return os.environ.get(name) or None
+
+
+DURATION = "DURATION"  # the one metavar of every duration option (tests/test_help.py)
+SIZE = "SIZE"
+DURATION_HELP = "a plain number is seconds; or 30s, 15m, 2h, 14d"
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors become UsageError (exit 64) with one line, not argparse's exit 2.
+
+    The line names no command: the error report puts ``cachemgr COMMAND:`` before it, once.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, remedy=f"see '{self.prog} --help'")
+
+
+# --- value types: one form for each kind of value -------------------------------------------------
+
+
+def duration(text: str) -> float:
+    """A duration option's value in seconds (argparse turns the error into a usage error, exit 64)."""
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def size(text: str) -> int:
+    """A size option's value in bytes."""
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def port(text: str) -> int:
+    """A TCP port, 0-65535 (argparse turns the error into a usage error, exit 64)."""
+    port = int(text) if text.isascii() and text.isdigit() and len(text) <= 5 else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a port number (0-65535)")
+    return port
+
+
+def duration_option(parser: Any, flag: str, *, help: str, default: float | str | None = None) -> None:
+    parser.add_argument(
+        flag, type=duration, default=default, metavar=DURATION, help=f"{help} ({DURATION_HELP})"
+    )
+
+
+# --- option groups several commands share --------------------------------------------------------
+
+
+def add_log(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--log-format",
+        choices=["json", "console"],
+        default=env("CACHEMGR_LOG_FORMAT"),
+        help="log format on stderr [env CACHEMGR_LOG_FORMAT; default: console on a terminal, else json]",
+    )
+
+
+def add_progress(parser: argparse.ArgumentParser) -> None:
+    duration_option(
+        parser,
+        "--progress-interval",
+        help="log progress (compile_progress, waiting_for_compile, verify_progress...) at most this often "
+        "[env CACHEMGR_PROGRESS_INTERVAL; default 30s]",
+    )
+
+
+def add_root(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-root",
+        default=env("CACHEMGR_CACHE_ROOT"),
+        metavar="DIR",
+        help="where the role's compile cache volume is mounted [env CACHEMGR_CACHE_ROOT]",
+    )
+
+
+_OUTPUT_HELP = {
+    "table": "aligned columns fitted to the terminal (80 columns without a terminal)",
+    "wide": "every column, nothing shortened",
+    "json": "the result as JSON",
+    "yaml": "the result as YAML",
+    "name": "KIND/NAME lines",
+}
+
+
+def add_output(parser: argparse.ArgumentParser, *forms: str) -> None:
+    """``-o`` with the forms this command has; tables also take ``--no-headers``."""
+    forms = forms or ("table", "wide", "json", "yaml", "name")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=list(forms),
+        default="table",
+        help="output format: " + "; ".join(f"{f}: {_OUTPUT_HELP[f]}" for f in forms),
+    )
+    parser.add_argument(
+        "--no-headers", action="store_true", help="table rows only: no headers, titles or notes (for scripts)"
+    )
+
+
+def add_identity(group: Any) -> None:
+    """This image's compiler and NPU: the key's inputs, and what inspection judges entries by."""
+    group.add_argument(
+        "--compiler-version",
+        default=env("CACHEMGR_COMPILER_VERSION"),
+        metavar="VERSION",
+        help="this image's RBLN Compiler version; default: the installed rebel-compiler "
+        "[env CACHEMGR_COMPILER_VERSION]",
+    )
+    group.add_argument(
+        "--npu-type",
+        default=env("CACHEMGR_NPU_TYPE"),
+        metavar="TYPE",
+        help="this pod's NPU type, e.g. RBLN-CA25; default: the device, else RBLN_FORCE_NPU_NAME "
+        "[env CACHEMGR_NPU_TYPE]",
+    )
+
+
+def add_key(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("cache key")
+    group.add_argument(
+        "--role", default=env("CACHEMGR_ROLE"), metavar="ROLE", help="prefill or decode [env CACHEMGR_ROLE]"
+    )
+    add_identity(group)
+    group.add_argument(
+        "--strategy",
+        choices=["vllm", "command"],
+        default=None,
+        help="who compiles: the vllm server itself (default for 'vllm serve') or --compile-cmd",
+    )
+    group.add_argument(
+        "--compile-cmd",
+        default=None,
+        metavar="CMD",
+        help="with --strategy command: the compiler's command line, naming {output_dir}",
+    )
+    group.add_argument(
+        "--key-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also key on this environment variable (repeatable)",
+    )
+
+
+def add_run(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("run")
+    group.add_argument(
+        "--state-dir",
+        default=env("CACHEMGR_STATE_DIR"),
+        metavar="DIR",
+        help="pod-local state for the probes [env CACHEMGR_STATE_DIR; default /tmp/cachemgr-state]",
+    )
+    group.add_argument(
+        "--on-miss",
+        choices=["compile", "fail"],
+        default="compile",
+        help="on a miss, compile (default) or fail with exit 69 (pods that rely on a warm Job)",
+    )
+    duration_option(
+        group,
+        "--lease-duration",
+        default=f"{DEFAULT_LEASE_DURATION:g}",
+        help=f"a silent lease holder is taken over after this long (default {DEFAULT_LEASE_DURATION:g}s)",
+    )
+    duration_option(
+        group, "--lease-heartbeat", help="how often the holder refreshes it (default: a third of the lease)"
+    )
+    duration_option(
+        group,
+        "--lease-confirm",
+        help="hold a won lease this long before compiling, longer than the volume's metadata cache "
+        "(default 2s, 0 on a local filesystem) [env CACHEMGR_LEASE_CONFIRM]",
+    )
+    duration_option(
+        group, "--wait-timeout", help="give up waiting for a peer's compile (exit 75); default: wait"
+    )
+    group.add_argument(
+        "--expected-size",
+        type=size,
+        default=None,
+        metavar=SIZE,
+        help="the compile's expected output, e.g. 150Gi (default: learned from earlier compiles, else the weights)",
+    )
+    group.add_argument(
+        "--space-check",
+        choices=["fail", "warn"],
+        default="fail",
+        help="too little free space for the expected size: fail with exit 73 (default) or warn and compile",
+    )
+    group.add_argument(
+        "--auto-prune",
+        choices=["off", "incompatible"],
+        default="off",
+        help="before compiling, remove unused entries of other compiler versions (default off)",
+    )
+    group.add_argument(
+        "--verify",
+        choices=["fast", "full"],
+        default="fast",
+        help="check a hit's files by size and mtime (fast, default) or also by hash (full: reads every byte)",
+    )
+    group.add_argument(
+        "--health-url",
+        default=None,
+        metavar="URL",
+        help="the server's health URL (default http://127.0.0.1:PORT/health from its --port)",
+    )
+    duration_option(
+        group,
+        "--stall-timeout",
+        default="30m",
+        help="a compile or load with no CPU, writes or output this long is stalled: liveness fails",
+    )
+    group.add_argument(
+        "--status-port",
+        type=port,
+        default=None,
+        metavar="PORT",
+        help="serve /livez /readyz /startupz /status /metrics on this port (0: any free port)",
+    )
+    group.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="second tier on S3-compatible storage, s3://bucket/prefix: download on a miss, upload after "
+        "a compile [env CACHEMGR_REMOTE; endpoint: CACHEMGR_REMOTE_ENDPOINT; default: off]",
+    )
+    add_signing(group)
+    add_trusted(group)
+
+
+def add_trusted(parser: argparse._ActionsContainer) -> None:  # a parser or one of its groups
+    parser.add_argument(
+        "--trusted-keys",
+        default=env("CACHEMGR_TRUSTED_KEYS"),
+        metavar="KEYS",
+        help="public keys NAME:BASE64, separated by spaces: use only entries one of them signed "
+        "[env CACHEMGR_TRUSTED_KEYS; default: trust every entry]",
+    )
+
+
+def add_signing(parser: argparse._ActionsContainer) -> None:
+    parser.add_argument(
+        "--signing-key-file",
+        default=env("CACHEMGR_SIGNING_KEY_FILE"),
+        metavar="FILE",
+        help="sign what this pod publishes with this secret key ('cachemgr keys generate') "
+        "[env CACHEMGR_SIGNING_KEY_FILE; default: unsigned]",
+    )
+
+
+def add_compat(parser: argparse.ArgumentParser) -> None:
+    """Inspection needs this image's compiler to mark incompatible entries, its NPU to tell other NPUs'."""
+    add_identity(parser.add_argument_group("this image"))
+
+
+def add_remote(parser: argparse.ArgumentParser, *, listing: bool = False) -> None:
+    if listing:  # `ls --remote`: the flag alone means the remote in CACHEMGR_REMOTE
+        parser.add_argument(
+            "--remote",
+            nargs="?",
+            const="",
+            default=None,
+            metavar="URL",
+            help="act on the remote tier (s3://bucket/prefix; default: CACHEMGR_REMOTE) instead of the volume",
+        )
+        return
+    parser.add_argument(
+        "--remote",
+        default=None,
+        metavar="URL",
+        help="the remote tier, s3://bucket/prefix [env CACHEMGR_REMOTE]",
+    )
