@@ -34,11 +34,17 @@ from cachemgr.volume.layout import open_root
 from cachemgr.volume.records import register_use, release_use
 from cachemgr.volume.store import create_staging, publish
 
-TARGET_SECONDS = 1.0
+TARGET_SECONDS = {"local": 1.0, "juicefs": 2.0, "juicefs-cached": 2.0}  # issue 25: JuiceFS under 2 s
 COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"])
 COMPILERS = ("0.11.2", "0.12.0", "0.12.3", "0.13.0")
 ROLES = ("prefill", "decode")
 TP = ("2", "4", "8", "16")
+# The vllm strategy keys on the server's versions; this machine has no vLLM: declare them.
+SERVER_VERSIONS = {
+    "CACHEMGR_VLLM_VERSION": "0.30.0+cpu",
+    "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
+    "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
+}
 
 
 def _build_chunk(args: tuple[str, int, int, bool]) -> int:
@@ -76,7 +82,7 @@ def _key(i: int) -> object:
             role=ROLES[(i // 7) % 2],
             compiler_version=COMPILERS[(i // 13) % len(COMPILERS)],
             npu_type="RBLN-CA25",
-            environ={},
+            environ=SERVER_VERSIONS,
         )
     )
 
@@ -167,29 +173,42 @@ def _bench(root_dir: Path, args: argparse.Namespace) -> int:
             print(f"built {args.entries} entries under {root_dir} in {seconds:.1f}s", file=sys.stderr)
         subprocess.run(["sync"], check=False)
         rows = []
+        hints = root_dir / "scan-hints.json"
+        hints.unlink(missing_ok=True)
+        first = measure(root_dir, ["ls"], 1)[0][0]  # no hints yet: reads every entry, writes them
         for command in COMMANDS:
             measure(root_dir, command, 1)  # warm the page cache and bytecode once
             times = measure(root_dir, command, args.runs)
             walls = [wall for wall, _ in times]
             cpu = statistics.median(c for _, c in times)
             rows.append((" ".join(command), statistics.median(walls), min(walls), max(walls), cpu))
+        print(f"first ls, before any hints (reads every entry, writes {hints.name}): {first:.3f}s")
         baseline = statistics.median(wall for wall, _ in measure(root_dir, ["--version"], args.runs))
-        _print_table(rows, baseline, entries=len(os.listdir(root_dir / "entries")), runs=args.runs)
-        return 0 if all(row[1] < TARGET_SECONDS for row in rows) else 1
+        _print_table(
+            rows,
+            baseline,
+            entries=len(os.listdir(root_dir / "entries")),
+            runs=args.runs,
+            target=TARGET_SECONDS[args.fs],
+        )
+        return 0 if all(row[1] < TARGET_SECONDS[args.fs] for row in rows) else 1
     finally:
         if not args.keep:
             shutil.rmtree(root_dir.parent if args.dir is None else root_dir, ignore_errors=True)
 
 
 def _print_table(
-    rows: list[tuple[str, float, float, float, float]], baseline: float, *, entries: int, runs: int
+    rows: list[tuple[str, float, float, float, float]],
+    baseline: float,
+    *,
+    entries: int,
+    runs: int,
+    target: float,
 ) -> None:
-    print(
-        f"cachemgr on {entries} entries: wall time of the CLI, {runs} runs (target < {TARGET_SECONDS:.0f}s)"
-    )
+    print(f"cachemgr on {entries} entries: wall time of the CLI, {runs} runs (target < {target:.0f}s)")
     print(f"{'COMMAND':<14}  {'MEDIAN':>8}  {'MIN':>8}  {'MAX':>8}  {'CPU':>8}  TARGET")
     for name, median, low, high, cpu in rows:
-        verdict = "ok" if median < TARGET_SECONDS else "SLOW"
+        verdict = "ok" if median < target else "SLOW"
         print(f"{name:<14}  {median:>7.3f}s  {low:>7.3f}s  {high:>7.3f}s  {cpu:>7.3f}s  {verdict}")
     print(f"{'--version':<14}  {baseline:>7.3f}s  (interpreter start and CLI parse, included above)")
     print("CPU: median user+sys of the process; wall beyond it is I/O wait or a busy machine")

@@ -31,6 +31,8 @@ the fast check done two other ways (a directory listing; threads), in this proce
     .venv/bin/python bench/bench_warm.py                    # local, JuiceFS, JuiceFS with caches
     .venv/bin/python bench/bench_warm.py --quick            # 200 files, 64 MiB, 5 runs
     .venv/bin/python bench/bench_warm.py --fs local --files 2000 --size 8G --runs 31
+    git archive main | tar -x -C /tmp/main-tree && \
+      .venv/bin/python bench/bench_warm.py --fs local --no-cold --against /tmp/main-tree   # A/B
 
 Target: under 150 ms added. Exits non-zero only on errors, not on a missed target.
 """
@@ -54,7 +56,7 @@ import time
 import venv
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +246,7 @@ class Install:
     label: str
 
 
-def image_like(work: Path) -> Install:
+def image_like(work: Path, *, source: Path = REPO, name: str = "image-venv") -> Install:
     """A throwaway venv that finds cachemgr as a regular install does: on sys.path, no import hook.
 
     A development venv often holds an editable install (``pip install -e``), whose import hook
@@ -255,7 +257,7 @@ def image_like(work: Path) -> Install:
     start: about 40 ms more), sees the dependencies of the bench's venv through a .pth file, and
     gets a console script like pip's.
     """
-    target = work / "image-venv"
+    target = work / name
     venv.EnvBuilder(with_pip=False, symlinks=True).create(target)
     python = target / "bin" / "python"
     purelib = subprocess.run(
@@ -264,7 +266,7 @@ def image_like(work: Path) -> Install:
     ).stdout.strip()  # fmt: skip
     deps = sysconfig.get_paths()["purelib"]
     shutil.copytree(
-        REPO / "cachemgr", Path(purelib, "cachemgr"), ignore=shutil.ignore_patterns("__pycache__")
+        source / "cachemgr", Path(purelib, "cachemgr"), ignore=shutil.ignore_patterns("__pycache__")
     )
     subprocess.run([str(python), "-m", "compileall", "-q", str(Path(purelib, "cachemgr"))], check=True)
     Path(purelib, "bench-deps.pth").write_text(f"{deps}\n")
@@ -274,7 +276,8 @@ def image_like(work: Path) -> Install:
         "    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit(main())\n"
     )
     script.chmod(0o755)
-    return Install(str(script), str(python), "image-like install")
+    label = "image-like install" if source == REPO else f"image-like install of {source}"
+    return Install(str(script), str(python), label)
 
 
 def drop_caches() -> bool:
@@ -548,6 +551,7 @@ class Result:
     cold: bool
     direct: list[float]
     managed: list[float]
+    against: list[float] = field(default_factory=list)  # --against: the other checkout's starts
 
     @property
     def added(self) -> list[float]:
@@ -573,15 +577,23 @@ def measure(
     managed_argv = cachemgr_argv(key, args.files, size, head=[args.install.script])
     result = Result(label, cold, [], [])
     check_hit(start_once(managed_argv, env, work / "warmup"), key)  # bytecode, page cache, a sanity check
+    order = [("direct", direct_argv), ("managed", managed_argv)]
+    if args.against_install is not None:
+        against_argv = cachemgr_argv(key, args.files, size, head=[args.against_install.script])
+        check_hit(start_once(against_argv, env, work / "warmup-against"), key)
+        order.append(("against", against_argv))
     for i in range(args.runs if label == "local" else args.juicefs_runs):
-        order = [("direct", direct_argv), ("managed", managed_argv)]
-        for which, argv in order if i % 2 == 0 else order[::-1]:
+        turn = order[i % len(order) :] + order[: i % len(order)]  # each run starts with another
+        for which, argv in turn:
             if cold:
                 drop_caches()
             start = start_once(argv, env, work / f"{'cold' if cold else 'warm'}-{i}-{which}")
             if which == "managed":
                 check_hit(start, key)
                 result.managed.append(start.spawn_to_server_ms)
+            elif which == "against":
+                check_hit(start, key)
+                result.against.append(start.spawn_to_server_ms)
             else:
                 result.direct.append(start.spawn_to_server_ms)
     return result
@@ -607,6 +619,17 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
             f"| {statistics.median(r.managed):.1f} / {pct(r.managed, 0.95):.1f} ms "
             f"| **{med:.1f}** / {p95:.1f} ms | {verdict} |"
         )
+    if any(r.against for r in results):
+        print(f"\n### This checkout against {args.against} (paired: this minus that, same run)\n")
+        print("| volume | caches | that checkout (median) | this one (median) | difference (median / p95) |")
+        print("|---|---|---:|---:|---:|")
+        for r in results:
+            diff = [m - a for m, a in zip(r.managed, r.against, strict=True)]
+            print(
+                f"| {r.label} | {'dropped' if r.cold else 'warm'} | {statistics.median(r.against):.1f} ms "
+                f"| {statistics.median(r.managed):.1f} ms | **{statistics.median(diff):+.1f}** / "
+                f"{pct(diff, 0.95):+.1f} ms |"
+            )
 
 
 def print_breakdown(label: str, traces: list[dict[str, float]], imports: list[tuple[str, float]]) -> None:
@@ -703,6 +726,14 @@ def main() -> int:
         "console script (with an editable install's import hook, if it has one)",
     )
     parser.add_argument("--no-cold", action="store_true", help="skip the rows with dropped caches")
+    parser.add_argument(
+        "--against",
+        type=Path,
+        default=None,
+        metavar="CHECKOUT",
+        help="also start another checkout's cachemgr (e.g. git worktree add /tmp/main main) in the same "
+        "paired runs, and print this minus that",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="work directory (default: a temp dir)")
     parser.add_argument(
         "--pod-fs",
@@ -730,6 +761,9 @@ def main() -> int:
             image_like(work)
             if args.install == "image"
             else Install(str(CONSOLE_SCRIPT), sys.executable, "venv")
+        )
+        args.against_install = (
+            image_like(work, source=args.against, name="against-venv") if args.against else None
         )
         with (
             pod_filesystem(args.pod_fs, work) as (pods, args.pod_label),

@@ -135,7 +135,19 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         remote=remote_config(args.remote, environ),
         signing_key=signing_key,
         trusted=trusted,
+        prefetch=_prefetch_mode(args.prefetch),
     )
+
+
+def _prefetch_mode(value: str | None) -> Any:
+    """``--prefetch`` / ``CACHEMGR_PREFETCH``: ``auto`` (the default) or ``off``."""
+    mode = (value or "auto").strip().lower()
+    if mode not in {"auto", "off"}:
+        raise UsageError(
+            f"--prefetch (CACHEMGR_PREFETCH) must be auto or off, not {mode[:40]!r}",
+            remedy="set CACHEMGR_PREFETCH=auto (read ahead after the launch) or off",
+        )
+    return mode
 
 
 def run(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, str]) -> int:

@@ -243,6 +243,13 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         help="serve /livez /readyz /startupz /status /metrics on this port (0: any free port)",
     )
     group.add_argument(
+        "--prefetch",
+        choices=["auto", "off"],
+        default=env("CACHEMGR_PREFETCH"),
+        help="on a hit, read the entry into the page cache while the server initialises "
+        "[env CACHEMGR_PREFETCH; default auto]",
+    )
+    group.add_argument(
         "--remote",
         default=None,
         metavar="URL",

@@ -318,6 +318,26 @@ def touch_at(parent: int, name: str) -> None:
         os.close(os.open(name, flags, 0o644, dir_fd=parent))
 
 
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem holding path (``fuse.seaweedfs``, ``nfs4``...), from mountinfo."""
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                before, _, after = line.partition(" - ")
+                fields = before.split()
+                if len(fields) < 5 or not after:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and (best is None or len(point) >= best[0]):
+                    best = (len(point), after.split()[0])
+    except OSError:
+        return None
+    return best[1] if best else None
+
+
 def age_seconds(path: Path, *, now: float | None = None) -> float | None:
     """Seconds since ``path`` last changed by this node's clock; None if it is gone."""
     try:

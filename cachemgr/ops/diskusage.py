@@ -173,7 +173,7 @@ class DiskUsage:
 def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 14 * 86400.0) -> DiskUsage:
     space = VolumeSpace.measure(root.path)
     st = os.statvfs(root.path)
-    found = scan(root, compat=compat)
+    found = scan(root, compat=compat, hints=True)
     published = {e.key for e in found.entries if e.key}
     return DiskUsage(
         volume=str(root.path),

@@ -68,7 +68,7 @@ class Listing:
 
 
 def list_cache(root: CacheRoot, *, compat: Compat | None, trusted: TrustedKeys | None = None) -> Listing:
-    found = scan(root, compat=compat, trusted=trusted)
+    found = scan(root, compat=compat, trusted=trusted, hints=True)
     published = {e.key for e in found.entries if e.key}
     attempts = tuple(attempt_of(root, info, published=published) for info in found.staging)
     warnings = list(found.warnings)

@@ -24,6 +24,7 @@ import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,7 +32,8 @@ from cachemgr.core import safefs
 from cachemgr.core.coerce import as_dict, number, read_dict, text
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_age, human_bytes
-from cachemgr.volume.entries import DIGEST, entry_names
+from cachemgr.ops import scanhints
+from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Mark, Usage, User, read_usage
@@ -202,14 +204,20 @@ def scan(
     compat: Compat | None = None,
     with_staging: bool = True,
     trusted: TrustedKeys | None = None,
+    hints: bool = False,
 ) -> Scan:
     """Read every entry's summary; damaged ones are reported, not fatal. With ``trusted`` keys,
-    also each entry's signature (a small file, not the manifest nor the bytes)."""
-    names = entry_names(root)
+    also each entry's signature (a small file, not the manifest nor the bytes). ``hints``: for
+    what is only shown (ls, du, /metrics), take what did not change (:mod:`cachemgr.ops.scanhints`)."""
+    hinted = scanhints.load(root) if hints else None
     with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
-        used = frozenset(os.listdir(usage_fd)) if usage_fd is not None else frozenset()
-        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd, trusted)
-        entries = tuple(info for info in _entry_infos(ctx, names) if info is not None)
+        names, used = scanhints.names(root, entries_fd, usage_fd, hinted)
+        ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd, trusted, hinted)
+        infos = {n: _entry_info(ctx, n, s) for n, s in hinted.summaries(_checked_summary)} if hinted else {}
+        fresh = [name for name in names if name not in infos]
+        infos.update(zip(fresh, _entry_infos(ctx, fresh), strict=True))
+        scanhints.save(root, hinted, read=len(fresh))
+        entries = tuple(info for name in names if (info := infos[name]) is not None)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     # Sorted: entries read by threads (a slow volume) add theirs in no set order.
     return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
@@ -269,6 +277,7 @@ class _Context:
     entries_fd: int | None
     usage_fd: int | None = None
     trusted: TrustedKeys | None = None
+    hints: scanhints.Hints | None = None  # a scan for display (ls, du): what did not change
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
 
@@ -289,8 +298,9 @@ def _directory(root: CacheRoot, path: Path) -> Iterator[int | None]:
         yield fd
 
 
-def _entry_info(ctx: _Context, name: str) -> EntryInfo | None:
-    summary, problem = _read_summary(ctx, name)
+def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) -> EntryInfo | None:
+    """One entry: its summary read now, or ``hinted`` (already checked, cachemgr.ops.scanhints)."""
+    summary, problem = (hinted, None) if hinted is not None else _read_summary(ctx, name)
     if problem is not None:
         path = ctx.entries / name
         if ctx.entries_fd is None or not _is_dir_at(ctx.entries_fd, name):
@@ -393,6 +403,8 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     if not stat.S_ISREG(st.st_mode):
         problem = f"manifest.json is {safefs.describe(st)}: damaged (cachemgr verify --fix moves it aside)"
         return checked, problem
+    if ctx.hints is not None:  # what the next scan for display may take unread
+        ctx.hints.learn(name, checked)
     return checked, None
 
 
@@ -462,7 +474,8 @@ def _usage(ctx: _Context, key: str) -> Usage:
     """Last use and current users, from one directory read and a stat per file of ``usage/<key>``."""
     if ctx.used is not None and key not in ctx.used:
         return Usage()
-    return read_usage(ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
+    read = partial(read_usage, ctx.root, key, usage_fd=ctx.usage_fd, now=ctx.now)
+    return read() if ctx.hints is None else ctx.hints.usage(key, read)
 
 
 def last_use(root: CacheRoot, key: str) -> float | None:

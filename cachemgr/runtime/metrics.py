@@ -63,6 +63,7 @@ class MetricsSnapshot:
     remote: dict[str, Any] = field(default_factory=dict)
     untrusted: int = 0
     saved_seconds: float = 0.0
+    prefetch: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -79,6 +80,7 @@ class MetricsSnapshot:
             "phase": self.phase,
             "phase_seconds": {k: round(v, 3) for k, v in sorted(self.phase_seconds.items())},
             "remote": dict(self.remote),
+            "prefetch": dict(self.prefetch),
         }
 
 
@@ -110,6 +112,11 @@ class Metrics:
     remote_uploads: int = 0
     remote_upload_bytes: int = 0
     remote_failures: Counter[str] = field(default_factory=Counter)
+    # The read-ahead after a hit's launch (cachemgr.runtime.prefetch): bytes, seconds, files left by reason.
+    prefetch_bytes: int = 0
+    prefetch_seconds: float = 0.0
+    prefetch_files: int = 0
+    prefetch_skipped: Counter[str] = field(default_factory=Counter)
     _failures_file: Path | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -135,6 +142,18 @@ class Metrics:
     def remote_failure(self, problem: str) -> None:
         with self._lock:
             self.remote_failures[problem] += 1
+
+    def prefetched(self, result: Any, *, files: int) -> None:
+        """A read-ahead ended (a :class:`cachemgr.volume.reader.ReadResult`)."""
+        with self._lock:
+            self.prefetch_bytes += result.bytes
+            self.prefetch_seconds += result.seconds
+            self.prefetch_files += len(result.files_done)
+            self.prefetch_skipped.update(result.skipped)
+            if result.stopped:
+                self.prefetch_skipped[f"stopped:{result.stopped}"] += (
+                    files - len(result.files_done) - sum(result.skipped.values())
+                )
 
     def on_phase(self, old: Any, new: Any) -> None:
         """StateWriter listener: count the time in the phase that ended, and log the change."""
@@ -181,6 +200,12 @@ class Metrics:
                     "uploads": self.remote_uploads,
                     "upload_bytes": self.remote_upload_bytes,
                     "failures": dict(sorted(self.remote_failures.items())),
+                },
+                prefetch={
+                    "bytes": self.prefetch_bytes,
+                    "seconds": round(self.prefetch_seconds, 3),
+                    "files": self.prefetch_files,
+                    "skipped": dict(sorted(self.prefetch_skipped.items())),
                 },
             )
 

@@ -44,6 +44,7 @@ class RunOptions:
     # pod with trusted keys uses only entries one of them signed (its own key among them).
     signing_key: SecretKey | None = None
     trusted: TrustedKeys | None = None
+    prefetch: Literal["auto", "off"] = "auto"  # read-ahead after a hit's launch (cachemgr.runtime.prefetch)
 
     @property
     def stale_staging_after(self) -> float:

@@ -60,6 +60,7 @@ from cachemgr.volume.store import (
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
     from cachemgr.remote.hooks import FetchOutcome, Upload
+    from cachemgr.runtime.prefetch import Prefetch
     from cachemgr.runtime.unusable import Unusable
     from cachemgr.runtime.waiting import Waiting
     from cachemgr.volume.lease import KeyLease
@@ -464,16 +465,26 @@ class Runner:
         log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
         child = launcher.start(argv, env=env, capture=False, what="server")
         self.relay.attach(child)
+        read_ahead = None if self.options.prefetch == "off" else self._read_ahead(root, found, child.pid)
         release_logs()
         watch_readiness(url, child, state=self.state, stall=self.stall, exited=self.server_exited)
         drift = strategy.watch_hit(root, key, found, view)
         remove_old_views_later(views, keep=view)
         code = launcher.wait_reaping(child, reaper=self.reaper)
         self.server_exited.set()
+        if read_ahead is not None:
+            read_ahead.close()
         if drift is not None:
             drift.check()  # a compile-only server exits without ever serving
         self.state.phase("stopped", exit_code=code)
         return code
+
+    def _read_ahead(self, root: CacheRoot, found: Lookup, pid: int) -> Prefetch:
+        """The entry into the page cache while the server initialises; after the spawn, never before."""
+        from cachemgr.runtime.prefetch import Prefetch  # imported after the spawn
+
+        stops = (self.relay.stop, self.server_exited)
+        return Prefetch(found, within=root.path, server_pid=pid, stops=stops, metrics=self.metrics).start()
 
 
 def run(request: KeyRequest, options: RunOptions, *, environ: Mapping[str, str]) -> int:

@@ -90,7 +90,7 @@ def measure_volume(cache_root: Path) -> VolumeFigures:
         str(cache_root), time.time(), free_bytes=space.free_bytes, size_bytes=space.total_bytes
     )
     try:
-        found = scan(open_root(cache_root, create=False), with_staging=False)
+        found = scan(open_root(cache_root, create=False), with_staging=False, hints=True)
     except OSError as error:  # VolumeError is one: no layout yet, or a newer one
         return VolumeFigures(**{**figures.__dict__, "error": str(error)})
     return VolumeFigures(
@@ -154,6 +154,26 @@ def _remote_families(remote: dict[str, Any]) -> Iterator[Metric]:
     yield failed
 
 
+def _prefetch_families(prefetch: dict[str, Any]) -> Iterator[Metric]:
+    """The read-ahead after a hit's launch (cachemgr.runtime.prefetch); 0 until one ran."""
+    yield _counter(
+        "cachemgr_prefetch_bytes",
+        "Bytes read ahead into the page cache after a launch",
+        prefetch.get("bytes", 0),
+    )
+    yield _counter("cachemgr_prefetch_seconds", "Seconds the read-ahead ran", prefetch.get("seconds", 0.0))
+    yield _counter("cachemgr_prefetch_files", "Files the read-ahead read whole", prefetch.get("files", 0))
+    skipped = CounterMetricFamily(
+        "cachemgr_prefetch_skipped_files",
+        "Files the read-ahead left, by reason (server_read: the server got there first; "
+        "stopped:memory or stopped:budget: the memory budget; stopped:stop: SIGTERM or the server exited)",
+        labels=["reason"],
+    )
+    for reason, count in sorted(prefetch.get("skipped", {}).items()):
+        skipped.add_metric([reason], count)
+    yield skipped
+
+
 class RunCollector:
     """Builds every cachemgr_* family at scrape time from the Metrics object, the state and the volume."""
 
@@ -196,6 +216,7 @@ class RunCollector:
             snap.recompiled_on_hit,
         )
         yield from _remote_families(snap.remote)
+        yield from _prefetch_families(snap.prefetch)
         failures = CounterMetricFamily(
             "cachemgr_failures",
             "Failed runs by reason (kept in the state dir across container restarts of this pod)",

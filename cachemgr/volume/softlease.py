@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cachemgr.core import safefs
+from cachemgr.core.fsutil import filesystem_type
 from cachemgr.core.log import get_logger
 from cachemgr.volume.liveness import Here, gone_here
 
@@ -141,26 +142,6 @@ def read_marker_view(path: Path, *, dir_fd: int | None = None) -> MarkerView | N
 def default_confirm(path: Path) -> float:
     """The confirm window for a volume: none on a local filesystem, DEFAULT_CONFIRM elsewhere."""
     return 0.0 if filesystem_type(path) in _LOCAL_FILESYSTEMS else DEFAULT_CONFIRM
-
-
-def filesystem_type(path: Path) -> str | None:
-    """The type of the filesystem holding path (``fuse.seaweedfs``, ``nfs4``...), from mountinfo."""
-    target = os.path.realpath(path)
-    best: tuple[int, str] | None = None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mounts:
-            for line in mounts:
-                before, _, after = line.partition(" - ")
-                fields = before.split()
-                if len(fields) < 5 or not after:
-                    continue
-                point = fields[4].replace("\\040", " ")
-                inside = target == point or target.startswith(point.rstrip("/") + "/")
-                if inside and (best is None or len(point) >= best[0]):
-                    best = (len(point), after.split()[0])
-    except OSError:
-        return None
-    return best[1] if best else None
 
 
 def _write_all(fd: int, data: bytes) -> None:

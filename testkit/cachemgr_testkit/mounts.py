@@ -288,6 +288,7 @@ def juicefs_volume(
     trash_days: int = 0,
     heartbeat_s: float = 1.0,
     extra_mount_args: Sequence[str] = (),
+    storage_args: Sequence[str] = (),
 ) -> Iterator[list[Path]]:
     """Format a fresh JuiceFS volume in workdir and mount it `mounts` times; yields the mount points.
 
@@ -314,6 +315,10 @@ def juicefs_volume(
     died are released after about 5 s. juicefs' own default, 12 s, makes these about 12 s and 70 s.
 
     extra_mount_args: more `juicefs mount` options; given as --name=value, they override the above.
+
+    storage_args: the object storage as `juicefs format` takes it, instead of a local directory, e.g.
+    ["--storage=s3", "--bucket=http://127.0.0.1:PORT/bucket", "--access-key=...", "--secret-key=..."]
+    (bench/bench_prefetch.py: SeaweedFS behind a proxy that adds latency and caps bandwidth).
 
     Teardown unmounts (escalating, each step with a deadline), stops the juicefs processes of this
     volume (found by workdir on their command line), and removes workdir. It runs whether or not the
@@ -347,8 +352,7 @@ def juicefs_volume(
                 juicefs,
                 *_JUICEFS_GLOBAL,
                 "format",
-                "--storage=file",
-                f"--bucket={workdir}/obj/",
+                *(storage_args or ("--storage=file", f"--bucket={workdir}/obj/")),
                 f"--trash-days={trash_days}",
                 meta_url,
                 name,
