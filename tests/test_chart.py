@@ -225,6 +225,7 @@ def key_takes_the_images_versions(docs: Docs) -> None:
             "CACHEMGR_VLLM_VERSION",
             "CACHEMGR_VLLM_RBLN_VERSION",
             "CACHEMGR_OPTIMUM_RBLN_VERSION",
+            "CACHEMGR_TRANSFORMERS_VERSION",
         ):
             assert pinned not in names, (doc["metadata"]["name"], pinned)
         assert container(doc)["image"] == "registry.example.com/modelserver-cachemgr:sdk-0.12"

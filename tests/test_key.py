@@ -24,6 +24,7 @@ BASE_ENV = {
     "CACHEMGR_COMPILER_VERSION": "0.12.3",
     "CACHEMGR_NPU_TYPE": "RBLN-CA25",
     "PATH": "/usr/bin:/bin",
+    "HF_HUB_CACHE": "/nonexistent/hf-cache",  # no snapshot to resolve, whatever this machine holds
     **DECLARED_VERSIONS,
 }
 ARGV = ["vllm", "serve", "org/model", "--tensor-parallel-size", "4", "--port", "8000"]
@@ -40,15 +41,27 @@ def digest(
 
 # The vllm strategy's digests changed on purpose when the server's versions entered the key
 # (issue 13): vllm-rbln's bundle signature hashes vllm.__version__. The command strategy's did not.
+# They changed again with the per-release rules (issue 23): every vllm-strategy key now holds the
+# rules it was made by, the model path, the transformers version and a hub model's snapshot;
+# variables are keyed parsed ("2" is 2) and RBLN options as resolved fields (the JSON config's
+# num_devices_per_local_rank moved from serving.additional_config to rbln). The command strategy's
+# did not change.
 GOLDEN = {
-    "hub model, tp 4": (ARGV, {}, "d63bd573abd803135fa20c6ca6c547da"),
+    "hub model, tp 4": (ARGV, {}, "23c48a2e08a5bd0afad133940e384bce"),
     "hub model with revision and JSON config": (
         ["vllm", "serve", "org/model", "--revision", "abc123", "-tp", "8",
          "--additional-config", '{"num_devices_per_local_rank": 2}'],
         {},
-        "82f35abc9f5b6659562b01d0a4397ba0",
+        "dc9d296a2e7d3c60c7595094c0df5be1",
     ),
-    "decode role with compile env": (ARGV, {"role": "decode", "VLLM_RBLN_NUM_HIDDEN_LAYERS": "2"}, "49512b69e54839c4ef368481f4e56848"),
+    "decode role with compile env": (ARGV, {"role": "decode", "VLLM_RBLN_NUM_HIDDEN_LAYERS": "2"}, "ea9678ead2df64837ca9e2deacb2e6fd"),
+    "an RBLN option from the environment": (ARGV, {"RBLN_USE_CUSTOM_KERNEL": "1"}, "679d581423e932b81b1765e1e35ead13"),
+    "an unknown flag": ([*ARGV, "--future-flag", "3"], {}, "cdfeaa739ac2e3afddb756d3272a5ed7"),
+    "vllm-rbln 0.11.2": (ARGV, {"CACHEMGR_VLLM_VERSION": "0.24.0+cpu", "CACHEMGR_VLLM_RBLN_VERSION": "0.11.2",
+                                "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.11.2", "VLLM_RBLN_FLASH_CAUSAL_ATTN": "0"},
+                         "d8498a47573921217457c916d3eb672a"),
+    "a release not checked (strict)": (ARGV, {"CACHEMGR_VLLM_RBLN_VERSION": "0.13.0", "VLLM_RBLN_X": "1"},
+                                       "0c4100c50059b2733aca80dd56876337"),
 }  # fmt: skip
 
 
@@ -483,7 +496,10 @@ def test_server_versions_come_from_package_metadata_and_key_shows_them(tmp_path:
     _fake_dist(site, "vllm", "0.30.0+cpu")
     _fake_dist(site, "vllm-rbln", "0.12.0")
     _fake_dist(site, "optimum-rbln", "0.12.0")
-    env = _env_without_overrides(PYTHONPATH=str(site), CACHEMGR_NPU_TYPE="RBLN-CA25")
+    _fake_dist(site, "transformers", "5.15.1")
+    env = _env_without_overrides(
+        PYTHONPATH=str(site), CACHEMGR_NPU_TYPE="RBLN-CA25", HF_HUB_CACHE=str(tmp_path / "no-hf-cache")
+    )
     result = run_cli("key", "-o", "json", "--", *ARGV, env=env)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -491,6 +507,7 @@ def test_server_versions_come_from_package_metadata_and_key_shows_them(tmp_path:
         "vllm": "0.30.0+cpu",
         "vllm_rbln": "0.12.0",
         "optimum_rbln": "0.12.0",
+        "transformers": "5.15.1",
     }
     assert "package vllm 0.30.0+cpu" in data["sources"]["versions"]
     assert data["key"] == digest(), "the same versions as the stand-in declares: the same key"

@@ -1,74 +1,68 @@
 """The facts the vllm strategy rests on, re-read from the real vllm-rbln / optimum-rbln / vLLM code.
 
-tools/rbln_facts.py finds each one in the unpacked wheels (/tmp/wheels/src; CI has none, so these
-tests skip there). They fail when a fact moves or changes: the cited line numbers in cachemgr's
-comments (pinned in LINES) or the values cachemgr and its stand-in assume. A new SDK release: read
-the diff around the fact, update cachemgr and the stand-in, then the citations and LINES.
+Two layers (tools/rbln_facts.py says how the wheels are fetched and unpacked):
+
+- in CI, without wheels: each release of ``cachemgr.key.releases.KNOWN`` is held to the facts the
+  tool derived from that release's wheels and that are checked in (tests/data/rbln_facts/), so a
+  table entry cannot drift from the code it was read from, and a release that is not in the table
+  is keyed strictly;
+- where the wheels are unpacked (``CACHEMGR_RBLN_SRC``, default /tmp/wheels/src): the checked-in facts
+  are re-derived and must be equal, every pinned fact is where cachemgr's comments cite it (LINES),
+  and the real ``vllm_rbln.envs`` parses every variable as cachemgr's table does.
+
+A new SDK release: unpack its wheels, ``tools/rbln_facts.py --release X --write tests/data/rbln_facts``,
+read the diff, add the release to the table until these pass.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import cachemgr_standin as standin
 import pytest
 
-from cachemgr.key import npu, vllm_rbln
+from cachemgr.key import npu, rbln_env, releases, vllm_rbln
+from cachemgr.key.releases import KNOWN, STRICT, Release, release_for
 from cachemgr.runtime import loadable
 
 REPO = Path(__file__).resolve().parent.parent
 TOOL = REPO / "tools" / "rbln_facts.py"
-SRC = Path("/tmp/wheels/src")
-
-pytestmark = pytest.mark.skipif(
-    not (SRC / "vllm_rbln").is_dir(),
+SNAPSHOTS = REPO / "tests" / "data" / "rbln_facts"
+SRC = Path(os.environ.get("CACHEMGR_RBLN_SRC", "/tmp/wheels/src"))
+wheels = pytest.mark.skipif(
+    not (SRC / "vllm_rbln-0.12.0").is_dir(),
     reason=f"the unpacked wheels are absent ({SRC}); see tools/rbln_facts.py for how to get them",
 )
 
-# Where each fact is, as cachemgr's comments cite it (file:line of the match's first line).
+# Where each pinned fact is, as cachemgr's comments cite it (file:line of the match's first line).
 LINES = {
-    "vllm_pin": 229,
-    "vllm_rbln_version": 3,
-    "optimum_rbln_version": 3,
-    "compute_hash_version": 481,
-    "signature_compute_hash": 129,
-    "signature_parts": 146,
-    "signature_npu": 74,
-    "npu_order": 141,
-    "device_nodes": 189,
-    "device_node_names": 282,
-    "optimum_name_no_version": 78,
-    "optimum_name_model": 63,
-    "optimum_cache_dir": 116,
-    "compiled_dir_test": 22,
-    "rbln_config_name": 16,
-    "model_redirect": 558,
-    "model_redirect_table": 101,
-    "warmup_skip": 380,
-    "warmup_skipped_in_worker": 512,
-    "warmup_default": 212,
-    "save_after_warmup": 3645,
-    "load_disabled": 182,
-    "save_disabled": 206,
-    "disable_cache_parse": 364,
-    "save_failure_logged": 241,
-    "bundle_resave": 214,
-    "bundle_path": 169,
-    "modelinfos": 963,
-    "model_impl_aliases": 321,
-    "compile_only_vllm_path": 127,
-    "optimum_runtimes_default": 1138,
-    "optimum_device_check": 520,
-    "optimum_tmpdir": 146,
-    "optimum_save_copy": 681,
-    "optimum_save_called": 273,
-}
+    "vllm_pin": 229, "vllm_rbln_version": 3, "optimum_rbln_version": 3, "transformers_pin": 37,
+    "compute_hash_version": 481, "additional_config_hashed": 564, "additional_config_compute_hash": 568,
+    "hf_config_hashed": 319, "signature_compute_hash": 129, "signature_parts": 146, "signature_draft_model": 105,
+    "signature_npu": 74, "npu_order": 141, "model_impl_reset": 238, "mla_backend": 120, "mla_disable": 1927,
+    "dp_from_env": 936, "dp_rank_dir": 834, "device_nodes": 189, "device_node_names": 282,
+    "optimum_name_no_version": 78, "optimum_name_model": 63, "optimum_cache_dir": 116, "compiled_dir_test": 22,
+    "rbln_config_name": 16, "compiled_graphs_named": 308, "compiled_graph_missing": 208,
+    "compiled_model_default_name": 37, "submodule_folder": 178, "model_redirect": 558, "model_redirect_table": 101,
+    "warmup_skip": 380, "warmup_skipped_in_worker": 512, "warmup_default": 212, "save_after_warmup": 3645,
+    "load_disabled": 182, "save_disabled": 206, "disable_cache_parse": 364, "save_failure_logged": 241,
+    "bundle_resave": 214, "bundle_path": 169, "modelinfos": 963, "model_impl_aliases": 321,
+    "compile_only_vllm_path": 127, "optimum_runtimes_default": 1138, "optimum_device_check": 520,
+    "optimum_tmpdir": 146, "optimum_save_copy": 681, "optimum_save_called": 273,
+}  # fmt: skip
+# OptimumRBLNConfig fields the server overwrites (not its `derived` metadata, but as good as): the
+# platform writes the first from --max-num-batched-tokens (platform/__init__.py 249), the sync the
+# second from the compiled artifact (converter/from_optimum.py 159). A given value never counts.
+OVERWRITTEN = {"user_max_num_batched_tokens", "num_blocks_override"}
 
 
 def _tool() -> ModuleType:
@@ -81,15 +75,152 @@ def _tool() -> ModuleType:
     return module
 
 
+def snapshot(release: Release) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        (SNAPSHOTS / f"vllm-rbln-{release.versions['vllm_rbln']}.json").read_text()
+    )
+    return data
+
+
+# --- the table against the derived facts (CI) -------------------------------------------------------
+
+
+@pytest.mark.quick
+def test_every_checked_release_has_its_derived_facts_checked_in() -> None:
+    names = sorted(p.name for p in SNAPSHOTS.glob("vllm-rbln-*.json"))
+    assert names == sorted(f"vllm-rbln-{r.versions['vllm_rbln']}.json" for r in KNOWN)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("release", KNOWN, ids=lambda r: r.name)
+def test_the_release_table_says_what_the_code_says(release: Release) -> None:
+    facts = snapshot(release)
+    assert dict(release.versions) == facts["versions"]
+    assert release.envs_xxh3 == facts["envs_xxh3"], "an installed envs.py equal to this file is the table"
+    # every variable of envs.environment_variables, parsed as envs.py parses it
+    assert set(release.env) == set(facts["env"])
+    for name, var in release.env.items():
+        fact = facts["env"][name]
+        assert (var.kind, var.default) == (fact["kind"], fact["default"]), name
+        if "reads" in fact:
+            assert list(var.sources) == fact["reads"], name
+    # what the bundle signature hashes (RBLN_COMPILE_ENV) is compiled on the vLLM-model path...
+    hashed = {n for n, v in release.env.items() if "vllm" in v.compiled_on and v.field is None}
+    assert hashed == set(facts["rbln_compile_env"])
+    # ...what is not, is compiled nowhere, or through the RBLNConfig field it sets
+    assert {n for n in release.env if n not in hashed} == set(facts["rbln_non_compile_env"])
+    assert {n for n, v in release.env.items() if not v.compiled_on} <= set(facts["rbln_non_compile_env"])
+    # the optimum path compiles from what names its directory
+    optimum_env = {n for n, v in release.env.items() if "optimum" in v.compiled_on and v.field is None}
+    assert optimum_env == set(facts["optimum_name_env"])
+    # the flags left out are fields vLLM's config hashes ignore
+    ignored = facts["vllm_hash_ignored"]
+    for flag in release.runtime_flags:
+        assert flag.replace("-", "_") in ignored["ModelConfig"] + ignored["ParallelConfig"], flag
+    for flag in release.runtime_flags_vllm_path:
+        assert flag.replace("-", "_") in ignored["CacheConfig"], flag
+    # the server's defaults
+    assert facts["platform_defaults"]["max_num_seqs"] in release.defaults["max_num_seqs"]
+    gpu = {
+        facts["vllm_gpu_memory_utilization_default"],
+        facts["platform_defaults"].get("gpu_memory_utilization"),
+    }
+    assert set(release.defaults["gpu_memory_utilization"]) == gpu - {None}
+    assert release.model_impl == facts["model_impl_rule"]
+    assert (release.model_impl == "flag_then_env") == facts["model_impl_reset"]
+    assert (release.additional_config == "fields") == bool(facts["rbln_config"])
+
+
+@pytest.mark.quick
+def test_the_rbln_fields_are_what_config_py_declares() -> None:
+    release = releases.VLLM_RBLN_0_12_0
+    facts = snapshot(release)["rbln_config"]
+    assert set(release.rbln_fields) == set(facts["fields"])
+    for name, spec in release.rbln_fields.items():
+        fact = facts["fields"][name]
+        assert set(spec.classes) == set(fact["classes"]), name
+        # RBLNConfig.compute_hash turns an unset use_dynamic_kv_cache into True (config.py 162-163)
+        assert spec.default == (True if name == "use_dynamic_kv_cache" else fact["default"]), name
+        derived = "derived" in fact.get("metadata", "") or name in OVERWRITTEN
+        assert spec.derived == derived, name
+        if "vllm" in spec.classes and not derived:
+            assert ("vllm" in spec.compiled_on) == (name not in facts["hash_ignored"]), name
+        # _env_source: the envs.py variable _env_overrides reads for the field, if envs.py has it
+        attr = facts["env_name"].get(name, f"VLLM_RBLN_{name.upper()}")
+        assert spec.env == (attr if attr in release.env else None), name
+        if spec.env is not None:
+            var = release.env[spec.env]
+            assert var.field == name
+            assert list(var.sources) == facts["env_probe"].get(name, [attr]) or var.kind == "num_devices", (
+                name
+            )
+    assert {n for n, f in release.rbln_fields.items() if "optimum" in f.compiled_on} == set(
+        snapshot(release)["optimum_name_fields"]
+    )
+    assert sorted(release.optimum_runtime_keys) == snapshot(release)["optimum_runtime_keys"]
+    assert facts["renamed"] == {
+        "optimum": {"rbln_config": "optimum_overrides", "prefix_block_size": "sub_block_size"}
+    }
+
+
+@pytest.mark.quick
+def test_any_other_release_is_keyed_strictly() -> None:
+    known = dict(releases.VLLM_RBLN_0_12_0.versions)
+    assert release_for(known) is releases.VLLM_RBLN_0_12_0
+    for name, other in (
+        ("vllm_rbln", "0.13.0"),
+        ("optimum_rbln", "0.12.1"),
+        ("vllm", "0.30.0"),
+        ("vllm", "0.30.1+cpu"),
+    ):
+        assert release_for({**known, name: other}) is STRICT, (name, other)
+    assert release_for({**known, "transformers": "9.9"}) is releases.VLLM_RBLN_0_12_0, "not a server release"
+
+
+@pytest.mark.quick
+def test_the_stand_in_declares_the_pinned_versions() -> None:
+    facts = snapshot(releases.VLLM_RBLN_0_12_0)
+    assert facts["versions"]["vllm"] == standin.VLLM_VERSION == "0.30.0+cpu"
+    assert facts["versions"]["vllm_rbln"] == standin.VLLM_RBLN_VERSION
+    assert facts["versions"]["optimum_rbln"] == standin.OPTIMUM_RBLN_VERSION
+    assert facts["transformers_pin"] == standin.TRANSFORMERS_VERSION
+
+
+@pytest.mark.quick
+def test_version_env_names_are_fixed() -> None:
+    assert {env for _, env in vllm_rbln.VERSION_ENV.values()} == set(standin.DECLARED_VERSIONS)
+    assert [dist for dist, _ in vllm_rbln.VERSION_ENV.values()] == [
+        "vllm",
+        "vllm-rbln",
+        "optimum-rbln",
+        "transformers",
+    ]
+
+
+# --- the facts against the wheels ------------------------------------------------------------------
+
+
 @pytest.fixture(scope="module")
 def facts() -> dict[str, str]:
-    found, missing = _tool().derive(SRC)
+    tool = _tool()
+    found, missing = tool.derive(tool.sources(SRC, "0.12.0"))
     assert not missing, missing
     lines = {f.fact.name: f.line for f in found}
     assert lines == LINES, "a fact moved: re-read it and update the citations in cachemgr, then LINES"
     return {f.fact.name: f.value for f in found}
 
 
+@wheels
+@pytest.mark.parametrize("release", KNOWN, ids=lambda r: r.name)
+def test_the_checked_in_facts_are_the_wheels(release: Release) -> None:
+    tool = _tool()
+    derived = tool.release_table(tool.sources(SRC, release.versions["vllm_rbln"]))
+    assert json.loads(json.dumps(derived)) == snapshot(release), (
+        "re-run tools/rbln_facts.py --write and read the diff"
+    )
+
+
+@wheels
 def test_the_tool_finds_every_fact() -> None:
     done = subprocess.run(
         [sys.executable, str(TOOL), "--src", str(SRC)], capture_output=True, text=True, check=False
@@ -98,17 +229,17 @@ def test_the_tool_finds_every_fact() -> None:
     assert "compute_hash_version" in done.stdout
 
 
-@pytest.mark.quick
+@wheels
 def test_versions_the_stand_in_declares_are_the_pinned_ones(facts: dict[str, str]) -> None:
     assert facts["vllm_pin"] == standin.VLLM_VERSION == "0.30.0+cpu"
-    assert facts["vllm_rbln_version"] == standin.VLLM_RBLN_VERSION
-    assert facts["optimum_rbln_version"] == standin.OPTIMUM_RBLN_VERSION
+    assert facts["transformers_pin"] == standin.TRANSFORMERS_VERSION
     assert facts["compute_hash_version"] == "__version__"
     assert "cfg" in facts["signature_parts"]
     assert facts["signature_compute_hash"] == "vllm_config.compute_hash()"
+    assert facts["signature_draft_model"] == "draft.compute_hash()"
 
 
-@pytest.mark.quick
+@wheels
 def test_npu_order_is_the_servers(facts: dict[str, str]) -> None:
     order = re.findall(r'"([A-Z_]+)"', facts["npu_order"])
     assert facts["npu_order"].startswith("rebel.get_npu_name(device_id)")
@@ -117,15 +248,17 @@ def test_npu_order_is_the_servers(facts: dict[str, str]) -> None:
     assert facts["device_nodes"] == 'RBLN_DEV_DIR = "/dev"'
 
 
-@pytest.mark.quick
+@wheels
 def test_loadable_artifacts_are_named_as_the_server_names_them(facts: dict[str, str]) -> None:
     assert facts["rbln_config_name"] == loadable.RBLN_CONFIG
     assert facts["bundle_path"] == loadable.BUNDLE
+    assert facts["compiled_model_default_name"] == loadable.COMPILED_MODEL_NAME
+    assert facts["compiled_graph_missing"] == "FileNotFoundError"
     assert facts["optimum_cache_dir"] == '"compiled_models"'
     assert facts["modelinfos"] == "modelinfos"
 
 
-@pytest.mark.quick
+@wheels
 def test_what_is_never_saved(facts: dict[str, str]) -> None:
     assert facts["warmup_skip"] == "envs.VLLM_RBLN_ENABLE_WARM_UP"
     # The same parse as vllm-rbln's envs.py: anything but true/1 turns warm-up off.
@@ -137,9 +270,9 @@ def test_what_is_never_saved(facts: dict[str, str]) -> None:
     assert not vllm_rbln.never_saved({}, {"VLLM_DISABLE_COMPILE_CACHE": "0"})
 
 
-@pytest.mark.quick
+@wheels
 def test_model_impl_aliases_match(facts: dict[str, str]) -> None:
-    text = (SRC / "vllm_rbln/vllm_rbln/config.py").read_text(encoding="utf-8")
+    text = (SRC / "vllm_rbln-0.12.0/vllm_rbln/config.py").read_text(encoding="utf-8")
     block = re.search(r"_MODEL_IMPL_ALIASES: dict\[str, ModelImpl \| None\] = (\{.*?\n\})", text, re.DOTALL)
     assert block is not None
     theirs = ast.literal_eval(block.group(1))
@@ -147,15 +280,101 @@ def test_model_impl_aliases_match(facts: dict[str, str]) -> None:
     assert facts["model_impl_aliases"] == "transformers"
 
 
-@pytest.mark.quick
+@wheels
 def test_compile_only_acts_on_the_vllm_model_path_only(facts: dict[str, str]) -> None:
-    assert _tool().compile_only_readers(SRC) == ["compilation/compiler.py", "platform/vllm_impl.py"]
+    tool = _tool()
+    assert tool.compile_only_readers(tool.sources(SRC, "0.12.0")) == [
+        "compilation/compiler.py",
+        "platform/vllm_impl.py",
+    ]
     assert facts["optimum_device_check"] == "tp_and_devices_are_ok"
     assert facts["optimum_runtimes_default"] == "True"
     assert facts["optimum_tmpdir"] == "TemporaryDirectory()"
 
 
-@pytest.mark.quick
-def test_version_env_names_are_fixed() -> None:
-    assert {env for _, env in vllm_rbln.VERSION_ENV.values()} == set(standin.DECLARED_VERSIONS)
-    assert [dist for dist, _ in vllm_rbln.VERSION_ENV.values()] == ["vllm", "vllm-rbln", "optimum-rbln"]
+# A value of every shape each kind of parser meets: set, unset, empty, spelled otherwise, refused.
+SAMPLES: dict[str, list[str | None]] = {
+    "bool": [None, "1", "0", "true", "TRUE", "True", "false", "yes", "", " 1"],
+    "int": [None, "0", "2", "02", " 3", "+4", "x", ""],
+    "str": [None, "", "a b"],
+    "opt_int": [None, "", "4", "x"],
+    "int_list": [None, "1,2", "2, 1", "0", "1,1", "x", ""],
+    "bucket_strategy": [None, "exp", "EXP", "linear", "manual", "bad"],
+    "num_devices": [None, "2", "x"],
+    "auto_port": [None, "1", "0"],
+    "w8a16": ["1", "0", "TRUE"],  # unset, it asks the platform (imports vllm): keyed as the NPU decides
+}
+
+
+def _envs_module(release: str) -> ModuleType:
+    path = SRC / f"vllm_rbln-{release}" / "vllm_rbln" / "envs.py"
+    spec = importlib.util.spec_from_file_location(f"vllm_rbln_envs_{release.replace('.', '_')}", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # envs.py imports only os and typing
+    return module
+
+
+@wheels
+@pytest.mark.parametrize("release", KNOWN, ids=lambda r: r.name)
+def test_the_real_envs_module_parses_as_the_table(release: Release) -> None:
+    """Every variable, every sample value: the real envs.py function, run on that environment, and
+    cachemgr's parse agree (or both refuse: the server fails, the key says unparsed)."""
+    module = _envs_module(release.versions["vllm_rbln"])
+    assert set(module.environment_variables) == set(release.env)
+    assert set(module.RBLN_COMPILE_ENV) == {
+        n for n, v in release.env.items() if "vllm" in v.compiled_on and v.field is None
+    }
+    for name, var in release.env.items():
+        for value in SAMPLES[var.kind]:
+            for other in [None, "3"] if len(var.sources) > 1 else [None]:
+                environ = {} if value is None else {var.sources[0]: value}
+                if other is not None:
+                    environ[var.sources[1]] = other
+                if var.kind == "num_devices" and release.name.endswith("0.11.2") and other is not None:
+                    continue  # 0.11.2 logs a deprecation through vllm there
+                ours = rbln_env.parse(var, environ, npu="RBLN-CA25")
+                try:
+                    theirs = _rehomed_with_helpers(module, name)(environ)
+                except ValueError:
+                    assert isinstance(ours, dict), (name, environ, ours)
+                    assert "$unparsed" in ours, (name, environ, ours)
+                    continue
+                assert ours == theirs, (name, environ)
+
+
+def _rehomed_with_helpers(module: ModuleType, name: str) -> Any:
+    """The module's function for ``name`` with ``os.environ`` being the given mapping, helpers included."""
+
+    def run(environ: dict[str, str]) -> Any:
+        import types
+
+        scope = dict(vars(module))
+        scope["os"] = types.SimpleNamespace(environ=environ, getenv=environ.get)
+        for key, value in list(scope.items()):
+            if isinstance(value, types.FunctionType) and value.__module__ == module.__name__:
+                scope[key] = types.FunctionType(value.__code__, scope, value.__name__, value.__defaults__)
+        fn = module.environment_variables[name]
+        return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)()
+
+    return run
+
+
+@wheels
+def test_the_real_vllm_rbln_installed_is_read_as_the_table(tmp_path: Path) -> None:
+    """The modelserver image: vllm-rbln 0.12.0 on sys.path. Its envs.py is the checked file: same key."""
+    from cachemgr_testkit.podlib import run_cli
+
+    env = {
+        "PATH": os.environ["PATH"], "HOME": str(tmp_path), "CACHEMGR_ROLE": "prefill",
+        "CACHEMGR_COMPILER_VERSION": "0.12.3", "CACHEMGR_NPU_TYPE": "RBLN-CA25", **standin.DECLARED_VERSIONS,
+    }  # fmt: skip
+    argv = ["vllm", "serve", "org/model", "-tp", "4", "--port", "8000"]
+    plain = run_cli("key", "-o", "json", "--", *argv, env=env)
+    image = run_cli(
+        "key", "-o", "json", "--", *argv, env={**env, "PYTHONPATH": str(SRC / "vllm_rbln-0.12.0")}
+    )
+    assert plain.returncode == image.returncode == 0, (plain.stderr, image.stderr)
+    assert json.loads(image.stdout)["sources"]["env"].endswith("the checked vllm-rbln 0.12.0 file")
+    assert json.loads(image.stdout)["key"] == json.loads(plain.stdout)["key"]

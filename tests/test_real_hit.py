@@ -184,6 +184,7 @@ def test_recompiled_on_hit_fires_on_drift_and_never_on_a_true_hit(pods: Cluster,
 @pytest.mark.quick
 def test_recompiled_on_hit_ignores_tmp_files_and_modelinfos(tmp_path: Path) -> None:
     """Unit: what the watcher counts, on a real view built from a real manifest."""
+    from cachemgr.core.fsutil import hash_file
     from cachemgr.volume.drift import new_artifacts
     from cachemgr.volume.manifest import FileRecord, Manifest
 
@@ -192,7 +193,8 @@ def test_recompiled_on_hit_ignores_tmp_files_and_modelinfos(tmp_path: Path) -> N
     for rel in (bundle, "modelinfos/x.json", f"{bundle}.123.tmp", "compiled_models/m_a.tmp/graph.rbln"):
         (view / rel).parent.mkdir(parents=True, exist_ok=True)
         (view / rel).write_bytes(b"x")
-    record = FileRecord(f"artifacts/{bundle}", 1, "0" * 32)
+    # the bundle re-saved at its own path with the bytes it was published with: the same graphs
+    record = FileRecord(f"artifacts/{bundle}", 1, hash_file(view / bundle))
     manifest = Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm")
     assert new_artifacts(view, manifest) == []
     for rel in ("rbln/m-1/other/rank0/mega_cache.bin", "compiled_models/m_b/rbln_config.json"):

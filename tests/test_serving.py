@@ -455,7 +455,8 @@ def test_optimization_level_oddities() -> None:
     # "-O 4": vLLM rewrites -O only before 0-3; argparse then refuses "-O" (kept in the key, fail closed)
     odd = serve("m -O 4")
     assert odd.unknown == ("O",)
-    assert odd.settings == {"unrecognized_argv": ["m", "-O", "4"]}
+    assert odd.settings == {}
+    assert odd.argv_without(RUNTIME_ONLY) == ["m", "-O", "4"]
 
 
 def test_dotted_args() -> None:
@@ -555,24 +556,27 @@ def test_bad_config_files(tmp_path: Path, text: str, message: str) -> None:
 
 
 def test_unknown_flags_fail_closed() -> None:
-    found = serve("m --future-flag 3 -tp 2 --api-key s3cret --hf-token=tok")
+    found = serve(
+        "m --future-flag 3 -tp 2 --api-key s3cret --hf-token=tok --port 9000 --served-model-name a b"
+    )
     assert found.unknown == ("future-flag",)
-    # which token a newer vLLM reads as whose value is unknowable: the whole argv is keyed, in order
-    assert found.settings == {
-        "tensor_parallel_size": 2,
-        "unrecognized_argv": [
-            "m",
-            "--future-flag",
-            "3",
-            "-tp",
-            "2",
-            "--api-key",
-            "<secret>",
-            "--hf-token=<secret>",
-        ],
-    }
-    assert settings_of("m --future-flag 3") != settings_of("m --future-flag 4")
-    assert settings_of("--future-flag x") != settings_of("x --future-flag")
+    assert found.settings == {"tensor_parallel_size": 2}
+    # which token a newer vLLM reads as whose value is unknowable: the argv is kept, in order, with
+    # the secrets masked...
+    assert found.unknown_argv == (
+        "m", "--future-flag", "3", "-tp", "2", "--api-key", "<secret>", "--hf-token=<secret>", "--port", "9000",
+        "--served-model-name", "a", "b",
+    )  # fmt: skip
+    # ...and what the key takes of it leaves the known runtime-only flags out, values included
+    assert found.argv_without(RUNTIME_ONLY) == ["m", "--future-flag", "3", "-tp", "2"]
+    assert serve("m --future-flag 3 --port 1").argv_without(RUNTIME_ONLY) == ["m", "--future-flag", "3"]
+
+    def keyed(text: str) -> list[str]:
+        return serve(text).argv_without(RUNTIME_ONLY)
+
+    assert keyed("m --future-flag 3") != keyed("m --future-flag 4")
+    assert keyed("--future-flag x") != keyed("x --future-flag")
+    assert keyed("m --future-flag --port=1 -tp 2") == keyed("m --future-flag --port 2 -tp 2")
     with pytest.raises(ConfigError, match="unrecognized arguments"):
         serve("m extra")  # no unknown option: nothing a newer vLLM could mean by it
 

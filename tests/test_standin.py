@@ -300,7 +300,8 @@ def test_precompiled_dir_with_a_missing_file_fails(tmp_path: Path, spawn: Spawn)
     (out / "submodule" / "graph_003.rbln").unlink()
     server, _ = serve(spawn, str(out))
     assert server.wait() == 1
-    assert "missing the required 'submodule/graph_003.rbln' file" in server.stderr()
+    # optimum-rbln's _load_compiled_models: every graph rbln_config.json names (modeling_base.py 205-211)
+    assert "Expected RBLN compiled model 'graph_003.rbln' not found" in server.stderr()
 
 
 def test_http_endpoints(spawn: Spawn) -> None:

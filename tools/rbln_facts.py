@@ -1,28 +1,46 @@
 """Re-derive, from the real sources, the facts the ``vllm`` strategy's key and checks depend on.
 
 cachemgr does not import vLLM, vllm-rbln or optimum-rbln; it follows what their code does to the
-compile cache (cachemgr/key/vllm_rbln.py, npu.py, loadable.py, drift.py, the stand-in). Each fact below
-is a pattern in one file of the unpacked wheels; this script finds it and prints ``file:line``
-and what it says, so a reader can check every citation, and tests/test_rbln_facts.py fails when a
-fact moves or disappears (a new SDK release: read the diff, update cachemgr, then the citations).
+compile cache (cachemgr/key/releases.py, vllm_key.py, rbln_env.py, rbln_config.py, vllm_rbln.py,
+npu.py, runtime/loadable.py, volume/drift.py, the stand-in). This script reads the unpacked wheels of
+one release and derives two kinds of facts, each with its ``file:line``:
 
-Sources (vllm-rbln 0.12.0 pins ``vllm==0.30.0+cpu``)::
+- the release's table (``--table``, or ``--write DIR`` to update tests/data/rbln_facts/): every
+  variable of vllm-rbln's ``envs.environment_variables`` with how it is parsed, ``RBLN_COMPILE_ENV``,
+  the RBLNConfig fields (0.12), what vLLM's config hashes ignore, the platform's defaults, the
+  optimum runtime-only keys, the model-path rule and the pinned versions. cachemgr's
+  ``cachemgr.key.releases`` entry for the release must say the same: tests/test_rbln_facts.py holds
+  it to the checked-in JSON in CI, and the JSON to the wheels where they are unpacked;
+- pinned code facts (``FACTS``, for vllm-rbln 0.12.0): patterns cachemgr's comments cite by line;
+  tests/test_rbln_facts.py fails when one moves.
 
-    pip download --no-deps -d /tmp/wheels vllm-rbln==0.12.0 optimum-rbln==0.12.0 vllm==0.30.0
-    # unpacked as /tmp/wheels/src/{vllm,vllm_rbln,optimum_rbln}
+Adding a release is a reviewed table change: unpack its wheels, ``--write``, read the JSON diff,
+add the entry to ``cachemgr.key.releases.KNOWN`` (and give the stand-in its behaviour) until the
+test passes. Sources, one directory per wheel::
 
-    .venv/bin/python tools/rbln_facts.py [--src /tmp/wheels/src]   # prints every fact; 1 if one is missing
+    for p in vllm-rbln==0.12.0 optimum-rbln==0.12.0 vllm==0.30.0 vllm-rbln==0.11.2 optimum-rbln==0.11.2 vllm==0.24.0
+    do pip download --no-deps -d /tmp/wheels "$p"; done
+    cd /tmp/wheels && for w in *.whl; do d=src/$(echo "$w" | cut -d- -f1-2); mkdir -p "$d"; unzip -qo "$w" -d "$d"; done
+    # /tmp/wheels/src/{vllm_rbln-0.12.0,optimum_rbln-0.12.0,vllm-0.30.0,...}
+
+    .venv/bin/python tools/rbln_facts.py [--src /tmp/wheels/src] [--release 0.12.0]   # 1 if a fact is missing
+    .venv/bin/python tools/rbln_facts.py --release 0.11.2 --write tests/data/rbln_facts
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import json
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-DEFAULT_SRC = Path("/tmp/wheels/src")  # noqa: S108  # where the pip download above is unpacked
+import xxhash
+
+DEFAULT_SRC = Path("/tmp/wheels/src")  # noqa: S108  # where the pip downloads above are unpacked
 _RBLN = "vllm_rbln/vllm_rbln"
 _OPT = "optimum_rbln/optimum/rbln"
 _VLLM = "vllm/vllm"
@@ -31,7 +49,7 @@ _VLLM = "vllm/vllm"
 @dataclass(frozen=True)
 class Fact:
     name: str
-    path: str  # relative to the source root
+    path: str  # "<wheel>/<path in it>": vllm_rbln/..., optimum_rbln/..., vllm/...
     pattern: str  # a regular expression (MULTILINE); group 1, if any, is the fact's value
     why: str
 
@@ -53,20 +71,43 @@ FACTS: tuple[Fact, ...] = (
          "the vllm-rbln release these facts are read from"),
     Fact("optimum_rbln_version", "optimum_rbln/optimum_rbln-0.12.0.dist-info/METADATA", r"^Version: (\S+)$",
          "the optimum-rbln release these facts are read from"),
+    Fact("transformers_pin", "optimum_rbln/optimum_rbln-0.12.0.dist-info/METADATA",
+         r"^Requires-Dist: transformers==(\S+)$", "the transformers optimum-rbln compiles through"),
     Fact("compute_hash_version", f"{_VLLM}/config/vllm.py",
          r"if include_version:\n\s+from vllm import (__version__)\n\n\s+vllm_factors\.append\(__version__\)",
          "VllmConfig.compute_hash() hashes vllm.__version__"),
+    Fact("additional_config_hashed", f"{_VLLM}/config/vllm.py",
+         r"(json\.dumps\(additional_config, sort_keys=True\))", "a dict additional_config is hashed whole..."),
+    Fact("additional_config_compute_hash", f"{_VLLM}/config/vllm.py",
+         r"additional_config_hash = (additional_config\.compute_hash\(\))", "...an object by its compute_hash()"),
+    Fact("hf_config_hashed", f"{_VLLM}/config/utils.py",
+         r'if hasattr\(x, "to_json_string"\) and callable\(x\.to_json_string\):\n\s+try:\n\s+return (x\.to_json_string\(\))',
+         "ModelConfig's hf_config is hashed as its JSON (transformers_version included)"),
     Fact("signature_compute_hash", f"{_RBLN}/v1/worker/mega_cache.py", r"return (vllm_config\.compute_hash\(\))",
          "the bundle signature starts from compute_hash(), so from the vLLM version"),
     Fact("signature_parts", f"{_RBLN}/v1/worker/mega_cache.py",
          r'"\|"\.join\((\[cfg, graphs, env, f"npu=\{npu\}", f"rebel=\{rebel_ver\}"\])\)',
          "what the bundle signature joins: config hash, graph set, compile env, raw NPU name, rebel major.minor"),
+    Fact("signature_draft_model", f"{_RBLN}/v1/worker/mega_cache.py",
+         r'"draft_model": (draft\.compute_hash\(\)) if draft is not None else None',
+         "the graph set hashes the draft model's config (its hf_config)"),
     Fact("signature_npu", f"{_RBLN}/v1/worker/mega_cache.py",
          r'return (RblnPlatform\.get_device_name\(\) or "unknown")', "the NPU name is hashed as the platform gives it"),
     Fact("npu_order", f"{_RBLN}/platform/__init__.py",
          r'(rebel\.get_npu_name\(device_id\)\n\s+or os\.environ\.get\("RBLN_FORCE_NPU_NAME"\)\n'
          r'\s+or os\.environ\.get\("RBLN_TARGET_SOC"\))',
          "the device first, then RBLN_FORCE_NPU_NAME, then RBLN_TARGET_SOC"),
+    Fact("model_impl_reset", f"{_RBLN}/platform/__init__.py", r'(self\.model_impl = "auto")',
+         "--model-impl is reset before vLLM hashes it: only the resolved path counts"),
+    Fact("mla_backend", f"{_RBLN}/platform/__init__.py", r"(if attn_selector_config\.use_mla)",
+         "the attention backend follows use_mla..."),
+    Fact("mla_disable", f"{_VLLM}/config/model.py", r"if (envs\.VLLM_MLA_DISABLE):\n\s+return False",
+         "...which VLLM_MLA_DISABLE turns off"),
+    Fact("dp_from_env", f"{_VLLM}/config/parallel.py",
+         r"(self\.data_parallel_size = envs\.VLLM_DP_SIZE\n\s+self\.data_parallel_rank = envs\.VLLM_DP_RANK)",
+         "without DP on the command line, its size and rank come from VLLM_DP_SIZE / VLLM_DP_RANK"),
+    Fact("dp_rank_dir", f"{_RBLN}/v1/worker/rbln_worker.py", r'(os\.environ\["LOCAL_RANK"\] = str\(rank_across_dp\))',
+         "the DP rank picks the rank<N> bundle directory"),
     Fact("device_nodes", f"{_RBLN}/v1/worker/utils.py", r'^(RBLN_DEV_DIR = "/dev")$',
          "a card this process can open is a /dev/rbln<N> node"),
     Fact("device_node_names", f"{_RBLN}/v1/worker/utils.py",
@@ -84,6 +125,15 @@ FACTS: tuple[Fact, ...] = (
          "a compiled directory is one holding rbln_config.json"),
     Fact("rbln_config_name", f"{_RBLN}/utils/optimum/paths.py", r'^RBLN_CONFIG_FILE = "([^"]+)"',
          "its name"),
+    Fact("compiled_graphs_named", f"{_OPT}/modeling_base.py",
+         r"(compiled_model_names = \[cfg\.compiled_model_name for cfg in rbln_config\.compile_cfgs\])",
+         "optimum-rbln loads one <name>.rbln per entry of _compile_cfgs..."),
+    Fact("compiled_graph_missing", f"{_OPT}/modeling_base.py",
+         r'raise (FileNotFoundError)\(\n\s+f"Expected RBLN compiled model', "...and refuses a directory missing one"),
+    Fact("compiled_model_default_name", f"{_OPT}/configuration_utils.py", r'^DEFAULT_COMPILED_MODEL_NAME = "([^"]+)"',
+         "the name of a compile config that names none"),
+    Fact("submodule_folder", f"{_OPT}/utils/submodule.py", r"(subfolder=submodule_name,)",
+         "a submodule's graphs are loaded from <model>/<submodule>/"),
     Fact("model_redirect", f"{_VLLM}/config/model.py", r"(self\.model = maybe_model_redirect\(self\.model\))",
          "vLLM replaces the model string by its VLLM_MODEL_REDIRECT_PATH entry"),
     Fact("model_redirect_table", f"{_VLLM}/transformers_utils/utils.py",
@@ -137,14 +187,45 @@ FACTS: tuple[Fact, ...] = (
 )  # fmt: skip
 
 
-def derive(src: Path) -> tuple[list[Found], list[str]]:
-    """Every fact found under ``src``, and the names of those not found (with why)."""
+@dataclass(frozen=True)
+class Sources:
+    """The unpacked wheels of one release: vllm-rbln, the optimum-rbln it is checked with, its vLLM."""
+
+    rbln: Path
+    optimum: Path
+    vllm: Path
+
+    def file(self, logical: str) -> Path:
+        wheel, _, rest = logical.partition("/")
+        return {"vllm_rbln": self.rbln, "optimum_rbln": self.optimum, "vllm": self.vllm}[wheel] / rest
+
+
+def sources(src: Path, release: str) -> Sources:
+    """``src/vllm_rbln-<release>``, the optimum-rbln of the same release, and the vLLM it pins."""
+    rbln = src / f"vllm_rbln-{release}"
+    metadata = _read(rbln / f"vllm_rbln-{release}.dist-info" / "METADATA")
+    pin = re.search(r"^Requires-Dist: vllm==(\S+)$", metadata, re.MULTILINE)
+    if pin is None:
+        raise SystemExit(f"{rbln}: no vllm pin in its METADATA")
+    return Sources(rbln, src / f"optimum_rbln-{release}", src / f"vllm-{pin.group(1).split('+')[0]}")
+
+
+def releases_in(src: Path) -> list[str]:
+    return sorted(p.name.split("-", 1)[1] for p in src.glob("vllm_rbln-*") if p.is_dir())
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def derive(src: Sources) -> tuple[list[Found], list[str]]:
+    """Every pinned fact found in ``src``, and those not found (with why)."""
     found: list[Found] = []
     missing: list[str] = []
     for fact in FACTS:
-        path = src / fact.path
+        path = src.file(fact.path.replace("0.12.0", src.rbln.name.split("-", 1)[1]))
         try:
-            text = path.read_text(encoding="utf-8")
+            text = _read(path)
         except OSError as error:
             missing.append(f"{fact.name}: {fact.path}: {error.strerror}")
             continue
@@ -157,13 +238,213 @@ def derive(src: Path) -> tuple[list[Found], list[str]]:
     return found, missing
 
 
-def compile_only_readers(src: Path) -> list[str]:
+# --- the release's table ---------------------------------------------------------------------------
+
+_ENV_SHAPES: tuple[tuple[str, str], ...] = (
+    (
+        "bool",
+        r"lambda: os\.environ\.get\('(?P<name>\w+)', '(?P<default>\w+)'\)\.lower\(\) in \('true', '1'\)",
+    ),
+    ("int", r"lambda: int\(os\.environ\.get\('(?P<name>\w+)', (?P<default>-?\d+)\)\)"),
+    ("str", r"lambda: os\.environ\.get\('(?P<name>\w+)', '(?P<default>[^']*)'\)"),
+    ("opt_int", r"lambda: int\(size\) if \(size := os\.environ\.get\('(?P<name>\w+)'\)\) else None"),
+)
+_ENV_FUNCTIONS = {
+    "get_num_devices_per_local_rank": ("num_devices", 1),
+    "get_decode_batch_bucket_strategy": ("bucket_strategy", "exponential"),
+    "get_decode_batch_bucket_manual_buckets": ("int_list", []),
+    "use_auto_port": ("auto_port", True),
+    "get_use_w8a16": ("w8a16", None),
+}
+
+
+def _assigned(tree: ast.Module, name: str) -> ast.expr:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in node.targets
+        ):
+            return node.value
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            assert node.value is not None
+            return node.value
+    raise KeyError(name)
+
+
+def env_table(src: Sources) -> dict[str, Any]:
+    """envs.environment_variables: each name with how it is parsed, and the two partitions."""
+    path = src.rbln / "vllm_rbln" / "envs.py"
+    tree = ast.parse(_read(path))
+    table = _assigned(tree, "environment_variables")
+    assert isinstance(table, ast.Dict)
+    env: dict[str, Any] = {}
+    for key, value in zip(table.keys, table.values, strict=True):
+        assert isinstance(key, ast.Constant)
+        text = " ".join(ast.unparse(value).split())
+        entry: dict[str, Any] = {"kind": "unknown", "line": value.lineno, "code": text}
+        if isinstance(value, ast.Name) and value.id in _ENV_FUNCTIONS:
+            kind, default = _ENV_FUNCTIONS[value.id]
+            entry = {"kind": kind, "default": default, "line": value.lineno}
+        for kind, shape in _ENV_SHAPES:
+            if (m := re.fullmatch(shape, text)) is not None:
+                default: Any = m.groupdict().get("default")
+                if kind == "bool":
+                    default = str(default).lower() in ("true", "1")
+                elif kind == "int":
+                    default = int(str(default))
+                entry = {"kind": kind, "default": default, "line": value.lineno}
+                if m["name"] != key.value:
+                    entry["reads"] = [m["name"]]
+        env[str(key.value)] = entry
+    partitions = {
+        name: sorted(ast.literal_eval(_assigned(tree, name).args[0]))  # type: ignore[attr-defined]
+        for name in ("RBLN_COMPILE_ENV", "RBLN_NON_COMPILE_ENV")
+    }
+    return {
+        "env": env,
+        **{k.lower(): v for k, v in partitions.items()},
+        # what cachemgr compares an installed envs.py with (cachemgr/key/rbln_env.py)
+        "envs_xxh3": xxhash.xxh3_128_hexdigest(path.read_bytes()),
+        "cite": f"{path.relative_to(src.rbln.parent)}",
+    }
+
+
+def _ignored_factors(path: Path, cls: str) -> list[str]:
+    """The ``ignored_factors`` set literal in ``cls.compute_hash``."""
+    tree = ast.parse(_read(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for sub in ast.walk(node):
+                if (
+                    isinstance(sub, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "ignored_factors" for t in sub.targets)
+                    and isinstance(sub.value, ast.Set)
+                ):
+                    return sorted(ast.literal_eval(sub.value))
+    return []
+
+
+def rbln_fields(src: Sources) -> dict[str, Any]:
+    """vllm-rbln 0.12's RBLNConfig / OptimumRBLNConfig fields, defaults, metadata, env sources, hash."""
+    path = src.rbln / "vllm_rbln" / "config.py"
+    if not path.is_file():
+        return {}
+    tree = ast.parse(_read(path))
+    classes = {
+        "RBLNConfigBase": ["vllm", "optimum"],
+        "RBLNConfig": ["vllm"],
+        "OptimumRBLNConfig": ["optimum"],
+    }
+    metadata = {name: ast.literal_eval(_assigned(tree, name)) for name in ("_NO_FLAG", "_DERIVED")}
+    fields: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name in classes:
+            for item in node.body:
+                if (
+                    isinstance(item, ast.AnnAssign)
+                    and isinstance(item.target, ast.Name)
+                    and item.value is not None
+                ):
+                    fields[item.target.id] = {
+                        "classes": classes[node.name],
+                        "line": item.lineno,
+                        **_field_default(item.value, metadata),
+                    }
+    return {
+        "fields": fields,
+        "hash_ignored": _ignored_factors(path, "RBLNConfig"),
+        "optimum_hash_ignored_extra": _ignored_factors(path, "OptimumRBLNConfig"),
+        "env_name": ast.literal_eval(_assigned(tree, "_ENV_NAME")),
+        "env_probe": {k: list(v) for k, v in ast.literal_eval(_assigned(tree, "_ENV_PROBE")).items()},
+        "renamed": ast.literal_eval(
+            ast.unparse(_assigned(tree, "_RENAMED_KEYS")).replace("OptimumRBLNConfig", "'optimum'")
+        ),
+        "cite": str(path.relative_to(src.rbln.parent)),
+    }
+
+
+def _field_default(value: ast.expr, metadata: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(value, ast.Call):  # field(default=..., metadata=...) / Field(default=None, gt=0)
+        out: dict[str, Any] = {}
+        for kw in value.keywords:
+            if kw.arg == "default":
+                out["default"] = ast.literal_eval(kw.value)
+            elif kw.arg == "default_factory":
+                out["default"] = {"list": [], "dict": {}}[ast.unparse(kw.value)]
+            elif kw.arg == "metadata":
+                out["metadata"] = metadata.get(ast.unparse(kw.value), ast.unparse(kw.value))
+        return out
+    return {"default": ast.literal_eval(value)}
+
+
+def release_table(src: Sources) -> dict[str, Any]:
+    """What cachemgr.key.releases must say about this release (see the module docstring)."""
+    rbln_meta = _read(src.rbln / f"{src.rbln.name}.dist-info" / "METADATA")
+    opt_meta = _read(src.optimum / f"{src.optimum.name}.dist-info" / "METADATA")
+    version = re.search(r"^Version: (\S+)$", rbln_meta, re.MULTILINE)
+    vllm_pin = re.search(r"^Requires-Dist: vllm==(\S+)$", rbln_meta, re.MULTILINE)
+    opt_version = re.search(r"^Version: (\S+)$", opt_meta, re.MULTILINE)
+    transformers = re.search(r"^Requires-Dist: transformers==(\S+)$", opt_meta, re.MULTILINE)
+    assert version is not None
+    assert vllm_pin is not None
+    assert opt_version is not None
+    platform = src.rbln / "vllm_rbln" / "platform" / "__init__.py"
+    if not platform.is_file():
+        platform = src.rbln / "vllm_rbln" / "platform.py"
+    platform_text = _read(platform)
+    defaults: dict[str, Any] = {}
+    for name, pattern in (("max_num_seqs", r"^RBLN_DEFAULT_MAX_NUM_SEQS = (\S+)$"),
+                          ("gpu_memory_utilization", r"^RBLN_DEFAULT_GPU_MEMORY_UTILIZATION = (\S+)$")):  # fmt: skip
+        if (m := re.search(pattern, platform_text, re.MULTILINE)) is not None:
+            defaults[name] = ast.literal_eval(m.group(1))
+    cache = _read(src.vllm / "vllm" / "config" / "cache.py")
+    vllm_default = re.search(r"gpu_memory_utilization: float = Field\(default=([\d.]+)", cache)
+    config_dir = src.vllm / "vllm" / "config"
+    dispatch = _read(src.rbln / "vllm_rbln" / "utils" / "optimum" / "converter" / "dispatch.py")
+    runtime_keys = re.search(r"_RUNTIME_ONLY_KEYS: frozenset\[str\] = frozenset\(\n?\s*(\{[^}]*\})", dispatch)
+    name_fn = dispatch[dispatch.index("def _generate_model_path_name") :].split("\ndef ", 1)[0]
+    return {
+        "versions": {
+            "vllm_rbln": version.group(1),
+            "optimum_rbln": opt_version.group(1),
+            "vllm": vllm_pin.group(1),
+        },
+        "transformers_pin": transformers.group(1) if transformers else None,
+        **env_table(src),
+        "rbln_config": rbln_fields(src),
+        "vllm_hash_ignored": {
+            cls: _ignored_factors(config_dir / f"{mod}.py", cls)
+            for mod, cls in (
+                ("model", "ModelConfig"),
+                ("parallel", "ParallelConfig"),
+                ("cache", "CacheConfig"),
+            )
+        },
+        "platform_defaults": defaults,
+        "vllm_gpu_memory_utilization_default": float(vllm_default.group(1)) if vllm_default else None,
+        "model_impl_rule": "flag_then_env"
+        if "def resolve_model_impl" in _read_or_empty(src.rbln / "vllm_rbln" / "config.py")
+        else "env",
+        "model_impl_reset": 'self.model_impl = "auto"' in platform_text,
+        "optimum_runtime_keys": sorted(ast.literal_eval(runtime_keys.group(1))) if runtime_keys else [],
+        "optimum_name_env": sorted(set(re.findall(r"envs\.(VLLM_RBLN_\w+)", name_fn))),
+        "optimum_name_fields": sorted(set(re.findall(r"rbln_config\.(\w+)", name_fn))),
+    }
+
+
+def _read_or_empty(path: Path) -> str:
+    try:
+        return _read(path)
+    except OSError:
+        return ""
+
+
+def compile_only_readers(src: Sources) -> list[str]:
     """vllm-rbln files that read VLLM_RBLN_COMPILE_ONLY (envs.py defines it): where compile-only acts."""
-    root = src / _RBLN
+    root = src.rbln / "vllm_rbln"
     return sorted(
         str(p.relative_to(root))
         for p in root.rglob("*.py")
-        if p.name != "envs.py" and "envs.VLLM_RBLN_COMPILE_ONLY" in p.read_text(encoding="utf-8")
+        if p.name != "envs.py" and "envs.VLLM_RBLN_COMPILE_ONLY" in _read(p)
     )
 
 
@@ -172,14 +453,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--src", type=Path, default=DEFAULT_SRC, help=f"unpacked wheels (default {DEFAULT_SRC})"
     )
+    parser.add_argument(
+        "--release", action="append", help="a vllm-rbln version (default: every one under --src)"
+    )
+    parser.add_argument("--table", action="store_true", help="print each release's table as JSON")
+    parser.add_argument("--write", type=Path, metavar="DIR", help="write DIR/vllm-rbln-<release>.json")
     args = parser.parse_args(argv)
-    found, missing = derive(args.src)
-    for item in found:
-        print(item)
-    print(f"VLLM_RBLN_COMPILE_ONLY is read in: {', '.join(compile_only_readers(args.src))}")
-    for line in missing:
-        print(f"MISSING {line}", file=sys.stderr)
-    return 1 if missing else 0
+    status = 0
+    for release in args.release or releases_in(args.src):
+        src = sources(args.src, release)
+        table = release_table(src)
+        if args.write:
+            args.write.mkdir(parents=True, exist_ok=True)
+            out = args.write / f"vllm-rbln-{release}.json"
+            out.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            print(f"wrote {out}")
+        elif args.table:
+            print(json.dumps(table, indent=1, sort_keys=True))
+        unknown = [n for n, e in table["env"].items() if e["kind"] == "unknown"]
+        for name in unknown:
+            print(f"UNKNOWN PARSER {release} {name}: {table['env'][name]['code']}", file=sys.stderr)
+        status |= 1 if unknown else 0
+        if release != "0.12.0":
+            continue
+        found, missing = derive(src)
+        if not (args.table or args.write):
+            for item in found:
+                print(item)
+            print(f"VLLM_RBLN_COMPILE_ONLY is read in: {', '.join(compile_only_readers(src))}")
+        for line in missing:
+            print(f"MISSING {line}", file=sys.stderr)
+        status |= 1 if missing else 0
+    return status
 
 
 if __name__ == "__main__":

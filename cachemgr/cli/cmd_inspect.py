@@ -24,9 +24,11 @@ from cachemgr.cli.render import (
     result,
     tell,
 )
+from cachemgr.core.errors import ExitCode
 from cachemgr.core.printable import safe
 from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import compute_key
+from cachemgr.key.describe import keyed_pairs
 from cachemgr.ops.attempts import LEGEND, Attempt, FailureHistory, Quarantined
 from cachemgr.ops.explain import Explanation
 from cachemgr.ops.explain import explain as explain_key
@@ -268,8 +270,9 @@ def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[s
     with volume_errors(root):
         found = explain_key(root, key, trusted=trusted)
     result(args, data=found.to_json, blocks=lambda: _explain_blocks(found))
-    tell("warning", found.warnings)
-    return 0
+    tell("warning", [*key.notes, *found.warnings])
+    # Like `diff` and `terraform plan -detailed-exitcode`: 0 a hit, 1 not (docs/reference.md).
+    return int(ExitCode.OK if found.result == "hit" else ExitCode.NOT_A_HIT)
 
 
 def _explain_blocks(x: Explanation) -> Iterator[Block]:
@@ -278,10 +281,7 @@ def _explain_blocks(x: Explanation) -> Iterator[Block]:
         ("key", x.key.digest),
         ("entry", x.key.entry_name),
     ]
-    if x.key.server.dropped:
-        pairs.append(("runtime-only", " ".join("--" + f for f in x.key.server.dropped) + " (not in the key)"))
-    for reason in x.key.details.get("uncacheable", ()):
-        pairs.append(("cannot cache", reason))
+    pairs += keyed_pairs(x.key)
     if x.entry is not None and x.trusting:
         pairs.append(("trust", f"trusted: signed by {x.signer}" if x.result == "hit" else x.untrusted or "-"))
     elif x.entry is not None and x.signer:

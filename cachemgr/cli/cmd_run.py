@@ -213,26 +213,22 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
         input_notes,
         input_rows,
         result,
+        tell,
     )  # not on run's hit path
+    from cachemgr.key.describe import keyed_pairs
 
     computed = compute_key(key_request(args, server_argv, environ))
+    tell("warning", computed.notes)
 
     def blocks() -> Any:
         yield Pairs([("key", computed.digest), ("entry", computed.entry_name)])
         yield Table(input_rows(computed.inputs, computed.sources), INPUT_COLUMNS)
         notes = input_notes(computed.sources)
-        if computed.server.dropped:
-            notes.append(f"left out as runtime-only: {', '.join('--' + d for d in computed.server.dropped)}")
-        if computed.server.unknown:
-            notes.append(
-                f"not known to vLLM 0.30, keyed as given: {', '.join('--' + u for u in computed.server.unknown)}"
-            )
-        notes += [
-            f"this configuration cannot be cached: {reason}"
-            for reason in computed.details.get("uncacheable", ())
-        ]
         if notes:
             yield Text("\n".join(notes))
+        pairs = keyed_pairs(computed)  # what is keyed: the rules, the flags left out or keyed as given
+        if pairs:
+            yield Pairs(pairs)
 
     result(args, data=computed.to_json, blocks=blocks)
     return 0

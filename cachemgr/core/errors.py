@@ -17,6 +17,7 @@ class ExitCode(enum.IntEnum):
     """The documented exit codes; any other code is the server's own."""
 
     OK = 0
+    NOT_A_HIT = 1  # explain: no entry this argv would load (a miss; damaged, untrusted), as diff's 1
     USAGE = 64  # EX_USAGE: bad flags or arguments
     NOT_FOUND = 66  # EX_NOINPUT: no entry (or record) matches the KEY an inspection command was given
     MISS = 69  # EX_UNAVAILABLE: no published entry and --on-miss fail

@@ -9,7 +9,6 @@ purpose means bumping :data:`SCHEMA_VERSION`.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -18,13 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import xxhash
-
 from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.core.versions import release_numbers
 from cachemgr.key import npu as npu_type
 from cachemgr.key import vllm_rbln
-from cachemgr.key.serving import ServerCommand, parse_server_argv
+from cachemgr.key.digest import canonical_json, digest_of
+from cachemgr.key.models import resolve_model
+from cachemgr.key.releases import release_for
+from cachemgr.key.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
+from cachemgr.key.vllm_key import vllm_inputs
+
+__all__ = ["CacheKey", "KeyRequest", "canonical_json", "compute_key", "digest_of", "major_minor"]
 
 # Bump when the key's derivation or the entry layout changes: old entries then stop matching
 # instead of being misread.
@@ -32,8 +35,8 @@ SCHEMA_VERSION = 1
 
 Strategy = Literal["vllm", "command"]
 
-# The vllm-rbln variables it hashes itself (RBLN_COMPILE_ENV) or that set RBLNConfig fields,
-# which its config hash covers, are all VLLM_RBLN_*: every one counts, except those vllm-rbln
+# The command strategy's environment (the vllm strategy's follows the server's release, in
+# cachemgr.key.vllm_key): every VLLM_RBLN_* variable counts, as given, except those vllm-rbln
 # 0.12 lists as not changing the compile (RBLN_NON_COMPILE_ENV, the runtime part of it).
 _ENV_PREFIX = "VLLM_RBLN_"
 _ENV_NOT_COMPILED = frozenset(
@@ -57,7 +60,6 @@ _ENV_NOT_COMPILED = frozenset(
 _ENV_EXTRA = ("RBLN_USE_CUSTOM_KERNEL",)
 
 _ROLE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".rbln")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,21 @@ class CacheKey:
     def model_name(self) -> str:
         return str(self.details.get("model_name", ""))
 
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """The flags given that are left out of the key as runtime-only (flag names, no dashes)."""
+        return tuple(self.details.get("dropped", self.server.dropped))
+
+    @property
+    def defaulted(self) -> tuple[str, ...]:
+        """Flags given at the server's default value, keyed as if not given (``max-num-seqs 1``)."""
+        return tuple(self.details.get("defaulted", ()))
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """How this key was made that an operator must know: strict rules, an unresolved snapshot."""
+        return tuple(self.details.get("notes", ()))
+
     def to_json(self) -> dict[str, Any]:
         return {
             "key": self.digest,
@@ -93,8 +110,11 @@ class CacheKey:
             "entry": self.entry_name,
             "inputs": dict(self.inputs),
             "sources": dict(self.sources),
-            "dropped_runtime_flags": list(self.server.dropped),
+            "rules": self.details.get("release"),
+            "dropped_runtime_flags": list(self.dropped),
+            "defaulted_flags": list(self.defaulted),
             "unknown_flags": list(self.server.unknown),
+            "notes": list(self.notes),
             "cannot_be_cached": list(self.details.get("uncacheable", ())),
         }
 
@@ -111,18 +131,6 @@ class KeyRequest:
     compiler_version: str | None = None
     npu_type: str | None = None
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-
-
-def canonical_json(obj: Any) -> bytes:
-    """Sorted, compact, UTF-8 JSON: the form that is hashed."""
-    return json.dumps(
-        obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode()
-
-
-def digest_of(obj: Any) -> str:
-    """xxh3-128 of the canonical JSON, as 32 hex digits."""
-    return xxhash.xxh3_128_hexdigest(canonical_json(obj))
 
 
 def compute_key(request: KeyRequest) -> CacheKey:
@@ -143,13 +151,16 @@ def compute_key(request: KeyRequest) -> CacheKey:
     # server and strategy: they decide the layout of what is compiled and stored.
     inputs["server"], sources["server"] = server.kind, "argv[0]"
     inputs["strategy"], sources["strategy"] = strategy, "--strategy" if request.strategy else "default"
+    release = None
     if strategy == "vllm":
         # versions: vllm-rbln's bundle signature hashes vllm.__version__, and its optimum directory
         # names hash no version at all; a server upgrade must miss, not "hit" and compile anyway.
         inputs["versions"], sources["versions"] = vllm_rbln.resolve_versions(request.environ)
+        release = release_for(inputs["versions"])
     # model: which weights are compiled; a local path by its content, not its mount path...
     model_string = _served_model(server, strategy, request.environ)
-    model, model_source, details = resolve_model(server, model=model_string)
+    model_environ = request.environ if strategy == "vllm" else None  # hub snapshots: the vllm strategy
+    model, model_source, details = resolve_model(server, model=model_string, environ=model_environ)
     if strategy == "vllm" and model["kind"] == "local":
         # ...except for the vllm strategy: vllm-rbln names its compiled_models/ directory and its
         # mega-cache bundle after the model path string, so an entry made under another path
@@ -157,10 +168,36 @@ def compute_key(request: KeyRequest) -> CacheKey:
         model = {**model, "path": model_string}
     inputs["model"], sources["model"] = model, model_source
     details = {**details, **_server_details(server, strategy, request.environ, npu)}
-    # serving: the server's own settings that change what is compiled.
-    inputs["serving"], sources["serving"] = dict(server.settings), "argv"
-    # env: the compile-relevant environment vllm-rbln reads, and what the operator names.
-    inputs["env"], sources["env"] = resolve_env(request.environ, request.key_env), "environment"
+    if release is not None:
+        # serving, env and the rest: what this release of the server compiles from, as it reads it.
+        keyed = vllm_inputs(server, release, request.environ, npu=npu.name, versions=inputs["versions"])
+        inputs |= keyed.inputs
+        sources |= keyed.sources
+        inputs["env"] |= _key_env(request.environ, request.key_env)
+        notes = [details.pop("unresolved_snapshot")] if "unresolved_snapshot" in details else []
+        details |= {
+            "release": release.name,
+            "dropped": list(keyed.dropped),
+            "defaulted": list(keyed.defaulted),
+            "notes": [*keyed.notes, *notes],
+            "model_impl": inputs.get("model_impl", details.get("model_impl")),
+        }
+        details["uncacheable"] = vllm_rbln.uncacheable(
+            server.settings, request.environ, impl=details["model_impl"]
+        )
+    else:
+        # serving: the server's own settings that change what is compiled.
+        inputs["serving"], sources["serving"] = dict(server.settings), "argv"
+        # env: the compile-relevant environment vllm-rbln reads, and what the operator names.
+        inputs["env"], sources["env"] = resolve_env(request.environ, request.key_env), "environment"
+    if server.unknown_argv:
+        # Flags vLLM 0.30 does not know: a newer server may compile from them, and which token it
+        # reads as whose value cannot be known, so the argv is keyed as given, minus runtime-only flags.
+        runtime = keyed.aside if release is not None else RUNTIME_ONLY
+        inputs["unknown_flags"] = server.argv_without(runtime)
+        sources["unknown_flags"] = (
+            f"argv, as given (vLLM 0.30 does not know {', '.join('--' + u for u in server.unknown)})"
+        )
     if strategy == "command":
         # compile_cmd: the operator's compiler invocation produces the artifacts.
         inputs["compile_cmd"], sources["compile_cmd"] = _compile_argv(request.compile_cmd), "--compile-cmd"
@@ -302,118 +339,24 @@ def _server_details(
     return details
 
 
-def resolve_model(
-    server: ServerCommand, *, model: str | None = None
-) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """The model input, its source, and details (not hashed) for names and space estimates.
-
-    ``model`` is the model string the server will use, if not the argv's (a redirect).
-    """
-    if server.kind != "vllm":
-        # Any other server carries its model in its argv, which is keyed whole.
-        return {"kind": "argv"}, "argv", {"model_name": Path(server.argv[0]).name}
-    model = model or server.model
-    if not model:
-        raise ConfigError(
-            "the vllm argv names no model",
-            remedy="pass the model as 'vllm serve MODEL' or --model MODEL",
-        )
-    if "{artifact_dir}" in model:
-        # The server loads what --compile-cmd produced: the compile command names the model.
-        return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
-    path = Path(model).expanduser()
-    if _exists(path):
-        return _local_model(path)
-    if model.startswith(("/", "./", "../", "~")):
-        raise ConfigError(
-            f"model path {model} does not exist in this pod",
-            remedy="mount the model volume at that path, or pass a Hugging Face model id",
-        )
-    hub = {"kind": "hub", "id": model, "revision": server.revision}
-    source = "argv (--revision)" if server.revision else "argv (revision unpinned: the hub may change it)"
-    return hub, source, {"model_name": model}
-
-
-def _exists(path: Path) -> bool:
-    """Does the model path exist? A name no path can have (ENAMETOOLONG) is bad input, not a bug."""
-    try:
-        return path.exists()
-    except OSError as error:
-        raise ConfigError(
-            f"the model {str(path)[:80]!r}... ({len(str(path))} characters) cannot be a path here: {error.strerror}",
-            remedy="pass a Hugging Face model id or a model directory that exists in this pod",
-        ) from None
-
-
-def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """Fingerprint a local model by its config, weight index and weight sizes, not its path."""
-    if not path.is_dir():
-        raise ConfigError(
-            f"model path {path} is not a directory", remedy="point the server at a model directory"
-        )
-    described: dict[str, Any] = {}
-    weights: dict[str, int] = {}
-    try:
-        for item in sorted(_model_files(path)):
-            rel = item.relative_to(path).as_posix()
-            if item.name.endswith(".json"):
-                described[rel] = _model_json(item)
-            else:
-                weights[rel] = item.stat().st_size
-    except OSError as error:
-        raise ConfigError(
-            f"cannot read model directory {path}: {error.strerror}", remedy="check the model volume mount"
-        ) from error
-    if "config.json" not in described and "rbln_config.json" not in described:
-        raise ConfigError(
-            f"model directory {path} has no config.json",
-            remedy="point the server at a Hugging Face model directory",
-        )
-    fingerprint = digest_of({"json": described, "weights": weights})
-    details = {"model_name": path.name, "model_path": str(path), "weight_bytes": sum(weights.values())}
-    return {"kind": "local", "fingerprint": fingerprint}, f"local directory {path}", details
-
-
-def _model_files(path: Path) -> list[Path]:
-    found: list[Path] = []
-    for item in path.iterdir():
-        if item.is_dir() and not item.name.startswith("."):
-            # One level down: compiled dirs and sharded checkpoints keep files in subdirectories.
-            found += [sub for sub in item.iterdir() if _is_model_file(sub)]
-        elif _is_model_file(item):
-            found.append(item)
-    return found
-
-
-def _is_model_file(item: Path) -> bool:
-    name = item.name
-    is_json = name in {"config.json", "rbln_config.json"} or name.endswith(".index.json")
-    return item.is_file() and (is_json or name.endswith(_WEIGHT_SUFFIXES))
-
-
-def _model_json(item: Path) -> Any:
-    try:
-        data = json.loads(item.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {"unparsable_bytes": item.stat().st_size, "xxh3": xxhash.xxh3_128_hexdigest(item.read_bytes())}
-    if isinstance(data, dict):
-        # transformers writes the load path here; the same weights elsewhere must still hit.
-        data.pop("_name_or_path", None)
-    return data
-
-
 def resolve_env(environ: Mapping[str, str], key_env: Sequence[str]) -> dict[str, str | None]:
-    """The compile-relevant environment: VLLM_RBLN_* (minus the non-compile ones) and --key-env."""
+    """The ``command`` strategy's environment: VLLM_RBLN_* (minus the non-compile ones) and --key-env."""
     picked: dict[str, str | None] = {
         name: value
         for name, value in environ.items()
         if (name.startswith(_ENV_PREFIX) and name not in _ENV_NOT_COMPILED) or name in _ENV_EXTRA
     }
+    return dict(sorted((picked | _key_env(environ, key_env)).items()))
+
+
+def _key_env(environ: Mapping[str, str], key_env: Sequence[str]) -> dict[str, str | None]:
+    """What the operator names with --key-env, as given."""
+    picked: dict[str, str | None] = {}
     for name in key_env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise UsageError(f"--key-env {name!r} is not an environment variable name", remedy="pass a NAME")
         picked[name] = environ.get(name)
-    return dict(sorted(picked.items()))
+    return picked
 
 
 def _slug(text: str) -> str:

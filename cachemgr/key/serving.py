@@ -13,13 +13,16 @@ What goes into the key: every flag given, as the value vLLM stores (``-tp 02`` i
 0.9, ``--max-model-len 4k`` is 4000), except runtime-only flags (:data:`RUNTIME_ONLY`, reported in
 ``dropped``). ``--rbln-*`` flags are folded into ``additional_config`` as vllm-rbln folds them; RBLN
 options that do not change the compiled graphs and address/port keys of the transfer configs are left
-out. Model and revision are keyed separately. Flags this table does not know are kept (fail closed: a
-needless miss costs a compile, a wrong hit costs an outage). Any other server is keyed on its whole
-argv minus the same runtime-only flags.
+out. Model and revision are keyed separately. Flags this table does not know make the argv be keyed as
+given, in order (``unknown_argv``; fail closed: a needless miss costs a compile, a wrong hit costs an
+outage), but for the flags known to be runtime-only, which stay out of the key beside them.
+The ``vllm`` strategy applies the rules of the server's release on top (cachemgr.key.vllm_key). Any
+other server is keyed on its whole argv minus the same runtime-only flags.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -112,9 +115,35 @@ _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's _negative_num
 _API_SERVER_MODULES = {"vllm.entrypoints.openai.api_server", "vllm.entrypoints.launchers.api_server.entry"}
 
 
+# Flags runtime-only in every release of vLLM: where and how the API server listens and who may
+# call it, how it logs, what it calls the model and how it formats chat, and --config (its content
+# is expanded in place). The rules of a release cachemgr was not checked against (STRICT, in
+# cachemgr.key.releases) leave out only these: every other flag counts, even one RUNTIME_ONLY names.
+ALWAYS_RUNTIME: frozenset[str] = frozenset(
+    {
+        "help", "host", "port", "uds", "root-path", "ssl-keyfile", "ssl-certfile", "ssl-ca-certs", "ssl-cert-reqs",
+        "ssl-ciphers", "enable-ssl-refresh", "allow-credentials", "allowed-origins", "allowed-methods",
+        "allowed-headers", "api-key", "hf-token", "middleware", "disable-fastapi-docs", "uvicorn-log-level",
+        "disable-uvicorn-access-log", "log-config-file", "disable-log-stats", "enable-log-requests", "max-log-len",
+        "served-model-name", "chat-template", "chat-template-content-format", "response-role", "tool-call-parser",
+        "tool-parser-plugin", "enable-auto-tool-choice", "download-dir", "config", "master-addr", "master-port",
+        "data-parallel-address", "data-parallel-rpc-port",
+    }
+)  # fmt: skip
+_SECRETS = frozenset({"api_key", "hf_token"})  # never in a key, in any release
+
+
 @dataclass(frozen=True)
 class ServerCommand:
-    """A server argv and what of it goes into the cache key."""
+    """A server argv and what of it goes into the cache key.
+
+    ``settings`` is the key's view with :data:`RUNTIME_ONLY` left out (the ``command`` strategy and
+    other servers key it); ``options`` holds every flag given, as vLLM stores it (secrets aside),
+    for the ``vllm`` strategy's per-release rules (cachemgr.key.vllm_key). When the argv has flags
+    vLLM 0.30 does not know, ``unknown_argv`` is the whole argv as argparse gets it (secrets masked),
+    and ``option_spans`` says where each known option sits in it, so the key can take it as given
+    minus the flags its rules leave out (:meth:`argv_without`).
+    """
 
     argv: tuple[str, ...]
     kind: ServerKind
@@ -125,6 +154,14 @@ class ServerCommand:
     unknown: tuple[str, ...] = ()
     port: int | None = None
     host: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+    unknown_argv: tuple[str, ...] = ()
+    option_spans: tuple[tuple[str, int, int], ...] = ()  # (flag, first, end) of each known option in it
+
+    def argv_without(self, runtime: frozenset[str]) -> list[str]:
+        """With unknown flags: the argv as argparse got it, minus the ``runtime`` flags and their values."""
+        drop = {i for flag, start, end in self.option_spans if flag in runtime for i in range(start, end)}
+        return [token for i, token in enumerate(self.unknown_argv) if i not in drop]
 
     @property
     def pipeline_parallel_size(self) -> int:
@@ -180,17 +217,18 @@ def _parse_vllm(argv: tuple[str, ...], args: list[str], *, subcommand: bool) -> 
         model = model_tag  # ServeSubcommand.cmd: the positional wins; the api_server ignores it
     revision = values.pop("revision", None)
     settings: dict[str, Any] = {}
+    options: dict[str, Any] = {}
     dropped: list[str] = []
     for dest, value in values.items():
         name = dest.replace("_", "-")
+        if dest not in _SECRETS:
+            options[dest] = (
+                _canonical(value) if dest == "additional_config" else canonical_setting(name, value)
+            )
         if name in RUNTIME_ONLY:
             dropped.append(name)
         elif (setting := canonical_setting(name, value)) != {} or dest != "additional_config":
             settings[dest] = setting  # an additional_config of only runtime RBLN options: as if none
-    if unknown:
-        # Fail closed: vLLM 0.30.0 refuses these, and which token a newer vLLM would read as whose value
-        # cannot be known, so the whole argv as argparse gets it goes into the key, in order.
-        settings["unrecognized_argv"] = _masked(tokens, values)
     port = values.get("port", 8000)
     return ServerCommand(
         argv=argv,
@@ -202,6 +240,12 @@ def _parse_vllm(argv: tuple[str, ...], args: list[str], *, subcommand: bool) -> 
         unknown=tuple(unknown),
         port=port if isinstance(port, int) else None,
         host=values.get("host"),
+        options=dict(sorted(options.items())),
+        # Fail closed: vLLM 0.30.0 refuses these, and which token a newer vLLM reads as whose value
+        # cannot be known, so the argv as argparse gets it is keyed, in order, but for the flags known
+        # to be runtime-only (cachemgr.key.vllm_key takes them out, by the release's rules).
+        unknown_argv=tuple(_masked(tokens, values)) if unknown else (),
+        option_spans=tuple(_option_spans(parser, tokens)) if unknown else (),
     )
 
 
@@ -268,6 +312,37 @@ def _masked(tokens: list[str], values: Mapping[str, Any]) -> list[str]:
         if token.partition("=")[2] in secrets else token
         for token in tokens
     ]  # fmt: skip
+
+
+def _option_spans(parser: argparse.ArgumentParser, tokens: list[str]) -> list[tuple[str, int, int]]:
+    """Where each known option and its values sit in ``tokens``, consumed as argparse consumes them."""
+    spans: list[tuple[str, int, int]] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        found: Any = parser._parse_optional(token) if _looks_like_option(token) else None
+        if isinstance(found, list):  # some Python releases return the candidates as a list
+            found = found[0] if len(found) == 1 else None
+        action = found[0] if found else None  # (action, option string[, sep], explicit value)
+        if action is None:
+            i += 1
+            continue
+        assert found is not None
+        following = 0
+        while i + 1 + following < len(tokens) and not _looks_like_option(tokens[i + 1 + following]):
+            following += 1
+        nargs = action.nargs
+        if found[-1] is not None or nargs == 0:  # --flag=value, or a flag that takes none
+            take = 0
+        elif nargs is None or nargs == "?":
+            take = 1
+        else:
+            take = nargs if isinstance(nargs, int) else following
+        end = i + 1 + min(take, following)
+        flag = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+        spans.append((flag.lstrip("-"), i, end))
+        i = end
+    return spans
 
 
 def _looks_like_option(arg: str) -> bool:

@@ -29,6 +29,7 @@ they are unpacked and fails when a fact moves, and tools/rbln_facts.py prints th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -41,10 +42,13 @@ from cachemgr.core.versions import release_numbers
 ModelImpl = Literal["vllm", "optimum", "auto"]
 
 # The distributions the server runs, the key's name for each, and the variable that overrides it.
+# transformers: the hf_config vLLM hashes carries "transformers_version" (PretrainedConfig.to_dict),
+# and optimum-rbln compiles the model through transformers' modeling code.
 VERSION_ENV: dict[str, tuple[str, str]] = {
     "vllm": ("vllm", "CACHEMGR_VLLM_VERSION"),
     "vllm_rbln": ("vllm-rbln", "CACHEMGR_VLLM_RBLN_VERSION"),
     "optimum_rbln": ("optimum-rbln", "CACHEMGR_OPTIMUM_RBLN_VERSION"),
+    "transformers": ("transformers", "CACHEMGR_TRANSFORMERS_VERSION"),
 }
 # vllm_rbln/config.py 319-324: --model-impl values and the path each names (auto: none yet).
 _MODEL_IMPL_ALIASES: dict[str, ModelImpl] = {
@@ -77,8 +81,8 @@ def resolve_versions(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
     if missing:
         raise ConfigError(
             f"cannot tell the server's versions: {', '.join(VERSION_ENV[k][0] for k, (_, e) in VERSION_ENV.items() if e in missing)} "
-            "not installed in this environment, and the variables naming them are unset (vllm-rbln's "
-            "compile cache is keyed on the vLLM version)",
+            "not installed in this environment, and the variables naming them are unset (the server's "
+            "compile cache is keyed on its versions)",
             remedy=f"run in the modelserver image, or set {', '.join(missing)} to the server's versions",
         )
     return versions, "; ".join(sources)
@@ -103,20 +107,28 @@ def installed_version(distribution: str) -> str:
     """
     wanted = _normalize(distribution)
     for folder in sys.path:
-        try:
-            names = os.listdir(folder or ".")
-        except OSError:
-            continue
-        for name in names:
-            stem, dot, ext = name.rpartition(".")
-            if ext != "dist-info" or not dot:
-                continue
-            dist, _, _ = stem.partition("-")
-            if _normalize(dist) == wanted:
-                found = _metadata_version(os.path.join(folder or ".", name, "METADATA"))
-                if found:
-                    return found
+        for name in _dist_infos(folder or ".").get(wanted, ()):
+            found = _metadata_version(os.path.join(folder or ".", name, "METADATA"))
+            if found:
+                return found
     return _importlib_version(distribution)
+
+
+@functools.lru_cache(maxsize=64)
+def _dist_infos(folder: str) -> dict[str, tuple[str, ...]]:
+    """A ``sys.path`` folder's ``.dist-info`` directories by normalized name: listed once per process,
+    though the key asks for five distributions (the compiler, vllm, vllm-rbln, optimum-rbln, transformers)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return {}
+    found: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        stem, dot, ext = name.rpartition(".")
+        if ext == "dist-info" and dot:
+            dist = _normalize(stem.partition("-")[0])
+            found[dist] = (*found.get(dist, ()), name)
+    return found
 
 
 def _metadata_version(path: str) -> str | None:
@@ -174,14 +186,19 @@ def redirected_model(model: str, environ: Mapping[str, str]) -> str:
     return str(target) if target else model
 
 
-def model_impl(settings: Mapping[str, Any], environ: Mapping[str, str]) -> ModelImpl:
-    """Which model path vllm-rbln takes, as far as it can be told without the model's config."""
+def model_impl(settings: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+    """Which model path vllm-rbln 0.12 takes, as far as it can be told without the model's config.
+
+    ``resolve_model_impl`` (config.py 365-448): the flag; else the path a parent process published
+    in ``_VLLM_RBLN_RESOLVED_MODEL_IMPL`` (any non-empty value is taken as it is, envs.py 167-173);
+    else the deprecated ``VLLM_RBLN_USE_VLLM_MODEL``; else ``auto`` (the model's architectures decide).
+    """
     flagged = _MODEL_IMPL_ALIASES.get(str(settings.get("model_impl", "auto")), "auto")
     if flagged != "auto":
         return flagged
     inherited = environ.get(_RESOLVED_MODEL_IMPL_ENV)
-    if inherited in {"vllm", "optimum"}:
-        return "vllm" if inherited == "vllm" else "optimum"
+    if inherited:
+        return inherited
     if "VLLM_RBLN_USE_VLLM_MODEL" in environ:
         return "vllm" if environ["VLLM_RBLN_USE_VLLM_MODEL"].lower() in {"true", "1"} else "optimum"
     return "auto"
@@ -207,9 +224,11 @@ def _disable_compile_cache(environ: Mapping[str, str]) -> bool:
         return False
 
 
-def uncacheable(settings: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+def uncacheable(
+    settings: Mapping[str, Any], environ: Mapping[str, str], *, impl: str | None = None
+) -> list[str]:
     """``key``/``explain``: why this configuration cannot be cached, given its model path."""
-    impl = model_impl(settings, environ)
+    impl = _known(impl or model_impl(settings, environ))
     if impl == "optimum":
         return []  # the optimum path saves compiled_models/ at load, whatever these say
     reasons = never_saved(settings, environ)
@@ -220,7 +239,7 @@ def uncacheable(settings: Mapping[str, Any], environ: Mapping[str, str]) -> list
 
 def cpu_compile_refusal(settings: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
     """Why ``warm`` on a node without an NPU cannot compile this model, or None if it can."""
-    impl = model_impl(settings, environ)
+    impl = _known(model_impl(settings, environ))
     if impl == "vllm":
         return None
     if impl == "optimum":
@@ -232,3 +251,8 @@ def cpu_compile_refusal(settings: Mapping[str, Any], environ: Mapping[str, str])
         "with --model-impl auto, vllm-rbln picks the model path from the model's architectures, and "
         "its optimum path cannot compile without an NPU"
     )
+
+
+def _known(impl: str) -> str:
+    """A path name vllm-rbln acts on, or ``auto`` for any other value (the model's config decides)."""
+    return impl if impl in ("vllm", "optimum") else "auto"

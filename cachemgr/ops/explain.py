@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 # The order fields are shown in: what operators change most, and the likeliest cause, first.
 _FIELD_ORDER = (
-    "compiler", "versions", "npu", "model", "serving", "env", "strategy", "server", "compile_cmd", "schema",
+    "compiler", "versions", "rules", "npu", "model", "draft_model", "model_impl", "serving", "rbln", "unknown_flags",
+    "env", "strategy", "server", "compile_cmd", "schema",
 )  # fmt: skip
 
 
@@ -311,6 +312,7 @@ def _differences_advice(
             f"serving settings differ ({flags}): each combination compiles its own graphs. If intended, the first "
             "pod compiles once and the others reuse it; if not, pass the entry's values"
         )
+    advice += _keyed_advice(by_top)
     if "env" in by_top:
         names = ", ".join(d.field.split(".", 1)[-1] for d in by_top["env"])
         advice.append(
@@ -322,6 +324,44 @@ def _differences_advice(
         )
     if by_top.keys() & {"strategy", "server", "compile_cmd"}:
         advice.append("the compile strategy or command differs (--strategy, --compile-cmd)")
+    return advice
+
+
+def _keyed_advice(by_top: Mapping[str, list[Difference]]) -> list[str]:
+    """The inputs the server's release rules add (cachemgr.key.vllm_key): what each difference means."""
+    advice = []
+    if "rules" in by_top:
+        rules = by_top["rules"][0]
+        advice.append(
+            "the nearest entry was keyed by a cachemgr without per-release rules: it is never reused; prune it "
+            "once no pod runs that cachemgr"
+            if rules.entry is None
+            else f"the nearest entry was keyed by the rules of {_value(rules.entry)}, this argv by {_value(rules.here)}: "
+            "another server release compiles again"
+        )
+    if "model_impl" in by_top:
+        advice.append(
+            f"the model path differs ({', '.join(map(str, by_top['model_impl']))}): --model-impl, "
+            "VLLM_RBLN_USE_VLLM_MODEL or _VLLM_RBLN_RESOLVED_MODEL_IMPL pick what vllm-rbln compiles"
+        )
+    if "draft_model" in by_top:
+        advice.append(
+            "the speculative decoding draft model differs: its weights are compiled into the graphs"
+        )
+    if "rbln" in by_top:
+        options = ", ".join(
+            f"{'--rbln-' + d.field.split('.', 1)[-1].replace('_', '-')} {_value(d.entry)} -> {_value(d.here)}"
+            for d in by_top["rbln"]
+        )
+        advice.append(
+            f"RBLN options differ ({options}): a --rbln-* flag, an --additional-config key or a VLLM_RBLN_* "
+            "variable sets each; give the entry's values to reuse it"
+        )
+    if "unknown_flags" in by_top:
+        advice.append(
+            "the server argv, keyed as given because vLLM 0.30 does not know some of its flags, differs from "
+            "the entry's (in order, runtime-only flags aside): give it as the entry had it to reuse it"
+        )
     return advice
 
 

@@ -2,9 +2,13 @@
 
 vllm-rbln loads exactly two things from ``VLLM_CACHE_ROOT``:
 
-- ``compiled_models/<name>/rbln_config.json`` with its ``.rbln`` files: the optimum path counts a
-  directory as compiled when that file is in it (``utils/optimum/converter/dispatch.py`` 120-124,
-  ``utils/optimum/paths.py`` ``is_compiled_dir``);
+- ``compiled_models/<name>/`` with its ``rbln_config.json``: the optimum path counts a directory as
+  compiled when that file is in it (``utils/optimum/converter/dispatch.py`` 120-125,
+  ``utils/optimum/paths.py`` ``is_compiled_dir``), and optimum-rbln then loads
+  ``<compiled_model_name>.rbln`` for every entry of the file's ``_compile_cfgs``, raising when one is
+  missing (optimum-rbln ``modeling_base.py`` 189-213, 308-309); a multi-module model keeps each
+  submodule's graphs in ``<submodule>/``, named by the nested config under that key
+  (``utils/submodule.py`` 150-181). So a directory is loadable only when every named graph is there;
 - ``rbln/<model>-<sha1>/<signature>/rank<N>/mega_cache.bin``: the vLLM-model path's bundle
   (``v1/worker/mega_cache.py`` 161-174).
 
@@ -16,17 +20,26 @@ compile command must have written at least one non-empty file into ``{output_dir
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 BUNDLE = "mega_cache.bin"
 RBLN_CONFIG = "rbln_config.json"
+COMPILED_MODEL_NAME = "compiled_model"  # RBLNCompileConfig's default (configuration_utils.py 37, 85)
+_CONFIG_LIMIT = 16 << 20  # an rbln_config.json is kilobytes; anything this large is not one
+_DEPTH = 8  # submodules of submodules (a VLM's vision tower); deeper is not a model
 
 
 def why_not_loadable(artifacts: Path, *, strategy: str) -> str | None:
     """None when ``artifacts`` holds something the server will load, else why not (one clause)."""
     if strategy == "vllm":
-        if _compiled_dirs(artifacts) or _bundles(artifacts):
+        found = [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
+        problems = [why for why in (missing_graphs(p.parent) for p in found) if why]
+        if problems:
+            return problems[0]
+        if found or _bundles(artifacts):
             return None
         return (
             f"the server saved no compiled model under {artifacts} (no compiled_models/*/{RBLN_CONFIG}, "
@@ -37,8 +50,55 @@ def why_not_loadable(artifacts: Path, *, strategy: str) -> str | None:
     return f"the compile command wrote no file into {artifacts}"
 
 
-def _compiled_dirs(artifacts: Path) -> list[Path]:
-    return [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
+def missing_graphs(compiled: Path) -> str | None:
+    """Why optimum-rbln would fail to load ``compiled``, or None when every graph it names is there."""
+    config = _read_config(compiled / RBLN_CONFIG)
+    if config is None:
+        return f"{compiled / RBLN_CONFIG} is not a JSON object optimum-rbln can read"
+    named: list[str] = []
+    missing: list[str] = []
+    _walk(config, compiled, "", named, missing, depth=0)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return f"{compiled} names graphs that are not there ({shown}): optimum-rbln would refuse to load it"
+    if not named:
+        return f"{compiled / RBLN_CONFIG} names no compiled graph (its _compile_cfgs are empty)"
+    return None
+
+
+def _walk(
+    config: dict[str, Any], root: Path, rel: str, named: list[str], missing: list[str], *, depth: int
+) -> None:
+    """Every ``<compiled_model_name>.rbln`` the config (and its submodules' configs) names, found or not."""
+    cfgs = config.get("_compile_cfgs") or []
+    for cfg in cfgs if isinstance(cfgs, list) else [None]:  # anything but a list names nothing loadable
+        name = cfg.get("compiled_model_name", COMPILED_MODEL_NAME) if isinstance(cfg, dict) else None
+        graph = f"{rel}{name}.rbln"
+        if not isinstance(name, str) or not _plain(name):
+            missing.append(repr(name))
+        elif _nonempty(root / graph):
+            named.append(graph)
+        else:
+            missing.append(graph)
+    for key, value in config.items():
+        # a submodule's config is a nested RBLNModelConfig, which carries its cls_name
+        if isinstance(value, dict) and "cls_name" in value and _plain(key) and depth < _DEPTH:
+            _walk(value, root, f"{rel}{key}/", named, missing, depth=depth + 1)
+
+
+def _plain(name: str) -> bool:
+    """A name that stays in its folder."""
+    return bool(name) and "/" not in name and "\x00" not in name and name not in {".", ".."}
+
+
+def _read_config(path: Path) -> dict[str, Any] | None:
+    try:
+        if path.is_symlink() or path.stat().st_size > _CONFIG_LIMIT:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _bundles(artifacts: Path) -> list[Path]:

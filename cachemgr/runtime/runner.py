@@ -186,6 +186,8 @@ class Runner:
             seconds=round(time.monotonic() - started, 3),
             npu_query_s=key.details.get("npu_query_seconds"),
         )
+        for note in key.notes:  # a key made by strict rules, a snapshot it could not resolve
+            log.warning("key_note", key=key.short, note=note)
         return key
 
     def find(self, root: CacheRoot, key: CacheKey) -> Lookup | None:

@@ -15,15 +15,22 @@ What counts, from vllm-rbln 0.12's code:
 - a new ``rbln/**/mega_cache.bin``: a bundle under another model directory or signature
   (``v1/worker/mega_cache.py`` 161-174).
 
-What does not: the re-save of the same bundle after every warm-up (tmp file + rename onto the
-same path, ``mega_cache.py`` 206-227), anything named ``*.tmp`` on its way to a rename, and
-vLLM's model-info records under ``modelinfos/`` (vLLM ``model_executor/models/registry.py`` 963).
+- a bundle (or compiled file) the server re-saved at the entry's own path, grown or changed: when
+  it finds graphs missing from a bundle it loaded, it compiles them and saves the bundle again
+  (``mega_cache.save`` after warm-up, tmp file + rename onto the same path, ``mega_cache.py``
+  206-227), which replaces the view's link by a file of its own. Larger than the published file, or
+  of the same size with other content, means it compiled; the same bytes are the same graphs.
+
+What does not: the re-save of the same bundle after every warm-up (the same bytes as published),
+anything named ``*.tmp`` on its way to a rename, and vLLM's model-info records under ``modelinfos/``
+(vLLM ``model_executor/models/registry.py`` 963).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -31,8 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, read_json
-from cachemgr.volume.manifest import ARTIFACTS, Manifest
+from cachemgr.core.fsutil import atomic_write_json, hash_file, read_json
+from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 from cachemgr.volume.records import RECOMPILED_PREFIX
 
 if TYPE_CHECKING:
@@ -47,19 +54,52 @@ _SHOWN = 20  # paths named in the log line and the record; the count says how ma
 _POLL = 0.5
 
 
-def new_artifacts(view: Path, manifest: Manifest) -> list[str]:
-    """Compiled artifacts in ``view`` that the entry does not hold (paths relative to the view)."""
+def new_artifacts(
+    view: Path, manifest: Manifest, memo: dict[tuple[str, int, int], str] | None = None, *, deep: bool = True
+) -> list[str]:
+    """Compiled artifacts in ``view`` that the entry does not hold, or that the server re-saved
+    grown or changed (paths relative to the view; a re-saved one with what changed)."""
     cut = len(ARTIFACTS) + 1
-    known = {record.path[cut:] for record in manifest.files if record.path.startswith(ARTIFACTS + "/")}
+    known = {
+        record.path[cut:]: record for record in manifest.files if record.path.startswith(ARTIFACTS + "/")
+    }
     found = []
     for dirpath, dirnames, filenames in os.walk(view):
         rel_dir = os.path.relpath(dirpath, view)
         dirnames[:] = sorted(d for d in dirnames if not (rel_dir == "." and d == "modelinfos"))
         for name in filenames:
             rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if rel not in known and _is_compiled(rel):
+            if not _is_compiled(rel):
+                continue
+            if rel not in known:
                 found.append(rel)
+            elif (
+                change := _resaved(Path(dirpath) / name, known[rel], {} if memo is None else memo, deep=deep)
+            ) is not None:
+                found.append(f"{rel} ({change})")
     return sorted(found)
+
+
+def _resaved(
+    path: Path, record: FileRecord, memo: dict[tuple[str, int, int], str], *, deep: bool
+) -> str | None:
+    """What changed when the server replaced the view's link to ``record`` by a file of its own."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None  # still the view's link to the entry: untouched
+    if st.st_size != record.size:
+        grown = "larger" if st.st_size > record.size else "smaller"
+        return f"re-saved {grown} than published: {record.size} -> {st.st_size} bytes"
+    ident = (str(path), st.st_size, st.st_mtime_ns)
+    if record.xxh3 and ident not in memo and deep:
+        with contextlib.suppress(OSError):
+            memo[ident] = hash_file(path)
+    if memo.get(ident, record.xxh3) == record.xxh3:
+        return None  # the bytes it was published with (or not hashed: no time at exit, or unreadable)
+    return f"re-saved with other content, same size ({st.st_size} bytes)"
 
 
 def _is_compiled(rel: str) -> bool:
@@ -80,11 +120,19 @@ class DriftWatch:
         self._report = report
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        self._hashes: dict[tuple[str, int, int], str] = {}  # a re-saved file is hashed once
+        self._exited: threading.Event | None = None
 
     def check(self) -> list[str]:
-        """Report the paths not reported before; return them."""
+        """Report the paths not reported before; return them.
+
+        Once the server has exited (the last look, as the pod stops) a re-saved file of the
+        published size is not hashed: SIGTERM's grace period is no time to read gigabytes.
+        """
+        deep = self._exited is None or not self._exited.is_set()
         with self._lock:
-            new = [p for p in new_artifacts(self._view, self._manifest) if p not in self._seen]
+            found = new_artifacts(self._view, self._manifest, self._hashes, deep=deep)
+            new = [p for p in found if p not in self._seen]
             self._seen.update(new)
         if new:
             self._report(new)
@@ -92,6 +140,8 @@ class DriftWatch:
 
     def start(self, *, serving: Callable[[], bool], exited: threading.Event) -> None:
         """In the background: check when the server first serves (warm-up, and any save, is done)."""
+
+        self._exited = exited
 
         def watch() -> None:
             while not exited.is_set():

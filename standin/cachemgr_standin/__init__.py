@@ -26,6 +26,11 @@ Environment knobs (both programs; compiler flags override them):
 * ``STANDIN_VLLM_VERSION`` (server only): the vLLM version the stand-in "has installed" (default
   :data:`VLLM_VERSION`); it enters the vLLM-model path's bundle signature, as ``vllm.__version__``
   enters vllm-rbln's. Change it alone to make the stand-in drift from what cachemgr was told.
+* ``STANDIN_TRANSFORMERS_VERSION`` (server only): the transformers version it "has installed" (default
+  :data:`TRANSFORMERS_VERSION`); the hashed ``hf_config`` carries it, as transformers' does.
+* ``STANDIN_EXTRA_GRAPHS`` (server only, default 0): graphs the vLLM-model path needs beyond
+  ``STANDIN_ARTIFACT_FILES``: on a hit it finds them missing from the bundle it loads, compiles them
+  and re-saves the grown bundle at the same path, as vllm-rbln does when a newer SDK adds graphs.
 * ``STANDIN_NPU_NAME``: what the fake ``rebel.get_npu_name(0)`` answers (see ``pymods/``); unset,
   there is no device.
 * Server faults: ``STANDIN_EXIT_BEFORE_HEALTHY=<code>`` (negative: die by that signal),
@@ -38,8 +43,10 @@ Environment knobs (both programs; compiler flags override them):
 VLLM_VERSION = "0.30.0+cpu"  # vllm-rbln 0.12.0 pins vllm==0.30.0+cpu
 VLLM_RBLN_VERSION = "0.12.0"
 OPTIMUM_RBLN_VERSION = "0.12.0"
+TRANSFORMERS_VERSION = "5.15.1"  # optimum-rbln 0.12.0 pins transformers==5.15.1
 DECLARED_VERSIONS = {
     "CACHEMGR_VLLM_VERSION": VLLM_VERSION,
     "CACHEMGR_VLLM_RBLN_VERSION": VLLM_RBLN_VERSION,
     "CACHEMGR_OPTIMUM_RBLN_VERSION": OPTIMUM_RBLN_VERSION,
+    "CACHEMGR_TRANSFORMERS_VERSION": TRANSFORMERS_VERSION,
 }

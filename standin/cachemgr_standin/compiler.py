@@ -365,15 +365,47 @@ def write_artifact(path: Path, seed: str, size: int) -> str:
 
 
 def rbln_config_text(spec: CompileSpec, files: list[dict[str, Any]]) -> str:
-    """Deterministic JSON (sorted keys, no times or pids): equal configs give equal bytes."""
-    config = {
+    """Deterministic JSON (sorted keys, no times or pids): equal configs give equal bytes.
+
+    As optimum-rbln writes it (``RBLNModelConfig._prepare_for_serialization``): a ``cls_name``, and
+    ``_compile_cfgs`` naming each ``<compiled_model_name>.rbln`` of this folder; a submodule's graphs
+    sit in ``<submodule>/``, named by the nested config under that key (``utils/submodule.py``).
+    """
+    config: dict[str, Any] = {
         "_standin": STANDIN_MARK,
+        "cls_name": "RBLNStandinModelConfig",
         "model": spec.model,
         "signature": spec.signature,
         "compile_args": spec.args,
         "files": files,
+        "_compile_cfgs": [compile_cfg(f["path"]) for f in files if "/" not in f["path"]],
     }
+    nested = [compile_cfg(f["path"].split("/", 1)[1]) for f in files if f["path"].startswith(f"{SUBDIR}/")]
+    if nested:
+        config[SUBDIR] = {"cls_name": "RBLNStandinSubmoduleConfig", "_compile_cfgs": nested}
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def compile_cfg(file_name: str) -> dict[str, Any]:
+    """One RBLNCompileConfig as ``asdict`` writes it: the graph's name without ``.rbln``."""
+    return {
+        "compiled_model_name": file_name.removesuffix(".rbln"),
+        "input_info": None,
+        "npu": None,
+        "num_devices": None,
+    }
+
+
+def named_graphs(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """Every ``.rbln`` path the config's ``_compile_cfgs`` name, its submodules' included."""
+    names = [
+        f"{prefix}{cfg.get('compiled_model_name', 'compiled_model')}.rbln"
+        for cfg in config.get("_compile_cfgs") or []
+    ]
+    for key, value in sorted(config.items()):
+        if isinstance(value, dict) and "cls_name" in value:
+            names += named_graphs(value, f"{prefix}{key}/")
+    return names
 
 
 def write_compiled_dir(
@@ -429,6 +461,13 @@ def load_compiled_dir(root: Path) -> tuple[str, int, int]:
     config = json.loads(config_bytes)
     if not isinstance(config, dict) or config.get("_standin") != STANDIN_MARK:
         raise CompiledDirError(f"{root / RBLN_CONFIG} was not written by a cachemgr stand-in")
+    for name in named_graphs(config):
+        if not (root / name).is_file():
+            # optimum-rbln's _load_compiled_models (modeling_base.py 205-211)
+            raise FileNotFoundError(
+                f"Expected RBLN compiled model '{Path(name).name}' not found at '{(root / name).parent}'. "
+                "Please ensure all models specified in `rbln_config` are present."
+            )
     entries = {RBLN_CONFIG: config_bytes}
     for entry in config["files"]:
         entries[str(entry["path"])] = _read_listed(root, entry)

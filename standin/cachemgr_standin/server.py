@@ -52,6 +52,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, cast
 
+from cachemgr_standin import signature
 from cachemgr_standin.compiler import (
     DEFAULT_BYTES,
     DEFAULT_COMPILE_SECONDS,
@@ -92,8 +93,11 @@ DEFAULT_LOAD_SECONDS = 0.1
 RUNTIME_FLAGS = frozenset({"host", "port", "api-key", "served-model-name"})
 # vLLM flags that take no value, so `--enforce-eager MODEL` does not eat MODEL as its value.
 # Any `--no-*`, `--enable-*`, `--disable-*` flag is boolean as well.
-BOOLEAN_FLAGS = frozenset(
-    {"enforce-eager", "trust-remote-code", "skip-tokenizer-init", "headless", "api-server-count-auto"}
+BOOLEAN_FLAGS = (
+    frozenset(
+        {"enforce-eager", "trust-remote-code", "skip-tokenizer-init", "headless", "api-server-count-auto"}
+    )
+    | signature.RBLN_BOOL_FLAGS
 )
 ALIASES = {
     "tp": "tensor-parallel-size",
@@ -101,8 +105,6 @@ ALIASES = {
     "dp": "data-parallel-size",
     "q": "quantization",
 }
-# vllm_rbln.envs.RBLN_COMPILE_ENV: the environment the mega-cache signature keys on.
-RBLN_COMPILE_ENV = ("VLLM_RBLN_USE_VLLM_MODEL", "VLLM_RBLN_NUM_HIDDEN_LAYERS", "VLLM_RBLN_USE_DEVICE_TENSOR")
 BUNDLE_MAGIC = b"STANDIN-RBLN-MEGA-CACHE 1\n"
 _TRAILER = 65  # 64 hex digits of sha256 and a newline
 
@@ -137,6 +139,7 @@ class Knobs:
     total_bytes: int
     record: str | None
     faults: Faults
+    extra_graphs: int = 0  # graphs beyond `files` this server needs (a bundle it loads lacks them)
 
 
 def parse_flat_yaml(text: str) -> dict[str, FlagValue] | None:
@@ -225,6 +228,7 @@ def read_knobs() -> Knobs:
         files=env_int("STANDIN_ARTIFACT_FILES", DEFAULT_FILES),
         total_bytes=env_size("STANDIN_ARTIFACT_BYTES", DEFAULT_BYTES),
         record=os.environ.get("STANDIN_RECORD") or None,
+        extra_graphs=env_int("STANDIN_EXTRA_GRAPHS", 0, minimum=0),
         faults=Faults(
             exit_code=exit_code,
             quota_exceeded=env_flag("STANDIN_QUOTA_EXCEEDED"),
@@ -254,9 +258,12 @@ def _env_bool(name: str, default: str) -> bool:
 
 
 def resolve_impl(args: ServeArgs) -> str:
-    """Which model path: ``VLLM_RBLN_USE_VLLM_MODEL`` or ``--model-impl``; they must agree."""
+    """``resolve_model_impl`` (config.py 365-448): ``--model-impl``, which ``VLLM_RBLN_USE_VLLM_MODEL``
+    must agree with; else the path a parent published in ``_VLLM_RBLN_RESOLVED_MODEL_IMPL``; else the
+    deprecated variable; else ``auto``, which the stand-in (no architecture registry) takes as optimum."""
     flagged = _first(args.compile_flags.get("model-impl"))
-    given = flagged if flagged in {"vllm", "optimum"} else None
+    given = {"vllm": "vllm", "optimum": "optimum", "transformers": "optimum"}.get(str(flagged))
+    legacy = None
     if "VLLM_RBLN_USE_VLLM_MODEL" in os.environ:
         legacy = "vllm" if _env_bool("VLLM_RBLN_USE_VLLM_MODEL", "False") else "optimum"
         if given is not None and given != legacy:
@@ -265,8 +272,9 @@ def resolve_impl(args: ServeArgs) -> str:
                 f"VLLM_RBLN_USE_VLLM_MODEL selects the {legacy!r} model path and model_impl selects "
                 f"{given!r}. VLLM_RBLN_USE_VLLM_MODEL is deprecated: unset it and keep --model-impl."
             )
-        return legacy
-    return given or "optimum"
+    inherited = os.environ.get("_VLLM_RBLN_RESOLVED_MODEL_IMPL") or None
+    resolved = given or inherited or legacy or "optimum"
+    return "vllm" if resolved == "vllm" else "optimum"
 
 
 def _int_flag(flags: Flags, name: str, default: int) -> int:
@@ -281,14 +289,17 @@ def _int_flag(flags: Flags, name: str, default: int) -> int:
 
 def worker_ranks(flags: Flags) -> list[int]:
     """The LOCAL_RANK of each worker: vllm-rbln's worker sets it to its rank (rank across DP
-    when DP > 1, rbln_worker.py), overriding any inherited LOCAL_RANK, and each rank keeps
-    its own bundle."""
+    when DP > 1, rbln_worker.py 818-835), overriding any inherited LOCAL_RANK, and each rank keeps
+    its own bundle. DP comes from the flags, else from VLLM_DP_SIZE / VLLM_DP_RANK (vLLM
+    config/parallel.py 910-940)."""
     world = _int_flag(flags, "tensor-parallel-size", 1) * _int_flag(flags, "pipeline-parallel-size", 1)
-    dp = _int_flag(flags, "data-parallel-size", 1)
+    try:
+        dp, dp_rank = signature.data_parallel(flags, os.environ)
+    except ValueError:
+        raise KnobError("VLLM_DP_SIZE / VLLM_DP_RANK are not integers") from None
     if dp <= 1:
         return list(range(world))
-    dp_rank = _first(flags.get("data-parallel-rank"))
-    dp_ranks = [int(dp_rank)] if dp_rank is not None and dp_rank.isdigit() else list(range(dp))
+    dp_ranks = [dp_rank] if dp_rank is not None else list(range(dp))
     return [d * world + r for d in dp_ranks for r in range(world)]
 
 
@@ -339,14 +350,8 @@ class Engine:
 
 
 def optimum_signature(args: ServeArgs) -> str:
-    """``_generate_model_path_name``'s hash, over the flags the stand-in has instead of the
-    resolved vLLM config (model, every non-runtime flag, devices per rank)."""
-    config = {
-        "model_name": args.model,
-        "flags": _jsonable(args.compile_flags),
-        "num_devices": os.environ.get("VLLM_RBLN_NUM_DEVICES_PER_LOCAL_RANK", "1"),
-    }
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    """``_generate_model_path_name``'s hash (cachemgr_standin.signature)."""
+    return signature.optimum_name_hash(args.model, args.compile_flags, os.environ)
 
 
 def merge_dir(src_root: Path, dst_root: Path) -> None:
@@ -503,17 +508,14 @@ def warmup_skip_reason(args: ServeArgs) -> str | None:
 
 
 def vllm_signature(args: ServeArgs) -> str:
-    """``mega_cache.config_signature``: sha1 of config hash | compile env | npu | rebel major.minor."""
-    # VllmConfig.compute_hash() starts with vllm.__version__ (vLLM config/vllm.py 479-484).
-    config = {"vllm": vllm_version(), "model": args.model, "flags": _jsonable(args.compile_flags)}
-    cfg = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    env = {
-        "VLLM_RBLN_USE_VLLM_MODEL": _env_bool("VLLM_RBLN_USE_VLLM_MODEL", "False"),
-        "VLLM_RBLN_NUM_HIDDEN_LAYERS": os.environ.get("VLLM_RBLN_NUM_HIDDEN_LAYERS", "0"),
-        "VLLM_RBLN_USE_DEVICE_TENSOR": _env_bool("VLLM_RBLN_USE_DEVICE_TENSOR", "True"),
-    }
-    env_hash = hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()
-    text = "|".join([cfg, env_hash, f"npu={npu_name() or 'unknown'}", "rebel=0.12"])
+    """``mega_cache.config_signature``: sha1 of config hash | graph set | compile env | npu | rebel
+    major.minor (cachemgr_standin.signature), and the attention backend the graphs are built for."""
+    revision = _first(args.compile_flags.get("revision"))
+    cfg = signature.vllm_config_hash(args.model, revision, args.compile_flags, os.environ, vllm_version())
+    graphs = signature.graph_set(args.compile_flags, os.environ)
+    env_hash = signature.sha(signature.compile_env(os.environ))
+    backend = signature.attention_backend(os.environ)
+    text = "|".join([cfg, graphs, env_hash, f"npu={npu_name() or 'unknown'}", "rebel=0.12", backend])
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
@@ -655,11 +657,12 @@ def vllm_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
     ranks = worker_ranks(args.compile_flags)
     paths = {rank: bundle_path(cache_root, args.model, signature, rank) for rank in ranks}
     sizes = split_sizes(knobs.total_bytes // len(ranks), knobs.files)
+    sizes += sizes[-1:] * knobs.extra_graphs  # STANDIN_EXTRA_GRAPHS: graphs a newer SDK also compiles
     loaded = {rank: load_bundle(paths[rank], knobs, cache_root, rank) if use_cache else {} for rank in ranks}
     missing = [
         (rank, name, size)
         for rank in ranks
-        for name, size in zip(graph_names(knobs.files), sizes, strict=True)
+        for name, size in zip(graph_names(len(sizes)), sizes, strict=True)
         if name not in loaded[rank]
     ]
     for rank in sorted({rank for rank, _, _ in missing}):

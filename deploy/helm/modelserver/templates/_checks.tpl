@@ -73,7 +73,7 @@ access modes first; these are the checks a schema cannot say well, or at all.
 {{- if has $name (list "CACHEMGR_ROLE" "CACHEMGR_CACHE_ROOT" "CACHEMGR_STATE_DIR" "CACHEMGR_NPU_TYPE" "CACHEMGR_LOG_FORMAT" "CACHEMGR_RUN_ARGS" "CACHEMGR_REMOTE" "CACHEMGR_REMOTE_ENDPOINT" "CACHEMGR_TRUSTED_KEYS" "CACHEMGR_SIGNING_KEY_FILE" "POD_NAME" "NODE_NAME" "TMPDIR" "HOME" "VLLM_RBLN_COMPILE_ONLY" "RBLN_FORCE_NPU_NAME") -}}
 {{- fail (printf "extraEnv sets %s, which the chart sets itself: use the value that sets it (values.yaml names each), not extraEnv" $name) -}}
 {{- end -}}
-{{- if has $name (list "CACHEMGR_COMPILER_VERSION" "CACHEMGR_VLLM_VERSION" "CACHEMGR_VLLM_RBLN_VERSION" "CACHEMGR_OPTIMUM_RBLN_VERSION") -}}
+{{- if has $name (list "CACHEMGR_COMPILER_VERSION" "CACHEMGR_VLLM_VERSION" "CACHEMGR_VLLM_RBLN_VERSION" "CACHEMGR_OPTIMUM_RBLN_VERSION" "CACHEMGR_TRANSFORMERS_VERSION") -}}
 {{- fail (printf "extraEnv sets %s: the cache key must take the image's own version, or a new SDK image would hit the old SDK's entries; leave it unset" $name) -}}
 {{- end -}}
 {{- end -}}

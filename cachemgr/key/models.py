@@ -1,0 +1,197 @@
+"""Which weights the server compiles: a local model directory by its content, a hub model by id and snapshot.
+
+A hub model's snapshot: vLLM hashes the ``hf_config`` it loads (``ModelConfig.compute_hash`` hashes every field, and
+``normalize_value`` turns a ``PretrainedConfig`` into its JSON, vLLM 0.30 ``config/utils.py``
+318-322), so two pods that load another snapshot of ``org/model`` compile different graphs. Without
+``--revision`` the server loads ``main``, whatever the hub says it is today; where the pod's HF cache
+already holds the repository, ``refs/<revision>`` names the commit it resolves to, and that commit is
+keyed. Where it cannot be told (no cache, a revision the cache has not seen), the key says so.
+
+The cache is found as huggingface_hub finds it: ``HF_HUB_CACHE``, else ``HUGGINGFACE_HUB_CACHE``, else
+``$HF_HOME/hub`` (``HF_HOME`` defaults to ``$XDG_CACHE_HOME/huggingface``, then
+``~/.cache/huggingface``); a ``--download-dir`` is looked at first, as the server downloads there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from cachemgr.core.errors import ConfigError
+from cachemgr.key.digest import digest_of
+from cachemgr.key.serving import ServerCommand
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".rbln")
+
+
+def resolve_model(
+    server: ServerCommand,
+    *,
+    model: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """The model input, its source, and details (not hashed) for names and space estimates.
+
+    ``model`` is the model string the server will use, if not the argv's (a redirect). With
+    ``environ`` (the ``vllm`` strategy), a hub model is keyed with the snapshot the server will load.
+    """
+    if server.kind != "vllm":
+        # Any other server carries its model in its argv, which is keyed whole.
+        return {"kind": "argv"}, "argv", {"model_name": Path(server.argv[0]).name}
+    model = model or server.model
+    if not model:
+        raise ConfigError(
+            "the vllm argv names no model",
+            remedy="pass the model as 'vllm serve MODEL' or --model MODEL",
+        )
+    if "{artifact_dir}" in model:
+        # The server loads what --compile-cmd produced: the compile command names the model.
+        return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
+    download_dir = server.options.get("download_dir")
+    return resolve_weights(
+        model, server.revision, environ, download_dir=download_dir if isinstance(download_dir, str) else None
+    )
+
+
+def resolve_weights(
+    model: str,
+    revision: str | None,
+    environ: Mapping[str, str] | None,
+    *,
+    download_dir: str | None = None,
+    what: str = "model",
+) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """A model string as weights: a local directory by its content, a hub id by id, revision and snapshot."""
+    path = Path(model).expanduser()
+    if _exists(path):
+        return _local_model(path)
+    if model.startswith(("/", "./", "../", "~")):
+        raise ConfigError(
+            f"{what} path {model} does not exist in this pod",
+            remedy="mount the model volume at that path, or pass a Hugging Face model id",
+        )
+    hub: dict[str, Any] = {"kind": "hub", "id": model, "revision": revision}
+    source = "argv (--revision)" if revision else "argv (revision unpinned: the hub may change it)"
+    details: dict[str, Any] = {"model_name": model}
+    if environ is not None:
+        # vLLM hashes the hf_config it loads: key the snapshot this pod's HF cache resolves to.
+        hub["snapshot"] = hub_snapshot(model, revision, environ, download_dir=download_dir)
+        if hub["snapshot"] is None:
+            details["unresolved_snapshot"] = (
+                f"{what} {model}: the snapshot of {revision or 'main'} is not in this pod's Hugging Face cache, "
+                "so the key cannot tell which one the server will load (it is keyed without one); pin "
+                "--revision to a commit, or fill the cache first"
+            )
+        elif hub["snapshot"] != revision:
+            source = f"{source}; snapshot {hub['snapshot'][:12]} from the local Hugging Face cache"
+    return hub, source, details
+
+
+def _exists(path: Path) -> bool:
+    """Does the model path exist? A name no path can have (ENAMETOOLONG) is bad input, not a bug."""
+    try:
+        return path.exists()
+    except OSError as error:
+        raise ConfigError(
+            f"the model {str(path)[:80]!r}... ({len(str(path))} characters) cannot be a path here: {error.strerror}",
+            remedy="pass a Hugging Face model id or a model directory that exists in this pod",
+        ) from None
+
+
+def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Fingerprint a local model by its config, weight index and weight sizes, not its path."""
+    if not path.is_dir():
+        raise ConfigError(
+            f"model path {path} is not a directory", remedy="point the server at a model directory"
+        )
+    described: dict[str, Any] = {}
+    weights: dict[str, int] = {}
+    try:
+        for item in sorted(_model_files(path)):
+            rel = item.relative_to(path).as_posix()
+            if item.name.endswith(".json"):
+                described[rel] = _model_json(item)
+            else:
+                weights[rel] = item.stat().st_size
+    except OSError as error:
+        raise ConfigError(
+            f"cannot read model directory {path}: {error.strerror}", remedy="check the model volume mount"
+        ) from error
+    if "config.json" not in described and "rbln_config.json" not in described:
+        raise ConfigError(
+            f"model directory {path} has no config.json",
+            remedy="point the server at a Hugging Face model directory",
+        )
+    fingerprint = digest_of({"json": described, "weights": weights})
+    details = {"model_name": path.name, "model_path": str(path), "weight_bytes": sum(weights.values())}
+    return {"kind": "local", "fingerprint": fingerprint}, f"local directory {path}", details
+
+
+def _model_files(path: Path) -> list[Path]:
+    found: list[Path] = []
+    for item in path.iterdir():
+        if item.is_dir() and not item.name.startswith("."):
+            # One level down: compiled dirs and sharded checkpoints keep files in subdirectories.
+            found += [sub for sub in item.iterdir() if _is_model_file(sub)]
+        elif _is_model_file(item):
+            found.append(item)
+    return found
+
+
+def _is_model_file(item: Path) -> bool:
+    name = item.name
+    is_json = name in {"config.json", "rbln_config.json"} or name.endswith(".index.json")
+    return item.is_file() and (is_json or name.endswith(_WEIGHT_SUFFIXES))
+
+
+def _model_json(item: Path) -> Any:
+    try:
+        data = json.loads(item.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return {"unparsable_bytes": item.stat().st_size, "xxh3": xxhash.xxh3_128_hexdigest(item.read_bytes())}
+    if isinstance(data, dict):
+        # transformers writes the load path here; the same weights elsewhere must still hit.
+        data.pop("_name_or_path", None)
+    return data
+
+
+# --- the Hugging Face snapshot of a hub model --------------------------------------------------
+
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def cache_dirs(environ: Mapping[str, str], download_dir: str | None = None) -> list[Path]:
+    """Where the server looks for hub snapshots, in order."""
+    home = environ.get("HF_HOME") or os.path.join(
+        environ.get("XDG_CACHE_HOME")
+        or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache"),
+        "huggingface",
+    )
+    hub = environ.get("HF_HUB_CACHE") or environ.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    found = [Path(download_dir).expanduser()] if download_dir else []
+    return [*found, Path(hub).expanduser()]
+
+
+def hub_snapshot(
+    model_id: str, revision: str | None, environ: Mapping[str, str], *, download_dir: str | None = None
+) -> str | None:
+    """The commit the server will load for ``model_id`` at ``revision`` (default ``main``), or None."""
+    wanted = revision or "main"
+    if _COMMIT.fullmatch(wanted):
+        return wanted  # a commit names itself, whether or not it is downloaded yet
+    folder = "models--" + model_id.replace("/", "--")
+    for cache in cache_dirs(environ, download_dir):
+        ref = cache / folder / "refs" / wanted
+        try:
+            commit = ref.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if _COMMIT.fullmatch(commit) and (cache / folder / "snapshots" / commit).is_dir():
+            return commit
+    return None

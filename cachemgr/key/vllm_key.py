@@ -1,0 +1,279 @@
+"""The ``vllm`` strategy's key: the server's own inputs, keyed as the server's release reads them.
+
+The rule (docs/design.md, the cache key): every input the server hashes or compiles from is keyed
+as the server reads it; what it ignores is not keyed; where cachemgr cannot tell, it keys strictly.
+"As the server reads it" depends on the release (cachemgr.key.releases), so this module takes the
+parsed argv (cachemgr.key.serving) and the environment and applies one release's rules:
+
+- ``serving``: every flag as vLLM stores it, minus the flags runtime-only in that release (for the
+  model path the server takes) and minus values equal to the server's default (``--max-num-seqs 1``);
+- ``model_impl`` and ``rbln`` (0.12): the model path as vllm-rbln resolves it (it resets
+  ``--model-impl`` to ``auto`` before vLLM hashes it) and the RBLN options it compiles from
+  (:func:`resolve_rbln`, below), so a flag, an ``additional_config`` key and a variable that set
+  one field are one input;
+- ``env``: the vllm-rbln variables the path compiles from, parsed (cachemgr.key.rbln_env), and the
+  vLLM variables that change what it compiles: ``VLLM_MLA_DISABLE`` (the attention backend) and the
+  data-parallel size and rank vLLM takes from ``VLLM_DP_SIZE``/``VLLM_DP_RANK`` when the argv does not;
+- ``draft_model``: the speculative decoding draft's weights, which its ``compute_hash`` covers.
+
+A release not in the table is keyed strictly: every ``VLLM_*``/``RBLN_*`` variable as given, every
+flag but :data:`cachemgr.key.serving.ALWAYS_RUNTIME`, ``additional_config`` whole, and a note says so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from cachemgr.key import vllm_rbln
+from cachemgr.key.models import resolve_weights
+from cachemgr.key.rbln_env import keyed_env, parse, present, read
+from cachemgr.key.releases import BOTH, Path, RblnField, Release
+from cachemgr.key.serving import ALWAYS_RUNTIME, RUNTIME_ONLY, ServerCommand
+
+# Variables no release compiles from (vLLM's compile_factors ignores them too, vLLM 0.30 envs.py
+# 2257-2331): where the pod listens, its credentials and logging, the cache directory cachemgr
+# itself points the server at, the device selection of this pod, how the NPU is named (keyed as
+# `npu`), the redirect table (keyed through the model), and cachemgr warm's own compile-only switch.
+ALWAYS_RUNTIME_ENV = frozenset(
+    {
+        "VLLM_CACHE_ROOT", "VLLM_API_KEY", "VLLM_HOST_IP", "VLLM_PORT", "VLLM_RPC_BASE_PATH", "VLLM_LOGGING_LEVEL",
+        "VLLM_LOGGING_PREFIX", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_CONFIG_PATH", "VLLM_LOGGING_COLOR",
+        "VLLM_CONFIGURE_LOGGING", "VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "VLLM_USAGE_STATS_SERVER",
+        "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT", "VLLM_MODEL_REDIRECT_PATH", "RBLN_DEVICES",
+        "RBLN_VISIBLE_DEVICES", "RBLN_FORCE_NPU_NAME", "RBLN_TARGET_SOC", "VLLM_RBLN_COMPILE_ONLY",
+    }
+)  # fmt: skip
+_STRICT_ENV = re.compile(r"^_?(VLLM|RBLN)_")
+# A secret never enters a key (key.json lies on the volume, readable by every pod of the role).
+_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY")
+
+
+class VllmInputs(NamedTuple):
+    """What the release's rules key, where each came from, and what key/explain say about it."""
+
+    inputs: dict[str, Any]
+    sources: dict[str, str]
+    dropped: tuple[str, ...]  # runtime-only flags given (as flag names)
+    defaulted: tuple[str, ...]  # flags given at the server's default value
+    notes: tuple[str, ...]  # the strict warning, an unresolved snapshot: said by key, explain and run
+    aside: frozenset[str]  # the flags left out (runtime-only, at their default): of unknown_flags too
+
+
+def vllm_inputs(
+    server: ServerCommand,
+    release: Release,
+    environ: Mapping[str, str],
+    *,
+    npu: str,
+    versions: Mapping[str, str],
+) -> VllmInputs:
+    impl, paths = model_path(release, server, environ)
+    inputs: dict[str, Any] = {"rules": release.name}
+    sources: dict[str, str] = {"rules": release.describe()}
+    notes: list[str] = []
+    if release.strict:
+        notes.append(
+            f"{_versions_text(versions)}: this cachemgr was not checked against that release, so the key is "
+            "strict (every VLLM_*/RBLN_* variable, every flag but the ones runtime-only in every release, "
+            "additional_config whole): pods reuse only what was compiled with exactly their settings"
+        )
+    else:
+        inputs["model_impl"], sources["model_impl"] = (
+            impl,
+            "--model-impl, _VLLM_RBLN_RESOLVED_MODEL_IMPL, VLLM_RBLN_USE_VLLM_MODEL",
+        )
+    runtime = runtime_flags(release, paths)
+    serving, dropped, defaulted, aside = _serving(server, release, runtime)
+    inputs["serving"], sources["serving"] = serving, "argv"
+    if release.additional_config == "fields":
+        rbln = resolve_rbln(release, server.options.get("additional_config"), environ, paths, npu=npu)
+        if rbln:
+            inputs["rbln"], sources["rbln"] = rbln, "--rbln-*, --additional-config, VLLM_RBLN_*"
+    if release.strict:
+        env = {
+            k: v
+            for k, v in environ.items()
+            if _STRICT_ENV.match(k) and k not in ALWAYS_RUNTIME_ENV and not _SECRET.search(k)
+        }
+        env_source = "environment (every VLLM_*/RBLN_* variable: strict)"
+    else:
+        env, env_source = keyed_env(release, paths, environ, npu=npu)
+        env |= vllm_env(server.options, environ, paths)
+    inputs["env"], sources["env"] = dict(sorted(env.items())), env_source
+    draft = _draft_model(server, environ)
+    if draft is not None:
+        inputs["draft_model"], sources["draft_model"], note = draft
+        notes += [note] if note else []
+    return VllmInputs(inputs, sources, dropped, defaulted, tuple(notes), aside)
+
+
+def model_path(
+    release: Release, server: ServerCommand, environ: Mapping[str, str]
+) -> tuple[str, frozenset[Path]]:
+    """The model path as this release picks it, and the paths whose rules apply (both where not known)."""
+    if release.strict:
+        return "auto", BOTH
+    if release.model_impl == "env":
+        var = release.env["VLLM_RBLN_USE_VLLM_MODEL"]
+        impl = "vllm" if parse(var, environ) is True else "optimum"
+    else:
+        impl = vllm_rbln.model_impl(server.settings, environ)
+    if impl in ("vllm", "optimum"):
+        return impl, frozenset({impl})  # type: ignore[arg-type]
+    return impl, BOTH
+
+
+def runtime_flags(release: Release, paths: frozenset[Path]) -> frozenset[str]:
+    """The flags the release's rules leave out of the key, for the model paths in ``paths``."""
+    if release.strict:
+        return ALWAYS_RUNTIME
+    on_vllm_path = release.runtime_flags_vllm_path if paths == {"vllm"} else frozenset()
+    return RUNTIME_ONLY | release.runtime_flags | on_vllm_path
+
+
+def _serving(
+    server: ServerCommand, release: Release, runtime: frozenset[str]
+) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], frozenset[str]]:
+    """The flags keyed, the runtime-only ones given, those at the default, and every flag put aside."""
+    folded = {"additional_config"} if release.additional_config == "fields" else set()
+    if release.model_impl == "flag_then_env":
+        folded.add("model_impl")  # platform/__init__.py 238: reset to "auto" before vLLM hashes it
+    serving: dict[str, Any] = {}
+    dropped: list[str] = []
+    defaulted: list[str] = []
+    aside: set[str] = set(runtime)
+    for dest, value in server.options.items():
+        flag = dest.replace("_", "-")
+        if flag in runtime:
+            dropped.append(flag)
+        elif dest in folded:
+            continue
+        elif value in release.defaults.get(dest, ()) and not isinstance(value, bool):
+            defaulted.append(f"{flag} {value}")
+            aside.add(flag)
+        elif not (dest == "additional_config" and value == {}):  # vLLM hashes an empty one as none
+            serving[dest] = value
+    return serving, tuple(sorted(dropped)), tuple(defaulted), frozenset(aside)
+
+
+def vllm_env(
+    options: Mapping[str, Any], environ: Mapping[str, str], paths: frozenset[Path]
+) -> dict[str, Any]:
+    """The vLLM variables that change what is compiled, read as vLLM reads them (envs.py: int(...))."""
+    keyed: dict[str, Any] = {}
+    if "vllm" in paths:
+        # ModelConfig.use_mla (vLLM 0.30 config/model.py 1926-1927) picks the attention backend
+        # (vllm-rbln platform/__init__.py 110-134), which the bundle signature does not hash.
+        mla = _int_env(environ, "VLLM_MLA_DISABLE", 0)
+        if mla != 0:
+            keyed["VLLM_MLA_DISABLE"] = bool(mla) if isinstance(mla, int) else mla
+    given = options.get("data_parallel_size", 1)
+    if not ((isinstance(given, int) and given > 1) or options.get("data_parallel_size_local") == 0):
+        # Not given on the command line: ParallelConfig takes them from the environment (vLLM 0.30
+        # config/parallel.py 934-940). The size is hashed; the rank picks the rank<N> bundles
+        # (vllm-rbln v1/worker/rbln_worker.py 818-835).
+        size = _int_env(environ, "VLLM_DP_SIZE", 1)
+        if size != 1:
+            keyed["VLLM_DP_SIZE"] = size
+        if isinstance(size, int) and size > 1:
+            keyed["VLLM_DP_RANK"] = _int_env(environ, "VLLM_DP_RANK", 0)
+    return keyed
+
+
+def _int_env(environ: Mapping[str, str], name: str, default: int) -> Any:
+    raw = environ.get(name)
+    try:
+        return int(raw) if raw is not None else default
+    except ValueError:
+        return {"$unparsed": raw}
+
+
+def _draft_model(
+    server: ServerCommand, environ: Mapping[str, str]
+) -> tuple[dict[str, Any], str, str | None] | None:
+    """The draft model's weights: the bundle's graph set hashes its ModelConfig (mega_cache.py 105)."""
+    spec = server.options.get("speculative_config")
+    if not isinstance(spec, dict) or not isinstance(spec.get("model"), str) or not spec["model"]:
+        return None
+    revision = spec.get("revision")
+    model, source, details = resolve_weights(
+        spec["model"], revision if isinstance(revision, str) else None, environ, what="draft model"
+    )
+    return model, f"--speculative-config model: {source}", details.get("unresolved_snapshot")
+
+
+def _versions_text(versions: Mapping[str, str]) -> str:
+    return ", ".join(
+        f"{dist} {versions[key]}" for key, (dist, _) in vllm_rbln.VERSION_ENV.items() if key in versions
+    )
+
+
+# --- vllm-rbln 0.12's RBLN options -----------------------------------------------------------------
+# vllm-rbln 0.12's RBLN options as the server resolves them, reduced to what a model path compiles from.
+#
+# ``vllm_rbln/config.py`` (``_resolve``, 532-605) builds ``RBLNConfig`` (vLLM-model path) or
+# ``OptimumRBLNConfig`` (optimum path) from, highest first: ``additional_config`` (which every
+# ``--rbln-*`` flag writes into, 629-679), then ``VLLM_RBLN_<FIELD>`` read through ``envs.py`` when one
+# of the names it probes is set (``_env_overrides``, 256-310), then the field's default. So
+# ``--rbln-enforce-model-fp32``, ``--additional-config '{"enforce_model_fp32": true}'`` and
+# ``VLLM_RBLN_ENFORCE_MODEL_FP32=1`` are one configuration; ``RBLN_USE_CUSTOM_KERNEL=1`` and
+# ``--rbln-use-custom-kernel`` another. The key holds each field the path compiles from, resolved so,
+# where it differs from the default; ``use_dynamic_kv_cache`` unset and true are one value
+# (``compute_hash``, 162-163). A key the class does not have is kept as given: the server refuses it.
+
+# OptimumRBLNConfig's former names (config.py 238-245): the former name's value wins.
+_RENAMED = {"rbln_config": "optimum_overrides", "prefix_block_size": "sub_block_size"}
+
+
+def resolve_rbln(
+    release: Release, additional_config: Any, environ: Mapping[str, str], paths: frozenset[Path], *, npu: str
+) -> dict[str, Any]:
+    """The RBLN options a path in ``paths`` compiles from, as that path resolves them, where not the default."""
+    if additional_config is not None and not isinstance(additional_config, dict):
+        return {"$additional_config": additional_config}  # _resolve refuses anything but a mapping
+    given = dict(additional_config or {})
+    if "optimum" in paths:
+        for old, new in _RENAMED.items():
+            if old in given:
+                given = {k: v for k, v in given.items() if k != old} | {new: given[old]}
+    fields = release.rbln_fields
+    resolved: dict[str, Any] = {}
+    for spec in fields.values():
+        if spec.derived or not (spec.compiled_on & spec.classes & paths):
+            continue
+        value = _normalised(release, spec, _value(release, spec, given, environ, npu))
+        if value != _normalised(release, spec, spec.default):
+            resolved[spec.name] = value
+    # Keys no class of these paths has: vllm-rbln refuses them (config.py 569-577), so keep them as given.
+    known = {name for name, spec in fields.items() if spec.classes & paths}
+    resolved |= {name: given[name] for name in given if name not in known}
+    return dict(sorted(resolved.items()))
+
+
+def _value(
+    release: Release, spec: RblnField, given: Mapping[str, Any], environ: Mapping[str, str], npu: str
+) -> Any:
+    if spec.name in given:
+        return given[spec.name]
+    var = release.env.get(spec.env) if spec.env else None
+    if var is not None and present(var, environ):
+        return read(release, var, environ, npu=npu)
+    return spec.default
+
+
+def _normalised(release: Release, spec: RblnField, value: Any) -> Any:
+    if spec.name == "use_dynamic_kv_cache":
+        return value is not False  # RBLNConfig.compute_hash: unset and True build the same graph
+    if spec.name == "optimum_overrides" and isinstance(value, dict):
+        return _strip(value, release.optimum_runtime_keys)  # dispatch._strip_runtime_only_keys
+    return value
+
+
+def _strip(obj: Any, keys: frozenset[str]) -> Any:
+    if isinstance(obj, dict):
+        return {k: _strip(v, keys) for k, v in obj.items() if k not in keys}
+    if isinstance(obj, list):
+        return [_strip(item, keys) for item in obj]
+    return obj
