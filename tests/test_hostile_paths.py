@@ -410,6 +410,20 @@ def test_verify_finds_a_fifo_inside_an_entry(volume: Volume) -> None:
     assert any("FIFO" in problem for problem in item["problems"]), item
 
 
+def test_a_planted_giant_manifest_is_damage_not_read_whole(volume: Volume) -> None:
+    """A 65 MiB manifest (sparse: it costs the volume nothing) is refused unread, not parsed."""
+    manifest = volume.entry / "manifest.json"
+    volume.entry.chmod(0o755)
+    manifest.unlink()
+    with manifest.open("wb") as planted:
+        planted.truncate((64 << 20) + 1)
+    done = run_cli("verify", "-o", "json", env=volume.env)
+    assert done.returncode == 74, done.stderr
+    (item,) = json.loads(done.stdout)["items"]
+    assert item["status"] == "damaged"
+    assert any("larger than 64 MiB" in problem for problem in item["problems"]), item
+
+
 # --- a manifest naming its files by odd paths -------------------------------------------------
 
 

@@ -43,6 +43,8 @@ from cachemgr.core.signing import SecretKey, TrustedKeys, parse_trusted_keys
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.ops.explain import explain
 from cachemgr.ops.inspection import list_cache, show
+from cachemgr.ops.prune_plan import PruneRequest, plan_prune
+from cachemgr.ops.scan import scan
 from cachemgr.ops.verify import verify
 from cachemgr.volume.contentcheck import Expected, first_problem
 from cachemgr.volume.identity import PodIdentity
@@ -420,6 +422,11 @@ def test_verify_fix_moves_an_untrusted_entry_aside_with_its_reason(
     assert "without a trusted key" in line
     assert entry_dirs(root.path) == []
     assert list((root.quarantine).iterdir()), "nothing is deleted for being untrusted"
+    # prune --damaged offers it as what it is: set aside untrusted, not damaged storage.
+    plan = plan_prune(root, scan(root), PruneRequest(damaged=True), identity=PodIdentity.current({}))
+    assert [item.reason for item in plan.items] == [
+        "moved aside as untrusted (not signed by a trusted key as it is)"
+    ]
 
 
 # --- pods --------------------------------------------------------------------------------------

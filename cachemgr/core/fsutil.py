@@ -115,6 +115,11 @@ def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
         os.close(fd)
 
 
+# Every JSON document cachemgr writes on a volume is far below this (a manifest of 100,000 files
+# is ~20 MiB); a larger one is damage, and reading it whole would cost the reader its memory.
+JSON_LIMIT = 64 << 20
+
+
 def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
     """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
 
@@ -132,7 +137,10 @@ def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
     with open(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path} is not a regular file")
-        return loads_json(handle.read())
+        data = handle.read(JSON_LIMIT + 1)
+        if len(data) > JSON_LIMIT:  # planted, or grown without bound: never read it whole
+            raise ValueError(f"{path} is larger than {JSON_LIMIT >> 20} MiB")
+        return loads_json(data)
 
 
 def _finite(text: str) -> float:

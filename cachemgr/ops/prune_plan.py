@@ -257,8 +257,17 @@ def _quarantined(root: CacheRoot) -> list[PruneItem]:
             continue
         path = root.quarantine / name
         size = tree_bytes(path, within=root.path)
-        items.append(PruneItem("quarantine", path, name, size, "moved aside as damaged"))
+        items.append(PruneItem("quarantine", path, name, size, _why_moved(path)))
     return items
+
+
+def _why_moved(path: Path) -> str:
+    """What the pod that moved it aside wrote (its ``.reason.json``): untrusted, or damaged."""
+    with contextlib.suppress(OSError, ValueError):
+        note = read_json(path.with_name(path.name + ".reason.json"))
+        if isinstance(note, dict) and str(note.get("reason", "")).startswith("untrusted"):
+            return "moved aside as untrusted (not signed by a trusted key as it is)"
+    return "moved aside as damaged"
 
 
 def _stale_attempts(

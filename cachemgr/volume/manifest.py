@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from cachemgr import __version__
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, hash_fd, hash_file, walk_files
+from cachemgr.core.fsutil import JSON_LIMIT, atomic_write_json, hash_fd, hash_file, walk_files
 
 MANIFEST_NAME = "manifest.json"
 KEY_NAME = "key.json"
@@ -188,7 +188,10 @@ def _read_regular(path: Path) -> bytes:
         if not S_ISREG(st.st_mode):
             raise ValueError(f"it is {safefs.describe(st)}, not a regular file")
         with os.fdopen(os.dup(fd), "rb") as handle:
-            return handle.read()
+            data = handle.read(JSON_LIMIT + 1)
+        if len(data) > JSON_LIMIT:  # planted: never read whole (a pod would spend its memory)
+            raise ValueError(f"it is larger than {JSON_LIMIT >> 20} MiB")
+        return data
     finally:
         os.close(fd)
 
