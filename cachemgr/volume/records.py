@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +53,11 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, atomic_write_json_at, read_json, touch_at
+
+# Re-exported (the "as" form is mypy's explicit re-export): the heartbeat moved out of this
+# module, and cachemgr.remote.hooks and cachemgr.ops.progress still import them from here.
+from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS as HEARTBEAT_SECONDS  # noqa: PLC0414
+from cachemgr.volume.heartbeat import Heartbeat as Heartbeat  # noqa: PLC0414
 from cachemgr.volume.identity import PodIdentity
 
 if TYPE_CHECKING:
@@ -61,9 +65,6 @@ if TYPE_CHECKING:
 
 # A use record within this of this node's clock is taken as live without looking twice.
 IN_USE_WINDOW = 120.0
-# How often a running pod touches its records on the volume (one utime each: cheap even on a
-# busy metadata server, and it keeps prune's observation of a silent record short).
-HEARTBEAT_SECONDS = 2.0
 # How long prune watches a silent record for a beat: three beats, plus JuiceFS's default 1 s
 # attribute cache, plus a margin for a heartbeat thread delayed by a busy node.
 OBSERVE_SECONDS = 3 * HEARTBEAT_SECONDS + 2.0
@@ -140,6 +141,18 @@ class Usage:
         return frozenset(item for item in self.seen if item[0] != ".")
 
 
+class UseNotRecordedError(OSError):
+    """The use record's content could not be written (the errno says why: ENOSPC, EROFS, EACCES).
+
+    ``placeholder``: the empty record that stands for it meanwhile (named, beating: prune counts
+    it as a user), or None if the volume refused even that.
+    """
+
+    def __init__(self, error: OSError, placeholder: Path | None) -> None:
+        super().__init__(error.errno, error.strerror or str(error), error.filename)
+        self.placeholder = placeholder
+
+
 def register_use(
     root: CacheRoot,
     digest: str,
@@ -149,24 +162,39 @@ def register_use(
     start: str = "hit",
     saved_s: float | None = None,
     waited_s: float | None = None,
+    since: float | None = None,
 ) -> Path:
     """Record that this pod uses the entry now (before it is checked, so prune sees us first).
 
     ``start``: how this start got the entry (STARTS); ``saved_s``: the compile time it did not
-    spend; ``waited_s``: how long it waited for a peer's compile. In the one record a start
-    writes anyway: ``cachemgr stats`` counts from it, the hit path pays nothing more.
+    spend; ``waited_s``: how long it waited for a peer's compile; ``since``: when the use began
+    (a retry keeps the first attempt's). In the one record a start writes anyway: ``cachemgr
+    stats`` counts from it, the hit path pays nothing more.
+
+    The record is made by name first, then filled: on a full volume an empty file still fits
+    (an inode and a directory entry, no data block on ext4, xfs or tmpfs) and ``utime`` needs no
+    space, so the pod's use shows and beats while its content cannot be written; the caller
+    retries (:class:`UseNotRecordedError`). Idempotent: calling it again completes the same record.
     """
     folder = root.usage / digest
-    # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
-    # through); the record and the last-used mark are written from that descriptor.
-    with safefs.open_dir(root.path, folder, create=True) as fd:
-        record = {**identity.to_json(), "entry": entry, "since": time.time(), "start": start}
-        if saved_s is not None:
-            record["saved_s"] = round(saved_s, 3)
-        if waited_s is not None:
-            record["waited_s"] = round(waited_s, 3)
-        atomic_write_json_at(fd, identity.record_name, record)
-        touch_at(fd, "last-used")
+    record = {**identity.to_json(), "entry": entry, "since": since or time.time(), "start": start}
+    if saved_s is not None:
+        record["saved_s"] = round(saved_s, 3)
+    if waited_s is not None:
+        record["waited_s"] = round(waited_s, 3)
+    placeholder: Path | None = None
+    try:
+        # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
+        # through); the record and the last-used mark are written from that descriptor.
+        with safefs.open_dir(root.path, folder, create=True) as fd:
+            touch_at(fd, identity.record_name)
+            placeholder = folder / identity.record_name
+            touch_at(fd, "last-used")
+            atomic_write_json_at(fd, identity.record_name, record)
+    except safefs.UnsafePathError:
+        raise
+    except OSError as error:
+        raise UseNotRecordedError(error, placeholder) from error
     return folder / identity.record_name
 
 
@@ -398,75 +426,3 @@ def failures(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
                 if isinstance(data, dict):
                     found.append(data)
     return found
-
-
-# --- heartbeat -----------------------------------------------------------------------------
-
-
-class Heartbeat:
-    """Touches a set of files every few seconds: use records, staging owners, the pod state.
-
-    A daemon thread, so a frozen or killed process stops refreshing and goes stale: that is
-    how peers and probes tell a dead pod from a slow one.
-    """
-
-    def __init__(self, *, interval: float = HEARTBEAT_SECONDS) -> None:
-        self._interval = interval
-        self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
-        self._callbacks: list[Any] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cachemgr-heartbeat", daemon=True)
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def add(self, *paths: Path, within: Path) -> None:
-        """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat."""
-        with self._lock:
-            self._paths.update(dict.fromkeys(paths, within))
-
-    def discard(self, *paths: Path | None) -> None:
-        with self._lock:
-            for path in paths:
-                if path is not None:
-                    self._paths.pop(path, None)
-
-    def on_beat(self, callback: Any) -> None:
-        """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
-        with self._lock:
-            self._callbacks.append(callback)
-
-    def beat(self) -> None:
-        with self._lock:
-            folders: dict[tuple[Path, Path], list[str]] = {}
-            for path, root in self._paths.items():
-                folders.setdefault((root, path.parent), []).append(path.name)
-            callbacks = list(self._callbacks)
-        for (root, folder), names in folders.items():
-            with contextlib.suppress(OSError):
-                _touch_in(root, folder, names)
-        for callback in callbacks:
-            with contextlib.suppress(Exception):
-                callback()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._interval)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.beat()
-
-
-def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> None:
-    """Refresh the mtime of each of ``names`` in ``folder``, opened once from ``root`` one level at
-    a time: a folder swapped for a symlink is refused (UnsafePathError), so no file outside the
-    root is touched. Nothing is created: a folder or file that is gone was removed on purpose
-    (an attempt published or discarded, a use released) and must not come back."""
-    with safefs.open_dir(root, folder) as fd:
-        for name in names:
-            with contextlib.suppress(OSError):
-                os.utime(name, dir_fd=fd, follow_symlinks=False)  # a link planted as the file: the link

@@ -1,0 +1,116 @@
+"""Nothing in use is removed, even on a full volume; odd pod names stay inside the volume (issue 26, items 2 and 9).
+
+Real pods on a real tmpfs filled to its last page: writing the use record fails with ENOSPC,
+yet the pod's empty record (a name needs no data page) is there and beating, so prune keeps
+the entry; once room frees up the pod writes the whole record.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
+
+MiB = 1 << 20
+
+
+def _options(record: Path) -> list[str]:
+    return ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=0.1)]
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until the volume refuses another byte: every data page is taken."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for chunk in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    os.write(fd, b"x" * chunk)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+
+
+def _view_links(pod: Pod) -> list[Path]:
+    views = pod.state_dir / "views"
+    return [Path(d) / n for d, _dirs, files in os.walk(views) for n in files if (Path(d) / n).is_symlink()]
+
+
+def _usage_files(root: Path) -> dict[str, Path]:
+    return {p.name: p for p in (root / "usage").rglob("*") if p.is_file()}
+
+
+def _newest_use(root: Path) -> float:
+    """The latest mtime under usage/: what an entry's last use counts from (scan.EntryInfo)."""
+    marks = [p.stat().st_mtime for p in (root / "usage").rglob("*")]
+    return max([*marks, (root / "usage").stat().st_mtime])
+
+
+def _record_of(root: Path, pod: str) -> dict[str, Any] | None:
+    for name, path in _usage_files(root).items():
+        if name.startswith(f"{pod}.") and name.endswith(".json"):
+            try:
+                data = json.loads(path.read_text())
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def test_a_hit_on_a_full_volume_is_kept_by_prune_and_recorded_once_room_frees(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    warm = pods.start(
+        "warm", server_argv(free_port()), cache_root=root, command="warm", options=_options(record)
+    )
+    assert warm.wait_exit() == 0, warm.tail()
+    [entry] = entry_dirs(root)
+    ballast = root / "ballast"
+    _fill(ballast)
+
+    pod = pods.start("hit", server_argv(free_port()), cache_root=root, options=_options(record))
+    pod.wait_phase("serving")
+    events = [e for e in pod.log_events() if e.get("event") == "use_not_recorded"]
+    assert events, pod.tail()
+    assert events[0]["errno"] == "ENOSPC", events[0]
+    assert "no space" in events[0]["cause"], events[0]
+    assert events[0]["placeholder"] is True, "an empty file fits on a full tmpfs"
+    [empty] = [
+        p for name, p in _usage_files(root).items() if name.startswith("hit.") and name.endswith(".json")
+    ]
+    assert empty.stat().st_size == 0
+    links = _view_links(pod)
+    assert links
+    assert all(link.exists() for link in links)
+
+    # The pod's record is late (its process frozen: no heartbeat) and the entry looks unused for 1s.
+    pod.signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: time.time() - _newest_use(root) > 1.5, timeout=10, what="the last use to age")
+        pruned = run_cli(
+            "prune", "--unused-for", "1s", "--yes", "-o", "json", "--cache-root", str(root), env=pod.env
+        )
+    finally:
+        pod.signal(signal.SIGCONT)
+    assert pruned.returncode == 0, pruned.stderr
+    assert entry.is_dir(), f"the entry in use was removed:\n{pruned.stdout}"
+    assert all(link.exists() for link in links), "a link of the serving pod's view dangles"
+    assert "in use by" in pruned.stdout, pruned.stdout
+
+    ballast.unlink()
+    wait_for(lambda: _record_of(root, "hit"), timeout=10, what="the whole use record")
+    data = _record_of(root, "hit")
+    assert data is not None
+    assert (data["pod"], data["start"]) == ("hit", "hit"), data
