@@ -7,9 +7,11 @@ the entry; once room frees up the pod writes the whole record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -20,6 +22,18 @@ from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
 MiB = 1 << 20
+# What a cache root holds at its top (cachemgr.volume.layout), and nothing else.
+_LAYOUT = {
+    "entries",
+    "staging",
+    "leases",
+    "usage",
+    "failures",
+    "quarantine",
+    "trash",
+    "cachemgr-layout.json",
+    "CACHEDIR.TAG",
+}
 
 
 def _options(record: Path) -> list[str]:
@@ -114,3 +128,33 @@ def test_a_hit_on_a_full_volume_is_kept_by_prune_and_recorded_once_room_frees(
     data = _record_of(root, "hit")
     assert data is not None
     assert (data["pod"], data["start"]) == ("hit", "hit"), data
+
+
+def test_a_use_record_the_volume_refuses_outright_is_retried_at_every_beat(
+    pods: Cluster, tmpfs_small: Callable[..., Path]
+) -> None:
+    """No inode left: not even the empty record fits. The pod serves and keeps trying; once
+    files go, its record appears without a restart."""
+    root = tmpfs_small(8 * MiB, inodes=200)
+    record = pods.work / "compiler.jsonl"
+    warm = pods.start(
+        "warm", server_argv(free_port()), cache_root=root, command="warm", options=_options(record)
+    )
+    assert warm.wait_exit() == 0, warm.tail()
+    ballast = root / "ballast"
+    ballast.mkdir()
+    with contextlib.suppress(OSError):
+        for number in range(1000):
+            (ballast / str(number)).touch()
+    pod = pods.start("hit", server_argv(free_port()), cache_root=root, options=_options(record))
+    pod.wait_phase("serving")
+    [event] = [e for e in pod.log_events() if e.get("event") == "use_not_recorded"]
+    assert event["errno"] == "ENOSPC", event
+    assert event["placeholder"] is False, event
+    assert "prune cannot see this pod" in event["note"], event
+    assert _record_of(root, "hit") is None
+    shutil.rmtree(ballast)
+    wait_for(lambda: _record_of(root, "hit"), timeout=10, what="the use record, written at a later beat")
+    assert [e["event"] for e in pod.log_events()].count("use_not_recorded") == 1, (
+        "one warning, not one per beat"
+    )
