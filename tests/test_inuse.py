@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
@@ -158,3 +159,41 @@ def test_a_use_record_the_volume_refuses_outright_is_retried_at_every_beat(
     assert [e["event"] for e in pod.log_events()].count("use_not_recorded") == 1, (
         "one warning, not one per beat"
     )
+
+
+# --- odd pod names (issue 26 item 9) ---------------------------------------------------------
+
+ODD_NAMES = {
+    "escape": "../../escape",
+    "longest": "p" * 253,  # Kubernetes allows 253 characters
+    "hidden": ".hidden",  # a leading dot: what tmp files look like, which readers skip
+    "hostile": "a/b\x1b[2J\nc\tZ\u00e9",  # any NUL-free bytes an env var may hold
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_NAMES))
+def test_an_odd_pod_name_serves_and_its_files_stay_where_they_belong(
+    pods: Cluster, root: Path, kind: str
+) -> None:
+    name = ODD_NAMES[kind]
+    record = pods.work / "compiler.jsonl"
+    outside = sorted(p.name for p in root.parent.iterdir())
+    pod = pods.start(
+        "odd", server_argv(free_port()), cache_root=root, options=_options(record), env={"POD_NAME": name}
+    )
+    pod.wait_phase("serving")
+    assert sorted(p.name for p in root.parent.iterdir()) == outside, "nothing is written beside the volume"
+    [folder] = (root / "usage").iterdir()
+    [mine] = [p for p in folder.iterdir() if p.name.endswith(".json")]
+    assert not mine.name.startswith(".")
+    assert len(mine.name.encode()) <= 255
+    assert mine.name.isprintable()
+    assert json.loads(mine.read_text())["pod"] == name, "the record holds the whole name"
+    listed = run_cli("ls", "-o", "json", "--cache-root", str(root), env=pod.env)
+    assert listed.returncode == 0, listed.stderr
+    [entry] = json.loads(listed.stdout)
+    assert [u["pod"] for u in entry["users"]] == [name], "prune and ls see the pod"
+    pod.signal(signal.SIGTERM)
+    pod.wait_exit()
+    stray = [p for p in root.rglob("*") if p.parent == root and p.name not in _LAYOUT]
+    assert stray == [], "nothing lands at the volume's top"

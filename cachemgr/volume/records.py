@@ -407,7 +407,7 @@ def record_failure(
     """Keep a failed attempt's story (time, code, output tail). Best effort: the volume may be full."""
     folder = root.failures / digest
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = folder / f"{stamp}.{identity.pod}.{identity.pid}.json"
+    path = folder / f"{stamp}.{identity.file_stem}.json"
     try:
         safefs.make_dirs(root.path, folder)
         atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record}, within=root.path)
