@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -197,3 +198,19 @@ def test_an_odd_pod_name_serves_and_its_files_stay_where_they_belong(
     pod.wait_exit()
     stray = [p for p in root.rglob("*") if p.parent == root and p.name not in _LAYOUT]
     assert stray == [], "nothing lands at the volume's top"
+
+
+def test_a_compile_killed_by_sigkill_names_the_signal_and_the_oom_killer(pods: Cluster, root: Path) -> None:
+    """The OOM killer's SIGKILL, as the compiler sees it: one line naming the signal and the remedy."""
+    die = f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGKILL)' {{output_dir}}"
+    options = ["--strategy", "command", "--compile-cmd", die]
+    pod = pods.start("oom", server_argv(free_port()), cache_root=root, options=options)
+    assert pod.wait_exit() == 70, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "was killed by SIGKILL (signal 9) while compiling: likely the out-of-memory killer" in message, (
+        message
+    )
+    assert "Raise the pod's memory limit" in message, message
+    assert "exited with code 137" not in message
+    assert len(message.strip().splitlines()) == 1
+    assert entry_dirs(root) == []
