@@ -143,6 +143,8 @@ def test_a_use_record_the_volume_refuses_outright_is_retried_at_every_beat(
         "warm", server_argv(free_port()), cache_root=root, command="warm", options=_options(record)
     )
     assert warm.wait_exit() == 0, warm.tail()
+    published = time.time()
+    [entry] = entry_dirs(root)
     ballast = root / "ballast"
     ballast.mkdir()
     with contextlib.suppress(OSError):
@@ -155,6 +157,11 @@ def test_a_use_record_the_volume_refuses_outright_is_retried_at_every_beat(
     assert event["placeholder"] is False, event
     assert "prune cannot see this pod" in event["note"], event
     assert _record_of(root, "hit") is None
+    # Each retry refreshes the usage folder's mtime, the entry's last use: an age-based prune leaves it.
+    wait_for(lambda: time.time() - published > 6.5, timeout=15, what="the entry to be 6s old")
+    pruned = run_cli("prune", "--unused-for", "6s", "--yes", "--cache-root", str(root), env=pod.env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert entry.is_dir(), pruned.stdout
     shutil.rmtree(ballast)
     wait_for(lambda: _record_of(root, "hit"), timeout=10, what="the use record, written at a later beat")
     assert [e["event"] for e in pod.log_events()].count("use_not_recorded") == 1, (

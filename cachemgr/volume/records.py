@@ -187,7 +187,14 @@ def register_use(
         # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
         # through); the record and the last-used mark are written from that descriptor.
         with safefs.open_dir(root.path, folder, create=True) as fd:
-            touch_at(fd, identity.record_name)
+            try:
+                touch_at(fd, identity.record_name)
+            except OSError:
+                # Not even an empty file (no inode left): the folder's mtime is the entry's last
+                # use (Usage.last), so a fresh one keeps --unused-for off it until a retry succeeds.
+                with contextlib.suppress(OSError):
+                    os.utime(fd)
+                raise
             placeholder = folder / identity.record_name
             touch_at(fd, "last-used")
             atomic_write_json_at(fd, identity.record_name, record)
