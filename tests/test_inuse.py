@@ -176,6 +176,7 @@ ODD_NAMES = {
     "longest": "p" * 253,  # Kubernetes allows 253 characters
     "hidden": ".hidden",  # a leading dot: what tmp files look like, which readers skip
     "hostile": "a/b\x1b[2J\nc\tZ\u00e9",  # any NUL-free bytes an env var may hold
+    "undecodable": "pod-\udcff\udcfe",  # bytes 0xff 0xfe: not UTF-8 (os.environ's surrogateescape)
 }
 
 
@@ -194,8 +195,9 @@ def test_an_odd_pod_name_serves_and_its_files_stay_where_they_belong(
     [folder] = (root / "usage").iterdir()
     [mine] = [p for p in folder.iterdir() if p.name.endswith(".json")]
     assert not mine.name.startswith(".")
-    assert len(mine.name.encode()) <= 255
+    assert mine.name.isascii(), "a file name every tool can show (no raw bytes, no escapes)"
     assert mine.name.isprintable()
+    assert len(mine.name) <= 255
     assert json.loads(mine.read_text())["pod"] == name, "the record holds the whole name"
     listed = run_cli("ls", "-o", "json", "--cache-root", str(root), env=pod.env)
     assert listed.returncode == 0, listed.stderr
