@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -223,3 +224,33 @@ def test_a_compile_killed_by_sigkill_names_the_signal_and_the_oom_killer(pods: C
     assert "exited with code 137" not in message
     assert len(message.strip().splitlines()) == 1
     assert entry_dirs(root) == []
+
+
+def test_empty_and_oversized_use_records_count_as_users_without_being_read(pods: Cluster, root: Path) -> None:
+    """Prune's side of a record that is not whole: an empty one (its pod's content did not fit
+    yet) and a planted 2 GiB one (read whole, it would take the memory) both stand for a user."""
+    record = pods.work / "compiler.jsonl"
+    warm = pods.start(
+        "warm", server_argv(free_port()), cache_root=root, command="warm", options=_options(record)
+    )
+    assert warm.wait_exit() == 0, warm.tail()
+    [entry] = entry_dirs(root)
+    [folder] = (root / "usage").iterdir()
+    (folder / "late.2.json").touch()
+    with (folder / "planted.3.json").open("wb") as huge:
+        huge.truncate(2 << 30)  # sparse: no space taken, 2 GiB to read
+    # Under a 1 GiB address space limit, reading the planted record whole is a MemoryError.
+    limited = ["prlimit", f"--as={1 << 30}", sys.executable, "-m", "cachemgr"]
+    base = ["--cache-root", str(root), "-o", "json"]
+    listed = subprocess.run(
+        [*limited, "ls", *base], env=warm.env, capture_output=True, text=True, check=False
+    )
+    assert listed.returncode == 0, listed.stderr
+    [shown] = json.loads(listed.stdout)
+    assert sorted(u["pod"] for u in shown["users"]) == ["late.2", "planted.3"]
+    pruned = subprocess.run(
+        [*limited, "prune", "--keep-bytes", "0", "--yes", *base],
+        env=warm.env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert pruned.returncode == 0, pruned.stderr
+    assert entry.is_dir(), pruned.stdout

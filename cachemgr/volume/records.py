@@ -116,6 +116,7 @@ ENDED_PREFIX = "ended."
 # compiled it itself, or downloaded it from the remote tier. Anything else (a record of an older cachemgr) counts as a start, not a hit.
 STARTS = ("hit", "waited", "compiled", "fetched")
 _NAME_MAX = 255
+_RECORD_MAX = 64 * 1024  # a use record is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -305,10 +306,12 @@ def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float
 
 def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:
     silent = not -window <= age <= window
-    try:
-        data = read_json(Path(path))
-    except (OSError, ValueError):
-        data = None
+    data: Any = None
+    # An empty record is a pod whose content did not fit yet (register_use); one far larger than
+    # any cachemgr writes was planted, and is not read into memory: both are users all the same.
+    if 0 < mark[2] <= _RECORD_MAX:
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(Path(path))
     if not isinstance(data, dict):
         # Unreadable (half-written, damaged): someone may be there; prune must not guess.
         return User(name.removesuffix(".json"), "", 0.0, age, silent, path, mark)
