@@ -120,7 +120,9 @@ class Heartbeats:
         try:
             self._use_record = self._pending()
         except OSError as error:
-            placeholder = getattr(error, "placeholder", None)
+            # UseNotRecordedError: the empty record may be there; an UnsafePathError (a link
+            # planted as the usage folder) or a failed mkdir leaves nothing to beat.
+            placeholder = error.placeholder if isinstance(error, UseNotRecordedError) else None
             if placeholder is not None:
                 self._use_record = placeholder
                 self.volume.add(placeholder, within=within)

@@ -172,10 +172,11 @@ def register_use(
     (a retry keeps the first attempt's). In the one record a start writes anyway: ``cachemgr
     stats`` counts from it, the hit path pays nothing more.
 
-    The record is made by name first, then filled: on a full volume an empty file still fits
-    (an inode and a directory entry, no data block on ext4, xfs or tmpfs) and ``utime`` needs no
-    space, so the pod's use shows and beats while its content cannot be written; the caller
-    retries (:class:`UseNotRecordedError`). Idempotent: calling it again completes the same record.
+    When the content does not fit, the record is made by name alone: on a full volume an empty
+    file still fits (an inode and a directory entry, no data block: tried on tmpfs, ext4 and
+    JuiceFS over its quota) and ``utime`` needs no space, so the pod's use shows and beats while
+    its content cannot be written; the caller retries (:class:`UseNotRecordedError`), and a
+    retry that succeeds replaces the empty record. A hit that fits pays one write, as before.
     """
     folder = root.usage / digest
     record = {**identity.to_json(), "entry": entry, "since": since or time.time(), "start": start}
@@ -183,27 +184,35 @@ def register_use(
         record["saved_s"] = round(saved_s, 3)
     if waited_s is not None:
         record["waited_s"] = round(waited_s, 3)
-    placeholder: Path | None = None
+    # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
+    # through); the record and the last-used mark are written from that descriptor.
     try:
-        # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
-        # through); the record and the last-used mark are written from that descriptor.
         with safefs.open_dir(root.path, folder, create=True) as fd:
             try:
-                touch_at(fd, identity.record_name)
-            except OSError:
-                # Not even an empty file (no inode left): the folder's mtime is the entry's last
-                # use (Usage.last), so a fresh one keeps --unused-for off it until a retry succeeds.
+                atomic_write_json_at(fd, identity.record_name, record)
+            except OSError as error:
+                raise UseNotRecordedError(error, _placeholder(fd, folder / identity.record_name)) from error
+            finally:
                 with contextlib.suppress(OSError):
-                    os.utime(fd)
-                raise
-            placeholder = folder / identity.record_name
-            touch_at(fd, "last-used")
-            atomic_write_json_at(fd, identity.record_name, record)
-    except safefs.UnsafePathError:
+                    touch_at(fd, "last-used")
+    except (safefs.UnsafePathError, UseNotRecordedError):
         raise
-    except OSError as error:
-        raise UseNotRecordedError(error, placeholder) from error
+    except OSError as error:  # usage/<digest> could not be made (a new folder needs a block on ext4)
+        raise UseNotRecordedError(error, None) from error
     return folder / identity.record_name
+
+
+def _placeholder(fd: int, record: Path) -> Path | None:
+    """The use record by name alone, empty (or as it was), with a fresh mtime; None if even that fails."""
+    try:
+        touch_at(fd, record.name)
+    except OSError:
+        # Not even an empty file (no inode left): the folder's mtime is the entry's last use
+        # (Usage.last), so a fresh one keeps --unused-for off it until a retry succeeds.
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+        return None
+    return record
 
 
 def release_use(record: Path | None, *, ended: str | None = None) -> None:
