@@ -144,11 +144,31 @@ def compile_ended(
         return  # what it left is judged next: publish only what the server will load (loadable)
     status = exit_status(code if code is not None else -9)
     ended = "before its health endpoint answered" if compile_only_ok else "while compiling"
+    how, remedy = _how_it_ended(status, ended, signalled=code is None or code < 0)
     raise CompileError(
-        f"the {what} exited with code {status} {ended}; nothing was published",
-        remedy="read its output above (the last lines are kept: cachemgr show KEY); the next start retries",
+        f"the {what} {how}; nothing was published",
+        remedy=remedy
+        or "read its output above (the last lines are kept: cachemgr show KEY); the next start retries",
         exit_status=status,
     )
+
+
+def _how_it_ended(status: int, ended: str, *, signalled: bool) -> tuple[str, str | None]:
+    """ "exited with code N ...", or the signal that killed it; a SIGKILL is most likely the OOM killer's."""
+    import signal
+
+    number = status - 128
+    if number == signal.SIGKILL:
+        # The kernel's OOM killer sends SIGKILL; a shell wrapper reports that as code 137.
+        how = "was killed by SIGKILL (signal 9)" if signalled else "exited with code 137 (SIGKILL, signal 9)"
+        return (
+            f"{how} {ended}: likely the out-of-memory killer",
+            "raise the pod's memory limit; the next start retries",
+        )
+    if signalled and 0 < number < signal.NSIG:
+        name = next((s.name for s in signal.Signals if s.value == number), "a signal")  # SIGRTMIN+N: no name
+        return f"was killed by {name} (signal {number}) {ended}", None
+    return f"exited with code {status} {ended}", None
 
 
 def unreadable_entry(error: OSError, root: CacheRoot, key: CacheKey) -> VolumeError:

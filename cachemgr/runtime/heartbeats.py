@@ -4,15 +4,26 @@ Two daemon threads. The volume's touches this pod's use record (prune leaves an 
 alone) and the owner file of each staging attempt (a silent attempt is dead and may be
 removed); the pod state's refreshes the state record the probes read. A frozen or killed
 process stops both, and goes stale.
+
+A use record the volume refused (full, read-only, not ours to write) is tried again at every
+beat of the volume's heartbeat until it is written: a full volume is when operators prune, and
+prune keeps an entry only for the pods it can see. Meanwhile the empty record, if the volume
+took that much, beats and stands for the pod (cachemgr.volume.records.register_use).
 """
 
 from __future__ import annotations
 
+import errno
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.log import get_logger
-from cachemgr.volume.records import HEARTBEAT_SECONDS, Heartbeat, register_use, release_use
+from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS, Heartbeat
+from cachemgr.volume.records import UseNotRecordedError, register_use, release_use
 
 if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey
@@ -33,6 +44,12 @@ class Heartbeats:
         self._state.on_beat(state.beat)
         self._use_record: Path | None = None
         self._start = "hit"  # how this start got its entry: its use record's kind (records.STARTS)
+        # The use record still to be written (the volume refused it), tried at every volume beat;
+        # the lock keeps a retry from recreating a record the main thread just released.
+        self._pending: Callable[[], Path] | None = None
+        self._root: Path | None = None  # the cache root the pending record lies under
+        self._lock = threading.Lock()
+        self.volume.on_beat(self._retry_use)
 
     def start(self) -> None:
         self._state.start()
@@ -42,7 +59,9 @@ class Heartbeats:
         """Stop beating and end the use: the record goes into the entry's history (cachemgr stats)."""
         self.volume.stop()
         self._state.stop()
-        release_use(self._use_record, ended=self._start)
+        with self._lock:
+            self._pending = None
+            release_use(self._use_record, ended=self._start)
 
     def add(self, path: Path, *, within: Path) -> None:
         """Keep ``path`` fresh (a staging attempt's owner file under root ``within``) until :meth:`discard`."""
@@ -60,24 +79,84 @@ class Heartbeats:
         saved_s: float | None = None,
         waited_s: float | None = None,
     ) -> None:
-        """Record that this pod uses the key's entry (and how it got it), and keep the record fresh."""
+        """Record that this pod uses the key's entry (and how it got it), and keep the record fresh.
+
+        If the volume refuses, the pod serves anyway and the record is tried again at every beat.
+        """
         self._start = start
-        try:
-            self._use_record = register_use(
-                root,
-                key.digest,
-                self.identity,
-                entry=key.entry_name,
-                start=start,
-                saved_s=saved_s,
-                waited_s=waited_s,
-            )
-        except OSError as error:
-            # The hit path needs no write access; without it, prune cannot see this pod.
-            log.warning("use_not_recorded", error=error.strerror, note="read-only volume?")
-            return
-        self.volume.add(self._use_record, within=root.path)
+        register = partial(
+            register_use,
+            root,
+            key.digest,
+            self.identity,
+            entry=key.entry_name,
+            start=start,
+            saved_s=saved_s,
+            waited_s=waited_s,
+            since=time.time(),
+        )
+        with self._lock:
+            self._pending, self._root = register, root.path
+            self._record(first=True)
 
     def release_use(self) -> None:
         """The entry went before this pod used it (pruned): no start to keep."""
-        release_use(self._use_record)
+        with self._lock:
+            self._pending = None
+            self.volume.discard(self._use_record)
+            release_use(self._use_record)
+            self._use_record = None
+
+    def _retry_use(self) -> None:
+        with self._lock:
+            if self._pending is not None:
+                self._record(first=False)
+
+    def _record(self, *, first: bool) -> None:
+        """One attempt at the pending use record (under the lock); logs the first failure and the late success."""
+        assert self._pending is not None
+        assert self._root is not None
+        within = self._root
+        try:
+            self._use_record = self._pending()
+        except OSError as error:
+            # UseNotRecordedError: the empty record may be there; an UnsafePathError (a link
+            # planted as the usage folder) or a failed mkdir leaves nothing to beat.
+            placeholder = error.placeholder if isinstance(error, UseNotRecordedError) else None
+            if placeholder is not None:
+                self._use_record = placeholder
+                self.volume.add(placeholder, within=within)
+            if first:
+                log.warning("use_not_recorded", **refusal(error), placeholder=placeholder is not None)
+            return
+        self._pending = None
+        self.volume.add(self._use_record, within=within)
+        if not first:
+            log.info("use_recorded", record=self._use_record.name)
+
+
+# Why the volume refused a write, in words an operator acts on (the log names the errno too).
+_CAUSES = {
+    errno.ENOSPC: "no space left on the volume: free some ('cachemgr du', 'cachemgr prune')",
+    errno.EDQUOT: "the volume's quota is exhausted: free some ('cachemgr du', 'cachemgr prune')",
+    errno.EROFS: "read-only volume: pods serving from it record no use (docs/design.md, the threat model)",
+    errno.EACCES: "permission denied: make the volume writable by the pod's user (fsGroup)",
+    errno.EPERM: "permission denied: make the volume writable by the pod's user (fsGroup)",
+}
+
+
+def refusal(error: OSError) -> dict[str, Any]:
+    """The log fields saying why a write to the volume failed: errno name, cause, and what happens now."""
+    code = error.errno or 0
+    placeholder = isinstance(error, UseNotRecordedError) and error.placeholder is not None
+    return {
+        "errno": errno.errorcode.get(code, str(code)),
+        "cause": _CAUSES.get(code, error.strerror or str(error)),
+        "error": error.strerror or str(error),
+        "note": (
+            "serving anyway; an empty use record stands for this pod (prune sees it) until the whole one is written"
+            if placeholder
+            else "serving anyway; prune cannot see this pod until its use record is written"
+        )
+        + ", retried at every heartbeat",
+    }

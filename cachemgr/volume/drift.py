@@ -156,7 +156,7 @@ class DriftWatch:
 def record(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str, paths: list[str]) -> None:
     """Keep the event beside the entry (best effort: the hit path may have no write access)."""
     folder = root.usage / digest
-    target = folder / f"{RECORD_PREFIX}{identity.pod}.{identity.pid}"
+    target = folder / f"{RECORD_PREFIX}{identity.file_stem}"
     previous: Any = None
     with contextlib.suppress(OSError, ValueError):
         previous = read_json(target)

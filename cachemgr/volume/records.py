@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +53,11 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, atomic_write_json_at, read_json, touch_at
+
+# Re-exported (the "as" form is mypy's explicit re-export): the heartbeat moved out of this
+# module, and cachemgr.remote.hooks and cachemgr.ops.progress still import them from here.
+from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS as HEARTBEAT_SECONDS  # noqa: PLC0414
+from cachemgr.volume.heartbeat import Heartbeat as Heartbeat  # noqa: PLC0414
 from cachemgr.volume.identity import PodIdentity
 
 if TYPE_CHECKING:
@@ -61,9 +65,6 @@ if TYPE_CHECKING:
 
 # A use record within this of this node's clock is taken as live without looking twice.
 IN_USE_WINDOW = 120.0
-# How often a running pod touches its records on the volume (one utime each: cheap even on a
-# busy metadata server, and it keeps prune's observation of a silent record short).
-HEARTBEAT_SECONDS = 2.0
 # How long prune watches a silent record for a beat: three beats, plus JuiceFS's default 1 s
 # attribute cache, plus a margin for a heartbeat thread delayed by a busy node.
 OBSERVE_SECONDS = 3 * HEARTBEAT_SECONDS + 2.0
@@ -115,6 +116,7 @@ ENDED_PREFIX = "ended."
 # compiled it itself, or downloaded it from the remote tier. Anything else (a record of an older cachemgr) counts as a start, not a hit.
 STARTS = ("hit", "waited", "compiled", "fetched")
 _NAME_MAX = 255
+_RECORD_MAX = 64 * 1024  # a use record is a few hundred bytes
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,18 @@ class Usage:
         return frozenset(item for item in self.seen if item[0] != ".")
 
 
+class UseNotRecordedError(OSError):
+    """The use record's content could not be written (the errno says why: ENOSPC, EROFS, EACCES).
+
+    ``placeholder``: the empty record that stands for it meanwhile (named, beating: prune counts
+    it as a user), or None if the volume refused even that.
+    """
+
+    def __init__(self, error: OSError, placeholder: Path | None) -> None:
+        super().__init__(error.errno, error.strerror or str(error), error.filename)
+        self.placeholder = placeholder
+
+
 def register_use(
     root: CacheRoot,
     digest: str,
@@ -149,25 +163,56 @@ def register_use(
     start: str = "hit",
     saved_s: float | None = None,
     waited_s: float | None = None,
+    since: float | None = None,
 ) -> Path:
     """Record that this pod uses the entry now (before it is checked, so prune sees us first).
 
     ``start``: how this start got the entry (STARTS); ``saved_s``: the compile time it did not
-    spend; ``waited_s``: how long it waited for a peer's compile. In the one record a start
-    writes anyway: ``cachemgr stats`` counts from it, the hit path pays nothing more.
+    spend; ``waited_s``: how long it waited for a peer's compile; ``since``: when the use began
+    (a retry keeps the first attempt's). In the one record a start writes anyway: ``cachemgr
+    stats`` counts from it, the hit path pays nothing more.
+
+    When the content does not fit, the record is made by name alone: on a full volume an empty
+    file still fits (an inode and a directory entry, no data block: tried on tmpfs, ext4 and
+    JuiceFS over its quota) and ``utime`` needs no space, so the pod's use shows and beats while
+    its content cannot be written; the caller retries (:class:`UseNotRecordedError`), and a
+    retry that succeeds replaces the empty record. A hit that fits pays one write, as before.
     """
     folder = root.usage / digest
+    record = {**identity.to_json(), "entry": entry, "since": since or time.time(), "start": start}
+    if saved_s is not None:
+        record["saved_s"] = round(saved_s, 3)
+    if waited_s is not None:
+        record["waited_s"] = round(waited_s, 3)
     # Reached once from the root (a symlink planted as usage/<digest> is refused, not written
     # through); the record and the last-used mark are written from that descriptor.
-    with safefs.open_dir(root.path, folder, create=True) as fd:
-        record = {**identity.to_json(), "entry": entry, "since": time.time(), "start": start}
-        if saved_s is not None:
-            record["saved_s"] = round(saved_s, 3)
-        if waited_s is not None:
-            record["waited_s"] = round(waited_s, 3)
-        atomic_write_json_at(fd, identity.record_name, record)
-        touch_at(fd, "last-used")
+    try:
+        with safefs.open_dir(root.path, folder, create=True) as fd:
+            try:
+                atomic_write_json_at(fd, identity.record_name, record)
+            except OSError as error:
+                raise UseNotRecordedError(error, _placeholder(fd, folder / identity.record_name)) from error
+            finally:
+                with contextlib.suppress(OSError):
+                    touch_at(fd, "last-used")
+    except (safefs.UnsafePathError, UseNotRecordedError):
+        raise
+    except OSError as error:  # usage/<digest> could not be made (a new folder needs a block on ext4)
+        raise UseNotRecordedError(error, None) from error
     return folder / identity.record_name
+
+
+def _placeholder(fd: int, record: Path) -> Path | None:
+    """The use record by name alone, empty (or as it was), with a fresh mtime; None if even that fails."""
+    try:
+        touch_at(fd, record.name)
+    except OSError:
+        # Not even an empty file (no inode left): the folder's mtime is the entry's last use
+        # (Usage.last), so a fresh one keeps --unused-for off it until a retry succeeds.
+        with contextlib.suppress(OSError):
+            os.utime(fd)
+        return None
+    return record
 
 
 def release_use(record: Path | None, *, ended: str | None = None) -> None:
@@ -270,10 +315,12 @@ def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float
 
 def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:
     silent = not -window <= age <= window
-    try:
-        data = read_json(Path(path))
-    except (OSError, ValueError):
-        data = None
+    data: Any = None
+    # An empty record is a pod whose content did not fit yet (register_use); one far larger than
+    # any cachemgr writes was planted, and is not read into memory: both are users all the same.
+    if 0 < mark[2] <= _RECORD_MAX:
+        with contextlib.suppress(OSError, ValueError):
+            data = read_json(Path(path))
     if not isinstance(data, dict):
         # Unreadable (half-written, damaged): someone may be there; prune must not guess.
         return User(name.removesuffix(".json"), "", 0.0, age, silent, path, mark)
@@ -379,7 +426,7 @@ def record_failure(
     """Keep a failed attempt's story (time, code, output tail). Best effort: the volume may be full."""
     folder = root.failures / digest
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = folder / f"{stamp}.{identity.pod}.{identity.pid}.json"
+    path = folder / f"{stamp}.{identity.file_stem}.json"
     try:
         safefs.make_dirs(root.path, folder)
         atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record}, within=root.path)
@@ -398,75 +445,3 @@ def failures(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
                 if isinstance(data, dict):
                     found.append(data)
     return found
-
-
-# --- heartbeat -----------------------------------------------------------------------------
-
-
-class Heartbeat:
-    """Touches a set of files every few seconds: use records, staging owners, the pod state.
-
-    A daemon thread, so a frozen or killed process stops refreshing and goes stale: that is
-    how peers and probes tell a dead pod from a slow one.
-    """
-
-    def __init__(self, *, interval: float = HEARTBEAT_SECONDS) -> None:
-        self._interval = interval
-        self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
-        self._callbacks: list[Any] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cachemgr-heartbeat", daemon=True)
-
-    def start(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def add(self, *paths: Path, within: Path) -> None:
-        """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat."""
-        with self._lock:
-            self._paths.update(dict.fromkeys(paths, within))
-
-    def discard(self, *paths: Path | None) -> None:
-        with self._lock:
-            for path in paths:
-                if path is not None:
-                    self._paths.pop(path, None)
-
-    def on_beat(self, callback: Any) -> None:
-        """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
-        with self._lock:
-            self._callbacks.append(callback)
-
-    def beat(self) -> None:
-        with self._lock:
-            folders: dict[tuple[Path, Path], list[str]] = {}
-            for path, root in self._paths.items():
-                folders.setdefault((root, path.parent), []).append(path.name)
-            callbacks = list(self._callbacks)
-        for (root, folder), names in folders.items():
-            with contextlib.suppress(OSError):
-                _touch_in(root, folder, names)
-        for callback in callbacks:
-            with contextlib.suppress(Exception):
-                callback()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._interval)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.beat()
-
-
-def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> None:
-    """Refresh the mtime of each of ``names`` in ``folder``, opened once from ``root`` one level at
-    a time: a folder swapped for a symlink is refused (UnsafePathError), so no file outside the
-    root is touched. Nothing is created: a folder or file that is gone was removed on purpose
-    (an attempt published or discarded, a use released) and must not come back."""
-    with safefs.open_dir(root, folder) as fd:
-        for name in names:
-            with contextlib.suppress(OSError):
-                os.utime(name, dir_fd=fd, follow_symlinks=False)  # a link planted as the file: the link

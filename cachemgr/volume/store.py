@@ -214,7 +214,7 @@ def _rmdir(path: Path, *, within: Path | None) -> None:
 
 def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
     """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
-    attempt = f"{identity.pod}.{identity.pid}.{random_suffix(4)}"
+    attempt = f"{identity.file_stem}.{random_suffix(4)}"
     parent = root.staging / key.digest
     safefs.make_dirs(root.path, parent)  # refuses staging/<digest> planted as a symlink
     staging = Staging(
