@@ -1,0 +1,190 @@
+"""A child's output, read in bounded chunks: every byte passed on at once, a bounded tail kept.
+
+A compiler may print anything: a 60 MB line with no newline (a dumped tensor, a progress bar
+redrawn with ``\\r`` for an hour). Reading it line by line (``readline``) holds the whole line
+in memory, and a ``\\r`` bar reaches the pod's log only at the next newline. So output is read
+as it arrives, at most :data:`CHUNK_BYTES` at a time, written through to the same stream at
+once, and split here into *kept* lines for the tail: each at most :data:`LINE_BYTES` (the rest
+is counted and marked as cut), a lone ``\\r`` starting the line over as a terminal shows it.
+Memory is one chunk, one line per stream and the tail, whatever the child prints.
+
+The disk-full phrases are looked for in the bytes themselves, not in the kept lines, with the
+end of the previous chunk carried over: a phrase split across two reads, or lying past the
+cut of a long line, is still seen.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import threading
+from collections import deque
+from typing import IO
+
+from cachemgr.core.log import terminal_guard
+
+CHUNK_BYTES = 64 << 10
+LINE_BYTES = 4 << 10  # a kept line (the tail, the failure record); what is past it is counted, not kept
+TAIL_LINES = 40
+CUT_MARK = " [... {cut} bytes cut]"
+_CONTEXT = 160  # of a disk-full phrase found past a line's cut: the text shown around it
+_CARRY = 64  # longer than any disk-full phrase
+
+
+class Tail:
+    """What the streams of one child share: the last kept lines, their count, the disk-full line."""
+
+    def __init__(self, *, lines: int = TAIL_LINES) -> None:
+        self.lines: deque[str] = deque(maxlen=lines)
+        self.count = 0
+        self.bytes = 0
+        self.disk_full_line: str | None = None
+        self.lock = threading.Lock()
+
+
+class LineKeeper:
+    """One stream's bytes to kept lines in a shared :class:`Tail`: bounded, ``\\r`` overwrites."""
+
+    def __init__(self, tail: Tail, pattern: re.Pattern[str], *, line_bytes: int = LINE_BYTES) -> None:
+        self._tail = tail
+        self._pattern = pattern
+        self._line_bytes = line_bytes
+        self._line = bytearray()
+        self._cut = 0
+        self._pending_cr = False
+        self._carry = ""
+        # The text around a disk-full phrase (latin-1, as read), until its line ends; and how much
+        # more of it the next chunk may add (the phrase came at the end of a read).
+        self._seen: str | None = None
+        self._room = 0
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next bytes (call under the tail's lock); True when they name a full disk."""
+        self._tail.bytes += len(chunk)
+        found = self._look(chunk)
+        start = 0
+        for index in _breaks(chunk):
+            self._add(chunk[start:index])
+            self._break(chunk[index])
+            start = index + 1
+        self._add(chunk[start:])
+        return found
+
+    def close(self) -> None:
+        """End of the stream: a last line without a newline (a bar's final frame) is kept too."""
+        if self._line or self._cut:
+            self._finish()
+        if self._seen is not None and self._tail.disk_full_line is None:
+            self._tail.disk_full_line = self._seen_text()
+
+    def disk_full_text(self) -> str | None:
+        """What names the full disk so far: its line once ended, else the text around the phrase."""
+        return self._tail.disk_full_line or (self._seen_text() if self._seen is not None else None)
+
+    def _seen_text(self) -> str:
+        return (self._seen or "").encode("latin-1").decode(errors="replace").strip()
+
+    def _add(self, part: bytes) -> None:
+        if not part:
+            return
+        if self._pending_cr:
+            # A lone \r: the line starts over, as the terminal shows it (a progress bar's next frame).
+            self._pending_cr = False
+            self._line.clear()
+            self._cut = 0
+        room = max(0, self._line_bytes - len(self._line))
+        self._line += part[:room]
+        self._cut += max(0, len(part) - room)
+
+    def _break(self, byte: int) -> None:
+        if byte == 13:  # \r: a new frame, unless \n follows (\r\n ends the line)
+            self._pending_cr = True
+            return
+        self._pending_cr = False
+        self._finish()
+
+    def _finish(self) -> None:
+        text = self._line.decode(errors="replace").rstrip()
+        if self._seen is not None and self._tail.disk_full_line is None:
+            if self._pattern.search(text):
+                self._tail.disk_full_line = text.strip()
+            elif self._cut:
+                self._tail.disk_full_line = self._seen_text()  # the phrase lay past the cut
+        if self._cut:
+            text += CUT_MARK.format(cut=self._cut)
+        self._tail.count += 1
+        self._tail.lines.append(text)
+        self._line.clear()
+        self._cut = 0
+        self._pending_cr = False
+
+    def _look(self, chunk: bytes) -> bool:
+        if self._tail.disk_full_line is not None:
+            return False
+        text = chunk.decode("latin-1")  # one char per byte: cut anywhere, decoded once shown
+        if self._seen is not None:
+            self._seen += _first_line(text[: self._room])  # the rest of the phrase's neighbourhood
+            self._room = 0 if _BREAK.search(text[: self._room]) else max(0, self._room - len(text))
+            return False
+        window = self._carry + text
+        self._carry = window[-_CARRY:]
+        match = self._pattern.search(window)
+        if match is None:
+            return False
+        head = _BREAK.split(window[max(0, match.start() - _CONTEXT) : match.start()])
+        after = window[match.start() : match.end() + _CONTEXT]
+        self._seen = ("" if len(head) > 1 else "... ") + head[-1] + _first_line(after)
+        self._room = 0 if _BREAK.search(after) else _CONTEXT - (len(after) - (match.end() - match.start()))
+        return True
+
+
+_BREAK = re.compile(r"[\r\n]")
+
+
+def _first_line(text: str) -> str:
+    return _BREAK.split(text, maxsplit=1)[0]
+
+
+def _breaks(chunk: bytes) -> list[int]:
+    if b"\n" not in chunk and b"\r" not in chunk:
+        return []
+    return [i for i, byte in enumerate(chunk) if byte in (10, 13)]
+
+
+class Pump:
+    """Reads one stream of a child in bounded chunks until it ends: every byte goes to ``sink`` at
+    once, and through a :class:`LineKeeper` into the shared tail."""
+
+    def __init__(self, stream: IO[bytes], sink: IO[str], keeper: LineKeeper, tail: Tail) -> None:
+        self._stream = stream
+        self._sink = sink
+        self.keeper = keeper
+        self._tail = tail
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def run(self, disk_full: threading.Event) -> None:
+        out = getattr(self._sink, "buffer", None)
+        fd = self._stream.fileno()
+        try:
+            while chunk := os.read(fd, CHUNK_BYTES):
+                self._write(out, chunk)
+                with self._tail.lock:
+                    found = self.keeper.feed(chunk)
+                if found:
+                    disk_full.set()
+        finally:
+            with self._tail.lock:
+                self.keeper.close()
+            self._stream.close()
+
+    def _write(self, out: IO[bytes] | None, chunk: bytes) -> None:
+        # Passed on as it came: a \r frame reaches the log now, not at the next newline.
+        with contextlib.suppress(OSError, ValueError), terminal_guard():
+            if out is not None:
+                out.write(chunk)
+                out.flush()
+            else:
+                self._sink.write(self._decoder.decode(chunk))
+                self._sink.flush()
