@@ -115,12 +115,13 @@ def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
         os.close(fd)
 
 
-def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
+def read_json(path: Path, *, dir_fd: int | None = None, limit: int | None = None) -> Any:
     """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
 
     Everything read this way lives on the shared volume, where anyone can plant a symlink (it
     is not followed) or a FIFO (it would block the reader forever): both are damage. With
-    ``dir_fd`` (its folder, reached safely) the file is opened by name from there.
+    ``dir_fd`` (its folder, reached safely) the file is opened by name from there. With
+    ``limit``, a file larger than that many bytes is damage too, and no more than that is read.
     """
     name: str | Path = path if dir_fd is None else path.name
     try:
@@ -132,7 +133,10 @@ def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
     with open(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path} is not a regular file")
-        return loads_json(handle.read())
+        data = handle.read() if limit is None else handle.read(limit + 1)
+        if limit is not None and len(data) > limit:
+            raise ValueError(f"larger than {limit} bytes, not read")
+        return loads_json(data)
 
 
 def _finite(text: str) -> float:
