@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, server_argv
 
-from cachemgr.runtime.launcher import DISK_FULL_LINE
+from cachemgr.runtime.launcher import DISK_FULL_BYTES
 from cachemgr.runtime.output import LINE_BYTES, LineKeeper, Tail
 from cachemgr.volume.failure_records import RECORD_BYTES, RECORDS_PER_KEY, record_failure
 from cachemgr.volume.identity import PodIdentity
@@ -113,7 +114,7 @@ def test_a_disk_full_phrase_is_seen_whatever_read_splits_it_and_past_a_long_line
     at = data.index(phrase.encode())
     for split in range(at - 2, at + len(phrase) + 2):
         tail = Tail()
-        keeper = LineKeeper(tail, DISK_FULL_LINE)
+        keeper = LineKeeper(tail, DISK_FULL_BYTES)
         seen = [keeper.feed(data[:split]), keeper.feed(data[split:])]
         keeper.close()
         assert seen.count(True) == 1, f"split at {split - at} of the phrase"
@@ -126,12 +127,35 @@ def test_a_disk_full_phrase_is_seen_whatever_read_splits_it_and_past_a_long_line
 
 def test_kept_lines_follow_a_terminal_a_carriage_return_starts_the_line_over() -> None:
     tail = Tail()
-    keeper = LineKeeper(tail, DISK_FULL_LINE)
+    keeper = LineKeeper(tail, DISK_FULL_BYTES)
     for piece in (b"loading\r 10%", b"\r 50%\r", b"\n", b"done\r", b"\nlast\r 99%"):
         keeper.feed(piece)
     keeper.close()
     assert list(tail.lines) == [" 50%", "done", " 99%"]
     assert tail.bytes == sum(map(len, (b"loading\r 10%", b"\r 50%\r", b"\n", b"done\r", b"\nlast\r 99%")))
+
+
+def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
+    """Fed a byte at a time or in chunks of any size (where the lines a tail cannot show are only
+    counted), the tail, the line count and the byte count are the same."""
+    rng = random.Random(26)
+    for _ in range(300):
+        data = bytes(rng.choice(b"ab\r\n\n  x") for _ in range(rng.randint(0, 3000)))
+        one, chunked = Tail(lines=5), Tail(lines=5)
+        by_byte, by_chunk = (
+            LineKeeper(one, DISK_FULL_BYTES, line_bytes=7),
+            LineKeeper(chunked, DISK_FULL_BYTES, line_bytes=7),
+        )
+        for byte in data:
+            by_byte.feed(bytes([byte]))
+        at = 0
+        while at < len(data):
+            size = rng.randint(1, 400)
+            by_chunk.feed(data[at : at + size])
+            at += size
+        by_byte.close()
+        by_chunk.close()
+        assert (list(one.lines), one.count, one.bytes) == (list(chunked.lines), chunked.count, chunked.bytes)
 
 
 # --- failure records -------------------------------------------------------------------------

@@ -36,6 +36,8 @@ from cachemgr.runtime.output import TAIL_LINES, LineKeeper, Pump, Tail
 DISK_FULL_LINE = re.compile(
     r"disk quota exceeded|no space left on device|\[errno (?:28|122)\]|out of disk space", re.IGNORECASE
 )
+# The same for the output pump, matched against the output lowered (so: keep the pattern above in lower case).
+DISK_FULL_BYTES = re.compile(DISK_FULL_LINE.pattern.encode())
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 _PR_SET_CHILD_SUBREAPER = 36
@@ -102,7 +104,7 @@ class OutputWatch:
         self._tail = Tail(lines=tail_lines)
         self.disk_full = threading.Event()
         self._pumps = [
-            Pump(stream, sink, LineKeeper(self._tail, DISK_FULL_LINE), self._tail)
+            Pump(stream, sink, LineKeeper(self._tail, DISK_FULL_BYTES), self._tail)
             for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
             if stream is not None
         ]
