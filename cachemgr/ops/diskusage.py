@@ -3,9 +3,12 @@ of it, and what each ``prune`` selector would free now."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cachemgr.core.units import human_bytes, human_duration
@@ -198,9 +201,20 @@ def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 
         attempts=tuple(attempt_of(root, info, published=published) for info in found.staging),
         quarantined=tuple(quarantined(root)),
         trash_bytes=sum(sum(tree_usage(root.trash / name)) for name in listdir(root.trash)),
-        failures=tuple(sum(tree_usage(root.failures / name)) for name in listdir(root.failures)),
+        failures=tuple(sum(tree_usage(folder)) for folder in _failure_folders(root)),
         unused_after=unused_after,
         reserved_bytes=max(0, (st.f_bfree - st.f_bavail) * st.f_frsize),
         warnings=found.warnings,
         compiler_known=bool(compat is not None and compat.compiler),
     )
+
+
+def _failure_folders(root: CacheRoot) -> list[Path]:
+    """The folders ``prune --failures`` would remove: real directories (a file or link planted
+    there is no key's records, and is not followed)."""
+    found = []
+    for name in listdir(root.failures):
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(root.failures / name).st_mode):
+                found.append(root.failures / name)
+    return found
