@@ -93,11 +93,26 @@ class LineKeeper:
 
     def _split(self, chunk: bytes) -> None:
         start = 0
-        for index in _breaks(chunk):
-            self._add(chunk[start:index])
-            self._break(chunk[index])
+        for index in _newlines(chunk):
+            self._segment(chunk[start:index])
+            self._pending_cr = False  # \r\n is one end of line
+            self._finish()
             start = index + 1
-        self._add(chunk[start:])
+        self._segment(chunk[start:])
+
+    def _segment(self, part: bytes) -> None:
+        """Bytes without a newline. A lone \r starts the line over once more bytes come (a bar's
+        next frame): only what follows the last \r that has bytes after it is the line."""
+        text = part.rstrip(b"\r")
+        last = text.rfind(b"\r")
+        if last >= 0:
+            self._line.clear()
+            self._cut = 0
+            self._pending_cr = False
+            text = text[last + 1 :]
+        self._add(text)
+        if len(text) < len(part) - (last + 1 if last >= 0 else 0):
+            self._pending_cr = True  # it ended with \r: the next bytes start the line over
 
     def close(self) -> None:
         """End of the stream: a last line without a newline (a bar's final frame) is kept too."""
@@ -124,13 +139,6 @@ class LineKeeper:
         room = max(0, self._line_bytes - len(self._line))
         self._line += part[:room]
         self._cut += max(0, len(part) - room)
-
-    def _break(self, byte: int) -> None:
-        if byte == 13:  # \r: a new frame, unless \n follows (\r\n ends the line)
-            self._pending_cr = True
-            return
-        self._pending_cr = False
-        self._finish()
 
     def _finish(self) -> None:
         text = self._line.decode(errors="replace").rstrip()
@@ -176,10 +184,12 @@ def _first_line(data: bytes) -> bytes:
     return _LINE_ENDS.split(data, maxsplit=1)[0]
 
 
-def _breaks(chunk: bytes) -> list[int]:
-    """Offsets of \r and \n, found by the regex engine (a compiler printing 100 MB of short
-    lines must not cost a Python step per byte)."""
-    return [m.start() for m in _LINE_ENDS.finditer(chunk)]
+def _newlines(chunk: bytes) -> list[int]:
+    """Offsets of \n, found by the regex engine (no Python step per byte)."""
+    return [m.start() for m in _NEWLINE.finditer(chunk)]
+
+
+_NEWLINE = re.compile(rb"\n")
 
 
 class Pump:
