@@ -20,7 +20,7 @@ import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, server_argv
 
-from cachemgr.runtime.launcher import DISK_FULL_BYTES
+from cachemgr.runtime.launcher import DISK_FULL_PHRASES
 from cachemgr.runtime.output import LINE_BYTES, LineKeeper, Tail
 from cachemgr.volume.failure_records import RECORD_BYTES, RECORDS_PER_KEY, record_failure
 from cachemgr.volume.identity import PodIdentity
@@ -114,7 +114,7 @@ def test_a_disk_full_phrase_is_seen_whatever_read_splits_it_and_past_a_long_line
     at = data.index(phrase.encode())
     for split in range(at - 2, at + len(phrase) + 2):
         tail = Tail()
-        keeper = LineKeeper(tail, DISK_FULL_BYTES)
+        keeper = LineKeeper(tail, DISK_FULL_PHRASES)
         seen = [keeper.feed(data[:split]), keeper.feed(data[split:])]
         keeper.close()
         assert seen.count(True) == 1, f"split at {split - at} of the phrase"
@@ -127,7 +127,7 @@ def test_a_disk_full_phrase_is_seen_whatever_read_splits_it_and_past_a_long_line
 
 def test_kept_lines_follow_a_terminal_a_carriage_return_starts_the_line_over() -> None:
     tail = Tail()
-    keeper = LineKeeper(tail, DISK_FULL_BYTES)
+    keeper = LineKeeper(tail, DISK_FULL_PHRASES)
     for piece in (b"loading\r 10%", b"\r 50%\r", b"\n", b"done\r", b"\nlast\r 99%"):
         keeper.feed(piece)
     keeper.close()
@@ -143,8 +143,8 @@ def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
         data = bytes(rng.choice(b"ab\r\n\n  x") for _ in range(rng.randint(0, 3000)))
         one, chunked = Tail(lines=5), Tail(lines=5)
         by_byte, by_chunk = (
-            LineKeeper(one, DISK_FULL_BYTES, line_bytes=7),
-            LineKeeper(chunked, DISK_FULL_BYTES, line_bytes=7),
+            LineKeeper(one, DISK_FULL_PHRASES, line_bytes=7),
+            LineKeeper(chunked, DISK_FULL_PHRASES, line_bytes=7),
         )
         for byte in data:
             by_byte.feed(bytes([byte]))

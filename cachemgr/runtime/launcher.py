@@ -32,12 +32,17 @@ from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.procs import Flag, StopFlag
 from cachemgr.runtime.output import TAIL_LINES, LineKeeper, Pump, Tail
 
-# What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT).
-DISK_FULL_LINE = re.compile(
-    r"disk quota exceeded|no space left on device|\[errno (?:28|122)\]|out of disk space", re.IGNORECASE
+# What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT),
+# in lower case: the output pump looks for them in the lowered bytes (bytes.find, no regex: it
+# reads everything a compiler prints).
+DISK_FULL_PHRASES = (
+    b"disk quota exceeded",
+    b"no space left on device",
+    b"[errno 28]",
+    b"[errno 122]",
+    b"out of disk space",
 )
-# The same for the output pump, matched against the output lowered (so: keep the pattern above in lower case).
-DISK_FULL_BYTES = re.compile(DISK_FULL_LINE.pattern.encode())
+DISK_FULL_LINE = re.compile("|".join(re.escape(p.decode()) for p in DISK_FULL_PHRASES), re.IGNORECASE)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 _PR_SET_CHILD_SUBREAPER = 36
@@ -104,7 +109,7 @@ class OutputWatch:
         self._tail = Tail(lines=tail_lines)
         self.disk_full = threading.Event()
         self._pumps = [
-            Pump(stream, sink, LineKeeper(self._tail, DISK_FULL_BYTES), self._tail)
+            Pump(stream, sink, LineKeeper(self._tail, DISK_FULL_PHRASES), self._tail)
             for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
             if stream is not None
         ]

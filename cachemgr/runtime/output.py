@@ -21,6 +21,7 @@ import os
 import re
 import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import IO
 
 from cachemgr.core.log import terminal_guard
@@ -47,13 +48,13 @@ class Tail:
 class LineKeeper:
     """One stream's bytes to kept lines in a shared :class:`Tail`: bounded, ``\\r`` overwrites.
 
-    ``pattern`` is matched against the output lowered (``bytes.lower``: ASCII only, and ten
-    times faster than a case-insensitive search), so it is written in lower case.
+    ``phrases`` (lower case) are looked for in the output lowered (``bytes.lower`` and
+    ``bytes.find``: several times faster than a case-insensitive regex over everything printed).
     """
 
-    def __init__(self, tail: Tail, pattern: re.Pattern[bytes], *, line_bytes: int = LINE_BYTES) -> None:
+    def __init__(self, tail: Tail, phrases: Sequence[bytes], *, line_bytes: int = LINE_BYTES) -> None:
         self._tail = tail
-        self._pattern = pattern
+        self._phrases = tuple(phrases)
         self._line_bytes = line_bytes
         self._line = bytearray()
         self._cut = 0
@@ -143,7 +144,7 @@ class LineKeeper:
     def _finish(self) -> None:
         text = self._line.decode(errors="replace").rstrip()
         if self._seen is not None and self._tail.disk_full_line is None:
-            if self._pattern.search(self._line.lower()):
+            if _find(self._line.lower(), self._phrases) is not None:
                 self._tail.disk_full_line = text.strip()
             elif self._cut:
                 self._tail.disk_full_line = self._seen_text()  # the phrase lay past the cut
@@ -165,19 +166,24 @@ class LineKeeper:
             return False
         window = self._carry + chunk
         self._carry = window[-_CARRY:]
-        match = self._pattern.search(window.lower())
-        if match is None:
+        found = _find(window.lower(), self._phrases)
+        if found is None:
             return False
-        head = _LINE_ENDS.split(window[max(0, match.start() - _CONTEXT) : match.start()])
-        after = window[match.start() : match.end() + _CONTEXT]
+        start, end = found
+        head = _LINE_ENDS.split(window[max(0, start - _CONTEXT) : start])
+        after = window[start : end + _CONTEXT]
         self._seen = (b"" if len(head) > 1 else b"... ") + head[-1] + _first_line(after)
-        self._room = (
-            0 if _LINE_ENDS.search(after) else _CONTEXT - (len(after) - (match.end() - match.start()))
-        )
+        self._room = 0 if _LINE_ENDS.search(after) else _CONTEXT - (len(after) - (end - start))
         return True
 
 
 _LINE_ENDS = re.compile(rb"[\r\n]")
+
+
+def _find(lowered: bytes | bytearray, phrases: tuple[bytes, ...]) -> tuple[int, int] | None:
+    """(start, end) of the first phrase found in ``lowered``; None if there is none."""
+    hits = [(at, at + len(p)) for p in phrases if (at := lowered.find(p)) >= 0]
+    return min(hits) if hits else None
 
 
 def _first_line(data: bytes) -> bytes:
