@@ -1,12 +1,13 @@
-"""A child's output, read in bounded chunks: every byte passed on at once, a bounded tail kept.
+"""A child's output, read in bounded chunks: every byte passed on as it comes, a bounded tail kept.
 
 A compiler may print anything: a 60 MB line with no newline (a dumped tensor, a progress bar
 redrawn with ``\\r`` for an hour). Reading it line by line (``readline``) holds the whole line
 in memory, and a ``\\r`` bar reaches the pod's log only at the next newline. So output is read
-as it arrives, at most :data:`CHUNK_BYTES` at a time, written through to the same stream at
-once, and split here into *kept* lines for the tail: each at most :data:`LINE_BYTES` (the rest
-is counted and marked as cut), a lone ``\\r`` starting the line over as a terminal shows it.
-Memory is one chunk, one line per stream and the tail, whatever the child prints.
+as it arrives, at most :data:`CHUNK_BYTES` at a time, written through to the same stream (whole
+lines at once, an open one after a moment of silence: :class:`Pump`), and split here into *kept*
+lines for the tail: each at most :data:`LINE_BYTES` (the rest is counted and marked as cut), a
+lone ``\\r`` starting the line over as a terminal shows it. Memory is a chunk or two, one line
+per stream and the tail, whatever the child prints.
 
 The disk-full phrases are looked for in the bytes themselves, not in the kept lines, with the
 end of the previous chunk carried over: a phrase split across two reads, or lying past the
@@ -19,6 +20,7 @@ import codecs
 import contextlib
 import os
 import re
+import select
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -29,6 +31,7 @@ from cachemgr.core.log import terminal_guard
 CHUNK_BYTES = 64 << 10
 LINE_BYTES = 4 << 10  # a kept line (the tail, the failure record); what is past it is counted, not kept
 TAIL_LINES = 40
+HOLD_SECONDS = 0.1  # an open line waits this long for its newline before it is passed on anyway
 CUT_MARK = " [... {cut} bytes cut]"
 _CONTEXT = 160  # of a disk-full phrase found past a line's cut: the text shown around it
 _CARRY = 64  # longer than any disk-full phrase
@@ -199,8 +202,15 @@ _NEWLINE = re.compile(rb"\n")
 
 
 class Pump:
-    """Reads one stream of a child in bounded chunks until it ends: every byte goes to ``sink`` at
-    once, and through a :class:`LineKeeper` into the shared tail."""
+    """Reads one stream of a child in bounded chunks until it ends: every byte goes to ``sink``,
+    and through a :class:`LineKeeper` into the shared tail.
+
+    What ends in a newline is written at once. A line still open at the end of a read is held
+    until its newline comes, for at most :data:`HOLD_SECONDS` of silence and :data:`CHUNK_BYTES`:
+    so lines reach the log whole, never with one of cachemgr's own log events (same stream)
+    spliced into them, as line-by-line reading kept them; and a \r bar's frame, which ends no
+    line, still reaches the log as it is drawn (the child falls silent after each frame).
+    """
 
     def __init__(self, stream: IO[bytes], sink: IO[str], keeper: LineKeeper, tail: Tail) -> None:
         self._stream = stream
@@ -208,31 +218,56 @@ class Pump:
         self.keeper = keeper
         self._tail = tail
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._out = getattr(sink, "buffer", None)
+        self._held = b""
 
     def run(self, disk_full: threading.Event) -> None:
-        out = getattr(self._sink, "buffer", None)
         fd = self._stream.fileno()
         try:
-            while chunk := _read(fd):
-                self._write(out, chunk)
+            while True:
+                if self._held and not _readable(fd, HOLD_SECONDS):
+                    self._write(self._held)  # the child fell silent mid-line: a frame, a prompt
+                    self._held = b""
+                chunk = _read(fd)
+                if not chunk:
+                    break
+                self._pass_on(chunk)
                 with self._tail.lock:
                     found = self.keeper.feed(chunk)
                 if found:
                     disk_full.set()
         finally:
+            self._write(self._held)
             with self._tail.lock:
                 self.keeper.close()
             self._stream.close()
 
-    def _write(self, out: IO[bytes] | None, chunk: bytes) -> None:
-        # Passed on as it came: a \r frame reaches the log now, not at the next newline.
+    def _pass_on(self, chunk: bytes) -> None:
+        data = self._held + chunk
+        end = data.rfind(b"\n") + 1
+        if len(data) - end > CHUNK_BYTES:
+            end = len(data)  # a long open line goes on as it comes: memory stays one chunk or two
+        self._write(data[:end])
+        self._held = data[end:]
+
+    def _write(self, data: bytes) -> None:
+        if not data:
+            return
         with contextlib.suppress(OSError, ValueError), terminal_guard():
-            if out is not None:
-                out.write(chunk)
-                out.flush()
+            if self._out is not None:
+                self._out.write(data)
+                self._out.flush()
             else:
-                self._sink.write(self._decoder.decode(chunk))
+                self._sink.write(self._decoder.decode(data))
                 self._sink.flush()
+
+
+def _readable(fd: int, seconds: float) -> bool:
+    try:
+        ready, _, _ = select.select([fd], [], [], seconds)
+    except (OSError, ValueError):
+        return True  # let the read say what is wrong
+    return bool(ready)
 
 
 def _read(fd: int) -> bytes:
