@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 
 from cachemgr.cli.main import build_parser
 from cachemgr.runtime.metrics import Metrics
-from cachemgr.runtime.status_server import VolumeWatch, build_registry
+from cachemgr.runtime.status_metrics import VolumeWatch, build_registry
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -117,7 +117,7 @@ def test_every_environment_variable_the_docs_name_is_read_by_the_code() -> None:
 def _exported(tmp_path: Path) -> set[str]:
     """Every family, the conditional ones too: a run compiling, its volume measured."""
     from cachemgr.runtime.state import StateWriter
-    from cachemgr.runtime.status_server import measure_volume
+    from cachemgr.runtime.status_metrics import measure_volume
 
     state = StateWriter(tmp_path / "state", stall_timeout=60.0)
     state.phase("compiling", no_progress_s=1.0, staging_bytes=10, stalled=False)

@@ -316,8 +316,13 @@ def test_du_adds_up(cache: Built) -> None:
     assert usage["entries_bytes"] == sum(sizes)
     assert (
         usage["cache_bytes"]
-        == usage["entries_bytes"] + usage["staging_bytes"] + usage["quarantine_bytes"] + usage["trash_bytes"]
+        == usage["entries_bytes"]
+        + usage["staging_bytes"]
+        + usage["quarantine_bytes"]
+        + usage["trash_bytes"]
+        + usage["failures_bytes"]
     )
+    assert usage["failures_bytes"] > 0, "the failed warm Job's record is counted"
     assert {c["compiler"]: c["entries"] for c in usage["by_compiler"]} == {"0.11": 1, "0.12": 6}
     (old,) = [r["size_bytes"] for r in rows if r["kind"] == "entry" and r["status"] == "incompatible"]
     assert usage["prunable"]["incompatible"] == {"flag": "--incompatible", "items": 1, "bytes": old}

@@ -90,6 +90,10 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
             ("  staging", staged),
             ("  quarantine", f"{human_bytes(u.quarantine_bytes)} in {plural(len(u.quarantined), 'entry')}"),
             ("  trash", human_bytes(u.trash_bytes)),
+            (
+                "  failures",
+                f"{human_bytes(u.failures_bytes)} of failure records for {plural(len(u.failures), 'key')}",
+            ),
         ]
     )
     rows = [{"compiler": c.compiler, "entries": c.entries, "size": c.size_str} for c in u.by_compiler]
@@ -280,6 +284,7 @@ def _prune_request(args: argparse.Namespace) -> PruneRequest:
         keep_bytes=args.keep_bytes,
         stale_staging=args.stale_staging,
         damaged=args.damaged,
+        failures=args.failures,
         npu=frozenset(_npu_name(name) for name in [*args.for_npu, *args.npu]),
     )
     if args.unused_for is not None and args.unused_for < 0:
@@ -287,7 +292,7 @@ def _prune_request(args: argparse.Namespace) -> PruneRequest:
     if request.empty:
         raise UsageError(
             "prune needs at least one of --incompatible, --for-npu, --unused-for, --keep-bytes, --stale-staging, "
-            "--damaged",
+            "--damaged, --failures",
             remedy="say what may go, e.g. 'cachemgr prune --incompatible --dry-run'",
         )
     return request

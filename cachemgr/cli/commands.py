@@ -283,6 +283,11 @@ def _add_prune_command(sub: Any, name: str) -> None:
     )
     group.add_argument("--damaged", action="store_true", help="quarantined and damaged entries")
     group.add_argument(
+        "--failures",
+        action="store_true",
+        help="failure records of failed compiles (what 'show KEY' lists; they never block a start)",
+    )
+    group.add_argument(
         "--key",
         action="append",
         default=[],

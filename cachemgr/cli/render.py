@@ -380,10 +380,10 @@ def tell(kind: str, lines: Iterable[str]) -> None:
 
 
 def plural(count: int, noun: str) -> str:
-    """``1 entry``, ``2 entries``."""
+    """``1 entry``, ``2 entries``, ``2 keys``."""
     if count == 1:
         return f"1 {noun}"
-    if noun.endswith("y"):
+    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
         return f"{count} {noun[:-1]}ies"
     return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch")) else f"{count} {noun}s"
 

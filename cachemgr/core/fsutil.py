@@ -120,12 +120,17 @@ def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
 JSON_LIMIT = 64 << 20
 
 
-def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
+def human_limit(size: int) -> str:
+    return f"{size >> 20} MiB" if size >= 1 << 20 and not size % (1 << 20) else f"{size} bytes"
+
+
+def read_json(path: Path, *, dir_fd: int | None = None, limit: int | None = None) -> Any:
     """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
 
     Everything read this way lives on the shared volume, where anyone can plant a symlink (it
     is not followed) or a FIFO (it would block the reader forever): both are damage. With
-    ``dir_fd`` (its folder, reached safely) the file is opened by name from there.
+    ``dir_fd`` (its folder, reached safely) the file is opened by name from there. With
+    ``limit``, a file larger than that many bytes is damage too, and no more than that is read.
     """
     name: str | Path = path if dir_fd is None else path.name
     try:
@@ -137,9 +142,10 @@ def read_json(path: Path, *, dir_fd: int | None = None) -> Any:
     with open(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError(f"{path} is not a regular file")
-        data = handle.read(JSON_LIMIT + 1)
-        if len(data) > JSON_LIMIT:  # planted, or grown without bound: never read it whole
-            raise ValueError(f"{path} is larger than {JSON_LIMIT >> 20} MiB")
+        bound = JSON_LIMIT if limit is None else limit  # planted, or grown without bound: never read whole
+        data = handle.read(bound + 1)
+        if len(data) > bound:
+            raise ValueError(f"larger than {human_limit(bound)}, not read")
         return loads_json(data)
 
 

@@ -17,6 +17,8 @@ from cachemgr.core.coerce import as_dict, number, read_dict
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.ops.progress import read_record
 from cachemgr.volume.entries import listdir, tree_usage
+from cachemgr.volume.failure_records import RECORDS_PER_KEY
+from cachemgr.volume.failure_records import read_record as read_failure
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME
@@ -240,7 +242,9 @@ def failure_histories(
     found: list[FailureHistory] = []
     for digest in listdir(root.failures):
         names = sorted(n for n in listdir(root.failures / digest) if n.endswith(".json"))
-        records = [read_dict(root.failures / digest / name) for name in (names[-1:] if last_only else names)]
+        # Only the newest are read, each within its size limit: the folder is anyone's to fill.
+        chosen = names[-1:] if last_only else names[-RECORDS_PER_KEY:]
+        records = [read_failure(root.failures / digest / name, warnings=warnings) for name in chosen]
         records = [r for r in records if r]
         if not records:
             if names:

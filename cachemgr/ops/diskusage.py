@@ -3,9 +3,12 @@ of it, and what each ``prune`` selector would free now."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from cachemgr.core.units import human_bytes, human_duration
@@ -58,6 +61,8 @@ class DiskUsage:
     trash_bytes: int
     unused_after: float
     reserved_bytes: int = 0  # free blocks only root may use (ext4's reserve); 0 on network filesystems
+    # Bytes of failure records per key (failures/<digest>/, cachemgr.volume.failure_records).
+    failures: tuple[int, ...] = ()
     warnings: tuple[str, ...] = ()
     # This image's compiler is known: without it no entry is judged incompatible, and
     # 'prune --incompatible' refuses to run (exit 78), so du does not offer it.
@@ -91,8 +96,18 @@ class DiskUsage:
         return sum(q.size_bytes for q in self.quarantined)
 
     @property
+    def failures_bytes(self) -> int:
+        return sum(self.failures)
+
+    @property
     def cache_bytes(self) -> int:
-        return self.entries_bytes + self.staging_bytes + self.quarantine_bytes + self.trash_bytes
+        return (
+            self.entries_bytes
+            + self.staging_bytes
+            + self.quarantine_bytes
+            + self.trash_bytes
+            + self.failures_bytes
+        )
 
     @property
     def by_compiler(self) -> tuple[CompilerUsage, ...]:
@@ -105,7 +120,7 @@ class DiskUsage:
     @property
     def prunable(self) -> tuple[Freeable, ...]:
         """What ``prune`` could free now, never counting an entry in use; the rows do not overlap,
-        so they add up to what all four selectors together free. The first two are
+        so they add up to what all the selectors together free. The first two are
         ``space.Prunable``, the figures a pod's disk-full report names."""
         found = prunable_now(self.entries, unused_after=self.unused_after)
         counted = {e.name for e in (*found.incompatible, *found.unused)}
@@ -132,6 +147,7 @@ class DiskUsage:
                 [a.size_bytes for a in self.attempts if a.status == "stale"],
             ),
             Freeable.of("damaged", "--damaged", damaged + [q.size_bytes for q in self.quarantined]),
+            Freeable.of("failures", "--failures", list(self.failures)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -148,6 +164,8 @@ class DiskUsage:
             "staging_bytes": self.staging_bytes,
             "quarantine_bytes": self.quarantine_bytes,
             "trash_bytes": self.trash_bytes,
+            "failures_bytes": self.failures_bytes,
+            "failure_keys": len(self.failures),
             "entries": [
                 {
                     "key": e.key,
@@ -183,8 +201,20 @@ def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 
         attempts=tuple(attempt_of(root, info, published=published) for info in found.staging),
         quarantined=tuple(quarantined(root)),
         trash_bytes=sum(sum(tree_usage(root.trash / name)) for name in listdir(root.trash)),
+        failures=tuple(sum(tree_usage(folder)) for folder in _failure_folders(root)),
         unused_after=unused_after,
         reserved_bytes=max(0, (st.f_bfree - st.f_bavail) * st.f_frsize),
         warnings=found.warnings,
         compiler_known=bool(compat is not None and compat.compiler),
     )
+
+
+def _failure_folders(root: CacheRoot) -> list[Path]:
+    """The folders ``prune --failures`` would remove: real directories (a file or link planted
+    there is no key's records, and is not followed)."""
+    found = []
+    for name in listdir(root.failures):
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(root.failures / name).st_mode):
+                found.append(root.failures / name)
+    return found

@@ -27,9 +27,9 @@ from cachemgr.ops.attempts import FailureHistory
 from cachemgr.ops.locks import holder_json, read_holder_of
 from cachemgr.ops.scan import Compat, EntryInfo, scan
 from cachemgr.volume.drift import records as drift_records
+from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME
-from cachemgr.volume.records import failures
 from cachemgr.volume.store import lookup
 
 if TYPE_CHECKING:

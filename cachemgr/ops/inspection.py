@@ -32,9 +32,9 @@ from cachemgr.ops.locks import holder_json, read_holder_of
 from cachemgr.ops.scan import Compat, EntryInfo, scan, scan_entry
 from cachemgr.volume.drift import records as drift_records
 from cachemgr.volume.entries import entry_digest, entry_names, listdir
+from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, ManifestError, check_files, read_manifest
-from cachemgr.volume.records import failures
 from cachemgr.volume.store import list_staging
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ def show(
         manifest, problems = _manifest_summary(entry.path)
     elif attempts:
         key_doc = read_dict(attempts[0].path / KEY_NAME)
-    records = failures(root, match.digest)
+    records = failures(root, match.digest, warnings=warnings)
     named = (
         [str(key_doc.get("entry") or "")]
         + [a.entry for a in attempts]

@@ -15,6 +15,9 @@ Execution is safe while pods start and compile beside it:
 4. only then is the trashed copy deleted. Use records are never deleted wholesale: a pod
    registering for a republished entry while a large tree is being deleted keeps its record.
 
+Failure records (``--failures``) go a key's folder at a time, claimed by the same rename; a
+record a pod writes into the folder just then goes with it (records are history, best effort).
+
 Staging attempts go only when their pod is dead (same host and its pid gone, or silent for
 the stale window), judged again just before removal. Every item is claimed by one rename into
 ``trash/`` before it is deleted, so two prunes never delete the same tree; what a killed prune
@@ -62,7 +65,7 @@ if TYPE_CHECKING:
 
 log = get_logger("cachemgr.ops.prune")
 # Execution order: leftovers first, entries (which pods may be starting on) last.
-_ORDER = {"trash": 0, "quarantine": 1, "staging": 2, "entry": 3}
+_ORDER = {"trash": 0, "failures": 0, "quarantine": 1, "staging": 2, "entry": 3}
 
 
 def execute(

@@ -25,7 +25,7 @@ from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.records import Mark, User, observe, read_usage
 from cachemgr.volume.store import StagingInfo, dead_attempts
 
-ItemKind = Literal["entry", "staging", "quarantine", "trash"]
+ItemKind = Literal["entry", "staging", "quarantine", "trash", "failures"]
 # A trash item older than this was left by a prune that died mid-delete. Younger ones may
 # belong to a prune running now (which may still rename its entry back), so they stay.
 TRASH_GRACE = 3600.0
@@ -116,6 +116,7 @@ class PruneRequest:
     keep_bytes: int | None = None
     stale_staging: bool = False
     damaged: bool = False
+    failures: bool = False  # the failure records (failures/<digest>/), every key's
     stale_after: float = STALE_STAGING_AFTER
     # Entries for these NPU types (upper case, --for-npu), named by the operator: another NPU's entries are
     # not incompatible (that hardware's pods may share the volume), so they go only when asked.
@@ -124,7 +125,7 @@ class PruneRequest:
     @property
     def empty(self) -> bool:
         return not (self.incompatible or self.unused_for is not None or self.keep_bytes is not None) and not (
-            self.stale_staging or self.damaged or self.npu
+            self.stale_staging or self.damaged or self.failures or self.npu
         )
 
 
@@ -134,6 +135,8 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
     kept: list[tuple[str, str]] = []
     if request.damaged:
         items += _quarantined(root)
+    if request.failures:
+        items += _failure_records(root)
     if request.stale_staging:
         items += _trash_leftovers(root, kept)
         items += _stale_attempts(root, found.staging, request, identity)
@@ -268,6 +271,17 @@ def _why_moved(path: Path) -> str:
         if isinstance(note, dict) and str(note.get("reason", "")).startswith("untrusted"):
             return "moved aside as untrusted (not signed by a trusted key as it is)"
     return "moved aside as damaged"
+
+
+def _failure_records(root: CacheRoot) -> list[PruneItem]:
+    """Each key's failure records, one item per key: history only, nothing reads them to decide."""
+    items: list[PruneItem] = []
+    for digest in safefs.subdirs(root.path, root.failures):
+        path = root.failures / digest
+        count = sum(1 for name in safefs.listdir(root.path, path) if name.endswith(".json"))
+        size = tree_bytes(path, within=root.path)
+        items.append(PruneItem("failures", path, digest, size, f"{count} failure record(s)", digest))
+    return items
 
 
 def _stale_attempts(

@@ -23,8 +23,8 @@ from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.ops.scan import Compat, EntryInfo, scan
+from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.records import failures
 
 log = get_logger("cachemgr.ops.space")
 

@@ -14,7 +14,8 @@ time) and from the failure records of its key. What this counts, precisely:
   failed ones.
 
 Counts cover the entries and failure records on the volume now: pruning an entry drops its
-history with it. A start killed with SIGKILL whose container restarts in the same pod rewrites
+history with it, a key keeps its newest 20 failure records (cachemgr.volume.failure_records), and
+``prune --failures`` drops them. A start killed with SIGKILL whose container restarts in the same pod rewrites
 the same record, so it counts once.
 """
 

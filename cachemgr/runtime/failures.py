@@ -24,7 +24,7 @@ from cachemgr.core.errors import (
 )
 from cachemgr.core.fsutil import is_disk_full
 from cachemgr.runtime.state import StateDirBusy, claim_state_dir
-from cachemgr.volume.records import record_failure
+from cachemgr.volume.failure_records import record_failure
 
 if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey

@@ -5,10 +5,10 @@ SIGQUIT to the server, returns the server's exit code (128+N when killed by sign
 reaps orphaned zombies: it registers as the child subreaper, so the server's own workers
 come back to it when their parent dies.
 
-While something compiles, its output is pumped through line by line (to the same stream)
-so cachemgr can spot ``Disk quota exceeded`` / ``No space left on device`` and end the
-attempt cleanly, and a progress monitor (CPU time, bytes written, output lines) tells a
-slow compile from a stalled one.
+While something compiles, its output is pumped through in bounded chunks as it arrives (to
+the same stream; cachemgr.runtime.output keeps a bounded tail) so cachemgr can spot ``Disk
+quota exceeded`` / ``No space left on device`` and end the attempt cleanly, and a progress
+monitor (CPU time, bytes written, output printed) tells a slow compile from a stalled one.
 """
 
 from __future__ import annotations
@@ -22,21 +22,27 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from cachemgr.core.errors import ConfigError
 from cachemgr.core.fsutil import tree_bytes
-from cachemgr.core.log import terminal_guard
 from cachemgr.core.procs import Flag, StopFlag
+from cachemgr.runtime.output import TAIL_LINES, LineKeeper, Pump, Tail
 
-# What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT).
-DISK_FULL_LINE = re.compile(
-    r"disk quota exceeded|no space left on device|\[errno (?:28|122)\]|out of disk space", re.IGNORECASE
+# What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT),
+# in lower case: the output pump looks for them in the lowered bytes (bytes.find, no regex: it
+# reads everything a compiler prints).
+DISK_FULL_PHRASES = (
+    b"disk quota exceeded",
+    b"no space left on device",
+    b"[errno 28]",
+    b"[errno 122]",
+    b"out of disk space",
 )
+DISK_FULL_LINE = re.compile("|".join(re.escape(p.decode()) for p in DISK_FULL_PHRASES), re.IGNORECASE)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 _TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 _PR_SET_CHILD_SUBREAPER = 36
@@ -96,47 +102,46 @@ class SignalRelay:
 
 
 class OutputWatch:
-    """Pumps a child's stdout and stderr to ours, keeps the tail, and spots disk-full lines."""
+    """Pumps a child's stdout and stderr to ours in bounded chunks (cachemgr.runtime.output),
+    keeps a bounded tail of its lines, and spots disk-full messages."""
 
-    def __init__(self, child: subprocess.Popen[bytes], *, tail_lines: int = 40) -> None:
-        self.tail: deque[str] = deque(maxlen=tail_lines)
-        self.lines = 0
-        self.disk_full_line: str | None = None
+    def __init__(self, child: subprocess.Popen[bytes], *, tail_lines: int = TAIL_LINES) -> None:
+        self._tail = Tail(lines=tail_lines)
         self.disk_full = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [
-            threading.Thread(target=self._pump, args=(stream, sink), daemon=True, name="cachemgr-output")
+        self._pumps = [
+            Pump(stream, sink, LineKeeper(self._tail, DISK_FULL_PHRASES), self._tail)
             for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
             if stream is not None
+        ]
+        self._threads = [
+            threading.Thread(target=pump.run, args=(self.disk_full,), daemon=True, name="cachemgr-output")
+            for pump in self._pumps
         ]
         for thread in self._threads:
             thread.start()
 
-    def _pump(self, stream: IO[bytes], sink: IO[str]) -> None:
-        out = getattr(sink, "buffer", None)
-        for raw in iter(stream.readline, b""):
-            with contextlib.suppress(OSError, ValueError), terminal_guard():
-                if out is not None:
-                    out.write(raw)
-                    out.flush()
-                else:
-                    sink.write(raw.decode(errors="replace"))
-            line = raw.decode(errors="replace").rstrip()
-            with self._lock:
-                self.lines += 1
-                self.tail.append(line)
-                if self.disk_full_line is None and DISK_FULL_LINE.search(line):
-                    self.disk_full_line = line.strip()
-                    self.disk_full.set()
-        stream.close()
+    @property
+    def lines(self) -> int:
+        """Lines printed so far (a \r frame is not one: see ``bytes``)."""
+        return self._tail.count
+
+    @property
+    def bytes(self) -> int:
+        """Bytes printed so far: a progress bar redrawn with \r moves this, not ``lines``."""
+        return self._tail.bytes
+
+    @property
+    def disk_full_line(self) -> str | None:
+        with self._tail.lock:
+            return next((t for t in (p.keeper.disk_full_text() for p in self._pumps) if t), None)
 
     def join(self, timeout: float = 5.0) -> None:
         for thread in self._threads:
             thread.join(timeout=timeout)
 
     def tail_text(self) -> list[str]:
-        with self._lock:
-            return list(self.tail)
+        with self._tail.lock:
+            return list(self._tail.lines)
 
 
 def start(
@@ -215,13 +220,14 @@ class ProgressMonitor:
         self._staging = staging
         self._output = output
         self.progress = Progress(last_progress=time.monotonic())
-        self._seen: tuple[float, int, int, int, int] | None = None
+        self._seen: tuple[float, int, int, int, int, int] | None = None
 
     def sample(self) -> Progress:
         cpu, written, read = _tree_usage(self._child.pid)
         staged = tree_bytes(self._staging) if self._staging is not None else 0
         lines = self._output.lines if self._output is not None else 0
-        now_seen = (round(cpu, 2), written, read, staged, lines)
+        printed = self._output.bytes if self._output is not None else 0  # a \r bar prints no line
+        now_seen = (round(cpu, 2), written, read, staged, lines, printed)
         changed = now_seen != self._seen
         self._seen = now_seen
         last = time.monotonic() if changed else self.progress.last_progress

@@ -3,317 +3,130 @@
 * ``/startupz``, ``/livez``, ``/readyz``: 200 or 503, with the probe's one-line reason
   (the same verdicts as ``cachemgr probe``, from :mod:`cachemgr.runtime.probes`);
 * ``/status``: the state record as JSON, with the heartbeat age, the three verdicts, the
-  run's counters and the volume's figures;
+  run's counters and the volume's figures (cachemgr.runtime.status_metrics measures them);
 * ``/metrics``: the Prometheus text format (OpenMetrics when the scraper asks for it).
 
 The server is a daemon thread in the ``run`` process, so a frozen ``run`` stops answering,
-as a frozen process should. Figures that cost a walk of the shared volume (cache bytes) or
-may block on it (statvfs on a hung NFS mount) are measured by a background thread, at most
-every :data:`VOLUME_REFRESH_SECONDS` and soon after this pod publishes or quarantines an
-entry; a request only reads the last measurement.
+as a frozen process should. It listens on every address (the kubelet's HTTP probes come from
+the node), so any pod in the cluster can reach it, and it holds up against clients that do
+not behave:
+
+* each request has :data:`REQUEST_SECONDS` from its first read to its last write, idle wait on
+  a kept-alive connection included: a client that sends a byte a second, or sends nothing, or
+  never reads the answer, has its connection closed at that deadline (every read and write is
+  given only the time left, so trickling bytes do not extend it);
+* at most :data:`MAX_CONNECTIONS` connections have a thread; a new one beyond that takes the
+  place of the oldest that has not sent its request yet (closed at once), so idle connections
+  cannot lock out the kubelet's probes; when every place is answering a request, the new one is
+  closed at once;
+* a failure while serving one connection is one JSON event at most, and at most one a minute
+  (``status_port_errors``, with how many there were since), never a traceback in the log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import socket
 import socketserver
+import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, cast
 
-from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 
 from cachemgr import __version__
 from cachemgr.core.errors import ConfigError
-from cachemgr.ops.scan import scan, total_bytes
-from cachemgr.ops.space import VolumeSpace
-from cachemgr.runtime.metrics import FAILURE_REASONS, Metrics
-from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check, stalled
-from cachemgr.runtime.state import (
-    PHASES,
-    STATUS_PORT_FILE,
-    State,
-    heartbeat_age,
-    read_state,
-    write_status_port,
-)
-from cachemgr.volume.layout import open_root
+from cachemgr.core.log import get_logger
+from cachemgr.runtime.metrics import Metrics
+from cachemgr.runtime.probes import KINDS, ProbeKind, Verdict, check
+from cachemgr.runtime.state import STATUS_PORT_FILE, heartbeat_age, read_state, write_status_port
+from cachemgr.runtime.status_metrics import VolumeWatch, build_registry
 
-VOLUME_REFRESH_SECONDS = 30.0
+log = get_logger("cachemgr.runtime.status_server")
+
 READY_TIMEOUT = 0.8  # under the kubelet's default 1s timeoutSeconds, so /readyz says why itself
+# A probe or a scrape is answered in well under a second; a request still unfinished after this
+# (or a kept-alive connection idle that long) is a client holding a thread.
+REQUEST_SECONDS = 5.0
+# Connections with a thread at once: the kubelet's three probes, a scraper or two, someone's curl.
+MAX_CONNECTIONS = 32
+ERROR_EVENT_EVERY = 60.0  # seconds between two status_port_errors events
 _PROBE_PATHS: dict[str, ProbeKind] = {"/startupz": "startup", "/livez": "live", "/readyz": "ready"}
-
-
-# --- the volume's figures -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VolumeFigures:
-    """The cache volume as last measured: None where a figure could not be taken."""
-
-    path: str
-    measured_at: float | None = None
-    free_bytes: int | None = None
-    size_bytes: int | None = None
-    cache_bytes: int | None = None
-    entries: int | None = None
-    error: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "measured_at": self.measured_at,
-            "free_bytes": self.free_bytes,
-            "size_bytes": self.size_bytes,
-            "cache_bytes": self.cache_bytes,
-            "entries": self.entries,
-            "error": self.error,
-        }
-
-
-def measure_volume(cache_root: Path) -> VolumeFigures:
-    """statvfs, and the entries' sizes from their summaries (a scan, never a hash)."""
-    try:
-        space = VolumeSpace.measure(cache_root)
-    except OSError as error:
-        return VolumeFigures(str(cache_root), time.time(), error=f"statvfs: {error.strerror or error}")
-    figures = VolumeFigures(
-        str(cache_root), time.time(), free_bytes=space.free_bytes, size_bytes=space.total_bytes
-    )
-    try:
-        found = scan(open_root(cache_root, create=False), with_staging=False, hints=True)
-    except OSError as error:  # VolumeError is one: no layout yet, or a newer one
-        return VolumeFigures(**{**figures.__dict__, "error": str(error)})
-    return VolumeFigures(
-        **{**figures.__dict__, "cache_bytes": total_bytes(found.entries), "entries": len(found.entries)}
-    )
-
-
-class VolumeWatch:
-    """Re-measures the volume in the background: every 30s, and soon after the entries change."""
-
-    def __init__(self, cache_root: Path, metrics: Metrics, *, every: float = VOLUME_REFRESH_SECONDS):
-        self.figures = VolumeFigures(str(cache_root))
-        self._root = cache_root
-        self._metrics = metrics
-        self._every = every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="cachemgr-volume", daemon=True)
-
-    def start(self) -> VolumeWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _changes(self) -> tuple[int, int, int]:
-        """What moves when this pod changes the entries: a publish, a quarantine."""
-        return (self._metrics.compiles, self._metrics.damaged, self._metrics.hits)
-
-    def _run(self) -> None:
-        seen: tuple[int, int, int] | None = None
-        last = 0.0
-        while not self._stop.is_set():
-            changes = self._changes()
-            if changes != seen or time.monotonic() - last >= self._every:
-                seen, last = changes, time.monotonic()
-                self.figures = measure_volume(self._root)  # one reference swap: readers see old or new
-            self._stop.wait(1.0)
-
-
-# --- /metrics -------------------------------------------------------------------------------
-
-
-def _remote_families(remote: dict[str, Any]) -> Iterator[Metric]:
-    """The remote tier (cachemgr.remote): 0 when it is off, so dashboards need no special case."""
-    yield _counter(
-        "cachemgr_remote_hits", "Local misses filled by a download from the remote", remote.get("hits", 0)
-    )
-    yield _counter("cachemgr_remote_bytes", "Bytes downloaded from the remote", remote.get("bytes", 0))
-    yield _counter(
-        "cachemgr_remote_seconds", "Seconds spent in downloads that published", remote.get("seconds", 0.0)
-    )
-    yield _counter("cachemgr_remote_uploads", "Entries uploaded to the remote", remote.get("uploads", 0))
-    failed = CounterMetricFamily(
-        "cachemgr_remote_failures",
-        "Remote downloads or uploads that failed, by problem (the pod compiled or went on)",
-        labels=["problem"],
-    )
-    for problem, count in sorted(remote.get("failures", {}).items()):
-        failed.add_metric([problem], count)
-    yield failed
-
-
-def _prefetch_families(prefetch: dict[str, Any]) -> Iterator[Metric]:
-    """The read-ahead after a hit's launch (cachemgr.runtime.prefetch); 0 until one ran."""
-    yield _counter(
-        "cachemgr_prefetch_bytes",
-        "Bytes read ahead into the page cache after a launch",
-        prefetch.get("bytes", 0),
-    )
-    yield _counter("cachemgr_prefetch_seconds", "Seconds the read-ahead ran", prefetch.get("seconds", 0.0))
-    yield _counter("cachemgr_prefetch_files", "Files the read-ahead read whole", prefetch.get("files", 0))
-    skipped = CounterMetricFamily(
-        "cachemgr_prefetch_skipped_files",
-        "Files the read-ahead left, by reason (server_read: the server got there first; "
-        "stopped:memory or stopped:budget: the memory budget; stopped:stop: SIGTERM or the server exited)",
-        labels=["reason"],
-    )
-    for reason, count in sorted(prefetch.get("skipped", {}).items()):
-        skipped.add_metric([reason], count)
-    yield skipped
-
-
-class RunCollector:
-    """Builds every cachemgr_* family at scrape time from the Metrics object, the state and the volume."""
-
-    def __init__(self, metrics: Metrics, state_dir: Path, volume: VolumeWatch) -> None:
-        self._metrics = metrics
-        self._state_dir = state_dir
-        self._volume = volume
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self._metrics.snapshot()
-        yield _counter("cachemgr_cache_hits", "Starts that found a published entry and used it", snap.hits)
-        yield _counter(
-            "cachemgr_cache_misses", "Lookups that found no usable entry (before the lease)", snap.misses
-        )
-        yield _counter("cachemgr_compiles", "Compiles this pod finished and published", snap.compiles)
-        yield _counter(
-            "cachemgr_compile_seconds", "Seconds spent in compiles that were published", snap.compile_seconds
-        )
-        yield _counter(
-            "cachemgr_saved_seconds",
-            "Compile seconds this pod's start did not spend: the entry's compile time on a hit, less the wait",
-            snap.saved_seconds,
-        )
-        yield _counter(
-            "cachemgr_lease_wait_seconds",
-            "Seconds spent waiting on another pod's compile lease",
-            snap.lease_wait_seconds,
-        )
-        yield _counter(
-            "cachemgr_damaged_entries", "Damaged entries found and moved to quarantine", snap.damaged
-        )
-        yield _counter(
-            "cachemgr_untrusted_entries",
-            "Entries not used because no trusted key signed them as they are (unsigned, another key, changed)",
-            snap.untrusted,
-        )
-        yield _counter(
-            "cachemgr_recompiled_on_hit",
-            "Hits after which the server compiled anyway: the key lacks an input the server hashes",
-            snap.recompiled_on_hit,
-        )
-        yield from _remote_families(snap.remote)
-        yield from _prefetch_families(snap.prefetch)
-        failures = CounterMetricFamily(
-            "cachemgr_failures",
-            "Failed runs by reason (kept in the state dir across container restarts of this pod)",
-            labels=["reason"],
-        )
-        for reason in sorted(set(FAILURE_REASONS) | set(snap.failures)):
-            failures.add_metric([reason], snap.failures.get(reason, 0))
-        yield failures
-        spent = CounterMetricFamily(
-            "cachemgr_phase_seconds", "Seconds spent in each phase, counted when it ends", labels=["phase"]
-        )
-        for phase in PHASES:
-            spent.add_metric([phase], snap.phase_seconds.get(phase, 0.0))
-        yield spent
-        yield from self._state_families(snap.phase)
-        yield from self._volume_families()
-
-    def _state_families(self, fallback_phase: str) -> Iterator[Metric]:
-        try:
-            state: State | None = read_state(self._state_dir)
-        except (OSError, ValueError, KeyError, TypeError):
-            state = None
-        current = state.phase if state is not None else fallback_phase
-        phase = GaugeMetricFamily(
-            "cachemgr_phase", "1 for the phase run is in, 0 for the others", labels=["phase"]
-        )
-        for name in PHASES:
-            phase.add_metric([name], 1.0 if name == current else 0.0)
-        yield phase
-        info = GaugeMetricFamily(
-            "cachemgr_info", "The cache key and entry of this run", labels=["version", "key", "entry"]
-        )
-        key = (state.key or "") if state else ""
-        info.add_metric([__version__, key, (state.entry or "") if state else ""], 1.0)
-        yield info
-        if state is None:
-            return
-        yield _gauge("cachemgr_phase_started_timestamp_seconds", "When the current phase began", state.since)
-        age = heartbeat_age(self._state_dir)
-        if age is not None:
-            yield _gauge("cachemgr_heartbeat_age_seconds", "Age of run's heartbeat file", age)
-        detail = state.detail
-        yield _gauge(
-            "cachemgr_compile_stalled",
-            "1 while a compile has shown no progress for --stall-timeout",
-            1.0 if stalled(state, time.time()) else 0.0,
-        )
-        if "no_progress_s" in detail:
-            yield _gauge(
-                "cachemgr_compile_no_progress_seconds",
-                "Seconds since the compile last used CPU, wrote or printed",
-                float(detail["no_progress_s"]),
-            )
-            yield _gauge(
-                "cachemgr_compile_staging_bytes",
-                "Bytes the compile has written to its staging directory so far",
-                float(detail.get("staging_bytes", 0)),
-            )
-
-    def _volume_families(self) -> Iterator[Metric]:
-        figures = self._volume.figures
-        for name, text, value in (
-            ("cachemgr_cache_bytes", "Bytes of published entries on the cache volume", figures.cache_bytes),
-            ("cachemgr_cache_entries", "Published entries on the cache volume", figures.entries),
-            ("cachemgr_volume_free_bytes", "Free bytes on the cache volume (statvfs)", figures.free_bytes),
-            ("cachemgr_volume_size_bytes", "Size of the cache volume in bytes (statvfs)", figures.size_bytes),
-            (
-                "cachemgr_volume_measured_timestamp_seconds",
-                "When the volume figures were last measured",
-                figures.measured_at,
-            ),
-        ):
-            if value is not None:
-                yield _gauge(name, text, float(value))
-
-
-def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(name, text, value=value)
-
-
-def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, text, value=value)
-
-
-def build_registry(metrics: Metrics, state_dir: Path, volume: VolumeWatch) -> CollectorRegistry:
-    """A registry of its own (not the global one): this run's families and the process's."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(metrics, state_dir, volume))
-    ProcessCollector(registry=registry)  # process_cpu_seconds_total, memory, open fds, start time
-    return registry
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 # --- HTTP -----------------------------------------------------------------------------------
 
 
+class _Connection:
+    """One accepted connection: its socket, its request's deadline, and whether it is answering one."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.deadline = time.monotonic() + REQUEST_SECONDS
+        self.answering = False
+
+    def left(self) -> float:
+        """Seconds left to the deadline; TimeoutError once it has passed."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline passed")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """Reads the socket with only the time left to the request's deadline: a client trickling
+    one byte a second does not get a fresh timeout with each byte."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._conn.sock.settimeout(self._conn.left())
+        return self._conn.sock.recv_into(buffer)
+
+
+class _ErrorLog:
+    """Failures while serving: counted, and one JSON event a minute at most."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._unsaid = 0
+        self._said_at: float | None = None
+
+    def note(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._count += 1
+            self._unsaid += 1
+            now = time.monotonic()
+            if self._said_at is not None and now - self._said_at < ERROR_EVENT_EVERY:
+                return
+            self._said_at, unsaid, self._unsaid = now, self._unsaid, 0
+        log.warning(
+            "status_port_errors",
+            error=f"{type(error).__name__}: {error}"[:200] if error is not None else "unknown",
+            errors=unsaid,
+            total=self._count,
+            note="a client of --status-port failed or misbehaved; the port serves on (one event a minute at most)",
+        )
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a stuck client must not hold up run's exit
+    # The listen backlog (socketserver's default is 5): during a burst of connections the kernel
+    # queues them while this thread accepts, rather than dropping SYNs (a probe then waits 1 s+).
+    request_queue_size = 128
 
     def __init__(
         self,
@@ -329,6 +142,9 @@ class _Server(ThreadingHTTPServer):
         self.metrics = metrics
         self.volume = volume
         self.registry = build_registry(metrics, state_dir, volume)
+        self.errors = _ErrorLog()
+        self._lock = threading.Lock()
+        self._open: OrderedDict[int, _Connection] = OrderedDict()  # by id(socket), oldest first
         host = "::" if family == socket.AF_INET6 else "0.0.0.0"  # noqa: S104  # kubelet and Prometheus come from outside
         super().__init__((host, port), _Handler)
 
@@ -341,10 +157,81 @@ class _Server(ThreadingHTTPServer):
         self.server_name = "cachemgr"
         self.server_port = int(self.server_address[1])
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread for the connection if it gets a place (MAX_CONNECTIONS), else closed at once."""
+        sock = cast(socket.socket, request)
+        if not self._admit(sock):
+            with contextlib.suppress(OSError):
+                sock.setblocking(False)
+                sock.send(_BUSY)
+            self.shutdown_request(sock)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # closes the socket at the end
+        finally:
+            with self._lock:
+                self._open.pop(id(request), None)
+
+    def _admit(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if len(self._open) >= MAX_CONNECTIONS:
+                waiting = next((c for c in self._open.values() if not c.answering), None)
+                if waiting is None:
+                    return False  # every place is answering a request: each ends by its deadline
+                # The oldest connection that has not sent its request gives its place: idle
+                # clients cannot keep the kubelet's probes out.
+                del self._open[id(waiting.sock)]
+                with contextlib.suppress(OSError):
+                    waiting.sock.shutdown(socket.SHUT_RDWR)  # its thread's read returns at once
+            self._open[id(sock)] = _Connection(sock)
+            return True
+
+    def connection(self, sock: socket.socket) -> _Connection:
+        with self._lock:
+            found = self._open.get(id(sock))
+        return found if found is not None else _Connection(sock)
+
+    def answering(self, conn: _Connection, *, now: bool) -> None:
+        """``now``: its request has arrived (it keeps its place); else it waits for the next one."""
+        with self._lock:
+            conn.answering = now
+            if not now:
+                conn.deadline = time.monotonic() + REQUEST_SECONDS
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """socketserver prints a traceback to stderr here: one counted event instead."""
+        self.errors.note(sys.exc_info()[1])
+
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = f"cachemgr/{__version__}"
     protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        self._conn = cast(_Server, self.server).connection(self.connection)
+        self.rfile.close()  # makefile's reader holds the socket open until closed
+        self.rfile = io.BufferedReader(_DeadlineReader(self._conn))
+
+    def handle_one_request(self) -> None:
+        server = cast(_Server, self.server)
+        server.answering(self._conn, now=False)  # a fresh deadline for the next request
+        try:
+            super().handle_one_request()
+        except OSError as error:
+            # The client went away mid-request, or its place went to a newer connection, or the
+            # deadline passed while writing: counted, never a traceback.
+            server.errors.note(error)
+            self.close_connection = True
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed:
+            cast(_Server, self.server).answering(self._conn, now=True)
+        return parsed
 
     def do_GET(self) -> None:
         server = cast(_Server, self.server)
@@ -376,6 +263,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
         if not getattr(self, "_head_only", False):
+            # sendall's timeout bounds the whole write (Python 3.5+): a client that never reads
+            # the answer is given only the time left.
+            self.connection.settimeout(self._conn.left())
             self.wfile.write(body)
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -3,7 +3,7 @@
 A published entry is immutable, so its users and its last use are recorded under
 ``usage/<digest>/``: one file per running pod, refreshed by a heartbeat and removed on exit,
 and a ``last-used`` file touched at each start. Failed compiles are recorded under
-``failures/<digest>/`` for inspection and never replayed.
+``failures/<digest>/`` for inspection and never replayed (cachemgr.volume.failure_records).
 
 Whether a use record belongs to a live pod (docs/design.md principle 6: no decision depends on
 clocks agreeing across nodes). A record's mtime is set by whoever wrote it last, and that
@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, atomic_write_json_at, read_json, touch_at
+from cachemgr.core.fsutil import atomic_write_json_at, read_json, touch_at
 
 # Re-exported (the "as" form is mypy's explicit re-export): the heartbeat moved out of this
 # module, and cachemgr.remote.hooks and cachemgr.ops.progress still import them from here.
@@ -415,33 +415,3 @@ def last_used(root: CacheRoot, digest: str) -> float | None:
         return (root.usage / digest / "last-used").stat().st_mtime
     except FileNotFoundError:
         return None
-
-
-# --- failures ------------------------------------------------------------------------------
-
-
-def record_failure(
-    root: CacheRoot, digest: str, identity: PodIdentity, record: Mapping[str, Any]
-) -> Path | None:
-    """Keep a failed attempt's story (time, code, output tail). Best effort: the volume may be full."""
-    folder = root.failures / digest
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    path = folder / f"{stamp}.{identity.file_stem}.json"
-    try:
-        safefs.make_dirs(root.path, folder)
-        atomic_write_json(path, {**identity.to_json(), "time": time.time(), **record}, within=root.path)
-    except OSError:
-        return None
-    return path
-
-
-def failures(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
-    folder = root.failures / digest
-    found: list[dict[str, Any]] = []
-    with contextlib.suppress(safefs.UnsafePathError):  # a symlink there: nothing of ours to read
-        for name in safefs.listdir(root.path, folder):
-            with contextlib.suppress(OSError, ValueError):
-                data = read_json(folder / name)
-                if isinstance(data, dict):
-                    found.append(data)
-    return found

@@ -1,7 +1,8 @@
 """STAND-IN for the RBLN compiler (rebel-compiler / optimum-rbln export). Not the real tool.
 
 ``python -m cachemgr_standin.compiler --output-dir DIR [--model M] [--files N] [--bytes TOTAL]
-[--seconds S] [--record FILE] [--fail-with CODE] [--quota-exceeded] [--hang] [--any-key VALUE ...]``
+[--seconds S] [--record FILE] [--fail-with CODE] [--quota-exceeded] [--hang] [--long-line SIZE]
+[--progress-bar] [--any-key VALUE ...]``
 
 Writes N deterministic ``*.rbln`` files (the later half under ``submodule/``) totalling TOTAL bytes,
 then ``rbln_config.json`` last, so DIR becomes a compiled model directory that the stand-in server
@@ -251,9 +252,29 @@ def record_event(record: str | None, event: str, **fields: Any) -> None:
     append_line(record, json.dumps(payload, sort_keys=True))
 
 
-def progress(index: int, total: int, suffix: str = "") -> None:
-    """Printed as graph ``index`` starts, so a watcher sees work begin, not only end."""
+def progress(index: int, total: int, suffix: str = "", *, bar: bool = False) -> None:
+    """Printed as graph ``index`` starts, so a watcher sees work begin, not only end.
+
+    ``bar``: drawn as a terminal progress bar (tqdm's way): each frame starts with ``\r`` and
+    none ends the line until the last graph is done, so a reader waiting for a newline sees nothing.
+    """
+    if bar:
+        sys.stdout.write(
+            f"\r[standin] compiling graph {index}/{total}{suffix} [{'#' * index}{'.' * (total - index)}]"
+        )
+        sys.stdout.flush()
+        return
     print(f"[standin] compiling graph {index}/{total}{suffix}", flush=True)
+
+
+def print_long_line(size: int) -> None:
+    """``size`` bytes on stdout with no newline, as a compiler dumping a tensor's values prints them."""
+    piece = b"0.0000, " * (_CHUNK // 8)
+    left = size
+    while left > 0:
+        sys.stdout.buffer.write(piece[:left])
+        left -= min(left, len(piece))
+    sys.stdout.buffer.flush()
 
 
 def spend(seconds: float) -> None:
@@ -409,7 +430,7 @@ def named_graphs(config: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 def write_compiled_dir(
-    out_dir: Path, spec: CompileSpec, faults: Faults, *, fault_dir: Path | None = None
+    out_dir: Path, spec: CompileSpec, faults: Faults, *, fault_dir: Path | None = None, bar: bool = False
 ) -> None:
     """Compile graph by graph into ``out_dir``; ``rbln_config.json`` goes last, so the directory
     counts as compiled only once every ``.rbln`` file is in it.
@@ -422,13 +443,15 @@ def write_compiled_dir(
     per_graph = spec.seconds / spec.files
     listed: list[dict[str, Any]] = []
     for index, (name, size) in enumerate(zip(names, sizes, strict=True), start=1):
-        progress(index, spec.files)
+        progress(index, spec.files, bar=bar)
         spend(per_graph)
         sha = write_artifact(out_dir / name, artifact_seed(spec.model, spec.signature, name), size)
         listed.append({"path": name, "size": size, "sha256": sha})
         if index == fault_point(spec.files) and faults.any():
             following = names[index] if index < len(names) else RBLN_CONFIG
             fire_faults(faults, str((fault_dir or out_dir) / following))
+    if bar:
+        print(flush=True)  # the bar's line ends once every graph is done
     (out_dir / RBLN_CONFIG).write_text(rbln_config_text(spec, listed), encoding="utf-8")
 
 
@@ -496,6 +519,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--fail-with", type=int, default=None, metavar="CODE")
     parser.add_argument("--quota-exceeded", action="store_true")
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument(
+        "--long-line", default=None, metavar="SIZE", help="first print SIZE bytes without a newline (64M)"
+    )
+    parser.add_argument("--progress-bar", action="store_true", help="draw progress as a \\r bar, not lines")
     return parser
 
 
@@ -535,7 +562,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     record_event(ns.record, "compile", output_dir=str(out_dir), argv=args)
     faults = Faults(exit_code=ns.fail_with, quota_exceeded=ns.quota_exceeded, hang=ns.hang)
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_compiled_dir(out_dir, spec, faults)
+    if ns.long_line is not None:
+        print_long_line(parse_size(ns.long_line))
+    write_compiled_dir(out_dir, spec, faults, bar=ns.progress_bar)
     digest, files, size = load_compiled_dir(out_dir)
     record_event(ns.record, "compiled", output_dir=str(out_dir), digest=digest, files=files, bytes=size)
     print(f"[standin] compiled {spec.model} into {out_dir} ({files} files, {size} bytes, digest {digest})")

@@ -1,0 +1,278 @@
+"""A child's output, read in bounded chunks: every byte passed on as it comes, a bounded tail kept.
+
+A compiler may print anything: a 60 MB line with no newline (a dumped tensor, a progress bar
+redrawn with ``\\r`` for an hour). Reading it line by line (``readline``) holds the whole line
+in memory, and a ``\\r`` bar reaches the pod's log only at the next newline. So output is read
+as it arrives, at most :data:`CHUNK_BYTES` at a time, written through to the same stream (whole
+lines at once, an open one after a moment of silence: :class:`Pump`), and split here into *kept*
+lines for the tail: each at most :data:`LINE_BYTES` (the rest is counted and marked as cut), a
+lone ``\\r`` starting the line over as a terminal shows it. Memory is a chunk or two, one line
+per stream and the tail, whatever the child prints.
+
+The disk-full phrases are looked for in the bytes themselves, not in the kept lines, with the
+end of the previous chunk carried over: a phrase split across two reads, or lying past the
+cut of a long line, is still seen.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import select
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import IO
+
+from cachemgr.core.log import terminal_guard
+
+CHUNK_BYTES = 64 << 10
+LINE_BYTES = 4 << 10  # a kept line (the tail, the failure record); what is past it is counted, not kept
+TAIL_LINES = 40
+HOLD_SECONDS = 0.1  # an open line waits this long for its newline before it is passed on anyway
+CUT_MARK = " [... {cut} bytes cut]"
+_CONTEXT = 160  # of a disk-full phrase found past a line's cut: the text shown around it
+_CARRY = 64  # longer than any disk-full phrase
+
+
+class Tail:
+    """What the streams of one child share: the last kept lines, their count, the disk-full line."""
+
+    def __init__(self, *, lines: int = TAIL_LINES) -> None:
+        self.lines: deque[str] = deque(maxlen=lines)
+        self.count = 0
+        self.bytes = 0
+        self.disk_full_line: str | None = None
+        self.lock = threading.Lock()
+
+
+class LineKeeper:
+    """One stream's bytes to kept lines in a shared :class:`Tail`: bounded, ``\\r`` overwrites.
+
+    ``phrases`` (lower case) are looked for in the output lowered (``bytes.lower`` and
+    ``bytes.find``: several times faster than a case-insensitive regex over everything printed).
+    """
+
+    def __init__(self, tail: Tail, phrases: Sequence[bytes], *, line_bytes: int = LINE_BYTES) -> None:
+        self._tail = tail
+        self._phrases = tuple(phrases)
+        self._line_bytes = line_bytes
+        self._line = bytearray()
+        self._cut = 0
+        self._pending_cr = False
+        self._carry = b""
+        # The bytes around a disk-full phrase, until its line ends; and how many more the next
+        # chunk may add (the phrase came at the end of a read).
+        self._seen: bytes | None = None
+        self._room = 0
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next bytes (call under the tail's lock); True when they name a full disk."""
+        self._tail.bytes += len(chunk)
+        found = self._look(chunk)
+        first = chunk.find(b"\n")
+        resume = self._resume_at(chunk, first)
+        if resume is None:
+            self._split(chunk)
+        else:
+            self._split(chunk[: first + 1])
+            self._tail.count += chunk.count(b"\n", first + 1, resume)
+            self._split(chunk[resume:])
+        return found
+
+    def _resume_at(self, chunk: bytes, first: int) -> int | None:
+        """Where the lines the tail can still show begin, when more lines than it holds end in this
+        chunk: those before are only counted (a compiler printing 100 MB of short lines costs a
+        count per chunk, not Python work per line). None: every line of the chunk is taken."""
+        if first < 0 or (self._seen is not None and self._tail.disk_full_line is None):
+            return None  # a disk-full phrase waits for its line to end: take every line
+        at = len(chunk)
+        for _ in range((self._tail.lines.maxlen or 0) + 1):
+            at = chunk.rfind(b"\n", first + 1, at)
+            if at < 0:
+                return None
+        return at + 1
+
+    def _split(self, chunk: bytes) -> None:
+        start = 0
+        for index in _newlines(chunk):
+            self._segment(chunk[start:index])
+            self._pending_cr = False  # \r\n is one end of line
+            self._finish()
+            start = index + 1
+        self._segment(chunk[start:])
+
+    def _segment(self, part: bytes) -> None:
+        """Bytes without a newline. A lone \r starts the line over once more bytes come (a bar's
+        next frame): only what follows the last \r that has bytes after it is the line."""
+        text = part.rstrip(b"\r")
+        last = text.rfind(b"\r")
+        if last >= 0:
+            self._line.clear()
+            self._cut = 0
+            self._pending_cr = False
+            text = text[last + 1 :]
+        self._add(text)
+        if len(text) < len(part) - (last + 1 if last >= 0 else 0):
+            self._pending_cr = True  # it ended with \r: the next bytes start the line over
+
+    def close(self) -> None:
+        """End of the stream: a last line without a newline (a bar's final frame) is kept too."""
+        if self._line or self._cut:
+            self._finish()
+        if self._seen is not None and self._tail.disk_full_line is None:
+            self._tail.disk_full_line = self._seen_text()
+
+    def disk_full_text(self) -> str | None:
+        """What names the full disk so far: its line once ended, else the text around the phrase."""
+        return self._tail.disk_full_line or (self._seen_text() if self._seen is not None else None)
+
+    def _seen_text(self) -> str:
+        return (self._seen or b"").decode(errors="replace").strip()
+
+    def _add(self, part: bytes) -> None:
+        if not part:
+            return
+        if self._pending_cr:
+            # A lone \r: the line starts over, as the terminal shows it (a progress bar's next frame).
+            self._pending_cr = False
+            self._line.clear()
+            self._cut = 0
+        room = max(0, self._line_bytes - len(self._line))
+        self._line += part[:room]
+        self._cut += max(0, len(part) - room)
+
+    def _finish(self) -> None:
+        text = self._line.decode(errors="replace").rstrip()
+        if self._seen is not None and self._tail.disk_full_line is None:
+            if _find(self._line.lower(), self._phrases) is not None:
+                self._tail.disk_full_line = text.strip()
+            elif self._cut:
+                self._tail.disk_full_line = self._seen_text()  # the phrase lay past the cut
+        if self._cut:
+            text += CUT_MARK.format(cut=self._cut)
+        self._tail.count += 1
+        self._tail.lines.append(text)
+        self._line.clear()
+        self._cut = 0
+        self._pending_cr = False
+
+    def _look(self, chunk: bytes) -> bool:
+        if self._tail.disk_full_line is not None:
+            return False
+        if self._seen is not None:
+            more = chunk[: self._room]
+            self._seen += _first_line(more)  # the rest of the phrase's neighbourhood
+            self._room = 0 if _LINE_ENDS.search(more) else max(0, self._room - len(chunk))
+            return False
+        window = self._carry + chunk
+        self._carry = window[-_CARRY:]
+        found = _find(window.lower(), self._phrases)
+        if found is None:
+            return False
+        start, end = found
+        head = _LINE_ENDS.split(window[max(0, start - _CONTEXT) : start])
+        after = window[start : end + _CONTEXT]
+        self._seen = (b"" if len(head) > 1 else b"... ") + head[-1] + _first_line(after)
+        self._room = 0 if _LINE_ENDS.search(after) else _CONTEXT - (len(after) - (end - start))
+        return True
+
+
+_LINE_ENDS = re.compile(rb"[\r\n]")
+
+
+def _find(lowered: bytes | bytearray, phrases: tuple[bytes, ...]) -> tuple[int, int] | None:
+    """(start, end) of the first phrase found in ``lowered``; None if there is none."""
+    hits = [(at, at + len(p)) for p in phrases if (at := lowered.find(p)) >= 0]
+    return min(hits) if hits else None
+
+
+def _first_line(data: bytes) -> bytes:
+    return _LINE_ENDS.split(data, maxsplit=1)[0]
+
+
+def _newlines(chunk: bytes) -> list[int]:
+    """Offsets of \n, found by the regex engine (no Python step per byte)."""
+    return [m.start() for m in _NEWLINE.finditer(chunk)]
+
+
+_NEWLINE = re.compile(rb"\n")
+
+
+class Pump:
+    """Reads one stream of a child in bounded chunks until it ends: every byte goes to ``sink``,
+    and through a :class:`LineKeeper` into the shared tail.
+
+    What ends in a newline is written at once. A line still open at the end of a read is held
+    until its newline comes, for at most :data:`HOLD_SECONDS` of silence and :data:`CHUNK_BYTES`:
+    so lines reach the log whole, never with one of cachemgr's own log events (same stream)
+    spliced into them, as line-by-line reading kept them; and a \r bar's frame, which ends no
+    line, still reaches the log as it is drawn (the child falls silent after each frame).
+    """
+
+    def __init__(self, stream: IO[bytes], sink: IO[str], keeper: LineKeeper, tail: Tail) -> None:
+        self._stream = stream
+        self._sink = sink
+        self.keeper = keeper
+        self._tail = tail
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._out = getattr(sink, "buffer", None)
+        self._held = b""
+
+    def run(self, disk_full: threading.Event) -> None:
+        fd = self._stream.fileno()
+        try:
+            while True:
+                if self._held and not _readable(fd, HOLD_SECONDS):
+                    self._write(self._held)  # the child fell silent mid-line: a frame, a prompt
+                    self._held = b""
+                chunk = _read(fd)
+                if not chunk:
+                    break
+                self._pass_on(chunk)
+                with self._tail.lock:
+                    found = self.keeper.feed(chunk)
+                if found:
+                    disk_full.set()
+        finally:
+            self._write(self._held)
+            with self._tail.lock:
+                self.keeper.close()
+            self._stream.close()
+
+    def _pass_on(self, chunk: bytes) -> None:
+        data = self._held + chunk
+        end = data.rfind(b"\n") + 1
+        if len(data) - end > CHUNK_BYTES:
+            end = len(data)  # a long open line goes on as it comes: memory stays one chunk or two
+        self._write(data[:end])
+        self._held = data[end:]
+
+    def _write(self, data: bytes) -> None:
+        if not data:
+            return
+        with contextlib.suppress(OSError, ValueError), terminal_guard():
+            if self._out is not None:
+                self._out.write(data)
+                self._out.flush()
+            else:
+                self._sink.write(self._decoder.decode(data))
+                self._sink.flush()
+
+
+def _readable(fd: int, seconds: float) -> bool:
+    try:
+        ready, _, _ = select.select([fd], [], [], seconds)
+    except (OSError, ValueError):
+        return True  # let the read say what is wrong
+    return bool(ready)
+
+
+def _read(fd: int) -> bytes:
+    """The next chunk; b"" at the end, or when the pipe fails (the child is gone either way)."""
+    try:
+        return os.read(fd, CHUNK_BYTES)
+    except OSError:
+        return b""
