@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cachemgr.core.fsutil import remove_tree
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import release as release_logs
 from cachemgr.runtime import failures, launcher
@@ -37,15 +38,18 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         pod.state.phase("stopped", exit_code=0, published=True)
         return 0
     views = pod.options.state_dir / "views"
-    view = _view(views, found)
-    argv, env = strategy.server_launch(key, view)
-    env["CACHEMGR_ARTIFACT_DIR"] = str(view)
+    view = _view(pod, views, found)
     url = pod.health_url(key)
-    pod.state.update(health_url=url)
-    pod.state.phase("launching", entry=found.path.name)
-    log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
-    child = launcher.start(argv, env=env, capture=False, what="server")
-    pod.relay.attach(child)
+    try:
+        argv, env = strategy.server_launch(key, view)
+        env["CACHEMGR_ARTIFACT_DIR"] = str(view)
+        pod.state.update(health_url=url)
+        pod.enter("launching", entry=found.path.name)  # a signal since the lookup ends the run here
+        log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
+        child = pod.relay.spawn(lambda: launcher.start(argv, env=env, capture=False, what="server"))
+    except BaseException:
+        remove_tree(view.parent)  # no server will read it
+        raise
     read_ahead = None if pod.options.prefetch == "off" else _read_ahead(pod, root, found, child.pid)
     release_logs()
     watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
@@ -61,10 +65,12 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     return code
 
 
-def _view(views: Path, found: Lookup) -> Path:
+def _view(pod: Pod, views: Path, found: Lookup) -> Path:
     assert found.manifest is not None
     try:
-        return build_view(views, found.path, found.manifest)
+        return build_view(views, found.path, found.manifest, stop=pod.relay.stop)
+    except InterruptedError:
+        raise failures.interrupted(pod.relay) from None  # SIGTERM while the view was built
     except OSError as error:
         raise failures.view_failed(error, views, files=len(found.manifest.files)) from error
 

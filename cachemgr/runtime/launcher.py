@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from cachemgr.core.errors import ConfigError
+from cachemgr.core.errors import ConfigError, Interrupted
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.log import terminal_guard
 from cachemgr.core.procs import Flag, StopFlag
@@ -59,17 +59,21 @@ def become_subreaper() -> bool:
 
 
 class SignalRelay:
-    """Termination signals stop cachemgr's own work and reach the attached child.
+    """Termination signals stop cachemgr's own work and reach the server once it runs.
 
     Handlers run in the main thread; they only forward the signal and set a lock-free flag,
     so waiting code notices it and cleans up in the normal flow (staging removed, lease
-    released).
+    released). Before the server runs, :meth:`check` is where the flow ends on a signal: every
+    phase is entered through it (the runner's ``enter``), and :meth:`spawn` starts the server
+    only through it, so no server is started after a termination signal.
     """
 
     def __init__(self) -> None:
         self.stop = StopFlag()
         self.received: int | None = None
         self._child: subprocess.Popen[bytes] | None = None
+        self._starting = False  # inside spawn(): a signal now is kept for the child being started
+        self._pending: list[int] = []
         self._previous: dict[int, Any] = {}
 
     def install(self) -> SignalRelay:
@@ -82,17 +86,51 @@ class SignalRelay:
             signal.signal(signum, handler)
         self._previous.clear()
 
+    def check(self) -> None:
+        """Raise :class:`Interrupted` once a termination signal arrived while no server runs.
+
+        With a server attached (a ``vllm`` compile serves as it compiles) the signal was forwarded
+        to it, and the flow follows the server's exit instead.
+        """
+        if self.stop.is_set() and self._child is None:
+            raise Interrupted(self.received or signal.SIGTERM)
+
+    def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        """Start the server with ``start()`` and attach it, unless a termination signal came first.
+
+        A signal that arrives after the check, while the child is being started, is kept and
+        forwarded as soon as the child is attached: it never runs unsignalled.
+        """
+        self._starting = True
+        try:
+            self.check()
+            child = start()
+            self._child = child  # from here on the handler forwards by itself
+        finally:
+            self._starting = False
+        pending, self._pending = self._pending, []
+        for signum in pending:
+            self._forward(child, signum)
+        return child
+
     def attach(self, child: subprocess.Popen[bytes] | None) -> None:
         self._child = child
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        child = self._child
-        if child is not None and child.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signum)
         if signum in _TERMINATING:
             self.received = signum
             self.stop.set()
+        child = self._child
+        if child is not None:
+            self._forward(child, signum)
+        elif self._starting:
+            self._pending.append(signum)
+
+    @staticmethod
+    def _forward(child: subprocess.Popen[bytes], signum: int) -> None:
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
 
 
 class OutputWatch:

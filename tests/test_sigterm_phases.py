@@ -1,0 +1,200 @@
+"""SIGTERM in every phase before the server starts.
+
+Issue 26 item 3: a termination signal received during key resolution, a lookup, the view's
+build, a wait on a peer (even as the peer publishes), or a publish ends the run with 128+N and
+the documented message, staging removed, lease released, and no server is started after it.
+
+Each test waits on a condition that puts the pod in the phase (its state record, its open
+files, a stopped process), never on a sleep; the stand-in server prints its banner first
+thing, so "no server" is checked on the pod's own log as well as on its events.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
+from cachemgr_testkit.scenarios import assert_clean_after_failure, compile_cmd, entry_dirs, server_argv
+
+from cachemgr.core.errors import Interrupted
+from cachemgr.volume.manifest import ARTIFACTS
+
+SERVER_BANNER = "STAND-IN vllm server"
+TERM = 128 + signal.SIGTERM
+
+
+def _compile(*, files: int, size: str, seconds: float = 0.2) -> list[str]:
+    command = (
+        f"{STANDIN_COMPILER} --output-dir {{output_dir}} --model m --files {files} --bytes {size} "
+        f"--seconds {seconds}"
+    )
+    return ["--strategy", "command", "--compile-cmd", command]
+
+
+def _warm(pods: Cluster, root: Path, options: list[str]) -> None:
+    warm = pods.start(
+        f"warm-{len(pods.pods)}", server_argv(free_port()), cache_root=root, command="warm", options=options
+    )
+    assert warm.wait_exit(timeout=120) == 0, warm.tail()
+
+
+def _events(pod: Pod, event: str) -> list[dict[str, Any]]:
+    return [e for e in pod.log_events() if e.get("event") == event]
+
+
+def _assert_stopped_before_any_server(pod: Pod, *, within: float = 30) -> None:
+    """Exit 143 with the documented line, and no server: no launch event, no server banner."""
+    code = pod.wait_exit(timeout=within)
+    assert code == TERM, pod.tail()
+    assert not _events(pod, "launching"), pod.tail()
+    assert SERVER_BANNER not in pod.log.read_text(errors="replace"), "a server started after SIGTERM"
+    state = pod.state()
+    assert state["phase"] == "failed", state
+    assert state["detail"]["exit_code"] == TERM, state
+    expected = Interrupted(signal.SIGTERM).one_line()
+    assert (pod.state_dir / "termination-log").read_text() == expected
+    (failed,) = _events(pod, "failed")
+    assert failed["reason"] == "interrupted"
+    assert failed["message"] == expected
+
+
+def _open_in(pid: int, folder: Path) -> bool:
+    """``pid`` has a file under ``folder`` open now (its /proc fd links)."""
+    prefix = str(folder.resolve()) + os.sep
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}").startswith(prefix):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+# --- the lookup ---------------------------------------------------------------------------------
+
+
+def test_sigterm_during_a_full_verify_of_a_large_entry_ends_the_check(
+    pods: Cluster, juicefs_volume_factory: Any
+) -> None:
+    """``--verify full`` reads every byte: 8 MiB over a volume that delivers 1 MB/s takes 8 s.
+    SIGTERM while it reads ends the check after the file at hand, not after the whole entry."""
+    mounts = juicefs_volume_factory(mounts=2, extra_mount_args=["--download-limit=8"])  # Mbps
+    options = _compile(files=8, size="8M")
+    _warm(pods, mounts[0], options)  # written through one node: the other reads it cold
+    (entry,) = entry_dirs(mounts[1])
+    pod = pods.start(
+        "full", server_argv(free_port()), cache_root=mounts[1], options=[*options, "--verify", "full"]
+    )
+    wait_for(lambda: _open_in(pod.proc.pid, entry / ARTIFACTS), what="the full check to read the entry")
+    sent = time.monotonic()
+    pod.signal(signal.SIGTERM)
+    _assert_stopped_before_any_server(pod)
+    took = time.monotonic() - sent
+    assert took < 5, f"{took:.1f}s: the check went on after SIGTERM"
+
+
+# --- the view -----------------------------------------------------------------------------------
+
+
+def test_sigterm_while_the_view_is_built_removes_it_and_starts_no_server(
+    pods: Cluster, tmpfs_small: Any
+) -> None:
+    """A view takes a link per file: 12,000 files take about a second to link."""
+    root = tmpfs_small(256 << 20)  # fsync is free there: publishing 12,000 files takes no minute
+    options = _compile(files=12000, size="12000")
+    _warm(pods, root, options)
+    pod = pods.start("view", server_argv(free_port()), cache_root=root, options=options)
+    views = pod.state_dir / "views"
+    wait_for(lambda: views.is_dir() and any(views.iterdir()), what="the view's build to begin", every=0.01)
+    pod.signal(signal.SIGTERM)
+    _assert_stopped_before_any_server(pod)
+    assert list(views.iterdir()) == [], "the half-built view is removed"
+    assert list((root / "usage").rglob("view.*")) == [], "its use record is released"
+
+
+# --- waiting on a peer --------------------------------------------------------------------------
+
+
+def test_sigterm_as_the_peer_publishes_starts_no_server(pods: Cluster, root: Path) -> None:
+    """The waiter is frozen (SIGSTOP) while its peer publishes and SIGTERM arrives: when it runs
+    again it sees both, the entry and the signal, and the signal wins."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl", seconds=2.0)]
+    holder = pods.start("holder", server_argv(free_port()), cache_root=root, options=options)
+    holder.wait_phase("compiling")
+    waiter = pods.start("waiter", server_argv(free_port()), cache_root=root, options=options)
+    waiter.wait_phase("waiting")
+    waiter.signal(signal.SIGSTOP)
+    try:
+        holder.wait_phase("serving")  # published
+        waiter.signal(signal.SIGTERM)  # pending until it runs again
+    finally:
+        waiter.signal(signal.SIGCONT)
+    _assert_stopped_before_any_server(waiter)
+    assert list((root / "usage").rglob("waiter.*")) == []
+    assert list((root / "staging").rglob("waiter.*")) == []
+    assert holder.phase == "serving", "the publisher is unaffected"
+
+
+def test_on_miss_fail_waiting_for_a_warm_job_stops_on_sigterm_as_it_publishes(
+    pods: Cluster, root: Path
+) -> None:
+    """The same race in the wait of ``--on-miss fail`` (a pod that waits for a warm Job)."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl", seconds=2.0)]
+    job = pods.start("job", server_argv(free_port()), cache_root=root, options=options, command="warm")
+    wait_for(
+        lambda: read_jsonl(pods.work / "c.jsonl"), what="the warm Job's compile"
+    )  # warm keeps no state record
+    waiter = pods.start(
+        "waiter", server_argv(free_port()), cache_root=root, options=[*options, "--on-miss", "fail"]
+    )
+    waiter.wait_phase("waiting")
+    waiter.signal(signal.SIGSTOP)
+    try:
+        assert job.wait_exit() == 0, job.tail()
+        waiter.signal(signal.SIGTERM)
+    finally:
+        waiter.signal(signal.SIGCONT)
+    _assert_stopped_before_any_server(waiter)
+
+
+# --- publishing ---------------------------------------------------------------------------------
+
+
+def test_sigterm_while_publishing_keeps_the_entry_and_starts_no_server(pods: Cluster, root: Path) -> None:
+    """``--strategy command`` hashes and fsyncs every file as it publishes: 1,500 files take a
+    while. A publish under way completes (the compile is kept for the peers), then the run stops."""
+    options = _compile(files=1500, size="1500")
+    pod = pods.start("pub", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("publishing", "launching", "serving")
+    assert pod.phase == "publishing", "the publish was over before it could be seen"
+    pod.signal(signal.SIGTERM)
+    _assert_stopped_before_any_server(pod)
+    assert len(entry_dirs(root)) == 1, "the published entry stays"
+    assert_clean_after_failure(root)  # no staging, the lease released, no use record
+
+
+# --- key resolution -----------------------------------------------------------------------------
+
+
+def test_sigterm_while_the_key_is_resolved_starts_no_server(pods: Cluster, root: Path) -> None:
+    """The key asks the NPU its name (a slow driver: seconds) before anything else."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
+    _warm(pods, root, options)
+    asked = pods.work / "npu-asked"
+    node = _npu_node(pods.work, asked=asked, seconds=3)
+    pod = pods.start("key", server_argv(free_port()), cache_root=root, options=options, env=node)
+    wait_for(asked.exists, what="the NPU query")
+    pod.signal(signal.SIGTERM)
+    _assert_stopped_before_any_server(pod, within=45)
+
+
+def _npu_node(work: Path, *, asked: Path, seconds: float) -> dict[str, str]:
+    return {**npu_node(work), "STANDIN_NPU_QUERY_SECONDS": str(seconds), "STANDIN_NPU_QUERY_MARK": str(asked)}
