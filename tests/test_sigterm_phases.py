@@ -1,8 +1,10 @@
-"""SIGTERM in every phase before the server starts.
+"""SIGTERM in every phase before the server starts, and a server that dies at launch.
 
 Issue 26 item 3: a termination signal received during key resolution, a lookup, the view's
 build, a wait on a peer (even as the peer publishes), or a publish ends the run with 128+N and
 the documented message, staging removed, lease released, and no server is started after it.
+Issue 24 item 3: a server that exits before it is ready on a hit is an error (the ``failed``
+event, reason ``server-failed``) whose termination message carries its exit code and last lines.
 
 Each test waits on a condition that puts the pod in the phase (its state record, its open
 files, a stopped process), never on a sleep; the stand-in server prints its banner first
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,7 @@ from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, n
 from cachemgr_testkit.scenarios import assert_clean_after_failure, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.core.errors import Interrupted
+from cachemgr.runtime.launcher import TAIL_LINE_BYTES, TAIL_LINES, OutputTail
 from cachemgr.volume.manifest import ARTIFACTS
 
 SERVER_BANNER = "STAND-IN vllm server"
@@ -198,3 +202,120 @@ def test_sigterm_while_the_key_is_resolved_starts_no_server(pods: Cluster, root:
 
 def _npu_node(work: Path, *, asked: Path, seconds: float) -> dict[str, str]:
     return {**npu_node(work), "STANDIN_NPU_QUERY_SECONDS": str(seconds), "STANDIN_NPU_QUERY_MARK": str(asked)}
+
+
+# --- a server that dies at launch ---------------------------------------------------------------
+
+
+def test_a_server_that_dies_before_it_is_ready_is_an_error_with_its_code_and_last_lines(
+    pods: Cluster, root: Path
+) -> None:
+    """A byte of the entry changed, its size and mtime kept: cachemgr's fast check passes, the
+    server refuses the file. The run ends with the server's code, said as an error."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
+    _warm(pods, root, options)
+    (entry,) = entry_dirs(root)
+    victim = sorted((entry / ARTIFACTS).rglob("*.rbln"))[0]
+    before = victim.stat()
+    os.chmod(victim, 0o644)
+    with victim.open("r+b") as handle:
+        handle.seek(before.st_size // 2)
+        byte = handle.read(1)
+        handle.seek(before.st_size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(victim, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.chmod(victim, before.st_mode)
+
+    pod = pods.start("crash", server_argv(free_port()), cache_root=root, options=options)
+    code = pod.wait_exit()
+    assert code == 1, pod.tail()  # Python's code for an uncaught exception: the server's own
+    log = pod.log.read_text(errors="replace")
+    assert "truncated or damaged (stand-in check)" in log, "the server's output still reaches the pod log"
+    (failed,) = _events(pod, "failed")
+    assert failed["level"] == "error", failed
+    assert failed["reason"] == "server-failed", failed
+    assert failed["exit_status"] == 1
+    assert failed["signal"] is None
+    assert any("truncated or damaged" in line for line in failed["last_lines"]), failed
+    assert len(failed["last_lines"]) <= TAIL_LINES
+    termination = (pod.state_dir / "termination-log").read_text()
+    first, *rest = termination.splitlines()
+    assert first.startswith("the server exited with code 1 before it was ready"), first
+    assert any("truncated or damaged" in line for line in rest), termination
+    assert pod.state()["phase"] == "failed"
+
+
+def test_a_server_killed_by_its_own_signal_is_named_and_a_stop_of_the_pod_is_no_failure(
+    pods: Cluster, root: Path
+) -> None:
+    """SIGTERM forwarded to a loading server: the pod was stopped, the launch did not fail."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
+    _warm(pods, root, options)
+    pod = pods.start(
+        "loading",
+        server_argv(free_port()),
+        cache_root=root,
+        options=options,
+        env={"STANDIN_LOAD_SECONDS": "60"},
+    )
+    pod.wait_phase("launching")
+    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0, pod.tail()  # the stand-in ends gracefully on SIGTERM
+    assert not _events(pod, "failed")
+    assert pod.state()["phase"] == "stopped"
+
+
+# --- the tail kept of the server's output -------------------------------------------------------
+
+
+def test_the_kept_tail_is_bounded_whatever_the_server_prints() -> None:
+    tail = OutputTail()
+    tail.feed(b"x" * (8 << 20))  # 8 MiB without a newline
+    tail.feed(b"y" * (8 << 20) + b"\n")
+    for i in range(1000):
+        tail.feed(f"line {i}\n".encode())
+    tail.feed(b"loading 10%\rloading 55%\rloading 100%")
+    lines = tail.lines()
+    assert len(lines) <= TAIL_LINES + 1
+    assert all(len(line.encode()) <= TAIL_LINE_BYTES for line in lines)
+    assert lines[-2:] == ["line 999", "loading 100%"]
+    whole = OutputTail()
+    whole.feed(b"z" * (8 << 20) + b"\nok\n")
+    assert whole.lines() == ["z" * TAIL_LINE_BYTES, "ok"]
+
+
+def test_every_byte_the_server_prints_reaches_the_pod_log(pods: Cluster, root: Path) -> None:
+    """The tail is kept beside the pass-through: many lines, a long line, no newline at the end.
+
+    The "server" prints once cachemgr's own events before the spawn are in the log (they share
+    the pod's log), then exits 3 before its (unanswered) health URL is ever ready."""
+    options = [
+        "--strategy",
+        "command",
+        "--compile-cmd",
+        compile_cmd(pods.work / "c.jsonl"),
+        "--prefetch",
+        "off",
+    ]
+    script = (
+        "import os, sys, time\n"
+        "log = os.environ['TALK_LOG']\n"
+        "while '\"launching\"' not in open(log).read():\n"
+        "    time.sleep(0.01)\n"
+        "sys.stdout.write(''.join(f'out {i}\\n' for i in range(20000)))\n"
+        "sys.stdout.write('e' * 300000 + '\\n' + 'the end without a newline')\n"
+        "sys.exit(3)\n"
+    )
+    argv = [sys.executable, "-c", script, "{artifact_dir}"]
+    warm = pods.start("w", argv, cache_root=root, command="warm", options=options)
+    assert warm.wait_exit() == 0, warm.tail()
+    health = ["--health-url", f"http://127.0.0.1:{free_port()}/health"]
+    env = {"TALK_LOG": str(pods.work / "logs" / "talk.log")}
+    pod = pods.start("talk", argv, cache_root=root, options=[*options, *health], env=env)
+    assert pod.wait_exit() == 3, pod.tail()
+    log = pod.log.read_text(errors="replace")
+    assert "".join(f"out {i}\n" for i in range(20000)) + "e" * 300000 + "\nthe end without a newline" in log
+    (failed,) = _events(pod, "failed")
+    assert failed["last_lines"][-2:] == ["e" * TAIL_LINE_BYTES, "the end without a newline"], failed
+    assert failed["last_lines"][-3] == "out 19999"

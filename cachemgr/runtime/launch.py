@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 log = get_logger("cachemgr.run")
 
+_OUTPUT_GRACE = 2.0  # seconds for the server's last output after it exits (its children may keep the pipe)
+
 
 def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: Strategy) -> int:
     """The server on a pod-local view of the entry, supervised until it exits (warm: exit 0)."""
@@ -46,10 +48,11 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         pod.state.update(health_url=url)
         pod.enter("launching", entry=found.path.name)  # a signal since the lookup ends the run here
         log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
-        child = pod.relay.spawn(lambda: launcher.start(argv, env=env, capture=False, what="server"))
+        child = pod.relay.spawn(lambda: launcher.start(argv, env=env, capture="tail", what="server"))
     except BaseException:
         remove_tree(view.parent)  # no server will read it
         raise
+    output = launcher.ServerOutput(child)
     read_ahead = None if pod.options.prefetch == "off" else _read_ahead(pod, root, found, child.pid)
     release_logs()
     watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
@@ -57,10 +60,18 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     remove_old_views_later(views, keep=view)
     code = launcher.wait_reaping(child, reaper=pod.reaper)
     pod.server_exited.set()
+    ready = pod.state.current.phase == "serving"
+    output.join(timeout=_OUTPUT_GRACE)
     if read_ahead is not None:
         read_ahead.close()
     if drift is not None:
         drift.check()  # a compile-only server exits without ever serving
+    if code != 0 and not ready and not pod.relay.stop.is_set():
+        # Not stopped by the pod's own signal, never ready: the launch failed (the entry, the
+        # node, the server's configuration: its last lines say which).
+        raise failures.server_failed(
+            child.returncode, key=key, entry=found.path.name, last_lines=output.tail.lines()
+        )
     pod.state.phase("stopped", exit_code=code)
     return code
 

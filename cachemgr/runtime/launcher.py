@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from cachemgr.core.errors import ConfigError, Interrupted
 from cachemgr.core.fsutil import tree_bytes
@@ -45,6 +45,17 @@ _PR_SET_CHILD_SUBREAPER = 36
 def exit_status(returncode: int) -> int:
     """A shell's view of a child's status: 128+N when it was killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_name(returncode: int | None) -> str | None:
+    """``SIGKILL`` for a child killed by it (Popen's returncode -9); None for an exit code, even
+    137: a process that calls ``exit(137)`` was not killed."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
 
 
 def become_subreaper() -> bool:
@@ -177,13 +188,117 @@ class OutputWatch:
             return list(self.tail)
 
 
-def start(
-    argv: Sequence[str], *, env: Mapping[str, str], capture: bool, what: str
-) -> subprocess.Popen[bytes]:
-    """Start a child in our process group (a pod's death takes it too)."""
-    pipe = subprocess.PIPE if capture else None
+TAIL_LINES = 20  # a server's last lines kept for the failure it may end in
+TAIL_LINE_BYTES = 400  # each cut here: a 60 MB line without a newline stays 400 bytes
+_CHUNK = 65536
+
+
+class OutputTail:
+    """The last :data:`TAIL_LINES` lines of an output, each cut at :data:`TAIL_LINE_BYTES`.
+
+    Memory is bounded whatever the output: a line longer than the cut is kept cut (the rest
+    is passed on, never held), and of a ``\r`` progress bar only its last state is kept.
+    """
+
+    def __init__(self) -> None:
+        self._lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self._partial = bytearray()
+        self._lock = threading.Lock()
+
+    def feed(self, chunk: bytes) -> None:
+        first, *rest = chunk.split(b"\n")
+        with self._lock:
+            self._add(first)
+            if not rest:
+                return
+            self._end_line()
+            for piece in rest[:-1][-TAIL_LINES:]:  # whole lines; only the last ones can be kept
+                self._add(piece)
+                self._end_line()
+            self._add(rest[-1])
+
+    def lines(self) -> list[str]:
+        """The kept lines, and the unfinished last one; raw (escape them to print: core.printable)."""
+        with self._lock:
+            partial = _last_state(self._partial)
+            return [*self._lines, partial] if partial else list(self._lines)
+
+    def _add(self, piece: bytes) -> None:
+        room = TAIL_LINE_BYTES - len(self._partial)
+        if room > 0:
+            self._partial += piece[:room]
+
+    def _end_line(self) -> None:
+        self._lines.append(_last_state(self._partial))
+        self._partial.clear()
+
+
+def _last_state(raw: bytes | bytearray) -> str:
+    """What a terminal shows of a line: the part after its last carriage return."""
+    states = [s for s in raw.decode(errors="replace").split("\r") if s.strip()]
+    return states[-1].rstrip() if states else ""
+
+
+class ServerOutput:
+    """Passes a server's stdout and stderr on to ours byte for byte, keeping an :class:`OutputTail`.
+
+    Each chunk is written on the moment it is read, with no line buffering (a progress bar still
+    moves), from a thread per stream that waits in the kernel, not in Python. A stream that is a
+    terminal is not piped at all (:func:`start` with ``capture="tail"``): a person reading it
+    sees the server's own output, and the server still sees its terminal.
+    """
+
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+        self.tail = OutputTail()
+        self._threads = [
+            threading.Thread(target=self._pump, args=(stream, fd), daemon=True, name="cachemgr-server-output")
+            for stream, fd in ((child.stdout, 1), (child.stderr, 2))
+            if stream is not None
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _pump(self, stream: IO[bytes], fd: int) -> None:
+        source = stream.fileno()
+        sink: int | None = fd
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := os.read(source, _CHUNK):
+                if sink is not None and not _write_all(sink, chunk):
+                    sink = None  # our stream is gone: keep draining, or the server blocks on a full pipe
+                self.tail.feed(chunk)
+        with contextlib.suppress(OSError):
+            stream.close()
+
+    def join(self, timeout: float) -> None:
+        """Until the streams end (the server's children may hold them open: bounded by ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _write_all(fd: int, data: bytes) -> bool:
+    view = memoryview(data)
     try:
-        return subprocess.Popen(list(argv), env=dict(env), stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL)
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        return False
+    return True
+
+
+def start(
+    argv: Sequence[str], *, env: Mapping[str, str], capture: bool | Literal["tail"], what: str
+) -> subprocess.Popen[bytes]:
+    """Start a child in our process group (a pod's death takes it too).
+
+    ``capture``: True pipes both streams (a compile, read line by line: :class:`OutputWatch`);
+    ``"tail"`` pipes each that is not a terminal (a server: :class:`ServerOutput`); False none.
+    """
+    stdout, stderr = (_pipe(capture, sys.stdout), _pipe(capture, sys.stderr))
+    try:
+        return subprocess.Popen(
+            list(argv), env=dict(env), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+        )
     except FileNotFoundError:
         raise ConfigError(
             f"{what} '{argv[0]}' was not found on PATH",
@@ -193,6 +308,16 @@ def start(
         raise ConfigError(
             f"{what} '{argv[0]}' is not executable", remedy="fix its path or permissions"
         ) from None
+
+
+def _pipe(capture: bool | Literal["tail"], stream: IO[str]) -> int | None:
+    if capture == "tail":
+        try:
+            terminal = stream.isatty()
+        except (AttributeError, ValueError):
+            terminal = False
+        return None if terminal else subprocess.PIPE
+    return subprocess.PIPE if capture else None
 
 
 def terminate_tree(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
