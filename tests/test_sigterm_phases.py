@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
 from cachemgr_testkit.scenarios import assert_clean_after_failure, compile_cmd, entry_dirs, server_argv
 
 from cachemgr.core.errors import Interrupted
-from cachemgr.runtime.launcher import TAIL_LINE_BYTES, TAIL_LINES, OutputTail
+from cachemgr.runtime.launcher import TAIL_LINE_BYTES, TAIL_LINES, OutputTail, SignalRelay
 from cachemgr.volume.manifest import ARTIFACTS
 
 SERVER_BANNER = "STAND-IN vllm server"
@@ -285,6 +287,19 @@ def test_the_kept_tail_is_bounded_whatever_the_server_prints() -> None:
     assert whole.lines() == ["z" * TAIL_LINE_BYTES, "ok"]
 
 
+def test_the_kept_tail_is_the_same_however_the_output_is_cut_into_reads() -> None:
+    """Reads end anywhere: mid-line, on a newline, with many lines or none in one read."""
+    text = b"".join(f"{i} {'w' * (i * 37 % 900)}\n".encode() for i in range(300)) + b"last, unfinished"
+    expected = [line[:TAIL_LINE_BYTES].decode() for line in text.split(b"\n")][-TAIL_LINES - 1 :]
+    for sizes in ((1,), (7, 4096), (len(text),), (65536,), (399, 400, 401)):
+        tail, at, turn = OutputTail(), 0, 0
+        while at < len(text):
+            size = sizes[turn % len(sizes)]
+            tail.feed(text[at : at + size])
+            at, turn = at + size, turn + 1
+        assert tail.lines() == expected, sizes
+
+
 def test_every_byte_the_server_prints_reaches_the_pod_log(pods: Cluster, root: Path) -> None:
     """The tail is kept beside the pass-through: many lines, a long line, no newline at the end.
 
@@ -319,3 +334,33 @@ def test_every_byte_the_server_prints_reaches_the_pod_log(pods: Cluster, root: P
     (failed,) = _events(pod, "failed")
     assert failed["last_lines"][-2:] == ["e" * TAIL_LINE_BYTES, "the end without a newline"], failed
     assert failed["last_lines"][-3] == "out 19999"
+
+
+# --- the spawn under the relay ------------------------------------------------------------------
+
+
+def test_a_signal_while_the_server_is_being_started_reaches_it_once_attached() -> None:
+    """SIGTERM lands between the relay's check and the attach (inside ``start``): it is kept and
+    forwarded to the child at once, never lost; after it, no second spawn happens at all."""
+    relay = SignalRelay().install()
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, in the main thread, before the Popen
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        started.append(child)
+        return child
+
+    try:
+        child = relay.spawn(start)
+        assert child.wait(timeout=30) == -signal.SIGTERM
+        assert relay.received == signal.SIGTERM
+        with pytest.raises(Interrupted) as stopped:
+            relay.spawn(start)
+        assert stopped.value.code == TERM
+        assert len(started) == 1, "no server is started after the signal"
+    finally:
+        relay.restore()
+        for proc in started:
+            proc.kill()
+            proc.wait()

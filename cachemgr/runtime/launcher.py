@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -103,7 +104,8 @@ class SignalRelay:
         With a server attached (a ``vllm`` compile serves as it compiles) the signal was forwarded
         to it, and the flow follows the server's exit instead.
         """
-        if self.stop.is_set() and self._child is None:
+        child = self._child
+        if self.stop.is_set() and (child is None or child.returncode is not None):
             raise Interrupted(self.received or signal.SIGTERM)
 
     def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
@@ -201,35 +203,43 @@ class OutputTail:
     """
 
     def __init__(self) -> None:
-        self._lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self._lines: deque[bytes] = deque(maxlen=TAIL_LINES)  # raw: decoded only when asked for
         self._partial = bytearray()
         self._lock = threading.Lock()
 
     def feed(self, chunk: bytes) -> None:
-        first, *rest = chunk.split(b"\n")
+        # Only the first piece (the end of the line under way) and the last lines matter: found
+        # with find/rfind, not split, which would make an object per line of a chatty server.
+        first = chunk.find(b"\n")
         with self._lock:
-            self._add(first)
-            if not rest:
+            if first < 0:
+                self._add(chunk, 0, len(chunk))
                 return
+            self._add(chunk, 0, first)
             self._end_line()
-            for piece in rest[:-1][-TAIL_LINES:]:  # whole lines; only the last ones can be kept
-                self._add(piece)
+            ends = [chunk.rfind(b"\n")]  # newlines from the last back, the first one included
+            while ends[-1] > first and len(ends) <= TAIL_LINES:
+                ends.append(chunk.rfind(b"\n", first, ends[-1]))
+            ends.reverse()
+            for start, end in pairwise(ends):
+                self._add(chunk, start + 1, end)
                 self._end_line()
-            self._add(rest[-1])
+            self._add(chunk, ends[-1] + 1, len(chunk))
 
     def lines(self) -> list[str]:
         """The kept lines, and the unfinished last one; raw (escape them to print: core.printable)."""
         with self._lock:
+            lines = [_last_state(line) for line in self._lines]
             partial = _last_state(self._partial)
-            return [*self._lines, partial] if partial else list(self._lines)
+        return [*lines, partial] if partial else lines
 
-    def _add(self, piece: bytes) -> None:
+    def _add(self, chunk: bytes, start: int, end: int) -> None:
         room = TAIL_LINE_BYTES - len(self._partial)
         if room > 0:
-            self._partial += piece[:room]
+            self._partial += chunk[start : min(end, start + room)]
 
     def _end_line(self) -> None:
-        self._lines.append(_last_state(self._partial))
+        self._lines.append(bytes(self._partial))
         self._partial.clear()
 
 
