@@ -155,9 +155,8 @@ def test_on_miss_fail_waiting_for_a_warm_job_stops_on_sigterm_as_it_publishes(
     """The same race in the wait of ``--on-miss fail`` (a pod that waits for a warm Job)."""
     options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl", seconds=2.0)]
     job = pods.start("job", server_argv(free_port()), cache_root=root, options=options, command="warm")
-    wait_for(
-        lambda: read_jsonl(pods.work / "c.jsonl"), what="the warm Job's compile"
-    )  # warm keeps no state record
+    # A warm Job keeps no state record: its compile is seen in the stand-in compiler's record.
+    wait_for(lambda: read_jsonl(pods.work / "c.jsonl"), what="the warm Job's compile")
     waiter = pods.start(
         "waiter", server_argv(free_port()), cache_root=root, options=[*options, "--on-miss", "fail"]
     )
