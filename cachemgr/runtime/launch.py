@@ -61,9 +61,9 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     code = launcher.wait_reaping(child, reaper=pod.reaper)
     pod.server_exited.set()
     ready = pod.state.current.phase == "serving"
-    output.join(timeout=_OUTPUT_GRACE)
     if read_ahead is not None:
         read_ahead.close()
+    output.join(timeout=_OUTPUT_GRACE)
     if drift is not None:
         drift.check()  # a compile-only server exits without ever serving
     if code != 0 and not ready and not pod.relay.stop.is_set():
