@@ -154,6 +154,21 @@ class WaitTimeoutError(CacheMgrError, TimeoutError):
     reason = "wait-timeout"
 
 
+class ServerFailedError(CacheMgrError, ChildProcessError):
+    """The server exited before it was ready, on an entry found in the cache.
+
+    The run ends with the server's own exit code (128+N when signal N killed it), as when it
+    stops later; ``last_lines`` is the end of its output, for the log event and the Kubernetes
+    termination message.
+    """
+
+    reason = "server-failed"
+
+    @property
+    def code(self) -> int:
+        return int(self.fields["exit_status"])
+
+
 class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its exit code, not a fault
     """A termination signal arrived before the server started; everything was cleaned up."""
 

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 
-from cachemgr.core.errors import ConfigError
+from cachemgr.core.errors import ConfigError, Interrupted
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.procs import Flag, StopFlag
 from cachemgr.runtime.output import TAIL_LINES, LineKeeper, Pump, Tail
@@ -53,6 +53,17 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def signal_name(returncode: int | None) -> str | None:
+    """``SIGKILL`` for a child killed by it (Popen's returncode -9); None for an exit code, even
+    137: a process that calls ``exit(137)`` was not killed."""
+    if returncode is None or returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (Linux), so their zombies are ours to reap."""
     if not sys.platform.startswith("linux"):
@@ -65,17 +76,21 @@ def become_subreaper() -> bool:
 
 
 class SignalRelay:
-    """Termination signals stop cachemgr's own work and reach the attached child.
+    """Termination signals stop cachemgr's own work and reach the server once it runs.
 
     Handlers run in the main thread; they only forward the signal and set a lock-free flag,
     so waiting code notices it and cleans up in the normal flow (staging removed, lease
-    released).
+    released). Before the server runs, :meth:`check` is where the flow ends on a signal: every
+    phase is entered through it (the runner's ``enter``), and :meth:`spawn` starts the server
+    only through it, so no server is started after a termination signal.
     """
 
     def __init__(self) -> None:
         self.stop = StopFlag()
         self.received: int | None = None
         self._child: subprocess.Popen[bytes] | None = None
+        self._starting = False  # inside spawn(): a signal now is kept for the child being started
+        self._pending: list[int] = []
         self._previous: dict[int, Any] = {}
 
     def install(self) -> SignalRelay:
@@ -88,17 +103,52 @@ class SignalRelay:
             signal.signal(signum, handler)
         self._previous.clear()
 
+    def check(self) -> None:
+        """Raise :class:`Interrupted` once a termination signal arrived while no server runs.
+
+        With a server attached (a ``vllm`` compile serves as it compiles) the signal was forwarded
+        to it, and the flow follows the server's exit instead.
+        """
+        child = self._child
+        if self.stop.is_set() and (child is None or child.returncode is not None):
+            raise Interrupted(self.received or signal.SIGTERM)
+
+    def spawn(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        """Start the server with ``start()`` and attach it, unless a termination signal came first.
+
+        A signal that arrives after the check, while the child is being started, is kept and
+        forwarded as soon as the child is attached: it never runs unsignalled.
+        """
+        self._starting = True
+        try:
+            self.check()
+            child = start()
+            self._child = child  # from here on the handler forwards by itself
+        finally:
+            self._starting = False
+        pending, self._pending = self._pending, []
+        for signum in pending:
+            self._forward(child, signum)
+        return child
+
     def attach(self, child: subprocess.Popen[bytes] | None) -> None:
         self._child = child
 
     def _handle(self, signum: int, _frame: Any) -> None:
-        child = self._child
-        if child is not None and child.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signum)
         if signum in _TERMINATING:
             self.received = signum
             self.stop.set()
+        child = self._child
+        if child is not None:
+            self._forward(child, signum)
+        elif self._starting:
+            self._pending.append(signum)
+
+    @staticmethod
+    def _forward(child: subprocess.Popen[bytes], signum: int) -> None:
+        if child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signum)
 
 
 class OutputWatch:
@@ -145,12 +195,18 @@ class OutputWatch:
 
 
 def start(
-    argv: Sequence[str], *, env: Mapping[str, str], capture: bool, what: str
+    argv: Sequence[str], *, env: Mapping[str, str], capture: bool | Literal["tail"], what: str
 ) -> subprocess.Popen[bytes]:
-    """Start a child in our process group (a pod's death takes it too)."""
-    pipe = subprocess.PIPE if capture else None
+    """Start a child in our process group (a pod's death takes it too).
+
+    ``capture``: True pipes both streams (a compile, read line by line: :class:`OutputWatch`);
+    ``"tail"`` pipes each that is not a terminal (a server: :class:`ServerOutput`); False none.
+    """
+    stdout, stderr = (_pipe(capture, sys.stdout), _pipe(capture, sys.stderr))
     try:
-        return subprocess.Popen(list(argv), env=dict(env), stdout=pipe, stderr=pipe, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(
+            list(argv), env=dict(env), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+        )
     except FileNotFoundError:
         raise ConfigError(
             f"{what} '{argv[0]}' was not found on PATH",
@@ -160,6 +216,16 @@ def start(
         raise ConfigError(
             f"{what} '{argv[0]}' is not executable", remedy="fix its path or permissions"
         ) from None
+
+
+def _pipe(capture: bool | Literal["tail"], stream: IO[str]) -> int | None:
+    if capture == "tail":
+        try:
+            terminal = stream.isatty()
+        except (AttributeError, ValueError):
+            terminal = False
+        return None if terminal else subprocess.PIPE
+    return subprocess.PIPE if capture else None
 
 
 def terminate_tree(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
