@@ -37,6 +37,7 @@ from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Mark, Usage, User, read_usage
+from cachemgr.volume.serverfail import instance_of
 from cachemgr.volume.store import StagingInfo, list_staging
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ class EntryInfo:
     trust: str | None = None
     # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
     starts: Mapping[str, int] = field(default_factory=dict)
+    # Pre-ready exits of servers launched on this copy of the entry (cachemgr.volume.serverfail).
+    server_failed: int = 0
 
     @property
     def hits(self) -> int:
@@ -187,6 +190,7 @@ class EntryInfo:
             "trust": self.trust,
             "hits": self.hits,
             "starts": dict(self.starts),
+            "server_failed": self.server_failed,
         }
 
 
@@ -339,6 +343,7 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
         signer=signer,
         trust=trust,
         starts=usage.starts,
+        server_failed=usage.server_failed.get(instance_of(summary.get("created_at")), 0),
     )
 
 
