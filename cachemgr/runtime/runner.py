@@ -20,7 +20,8 @@ as ``--on-miss fail`` does. On a read-only volume a hit writes nothing there at 
 
 This module is the flow only. How a key compiles and how its server is pointed at an entry is
 its strategy's (cachemgr.runtime.strategies); failures become errors and records in
-cachemgr.runtime.failures; views, health checks and heartbeats have modules of their own.
+cachemgr.runtime.failures; the launch step is cachemgr.runtime.launch; views, health checks and
+heartbeats have modules of their own.
 """
 
 from __future__ import annotations
@@ -38,13 +39,13 @@ from cachemgr.core.log import hold as hold_logs
 from cachemgr.core.log import release as release_logs
 from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
 from cachemgr.runtime import failures, launcher
-from cachemgr.runtime.health import StallWatch, default_health_url, watch_readiness
+from cachemgr.runtime.health import StallWatch, default_health_url
 from cachemgr.runtime.heartbeats import Heartbeats
+from cachemgr.runtime.launch import launch
 from cachemgr.runtime.metrics import Metrics
 from cachemgr.runtime.options import RunOptions
 from cachemgr.runtime.state import StateWriter
 from cachemgr.runtime.strategies import STRATEGIES, Compiled, Strategy
-from cachemgr.runtime.views import build_view, remove_old_views_later
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, is_read_only, open_root
 from cachemgr.volume.manifest import MANIFEST_NAME
@@ -60,7 +61,6 @@ from cachemgr.volume.store import (
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
     from cachemgr.remote.hooks import FetchOutcome, Upload
-    from cachemgr.runtime.prefetch import Prefetch
     from cachemgr.runtime.unusable import Unusable
     from cachemgr.runtime.waiting import Waiting
     from cachemgr.volume.lease import KeyLease
@@ -442,54 +442,12 @@ class Runner:
         return "hit", compile_s, None
 
     def _launch(self, root: CacheRoot, key: CacheKey, found: Lookup, strategy: Strategy) -> int:
-        """The server on a pod-local view of the entry, supervised until it exits (warm: exit 0)."""
+        """Count how this start got the entry, then the launch step (cachemgr.runtime.launch)."""
         if not self._missed:
             self.metrics.hits += 1
         if not self.metrics.compiles:
             self.metrics.saved_seconds += self._start_kind(found)[1]
-        assert found.manifest is not None  # a hit always has one
-        if self.options.warm:
-            log.info("already_published", key=key.short, entry=found.path.name)
-            self.state.phase("stopped", exit_code=0, published=True)
-            return 0
-        views = self.options.state_dir / "views"
-        try:
-            view = build_view(views, found.path, found.manifest)
-        except OSError as error:
-            raise failures.view_failed(error, views, files=len(found.manifest.files)) from error
-        argv, env = strategy.server_launch(key, view)
-        env["CACHEMGR_ARTIFACT_DIR"] = str(view)
-        url = self.health_url(key)
-        self.state.update(health_url=url)
-        self.state.phase("launching", entry=found.path.name)
-        log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
-        child = launcher.start(argv, env=env, capture=False, what="server")
-        self.relay.attach(child)
-        read_ahead = None if self.options.prefetch == "off" else self._read_ahead(root, found, child.pid)
-        release_logs()
-        watch_readiness(url, child, state=self.state, stall=self.stall, exited=self.server_exited)
-        drift = strategy.watch_hit(root, key, found, view)
-        remove_old_views_later(views, keep=view)
-        code = launcher.wait_reaping(child, reaper=self.reaper)
-        self.server_exited.set()
-        if read_ahead is not None:
-            read_ahead.close()
-        if drift is not None:
-            drift.check()  # a compile-only server exits without ever serving
-        self.state.phase("stopped", exit_code=code)
-        return code
-
-    def _read_ahead(self, root: CacheRoot, found: Lookup, pid: int) -> Prefetch | None:
-        """The entry into the page cache while the server initialises; after the spawn, never before.
-        A trusting pod's hit was read whole by its content check before the launch: not again."""
-        from cachemgr.runtime import prefetch  # imported after the spawn
-
-        if self.options.trusted:
-            prefetch.checked_before_launch(found)
-            return None
-        stops = (self.relay.stop, self.server_exited)
-        reader = prefetch.Prefetch(found, within=root.path, server_pid=pid, stops=stops, metrics=self.metrics)
-        return reader.start()
+        return launch(self, root, key, found, strategy)
 
 
 def run(request: KeyRequest, options: RunOptions, *, environ: Mapping[str, str]) -> int:

@@ -1,0 +1,82 @@
+"""The launch step: the server on a pod-local view of a published entry, supervised until it exits.
+
+The last step of the flow (cachemgr.runtime.runner): the hit's view (cachemgr.runtime.views),
+the spawn, readiness (cachemgr.runtime.health), the read-ahead hooked up after the spawn
+(cachemgr.runtime.prefetch), and the wait, reaping orphans, for the server's exit code. A warm
+Job ends here without a server.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cachemgr.core.log import get_logger
+from cachemgr.core.log import release as release_logs
+from cachemgr.runtime import failures, launcher
+from cachemgr.runtime.health import watch_readiness
+from cachemgr.runtime.views import build_view, remove_old_views_later
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from cachemgr.key.cachekey import CacheKey
+    from cachemgr.runtime.pod import Pod
+    from cachemgr.runtime.prefetch import Prefetch
+    from cachemgr.runtime.strategies import Strategy
+    from cachemgr.volume.layout import CacheRoot
+    from cachemgr.volume.store import Lookup
+
+log = get_logger("cachemgr.run")
+
+
+def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: Strategy) -> int:
+    """The server on a pod-local view of the entry, supervised until it exits (warm: exit 0)."""
+    assert found.manifest is not None  # a hit always has one
+    if pod.options.warm:
+        log.info("already_published", key=key.short, entry=found.path.name)
+        pod.state.phase("stopped", exit_code=0, published=True)
+        return 0
+    views = pod.options.state_dir / "views"
+    view = _view(views, found)
+    argv, env = strategy.server_launch(key, view)
+    env["CACHEMGR_ARTIFACT_DIR"] = str(view)
+    url = pod.health_url(key)
+    pod.state.update(health_url=url)
+    pod.state.phase("launching", entry=found.path.name)
+    log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
+    child = launcher.start(argv, env=env, capture=False, what="server")
+    pod.relay.attach(child)
+    read_ahead = None if pod.options.prefetch == "off" else _read_ahead(pod, root, found, child.pid)
+    release_logs()
+    watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
+    drift = strategy.watch_hit(root, key, found, view)
+    remove_old_views_later(views, keep=view)
+    code = launcher.wait_reaping(child, reaper=pod.reaper)
+    pod.server_exited.set()
+    if read_ahead is not None:
+        read_ahead.close()
+    if drift is not None:
+        drift.check()  # a compile-only server exits without ever serving
+    pod.state.phase("stopped", exit_code=code)
+    return code
+
+
+def _view(views: Path, found: Lookup) -> Path:
+    assert found.manifest is not None
+    try:
+        return build_view(views, found.path, found.manifest)
+    except OSError as error:
+        raise failures.view_failed(error, views, files=len(found.manifest.files)) from error
+
+
+def _read_ahead(pod: Pod, root: CacheRoot, found: Lookup, pid: int) -> Prefetch | None:
+    """The entry into the page cache while the server initialises; after the spawn, never before.
+    A trusting pod's hit was read whole by its content check before the launch: not again."""
+    from cachemgr.runtime import prefetch  # imported after the spawn
+
+    if pod.options.trusted:
+        prefetch.checked_before_launch(found)
+        return None
+    stops = (pod.relay.stop, pod.server_exited)
+    reader = prefetch.Prefetch(found, within=root.path, server_pid=pid, stops=stops, metrics=pod.metrics)
+    return reader.start()
