@@ -244,7 +244,6 @@ def _add_prune_command(sub: Any, name: str) -> None:
         [
             "cachemgr prune --incompatible --dry-run",
             "cachemgr prune --unused-for 14d --yes",
-            "cachemgr prune --for-npu RBLN-CA12 --yes",
             "cachemgr prune --key 661096f8 --yes",
         ],
     )

@@ -171,3 +171,16 @@ class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its
     def code(self) -> int:
         """128+N, as a shell reports a process killed by signal N."""
         return 128 + self.signum
+
+
+class ServerFailedError(CacheMgrError, RuntimeError):
+    """The server exited before it was ready, on an entry that passed every check: the pod exits
+    with the server's own code (128+N when a signal killed it), and the message says what removes
+    the entry, in case it is what the server cannot load (cachemgr.runtime.server_failures)."""
+
+    reason = "server-failed"
+
+    @property
+    def code(self) -> int:
+        status = self.fields.get("exit_status")
+        return status if isinstance(status, int) and 0 < status < 256 else int(ExitCode.COMPILE_FAILED)

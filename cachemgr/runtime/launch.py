@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import release as release_logs
-from cachemgr.runtime import failures, launcher
+from cachemgr.runtime import failures, launcher, server_failures
 from cachemgr.runtime.health import watch_readiness
 from cachemgr.runtime.views import build_view, remove_old_views_later
+from cachemgr.volume import serverfail
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -44,7 +45,8 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     pod.state.update(health_url=url)
     pod.state.phase("launching", entry=found.path.name)
     log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
-    child = launcher.start(argv, env=env, capture=False, what="server")
+    child = launcher.start(argv, env=env, capture=True, what="server")
+    output = launcher.OutputWatch(child, tail_lines=serverfail.LINES_MAX)  # every byte passed through
     pod.relay.attach(child)
     read_ahead = None if pod.options.prefetch == "off" else _read_ahead(pod, root, found, child.pid)
     release_logs()
@@ -57,6 +59,9 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         read_ahead.close()
     if drift is not None:
         drift.check()  # a compile-only server exits without ever serving
+    output.join(timeout=2.0)
+    if server_failures.failed_before_ready(pod, code):
+        raise server_failures.server_failed(pod, root, key, found, code=code, last_lines=output.tail_text())
     pod.state.phase("stopped", exit_code=code)
     return code
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json_at, loads_json
+from cachemgr.volume.manifest import SUMMARY_NAME
 
 if TYPE_CHECKING:
     from cachemgr.volume.identity import PodIdentity
@@ -47,6 +48,7 @@ RECORD_MAX = 16 * 1024  # bytes: a record written by cachemgr is well under; a l
 KEEP = 20  # records kept per key, newest first: what `show` needs, never a growing folder
 READ_LIMIT = 64  # names read at most per key: a planted folder of a million files costs a listing
 _NAME_MAX = 255
+_SUMMARY_MAX = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -57,6 +59,20 @@ def instance_of(created_at: Any) -> str:
     if not 0 < created_at < 1e11:  # nan, inf, negative, garbage from the volume
         return "0"
     return f"{int(created_at * 1_000_000):x}"
+
+
+def instance_at(root: CacheRoot, entry: str) -> str:
+    """The copy of ``entries/<entry>`` there now, from its summary (read bounded, never through a link)."""
+    try:
+        with safefs.open_dir(root.path, root.entries / entry) as folder:
+            fd = os.open(SUMMARY_NAME, _READ_FLAGS, dir_fd=folder)
+            try:
+                doc = loads_json(os.read(fd, _SUMMARY_MAX))
+            finally:
+                os.close(fd)
+    except (OSError, ValueError):
+        return "0"
+    return instance_of(doc.get("created_at")) if isinstance(doc, dict) else "0"
 
 
 def counts_by_instance(names: Iterable[str]) -> dict[str, int]:
