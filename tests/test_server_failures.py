@@ -189,6 +189,9 @@ def test_records_are_hostile_ground_bounded_escaped_and_skipped(pods: Cluster, r
     assert "SERVER EXITED BEFORE READY (1)" in shown.stdout, "only the well-formed record counts as one"
     for reason in ("larger than", "not JSON", "not a regular file"):
         assert reason in shown.stderr, (reason, shown.stderr)
+    listed = json.loads(run_cli("ls", "-o", "json", env=env, timeout=30).stdout)
+    (row,) = [r for r in listed if r.get("kind") == "entry"]
+    assert row["server_failed"] == 1, "planted names are not records: ls counts what show lists"
 
 
 def test_writers_bound_lines_records_and_the_count(root: Path) -> None:

@@ -33,11 +33,11 @@ from cachemgr.core.coerce import as_dict, number, read_dict, text
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_age, human_bytes
 from cachemgr.ops import scanhints
+from cachemgr.volume import serverfail
 from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Mark, Usage, User, read_usage
-from cachemgr.volume.serverfail import instance_of
 from cachemgr.volume.store import StagingInfo, list_staging
 
 if TYPE_CHECKING:
@@ -343,7 +343,7 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
         signer=signer,
         trust=trust,
         starts=usage.starts,
-        server_failed=usage.server_failed.get(instance_of(summary.get("created_at")), 0),
+        server_failed=serverfail.count_on(ctx.root, key, usage.server_failed, summary.get("created_at")),
     )
 
 

@@ -143,11 +143,10 @@ def should_set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *,
             "the entry is not the cause (check the server's flags and the node)",
         )
         return False
-    if usage.live:
+    if usage.live or usage.silent:  # a silent record may be a live pod on a node whose clock differs
+        users = ", ".join(u.pod for u in (*usage.live, *usage.silent))
         log.warning(
-            "server_failure_not_set_aside",
-            **fields,
-            reason=f"in use by {', '.join(u.pod for u in usage.live)}: a server loads it there",
+            "server_failure_not_set_aside", **fields, reason=f"in use by {users}: a server loads it there"
         )
         return False
     return True

@@ -29,7 +29,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +83,15 @@ def counts_by_instance(names: Iterable[str]) -> dict[str, int]:
             instance = name[len(PREFIX) :].split(".", 1)[0]
             counts[instance] = counts.get(instance, 0) + 1
     return counts
+
+
+def count_on(root: CacheRoot, digest: str, counts: Mapping[str, int], created_at: Any) -> int:
+    """Pre-ready exits on the copy made at ``created_at``: counted by name (``counts``, no read), and
+    where there are any, only the records that parse as records (a name anyone can plant is none)."""
+    instance = instance_of(created_at)
+    if not counts.get(instance):
+        return 0
+    return len(read(root, digest).of(instance))
 
 
 @dataclass(frozen=True)
