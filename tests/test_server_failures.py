@@ -14,7 +14,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from cachemgr_testkit.podlib import Cluster, free_port, run_cli
+from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
 
 from cachemgr.volume import serverfail
@@ -224,3 +224,22 @@ def test_a_read_only_volume_records_nothing_and_says_so(
     assert not list((root / "usage" / _key(entry)).glob("server-failed.*"))
     assert [e for e in pod.log_events() if e["event"] == "server_failure_not_recorded"]
     assert "cachemgr prune --key" in (pod.state_dir / "termination-log").read_text()
+
+
+def test_the_pods_metrics_count_it_across_a_container_restart(pods: Cluster, root: Path) -> None:
+    _published(pods, root)
+    port = free_port()
+    bad = pods.start(
+        "pod", vllm_argv(free_port()), cache_root=root, options=("--status-port", str(port)),
+        env={"STANDIN_EXIT_ON_LOAD": "3"},
+    )  # fmt: skip
+    assert bad.wait_exit() == 3
+    assert bad.state()["phase"] == "failed"
+    # The restarted container: the same pod-local state dir, the server fixed.
+    again = pods.start(
+        "pod-restarted", vllm_argv(free_port()), cache_root=root, options=("--status-port", str(port)),
+        env={"CACHEMGR_STATE_DIR": str(bad.state_dir)},
+    )  # fmt: skip
+    wait_for(lambda: bad.state().get("phase") == "serving", what="the restarted pod to serve")
+    assert again.proc.poll() is None
+    assert metrics(port)["cachemgr_failures_total{reason=server-failed}"] == 1

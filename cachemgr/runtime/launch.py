@@ -59,8 +59,8 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         read_ahead.close()
     if drift is not None:
         drift.check()  # a compile-only server exits without ever serving
-    output.join(timeout=2.0)
     if server_failures.failed_before_ready(pod, code):
+        output.join(timeout=2.0)  # its last lines (workers it left may hold the pipe: not for long)
         raise server_failures.server_failed(pod, root, key, found, code=code, last_lines=output.tail_text())
     pod.state.phase("stopped", exit_code=code)
     return code
