@@ -214,7 +214,7 @@ class Runner:
     def _set_aside_failing(self, root: CacheRoot, key: CacheKey, found: Lookup) -> bool:
         """--on-server-failure: an entry its servers keep failing on goes aside, once per start."""
         after = self.options.on_server_failure
-        if after is None or self._set_aside:
+        if after is None or self._set_aside or self.options.warm:  # warm launches no server to judge by
             return False
         from cachemgr.runtime import server_failures
 
