@@ -62,8 +62,22 @@ def report(error: BaseException, *, command: str, environ: Mapping[str, str], en
         print(f"{prefix}: {safe(line)}", file=sys.stderr, flush=True)
     # Not for a second run refused in a live pod: the termination message is the live one's.
     if entrypoint and not isinstance(error, StateDirInUseError):
-        write_termination_message(safe(line), environ=environ)  # kubectl describe shows it raw
+        write_termination_message(_termination_text(error, line), environ=environ)
     return code
+
+
+def _termination_text(error: BaseException, line: str) -> str:
+    """The one line; for a server that failed to start, its last lines below it, each escaped
+    (``kubectl describe pod`` shows the message raw)."""
+    tail = error.fields.get("last_lines") if isinstance(error, CacheMgrError) else None
+    if not tail:
+        return safe(line)
+    head = [safe(line), "last lines of the server's output:"]
+    shown = [safe(t) for t in tail]
+    # Kubernetes keeps 4096 bytes: the oldest lines go first, the last ones say why it stopped.
+    while shown and len("\n".join([*head, *shown]).encode()) > _TERMINATION_LIMIT:
+        shown.pop(0)
+    return "\n".join([*head, *shown])
 
 
 def _log(error: BaseException, *, command: str, code: int, line: str) -> bool:

@@ -154,6 +154,21 @@ class WaitTimeoutError(CacheMgrError, TimeoutError):
     reason = "wait-timeout"
 
 
+class ServerFailedError(CacheMgrError, ChildProcessError):
+    """The server exited before it was ready, on an entry found in the cache.
+
+    The run ends with the server's own exit code (128+N when signal N killed it), as when it
+    stops later; ``last_lines`` is the end of its output, for the log event and the Kubernetes
+    termination message.
+    """
+
+    reason = "server-failed"
+
+    @property
+    def code(self) -> int:
+        return int(self.fields["exit_status"])
+
+
 class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its exit code, not a fault
     """A termination signal arrived before the server started; everything was cleaned up."""
 
@@ -171,16 +186,3 @@ class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its
     def code(self) -> int:
         """128+N, as a shell reports a process killed by signal N."""
         return 128 + self.signum
-
-
-class ServerFailedError(CacheMgrError, RuntimeError):
-    """The server exited before it was ready, on an entry that passed every check: the pod exits
-    with the server's own code (128+N when a signal killed it), and the message says what removes
-    the entry, in case it is what the server cannot load (cachemgr.runtime.server_failures)."""
-
-    reason = "server-failed"
-
-    @property
-    def code(self) -> int:
-        status = self.fields.get("exit_status")
-        return status if isinstance(status, int) and 0 < status < 256 else int(ExitCode.COMPILE_FAILED)

@@ -18,6 +18,7 @@ from cachemgr.core.errors import (
     ConfigError,
     DiskFullError,
     Interrupted,
+    ServerFailedError,
     StateDirInUseError,
     VolumeError,
     WaitTimeoutError,
@@ -148,6 +149,24 @@ def compile_ended(
         f"the {what} exited with code {status} {ended}; nothing was published",
         remedy="read its output above (the last lines are kept: cachemgr show KEY); the next start retries",
         exit_status=status,
+    )
+
+
+def server_failed(returncode: int, *, key: CacheKey, entry: str, last_lines: list[str]) -> ServerFailedError:
+    """A server that exited before it was ready on a hit: its exit code or signal, its last lines."""
+    from cachemgr.runtime.launcher import exit_status, signal_name
+
+    status = exit_status(returncode)
+    killed = signal_name(returncode)
+    how = f"was killed by {killed} (exit {status})" if killed else f"exited with code {status}"
+    return ServerFailedError(
+        f"the server {how} before it was ready, on entry {entry} of key {key.short}",
+        remedy="read its last lines (below in the termination message, in the 'failed' event); if every "
+        f"start fails so, the entry may be what it cannot load: cachemgr show {key.short}",
+        exit_status=status,
+        signal=killed,
+        entry=entry,
+        last_lines=last_lines,
     )
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cachemgr.core.fsutil import remove_tree
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import release as release_logs
 from cachemgr.runtime import failures, launcher, server_failures
 from cachemgr.runtime.health import watch_readiness
 from cachemgr.runtime.views import build_view, remove_old_views_later
-from cachemgr.volume import serverfail
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 log = get_logger("cachemgr.run")
 
+_OUTPUT_GRACE = 2.0  # seconds for the server's last output after it exits (its children may keep the pipe)
+
 
 def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: Strategy) -> int:
     """The server on a pod-local view of the entry, supervised until it exits (warm: exit 0)."""
@@ -38,16 +40,19 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         pod.state.phase("stopped", exit_code=0, published=True)
         return 0
     views = pod.options.state_dir / "views"
-    view = _view(views, found)
-    argv, env = strategy.server_launch(key, view)
-    env["CACHEMGR_ARTIFACT_DIR"] = str(view)
+    view = _view(pod, views, found)
     url = pod.health_url(key)
-    pod.state.update(health_url=url)
-    pod.state.phase("launching", entry=found.path.name)
-    log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
-    child = launcher.start(argv, env=env, capture=True, what="server")
-    output = launcher.OutputWatch(child, tail_lines=serverfail.LINES_MAX)  # every byte passed through
-    pod.relay.attach(child)
+    try:
+        argv, env = strategy.server_launch(key, view)
+        env["CACHEMGR_ARTIFACT_DIR"] = str(view)
+        pod.state.update(health_url=url)
+        pod.enter("launching", entry=found.path.name)  # a signal since the lookup ends the run here
+        log.info("launching", key=key.short, entry=found.path.name, view=str(view), signer=found.signer)
+        child = pod.relay.spawn(lambda: launcher.start(argv, env=env, capture="tail", what="server"))
+    except BaseException:
+        remove_tree(view.parent)  # no server will read it
+        raise
+    output = launcher.ServerOutput(child)
     read_ahead = None if pod.options.prefetch == "off" else _read_ahead(pod, root, found, child.pid)
     release_logs()
     watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
@@ -55,21 +60,31 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     remove_old_views_later(views, keep=view)
     code = launcher.wait_reaping(child, reaper=pod.reaper)
     pod.server_exited.set()
+    ready = pod.state.current.phase == "serving"
+    output.join(timeout=_OUTPUT_GRACE)
     if read_ahead is not None:
         read_ahead.close()
     if drift is not None:
         drift.check()  # a compile-only server exits without ever serving
-    if server_failures.failed_before_ready(pod, code):
-        output.join(timeout=2.0)  # its last lines (workers it left may hold the pipe: not for long)
-        raise server_failures.server_failed(pod, root, key, found, code=code, last_lines=output.tail_text())
+    if code != 0 and not ready and not pod.relay.stop.is_set():
+        # Not stopped by the pod's own signal, never ready: the launch failed (the entry, the
+        # node, the server's configuration: its last lines say which).
+        error = failures.server_failed(
+            child.returncode, key=key, entry=found.path.name, last_lines=output.tail.lines()
+        )
+        raise server_failures.recorded(
+            pod, root, key, found, error
+        )  # beside the entry: ls, show, prune --key
     pod.state.phase("stopped", exit_code=code)
     return code
 
 
-def _view(views: Path, found: Lookup) -> Path:
+def _view(pod: Pod, views: Path, found: Lookup) -> Path:
     assert found.manifest is not None
     try:
-        return build_view(views, found.path, found.manifest)
+        return build_view(views, found.path, found.manifest, stop=pod.relay.stop)
+    except InterruptedError:
+        raise failures.interrupted(pod.relay) from None  # SIGTERM while the view was built
     except OSError as error:
         raise failures.view_failed(error, views, files=len(found.manifest.files)) from error
 

@@ -9,7 +9,7 @@ strategy, never round.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import threading
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from cachemgr.runtime.launcher import SignalRelay
     from cachemgr.runtime.metrics import Metrics
     from cachemgr.runtime.options import RunOptions
-    from cachemgr.runtime.state import StateWriter
+    from cachemgr.runtime.state import Phase, StateWriter
     from cachemgr.volume.identity import PodIdentity
     from cachemgr.volume.layout import CacheRoot
     from cachemgr.volume.lease import KeyLease
@@ -49,6 +49,9 @@ class Pod(Protocol):
 
     @property
     def why_not_compiling(self) -> str: ...
+
+    def enter(self, phase: Phase, **detail: Any) -> None:
+        """Enter a phase before the server runs; raises Interrupted after a termination signal."""
 
     def find(self, root: CacheRoot, key: CacheKey) -> Lookup | None: ...
 

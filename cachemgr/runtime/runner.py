@@ -44,7 +44,7 @@ from cachemgr.runtime.heartbeats import Heartbeats
 from cachemgr.runtime.launch import launch
 from cachemgr.runtime.metrics import Metrics
 from cachemgr.runtime.options import RunOptions
-from cachemgr.runtime.state import StateWriter
+from cachemgr.runtime.state import Phase, StateWriter
 from cachemgr.runtime.strategies import STRATEGIES, Compiled, Strategy
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, is_read_only, open_root
@@ -191,9 +191,21 @@ class Runner:
             log.warning("key_note", key=key.short, note=note)
         return key
 
+    def enter(self, phase: Phase, **detail: Any) -> None:
+        """Enter a phase before the server runs: where a termination signal ends the run.
+
+        Every phase passes through here (and every lookup through :meth:`find`): a signal that
+        came during key resolution, a lookup, the view's build, a wait or a publish ends the run
+        at the next of them with 128+N (cachemgr.runtime.launcher.SignalRelay.check); the spawn
+        itself checks again under the relay.
+        """
+        self.relay.check()
+        self.state.phase(phase, **detail)
+
     def find(self, root: CacheRoot, key: CacheKey) -> Lookup | None:
         """A verified (and with trusted keys, trusted) hit, or None; a damaged or untrusted entry
         is moved aside where this pod may (cachemgr.runtime.unusable), and counts as a miss."""
+        self.relay.check()  # a signal since the last step: no lookup, no use record, no launch
         seen = self.unusable.fingerprint(root, key) if self.cannot_compile else None
         if seen is not None and self.unusable.known(seen):
             return None
@@ -353,7 +365,7 @@ class Runner:
             log.warning(
                 "publishing_after_lease_lost", key=key.short, note="first publisher wins; ours may be dropped"
             )
-        self.state.phase("publishing")
+        self.enter("publishing")
         # Use before publishing: a prune running now sees the new entry in use and leaves it.
         self.beats.use(root, key, start="compiled", saved_s=0.0)
         outcome = publish(

@@ -2,8 +2,9 @@
 
 An entry the server cannot load passes every check cachemgr makes (its files match its manifest,
 a trusted key signed it), so the pods that hit it crash-loop while ``ls`` says it is fine. Each
-such exit is recorded beside the entry (cachemgr.volume.serverfail), and the pod's one-line
-message, which is also its termination message, names the command that removes the entry.
+such exit is recorded beside the entry (cachemgr.volume.serverfail), and the pod's error (the
+launch step's ServerFailedError, cachemgr.runtime.launch) says how many it has and names the
+command that removes the entry, in its one line and so in the termination message.
 
 ``--on-server-failure set-aside-after N`` (off by default): once the entry as it is now has N
 recorded pre-ready exits, from any pods, the next start moves it to ``quarantine/`` (as a damaged
@@ -33,54 +34,32 @@ if TYPE_CHECKING:
 log = get_logger("cachemgr.run")
 
 
-def failed_before_ready(pod: Pod, code: int) -> bool:
-    """The server exited on its own, with an error, before its health endpoint first answered."""
-    return code != 0 and not pod.relay.stop.is_set() and pod.state.current.phase == "launching"
-
-
-def server_failed(
-    pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *, code: int, last_lines: Sequence[str]
+def recorded(
+    pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, error: ServerFailedError
 ) -> ServerFailedError:
-    """Record the exit beside the entry (not on a read-only volume) and make the pod's error."""
-    import signal
-
-    signame = None
-    if code > 128:
-        try:
-            signame = signal.Signals(code - 128).name
-        except ValueError:
-            signame = None
-    how = f"was killed by {signame} ({code})" if signame else f"exited with code {code}"
-    compiled_here = pod.metrics.compiles > 0
+    """Record the exit beside the entry (not on a read-only volume); the error, saying how many
+    such exits the entry has and what removes it (or, on a copy this pod just compiled after the
+    copy before failed alike, that the entry is not the cause)."""
+    code = int(error.fields["exit_status"])
+    last_lines = [str(line) for line in error.fields.get("last_lines") or []]
+    signame = error.fields.get("signal")
     instance = serverfail.instance_at(root, found.path.name)
     pod.metrics.server_failed += 1
     _record(pod, root, key, found, instance=instance, code=code, signame=signame, last_lines=last_lines)
     records = serverfail.read(root, key.digest)
     now = records.of(instance)
     count = f"; {len(now)} such exit(s) recorded on it" if now else ""
-    last = f" (its last line: {serverfail.bounded_lines(last_lines[-1:])[0]})" if last_lines else ""
-    what = f"the server {how} before it was ready, on entry {found.path.name}{count}{last}"
-    if compiled_here and _same_as_before(records, instance, code):
+    if pod.metrics.compiles > 0 and _same_as_before(records, instance, code):
         remedy = (
             "the entry is not the cause: this pod compiled it afresh and its server fails the same way as on "
-            "the copy set aside before; read the server's output above, check its flags and the node"
+            "the copy set aside before; read the server's last lines, check its flags and the node"
         )
     else:
         remedy = (
             f"if the server cannot load this entry, remove it: cachemgr prune --key {key.short} --yes (the next "
-            f"start compiles afresh); 'cachemgr show {key.short}' has the server's last lines"
+            f"start compiles afresh); 'cachemgr show {key.short}' has the last lines of each such exit"
         )
-    log.error(
-        "server_failed",
-        key=key.short,
-        entry=found.path.name,
-        exit_status=code,
-        signal=signame,
-        recorded=len(now),
-        compiled_here=compiled_here,
-        last_lines=serverfail.bounded_lines(last_lines),
-    )
-    return ServerFailedError(what, remedy=remedy, exit_status=code, signal=signame, key=key.digest)
+    return ServerFailedError(error.what + count, remedy=remedy, **error.fields, recorded=len(now))
 
 
 def _record(

@@ -204,11 +204,11 @@ class CommandStrategy(Strategy):
         pod = self.pod
         staging = pod.new_staging(root, key)
         argv = render(key.inputs["compile_cmd"], output_dir=str(staging.artifacts))
-        pod.state.phase("compiling", strategy=self.name, staging=str(staging.path))
         started = time.monotonic()
         watch: launcher.OutputWatch | None = None
-        self._start_progress(root, key, lease)
         try:
+            pod.enter("compiling", strategy=self.name, staging=str(staging.path))
+            self._start_progress(root, key, lease)
             child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
             watch = launcher.OutputWatch(child)
             monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
@@ -259,15 +259,17 @@ class VllmStrategy(Strategy):
         env = {**pod.environ, "VLLM_CACHE_ROOT": str(staging.artifacts)}
         url = pod.health_url(key)
         pod.state.update(health_url=url)
-        pod.state.phase("compiling", strategy=self.name, staging=str(staging.path))
         started = time.monotonic()
         watch: launcher.OutputWatch | None = None
         child = None
         healthy = threading.Event()
-        self._start_progress(root, key, lease)
         try:
-            child = launcher.start(key.server.argv, env=env, capture=True, what="server")
-            pod.relay.attach(child)
+            pod.enter("compiling", strategy=self.name, staging=str(staging.path))
+            self._start_progress(root, key, lease)
+            # The server compiles as it starts: spawned under the relay, as on a hit.
+            child = pod.relay.spawn(
+                lambda: launcher.start(key.server.argv, env=env, capture=True, what="server")
+            )
             watch = launcher.OutputWatch(child)
             monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
 

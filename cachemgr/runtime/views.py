@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cachemgr.core.fsutil import random_suffix, remove_tree
 from cachemgr.core.log import get_logger
-from cachemgr.core.procs import same_process, start_ticks
+from cachemgr.core.procs import Flag, same_process, start_ticks
 from cachemgr.volume.manifest import ARTIFACTS, Manifest
 
 ANCHORS = "e"  # views/HOME/e/N -> a directory of the entry's artifacts
@@ -40,13 +40,17 @@ ROOT = "v"  # views/HOME/v: the view itself
 log = get_logger("cachemgr.run")
 
 
-def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
+_STOP_EVERY = 512  # files between looks at the stop flag: a view of 100,000 files takes seconds
+
+
+def build_view(views: Path, entry: Path, manifest: Manifest, *, stop: Flag | None = None) -> Path:
     """A fresh pod-local tree mirroring ``entry/artifacts`` with a symlink per file; its path.
 
     Built from the manifest's file list (no walk of the shared volume): one mkdir per
     directory and one symlink per file, with plain strings (this is on the hit path). Each
     start gets a new home under ``views``; earlier ones are removed after the server started
     (:func:`remove_old_views`), since unlinking thousands of links costs as much as making them.
+    ``InterruptedError`` once ``stop`` is set meanwhile (a termination signal): the half view is removed.
     """
     views.mkdir(parents=True, exist_ok=True)
     home = _new_dir(views, f"{entry.name[-16:]}.{_owner_tag()}.")
@@ -61,7 +65,9 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
         os.mkdir(anchors)
         # A directory of the view -> how a link in it reaches its anchor.
         up: dict[str, str] = {}
-        for record in manifest.files:
+        for count, record in enumerate(manifest.files):
+            if stop is not None and count % _STOP_EVERY == 0:
+                _check_stop(stop)
             if not record.path.startswith(prefix):
                 continue
             rel = record.path[cut:]
@@ -86,6 +92,11 @@ def build_view(views: Path, entry: Path, manifest: Manifest) -> Path:
         remove_tree(home)  # half a view serves nothing: give its inodes back
         raise
     return Path(view)
+
+
+def _check_stop(stop: Flag) -> None:
+    if stop.is_set():
+        raise InterruptedError("stopped while the view was built")
 
 
 def _new_dir(parent: Path, prefix: str) -> Path:

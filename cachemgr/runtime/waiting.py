@@ -66,6 +66,9 @@ class Waiting:
                 else "fails unless a compile is under way",
             )
         while True:
+            # The signal first: a peer publishing just as this pod is stopped starts no server here.
+            if self.pod.relay.stop.is_set():
+                raise failures.interrupted(self.pod.relay)
             if self.pod.published(root, key):
                 found = self.pod.find(root, key)
                 if found is not None:
@@ -82,8 +85,6 @@ class Waiting:
                 raise _miss(key, why)
             if notify.due():
                 self._on_wait(holder if live else None, time.monotonic() - started, root=root, key=key)
-            if self.pod.relay.stop.is_set():
-                raise failures.interrupted(self.pod.relay)
             timeout = self.pod.options.wait_timeout
             if timeout is not None and time.monotonic() - started >= timeout:
                 raise failures.wait_timeout(root, key, time.monotonic() - started, publisher=until_published)
@@ -143,7 +144,7 @@ class Waiting:
             log.info("waiting_for_compile", **detail)
         state = self.pod.state
         if state.current.phase != "waiting":
-            state.phase("waiting", **detail)
+            self.pod.enter("waiting", **detail)
         else:
             state.update(detail=detail)
 

@@ -25,7 +25,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -109,7 +109,7 @@ def lookup(
         what = f"the entry is {safefs.describe(st)}, not a directory"
         return Lookup("damaged", path, problems=(Problem(path.name, what),))
     try:
-        found = _check_entry(root, key, path, mode=mode)
+        found = _check_entry(root, key, path, mode=mode, stop=stop)
     except PermissionError as error:
         if not trusted:
             raise  # the open mode: an unreadable entry is an I/O error (exit 74), as it always was
@@ -122,7 +122,9 @@ def lookup(
     return check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
 
 
-def _check_entry(root: CacheRoot, key: CacheKey, path: Path, *, mode: VerifyMode) -> Lookup:
+def _check_entry(
+    root: CacheRoot, key: CacheKey, path: Path, *, mode: VerifyMode, stop: StopFlag | None = None
+) -> Lookup:
     """The committed entry at ``path`` against its manifest: a hit, or damaged (why)."""
     try:
         manifest = read_manifest(path)
@@ -131,8 +133,21 @@ def _check_entry(root: CacheRoot, key: CacheKey, path: Path, *, mode: VerifyMode
     if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
         what = "manifest was written for different key inputs (digest collision or tampering)"
         return Lookup("damaged", path, manifest, (Problem("manifest.json", what),))
-    problems = check_files(path, manifest, mode=mode, within=root.path)
+    problems = check_files(path, manifest, mode=mode, within=root.path, on_file=_stopping(stop))
     return Lookup("damaged" if problems else "hit", path, manifest, tuple(problems))
+
+
+def _stopping(stop: StopFlag | None) -> Callable[[int], None] | None:
+    """``--verify full`` reads every byte (seconds to minutes on a large entry): between two
+    files, a termination signal ends the check with ``InterruptedError``."""
+    if stop is None:
+        return None
+
+    def after_file(_size: int) -> None:
+        if stop.is_set():
+            raise InterruptedError("stopped while the entry's files were checked")
+
+    return after_file
 
 
 def check_trust(
