@@ -200,16 +200,22 @@ def test_writers_bound_lines_records_and_the_count(root: Path) -> None:
 
     cache = open_root(root, create=True)
     who = PodIdentity(pod="p", node="n", pid=1, host="h")
+    for _ in range(serverfail.KEEP_BEFORE + 2):  # a copy before, set aside: its newest are kept as evidence
+        serverfail.write(
+            cache, "k" * 32, who, instance="old", entry="e", exit_status=1, signal_name=None,
+            last_lines=["x"], compiled_here=False,
+        )  # fmt: skip
     for _ in range(serverfail.KEEP + 5):
         serverfail.write(
             cache, "k" * 32, who, instance="abc", entry="e", exit_status=1, signal_name=None,
             last_lines=["é" * 10_000] * 100, compiled_here=False,
         )  # fmt: skip
     names = [p for p in (root / "usage" / ("k" * 32)).iterdir() if p.name.startswith(serverfail.PREFIX)]
-    assert len(names) == serverfail.KEEP
+    assert len(names) == serverfail.KEEP + serverfail.KEEP_BEFORE
     assert all(p.stat().st_size <= serverfail.RECORD_MAX for p in names)
     got = serverfail.read(cache, "k" * 32)
     assert len(got.of("abc")) == serverfail.KEEP
+    assert len(got.before("abc")) == serverfail.KEEP_BEFORE
     assert not got.notes
     assert all(len(line) <= serverfail.LINE_MAX for f in got.failures for line in f.last_lines)
 

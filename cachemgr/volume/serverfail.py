@@ -17,8 +17,8 @@ Anyone who can write the volume writes these files, so a reader treats them as h
 most ``READ_LIMIT`` records, each read only up to ``RECORD_MAX`` bytes, through ``O_NOFOLLOW``
 from the folder reached from the root; a malformed one is skipped with a note, and every
 string is shown escaped (cachemgr.core.printable) by whoever prints it. Writers bound what they
-write: ``LINES_MAX`` lines of at most ``LINE_MAX`` characters, and ``KEEP`` records per key,
-the oldest dropped.
+write: ``LINES_MAX`` lines of at most ``LINE_MAX`` characters, ``KEEP`` records of the copy there
+now and ``KEEP_BEFORE`` of the copies before it, the oldest dropped.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ PREFIX = "server-failed."
 LINES_MAX = 20  # the server's last lines kept per record (a traceback's end names the cause)
 LINE_MAX = 300  # characters kept of each line (a progress bar without a newline is one line)
 RECORD_MAX = 16 * 1024  # bytes: a record written by cachemgr is well under; a larger one is not ours
-KEEP = 20  # records kept per key, newest first: what `show` needs, never a growing folder
+KEEP = 20  # records kept of the copy there now, newest first: what `show` needs, never a growing folder
+KEEP_BEFORE = 5  # and of the copies before it (set aside, pruned): what the set-aside policy compares with
 READ_LIMIT = 64  # names read at most per key: a planted folder of a million files costs a listing
 _NAME_MAX = 255
 _SUMMARY_MAX = 1 << 20
@@ -183,7 +184,7 @@ def write(
     name = _name(instance, identity)
     with safefs.open_dir(root.path, root.usage / digest, create=True) as folder:
         atomic_write_json_at(folder, name, record)
-        _drop_oldest(folder)
+        _drop_oldest(folder, instance)
     return name
 
 
@@ -194,10 +195,14 @@ def _name(instance: str, identity: PodIdentity) -> str:
     return head + tail.encode()[-room:].decode("utf-8", "ignore")
 
 
-def _drop_oldest(folder: int) -> None:
-    """Keep the newest ``KEEP`` records of the key (by the stamp in their names)."""
+def _drop_oldest(folder: int, instance: str) -> None:
+    """Keep the newest ``KEEP`` records of this copy and the newest ``KEEP_BEFORE`` of the copies
+    before it (by the stamp in their names): those are the evidence that a fresh copy fails alike,
+    and must not be pushed out by the fresh copy's own records."""
     names = sorted((n for n in os.listdir(folder) if n.startswith(PREFIX)), key=_stamp, reverse=True)
-    for name in names[KEEP:]:
+    this = [n for n in names if n[len(PREFIX) :].split(".", 1)[0] == instance]
+    before = [n for n in names if n not in set(this)]
+    for name in this[KEEP:] + before[KEEP_BEFORE:]:
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=folder)
 
