@@ -52,7 +52,7 @@ def recorded(
     if pod.metrics.compiles > 0 and _same_as_before(records, instance, code):
         remedy = (
             "the entry is not the cause: this pod compiled it afresh and its server fails the same way as on "
-            "the copy set aside before; read the server's last lines, check its flags and the node"
+            "the copy before it; read the server's last lines, check its flags and the node"
         )
     else:
         remedy = (
