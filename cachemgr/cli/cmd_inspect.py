@@ -197,6 +197,13 @@ def _ls_summary(listing: Listing, image: ImageInfo) -> str:
             f"* RECOMPILED ON HIT: the server compiled anyway after loading {', '.join(drifted)}: the key lacks "
             "an input the server hashes ('cachemgr show KEY' names the new files)"
         )
+    failed = [e for e in listing.entries if e.server_failed]
+    if failed:
+        lines.append(
+            f"{plural(len(failed), 'entry')} whose server exited before it was ready ({', '.join(e.short for e in failed)}): "
+            "'cachemgr show KEY' has its last lines; 'cachemgr prune --key KEY --yes' removes the entry "
+            "(the next start compiles it again)"
+        )
     silent = [e for e in listing.entries if e.silent_users]
     if silent:
         lines.append(
@@ -207,8 +214,13 @@ def _ls_summary(listing: Listing, image: ImageInfo) -> str:
 
 
 def _status(e: EntryInfo) -> str:
-    """published / damaged / incompatible, or untrusted where trusted keys were given and none signed it."""
-    return "untrusted" if e.trust not in (None, "trusted") and e.status == "published" else e.status
+    """published / damaged / incompatible, or untrusted where trusted keys were given and none signed it;
+    ``server-failed N`` for a published entry on which servers exited before ready N times."""
+    if e.trust not in (None, "trusted") and e.status == "published":
+        return "untrusted"
+    if e.server_failed and e.status == "published":
+        return f"server-failed {e.server_failed}"
+    return e.status
 
 
 def _other_npus(entries: tuple[EntryInfo, ...], image: ImageInfo) -> list[str]:

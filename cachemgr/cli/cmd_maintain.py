@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
@@ -36,7 +37,7 @@ from cachemgr.ops.diskusage import DiskUsage, disk_usage
 from cachemgr.ops.inspection import volume_errors
 from cachemgr.ops.meter import interval_from, open_meter
 from cachemgr.ops.prune import execute
-from cachemgr.ops.prune_plan import PrunePlan, PruneRequest, PruneResult, plan_prune
+from cachemgr.ops.prune_plan import PrunePlan, PruneRequest, PruneResult, named_entries, plan_prune
 from cachemgr.ops.scan import scan
 from cachemgr.ops.verify import VerifyReport
 from cachemgr.ops.verify import verify as verify_entries
@@ -222,6 +223,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
     root = open_cache(args)
     identity = PodIdentity.current(environ)
     with volume_errors(root):
+        request = replace(request, entries=frozenset(named_entries(root, args.key)))
         plan = plan_prune(root, scan(root, compat=compat), request, identity=identity)
     tell("note", plan.notes)
     if not plan.items or args.dry_run:
@@ -286,13 +288,14 @@ def _prune_request(args: argparse.Namespace) -> PruneRequest:
         damaged=args.damaged,
         failures=args.failures,
         npu=frozenset(_npu_name(name) for name in [*args.for_npu, *args.npu]),
+        entries=frozenset(args.key),  # resolved to entry names once the volume is open
     )
     if args.unused_for is not None and args.unused_for < 0:
         raise UsageError("--unused-for must not be negative", remedy="pass e.g. --unused-for 14d")
     if request.empty:
         raise UsageError(
-            "prune needs at least one of --incompatible, --for-npu, --unused-for, --keep-bytes, --stale-staging, "
-            "--damaged, --failures",
+            "prune needs at least one of --key, --incompatible, --for-npu, --unused-for, --keep-bytes, "
+            "--stale-staging, --damaged, --failures",
             remedy="say what may go, e.g. 'cachemgr prune --incompatible --dry-run'",
         )
     return request

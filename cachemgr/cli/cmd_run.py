@@ -136,7 +136,24 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         signing_key=signing_key,
         trusted=trusted,
         prefetch=_prefetch_mode(args.prefetch),
+        on_server_failure=_server_failure_policy(args.on_server_failure, environ),
     )
+
+
+def _server_failure_policy(given: list[str] | None, environ: Mapping[str, str]) -> int | None:
+    """``--on-server-failure`` / ``CACHEMGR_ON_SERVER_FAILURE``: ``off`` (None) or ``set-aside-after N``."""
+    from_env = given is None
+    text = (environ.get("CACHEMGR_ON_SERVER_FAILURE") or "off") if given is None else " ".join(given)
+    words = text.replace("=", " ").split()
+    if words == ["off"]:
+        return None
+    if len(words) == 2 and words[0] == "set-aside-after" and words[1].isdigit() and 0 < int(words[1]) < 10**6:
+        return int(words[1])
+    what = (
+        f"{'CACHEMGR_ON_SERVER_FAILURE' if from_env else '--on-server-failure'} {text[:40]!r} is not a policy"
+    )
+    remedy = "use 'off' (the default) or 'set-aside-after N', N a whole number of pre-ready exits, e.g. 3"
+    raise ConfigError(what, remedy=remedy) if from_env else UsageError(what, remedy=remedy)
 
 
 def _prefetch_mode(value: str | None) -> Any:

@@ -30,6 +30,7 @@ from cachemgr.core.units import human_age, human_duration
 from cachemgr.ops.inspection import EntryDetail, volume_errors
 from cachemgr.ops.inspection import show as show_key
 from cachemgr.ops.scan import EntryInfo
+from cachemgr.volume.serverfail import ServerFailure
 
 
 def _float(value: Any) -> float | None:
@@ -73,6 +74,11 @@ def _status_line(d: EntryDetail) -> str:
     check = "every file's size and mtime match the manifest ('cachemgr verify' hashes them)"
     if e.status == "incompatible":
         return f"incompatible ({e.problem}); {check}"
+    if d.server_failed:
+        return (
+            f"server-failed {len(d.server_failed)}: the server exited before it was ready on this entry "
+            f"(below), though {check}"
+        )
     return f"ok: {check}"
 
 
@@ -127,6 +133,8 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
         yield Text(
             f"FAILED COMPILES ({d.history.count})\n" + "\n".join(_failure_text(r) for r in d.history.records)
         )
+    if d.server_failed or d.server_failed_before:
+        yield Text(_server_failed_text(d))
     if d.recompiled:
         yield Text(
             f"RECOMPILED ON HIT ({len(d.recompiled)}): the server compiled anyway; the key lacks an input it hashes\n"
@@ -189,6 +197,29 @@ def _recompiled_text(record: Mapping[str, Any]) -> str:
         f"{safe(record.get('node') or '?')}: {safe(record.get('count', len(shown)))} new file(s)"
     )
     return "\n".join([head, *(f"    {p}" for p in shown)])
+
+
+def _server_failed_text(d: EntryDetail) -> str:
+    """``show``: each pre-ready server exit on a hit, with its last lines, and what removes the entry."""
+    lines = []
+    if d.server_failed:
+        lines.append(
+            f"SERVER EXITED BEFORE READY ({len(d.server_failed)}): if the server cannot load this entry, "
+            f"'cachemgr prune --key {d.digest[:12]} --yes' removes it and the next start compiles afresh"
+        )
+        lines += [_server_failure_text(f) for f in d.server_failed]
+    if d.server_failed_before:
+        lines.append(
+            f"EARLIER COPIES' SERVER EXITS ({len(d.server_failed_before)}): set aside or removed since"
+        )
+        lines += [_server_failure_text(f) for f in d.server_failed_before]
+    return "\n".join(lines)
+
+
+def _server_failure_text(f: ServerFailure) -> str:
+    compiled = ", on the copy it had just compiled" if f.compiled_here else ""
+    head = f"{human_age(f.time)}  pod {safe(f.pod or '?')} on node {safe(f.node or '?')}: {f.how}{compiled}"
+    return "\n".join([head, *(f"    | {safe(line)}" for line in f.last_lines)])
 
 
 def _failure_text(record: Mapping[str, Any]) -> str:

@@ -244,7 +244,7 @@ def _add_prune_command(sub: Any, name: str) -> None:
         [
             "cachemgr prune --incompatible --dry-run",
             "cachemgr prune --unused-for 14d --yes",
-            "cachemgr prune --for-npu RBLN-CA12 --yes",
+            "cachemgr prune --key 661096f8 --yes",
         ],
     )
     group = cmd.add_argument_group("what may go (selectors)")
@@ -292,7 +292,8 @@ def _add_prune_command(sub: Any, name: str) -> None:
         action="append",
         default=[],
         metavar="KEY",
-        help="with --remote: this entry (repeatable); --unused-for counts from the upload there",
+        help="this entry: a key prefix or an entry name (repeatable), e.g. one its server cannot load; "
+        "with --remote, the bucket's (--unused-for counts from the upload there)",
     )
     cmd.add_argument("--dry-run", action="store_true", help="print the plan only")
     cmd.add_argument("--yes", action="store_true", help="do it without asking (required without a terminal)")

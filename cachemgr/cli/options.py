@@ -250,6 +250,14 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         "[env CACHEMGR_PREFETCH; default auto]",
     )
     group.add_argument(
+        "--on-server-failure",
+        nargs="+",
+        default=None,
+        metavar="POLICY",
+        help="'set-aside-after N': once servers exited before ready N times on an entry (any pods), the "
+        "next start sets it aside and compiles afresh, once [env CACHEMGR_ON_SERVER_FAILURE; default off]",
+    )
+    group.add_argument(
         "--remote",
         default=None,
         metavar="URL",

@@ -26,6 +26,7 @@ from cachemgr.key.cachekey import CacheKey
 from cachemgr.ops.attempts import FailureHistory
 from cachemgr.ops.locks import holder_json, read_holder_of
 from cachemgr.ops.scan import Compat, EntryInfo, scan
+from cachemgr.volume import serverfail
 from cachemgr.volume.drift import records as drift_records
 from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
@@ -35,6 +36,7 @@ from cachemgr.volume.store import lookup
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
     from cachemgr.volume.lease import Holder
+    from cachemgr.volume.serverfail import ServerFailure
 
 # The order fields are shown in: what operators change most, and the likeliest cause, first.
 _FIELD_ORDER = (
@@ -85,6 +87,8 @@ class Explanation:
     signer: str | None = None  # the key that signed it (trusted if the result is a hit)
     untrusted: str = ""  # why the entry is not trusted ("untrusted: ...")
     trusting: bool = False  # looked up with trusted keys, as a trusting pod does
+    # Pre-ready server exits on a hit of the entry as it is now (cachemgr.volume.serverfail), newest first.
+    server_failed: tuple[ServerFailure, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -100,6 +104,7 @@ class Explanation:
             "advice": list(self.advice),
             "warnings": list(self.warnings),
             "recompiled_on_hit": [dict(r) for r in self.recompiled],
+            "server_failed": [f.to_json() for f in self.server_failed],
             "signer": self.signer,
             "trust": ("trusted" if self.result == "hit" else self.untrusted or None)
             if self.trusting
@@ -125,10 +130,14 @@ def explain(
         nearest = tuple(_rank(key, same_role, warnings)[:limit])
     records = failures(root, key.digest)
     history = FailureHistory(key.digest, tuple(records), len(records)) if records else None
+    entry = next((e for e in found_entries if e.key == key.digest), None)
+    served = serverfail.read(root, key.digest) if entry is not None and entry.server_failed else None
+    warnings += served.notes if served is not None else ()
     partial = Explanation(
         key=key,
         result=found.status,
-        entry=next((e for e in found_entries if e.key == key.digest), None),
+        entry=entry,
+        server_failed=served.of(serverfail.instance_of(entry.created_at)) if served and entry else (),
         problems=tuple(str(p) for p in found.problems),
         nearest=nearest,
         holder=read_holder_of(root, key.digest) if found.status != "hit" else None,
@@ -213,6 +222,15 @@ def _cache_advice(ex: Explanation) -> list[str]:
             f"the last {human_age(number(last.get('time')))} (pod {last.get('pod', '?')}, new files: "
             f"{', '.join([str(p) for p in last.get('paths') or []][:3])}): the server keys on something cachemgr does not. "
             "Report it with 'cachemgr show KEY -o json'; meanwhile such pods compile at every start"
+        )
+    if ex.server_failed:
+        newest = ex.server_failed[0]
+        line = f"; its last line: {newest.last_lines[-1]}" if newest.last_lines else ""
+        advice.append(
+            f"the server exited before it was ready {len(ex.server_failed)} time(s) on this entry, the last "
+            f"{human_age(newest.time)} (pod {newest.pod or '?'}, {newest.how}{line}): if the entry is what it cannot "
+            f"load, 'cachemgr prune --key {ex.key.short} --yes' removes it and the next start compiles afresh "
+            "(or run pods with --on-server-failure set-aside-after N); 'cachemgr show KEY' has the last lines"
         )
     return advice
 

@@ -30,6 +30,7 @@ from cachemgr.ops.attempts import (
 )
 from cachemgr.ops.locks import holder_json, read_holder_of
 from cachemgr.ops.scan import Compat, EntryInfo, scan, scan_entry
+from cachemgr.volume import serverfail
 from cachemgr.volume.drift import records as drift_records
 from cachemgr.volume.entries import entry_digest, entry_names, listdir
 from cachemgr.volume.failure_records import failures
@@ -40,6 +41,7 @@ from cachemgr.volume.store import list_staging
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
     from cachemgr.volume.lease import Holder
+    from cachemgr.volume.serverfail import ServerFailure
 
 
 # --- ls -------------------------------------------------------------------------------------
@@ -109,6 +111,10 @@ class EntryDetail:
     # What the entry's signature.json says (key, when, by whom): a claim unless entry.trust says
     # "trusted"; None when unsigned. And why it does not parse, if it does not.
     signature: Mapping[str, Any] | None = None
+    # Pre-ready server exits on hits of this key, newest first (cachemgr.volume.serverfail): those
+    # of the entry as it is now, then those of copies set aside or removed before.
+    server_failed: tuple[ServerFailure, ...] = ()
+    server_failed_before: tuple[ServerFailure, ...] = ()
 
     @property
     def status(self) -> str:
@@ -153,6 +159,8 @@ class EntryDetail:
             "attempts": [a.to_json() for a in self.attempts],
             "warnings": list(self.warnings),
             "recompiled_on_hit": [dict(r) for r in self.recompiled],
+            "server_failed": [f.to_json() for f in self.server_failed],
+            "server_failed_before": [f.to_json() for f in self.server_failed_before],
             "signer": self.entry.signer if self.entry else None,
             "trust": self.entry.trust if self.entry else None,
             "signature": dict(self.signature) if self.signature is not None else None,
@@ -231,6 +239,9 @@ def show(
     elif attempts:
         key_doc = read_dict(attempts[0].path / KEY_NAME)
     records = failures(root, match.digest, warnings=warnings)
+    served = serverfail.read(root, match.digest)
+    warnings += served.notes
+    instance = serverfail.instance_of(entry.created_at) if entry is not None else ""
     named = (
         [str(key_doc.get("entry") or "")]
         + [a.entry for a in attempts]
@@ -247,6 +258,8 @@ def show(
         holder=read_holder_of(root, match.digest),
         attempts=attempts,
         recompiled=tuple(drift_records(root, match.digest)),
+        server_failed=served.of(instance),
+        server_failed_before=served.before(instance),
         warnings=tuple(warnings),
         signature=_signature(root, entry) if entry is not None else None,
     )

@@ -121,11 +121,13 @@ class PruneRequest:
     # Entries for these NPU types (upper case, --for-npu), named by the operator: another NPU's entries are
     # not incompatible (that hardware's pods may share the volume), so they go only when asked.
     npu: frozenset[str] = frozenset()
+    # Entries named by the operator (--key, resolved to entry names): one the server cannot load.
+    entries: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
         return not (self.incompatible or self.unused_for is not None or self.keep_bytes is not None) and not (
-            self.stale_staging or self.damaged or self.failures or self.npu
+            self.stale_staging or self.damaged or self.failures or self.npu or self.entries
         )
 
 
@@ -216,6 +218,9 @@ def _pods(found: Iterable[User]) -> str:
 
 
 def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
+    if entry.name in request.entries:
+        failed = f"; its server exited before ready {entry.server_failed}x" if entry.server_failed else ""
+        return f"named (--key){failed}"
     if request.damaged and entry.status == "damaged":
         return f"damaged: {entry.problem}"
     if request.incompatible and entry.status == "incompatible":
@@ -348,3 +353,23 @@ def _stale_reason(age: float | None) -> str:
         if age is None
         else f"attempt silent for {human_duration(age)}"
     )
+
+
+def named_entries(root: CacheRoot, queries: Iterable[str]) -> list[str]:
+    """``--key``: each query (a unique key prefix or an entry name) -> its published entry's name.
+
+    Not found (66) or ambiguous (64) as ``show`` says it: a prune removes only what was named exactly.
+    """
+    from cachemgr.core.errors import NotFoundError
+    from cachemgr.ops.inspection import find_key
+
+    names = []
+    for query in queries:
+        match = find_key(root, query)
+        if match.entry is None:
+            raise NotFoundError(
+                f"key {match.digest[:12]} has records under {root.path} but no published entry to prune",
+                remedy="'cachemgr ls' lists the entries; 'cachemgr show KEY' says what is recorded of this key",
+            )
+        names.append(match.entry)
+    return names

@@ -33,6 +33,7 @@ from cachemgr.core.coerce import as_dict, number, read_dict, text
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_age, human_bytes
 from cachemgr.ops import scanhints
+from cachemgr.volume import serverfail
 from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
@@ -122,6 +123,8 @@ class EntryInfo:
     trust: str | None = None
     # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
     starts: Mapping[str, int] = field(default_factory=dict)
+    # Pre-ready exits of servers launched on this copy of the entry (cachemgr.volume.serverfail).
+    server_failed: int = 0
 
     @property
     def hits(self) -> int:
@@ -187,6 +190,7 @@ class EntryInfo:
             "trust": self.trust,
             "hits": self.hits,
             "starts": dict(self.starts),
+            "server_failed": self.server_failed,
         }
 
 
@@ -339,6 +343,7 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
         signer=signer,
         trust=trust,
         starts=usage.starts,
+        server_failed=serverfail.count_on(ctx.root, key, usage.server_failed, summary.get("created_at")),
     )
 
 

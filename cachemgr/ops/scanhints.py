@@ -119,8 +119,19 @@ class Hints:
             return None
         if not all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in starts.items()):
             return None
+        failed = row.get("server_failed", {})
+        if not isinstance(failed, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in failed.items()
+        ):
+            return None
         sec, ns = divmod(seen[1], 10**9)  # as os.stat computes st_mtime, to the last bit
-        return Usage(last=sec + ns * 1e-9, recompiled_on_hit=recompiled, starts=starts, waited=tuple(waited))
+        return Usage(
+            last=sec + ns * 1e-9,
+            recompiled_on_hit=recompiled,
+            starts=starts,
+            waited=tuple(waited),
+            server_failed=failed,
+        )
 
     def learn(self, name: str, summary: Mapping[str, Any]) -> None:
         """A summary read and checked now, for the entry directory as this scan listed it."""
@@ -136,6 +147,7 @@ class Hints:
                 "recompiled": usage.recompiled_on_hit,
                 "starts": dict(usage.starts),
                 "waited": list(usage.waited),
+                "server_failed": dict(usage.server_failed),
             }
 
 

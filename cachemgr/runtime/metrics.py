@@ -64,6 +64,7 @@ class MetricsSnapshot:
     untrusted: int = 0
     saved_seconds: float = 0.0
     prefetch: dict[str, Any] = field(default_factory=dict)
+    server_failed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -76,6 +77,7 @@ class MetricsSnapshot:
             "damaged": self.damaged,
             "untrusted": self.untrusted,
             "recompiled_on_hit": self.recompiled_on_hit,
+            "server_failed": self.server_failed,
             "failures": dict(sorted(self.failures.items())),
             "phase": self.phase,
             "phase_seconds": {k: round(v, 3) for k, v in sorted(self.phase_seconds.items())},
@@ -98,6 +100,8 @@ class Metrics:
     untrusted: int = 0
     # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
     recompiled_on_hit: int = 0
+    # Servers launched on a hit that exited before they were ready (cachemgr.runtime.server_failures).
+    server_failed: int = 0
     failures: Counter[str] = field(default_factory=Counter)
     phase: str = "resolving"
     # Seconds spent in each phase this run, counted when the phase ends.
@@ -189,6 +193,7 @@ class Metrics:
                 damaged=self.damaged,
                 untrusted=self.untrusted,
                 recompiled_on_hit=self.recompiled_on_hit,
+                server_failed=self.server_failed,
                 failures=dict(failures),
                 phase=self.phase,
                 phase_seconds=dict(self.phase_seconds),

@@ -45,6 +45,8 @@ class RunOptions:
     signing_key: SecretKey | None = None
     trusted: TrustedKeys | None = None
     prefetch: Literal["auto", "off"] = "auto"  # read-ahead after a hit's launch (cachemgr.runtime.prefetch)
+    # --on-server-failure set-aside-after N (None: off): cachemgr.runtime.server_failures.
+    on_server_failure: int | None = None
 
     @property
     def stale_staging_after(self) -> float:

@@ -95,6 +95,7 @@ class Runner:
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
         self.read_only = False  # the volume cannot be written by this pod (set once it is opened)
+        self._set_aside = False  # --on-server-failure moved the entry aside: at most once per start
 
     # --- the flow ---------------------------------------------------------------------
 
@@ -217,10 +218,22 @@ class Runner:
         except OSError as error:
             raise failures.unreadable_entry(error, root, key) from error
         if found.status == "hit":
-            return found
+            return None if self._set_aside_failing(root, key, found) else found
         if found.status != "miss":
             self.unusable.set_aside(root, found, seen)
         return None
+
+    def _set_aside_failing(self, root: CacheRoot, key: CacheKey, found: Lookup) -> bool:
+        """--on-server-failure: an entry its servers keep failing on goes aside, once per start."""
+        after = self.options.on_server_failure
+        if after is None or self._set_aside or self.options.warm:  # warm launches no server to judge by
+            return False
+        from cachemgr.runtime import server_failures
+
+        self._set_aside = server_failures.should_set_aside(self, root, key, found, after=after)
+        if self._set_aside:
+            server_failures.set_aside(self, root, key, found, after=after)
+        return self._set_aside
 
     @cached_property
     def unusable(self) -> Unusable:

@@ -59,6 +59,7 @@ from cachemgr.core.fsutil import atomic_write_json_at, read_json, touch_at
 from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS as HEARTBEAT_SECONDS  # noqa: PLC0414
 from cachemgr.volume.heartbeat import Heartbeat as Heartbeat  # noqa: PLC0414
 from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.serverfail import counts_by_instance
 
 if TYPE_CHECKING:
     from cachemgr.volume.layout import CacheRoot
@@ -135,6 +136,8 @@ class Usage:
     starts: Mapping[str, int] = field(default_factory=dict)
     # Names of ended starts that waited for a peer (their records say how long: stats reads them).
     waited: tuple[str, ...] = ()
+    # Pre-ready server exits on a hit, per published copy of the key (cachemgr.volume.serverfail).
+    server_failed: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> frozenset[tuple[str, Mark]]:
@@ -310,7 +313,8 @@ def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float
         user = _user(path, name, mark, now - mark[1] / 1e9, window)
         (silent if user.silent else live).append(user)
         starts[user.start] = starts.get(user.start, 0) + 1
-    return Usage(tuple(live), tuple(silent), frozenset(seen), last, recompiled, starts, tuple(waited))
+    failed = counts_by_instance(names)
+    return Usage(tuple(live), tuple(silent), frozenset(seen), last, recompiled, starts, tuple(waited), failed)
 
 
 def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:

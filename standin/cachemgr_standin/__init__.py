@@ -34,7 +34,9 @@ Environment knobs (both programs; compiler flags override them):
 * ``STANDIN_NPU_NAME``: what the fake ``rebel.get_npu_name(0)`` answers (see ``pymods/``); unset,
   there is no device.
 * Server faults: ``STANDIN_EXIT_BEFORE_HEALTHY=<code>`` (negative: die by that signal),
-  ``STANDIN_QUOTA_EXCEEDED=1``, ``STANDIN_HANG=1``; ``STANDIN_SIGNAL_LOG``, ``STANDIN_EXIT_CODE``.
+  ``STANDIN_QUOTA_EXCEEDED=1``, ``STANDIN_HANG=1``; ``STANDIN_SIGNAL_LOG``, ``STANDIN_EXIT_CODE``;
+  ``STANDIN_EXIT_ON_LOAD=<code>`` (negative: a signal): after loading compiled artifacts it did not
+  compile itself (a hit), die before ready with a traceback's last lines.
 """
 
 # What the stand-in "has installed", declared the way an image without the real packages declares

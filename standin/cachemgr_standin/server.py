@@ -65,6 +65,7 @@ from cachemgr_standin.compiler import (
     append_line,
     artifact_bytes,
     artifact_seed,
+    die,
     die_by_signal,
     digest_entries,
     env_flag,
@@ -817,6 +818,32 @@ def usage_error(message: str) -> NoReturn:
     raise SystemExit(2)
 
 
+_LOADED = frozenset({"precompiled", "cache-hit", "bundle-hit", "bundle-partial"})
+
+
+def exit_on_load(engine: Engine) -> None:
+    """Stand-in fault ``STANDIN_EXIT_ON_LOAD=<code>`` (negative: die by that signal): having loaded
+    compiled artifacts it did not compile itself, the server dies before it is ready, as vllm-rbln
+    does on a graph the runtime rejects. A server that compiled (a miss) is not affected."""
+    raw = os.environ.get("STANDIN_EXIT_ON_LOAD", "").strip()
+    loaded = [unit for unit in engine.units if unit.source in _LOADED]
+    if not raw or not loaded:
+        return
+    try:
+        code = int(raw)
+    except ValueError:
+        usage_error(f"STANDIN_EXIT_ON_LOAD={raw!r} is not an exit code")
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print('  File "vllm_rbln/worker/model_runner.py", line 412, in load_model', file=sys.stderr)
+    print(
+        f"RuntimeError: [standin] cannot load the compiled model at {loaded[0].path} "
+        f"(stand-in fault STANDIN_EXIT_ON_LOAD={code})",
+        file=sys.stderr,
+        flush=True,
+    )
+    die(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     tokens = list(sys.argv[1:] if argv is None else argv)
     print(f"{BANNER}: pid {os.getpid()}: vllm {' '.join(tokens)}", file=sys.stderr, flush=True)
@@ -833,6 +860,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KnobError as exc:
         usage_error(str(exc))
     engine = start_engine(args, knobs)
+    exit_on_load(engine)
     if engine.impl == "vllm" and _env_bool("VLLM_RBLN_COMPILE_ONLY", "0"):
         # vllm-rbln's compile-only mode (a CPU warm Job): compile, save, exit without serving. It
         # acts on the vLLM-model path only (vllm_rbln/compilation/compiler.py 127); the optimum

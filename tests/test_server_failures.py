@@ -1,0 +1,251 @@
+"""An entry the server cannot load (issue 26 item 4): each pre-ready server exit on a hit is recorded
+beside the entry and seen (ls, show, explain, the termination message); prune --key removes one local
+entry; --on-server-failure set-aside-after N compiles afresh once, and never loops.
+
+Real pods (the stand-in server made to die after loading a cached entry: STANDIN_EXIT_ON_LOAD), real
+files on the volume, the real CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
+
+from cachemgr.volume import serverfail
+
+
+def _env(pods: Cluster, root: Path) -> dict[str, str]:
+    return {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}
+
+
+def _published(pods: Cluster, root: Path) -> Path:
+    """One entry, compiled by a pod whose server then serves and stops cleanly."""
+    pod = pods.start("compiler", vllm_argv(free_port()), cache_root=root)
+    pod.wait_phase("serving")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0
+    (entry,) = entry_dirs(root)
+    return entry
+
+
+def _fail(pods: Cluster, root: Path, name: str, code: str, *, options: tuple[str, ...] = ()) -> int:
+    pod = pods.start(
+        name, vllm_argv(free_port()), cache_root=root, options=options, env={"STANDIN_EXIT_ON_LOAD": code}
+    )
+    return pod.wait_exit()
+
+
+def _key(entry: Path) -> str:
+    return str(json.loads((entry / "summary.json").read_text())["key"])
+
+
+def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Cluster, root: Path) -> None:
+    entry = _published(pods, root)
+    key = _key(entry)
+    assert _fail(pods, root, "bad-1", "3") == 3, "the pod exits with the server's own code"
+    term = (pods.work / "pods" / "bad-1" / "termination-log").read_text()
+    assert f"cachemgr prune --key {key[:12]} --yes" in term
+    assert "exited with code 3 before it was ready" in term
+    assert _fail(pods, root, "bad-2", "-9") == 137
+    assert "was killed by SIGKILL" in (pods.work / "pods" / "bad-2" / "termination-log").read_text()
+
+    records = sorted((root / "usage" / key).glob("server-failed.*"))
+    assert len(records) == 2
+    docs = [json.loads(p.read_text()) for p in records]
+    assert {d["pod"] for d in docs} == {"bad-1", "bad-2"}
+    assert {(d["exit_status"], d["signal"]) for d in docs} == {(3, None), (137, "SIGKILL")}
+    assert all(any("cannot load the compiled model" in line for line in d["last_lines"]) for d in docs)
+
+    env = _env(pods, root)
+    listed = json.loads(run_cli("ls", "-o", "json", env=env).stdout)
+    (row,) = [r for r in listed if r.get("kind") == "entry"]
+    assert row["server_failed"] == 2
+    assert row["status"] == "published"
+    table = run_cli("ls", env=env).stdout
+    assert "server-failed 2" in table
+    assert "prune --key KEY --yes" in table
+    shown = run_cli("show", key[:12], env=env).stdout
+    assert "SERVER EXITED BEFORE READY (2)" in shown
+    assert "server-failed 2" in shown
+    assert "killed by SIGKILL (137)" in shown
+    assert "exit code 3" in shown
+    assert "RuntimeError: [standin] cannot load the compiled model" in shown
+    explained = run_cli("explain", "--", *vllm_argv(free_port()), env=env)
+    assert "exited before it was ready 2 time(s)" in explained.stdout
+    assert f"cachemgr prune --key {key[:12]} --yes" in explained.stdout
+
+    # A good start afterwards still serves: recording changes nothing by default.
+    good = pods.start("good", vllm_argv(free_port()), cache_root=root)
+    good.wait_phase("serving")
+    assert pods.compiles() == 1
+
+
+def test_prune_key_removes_one_local_entry_and_never_one_in_use(pods: Cluster, root: Path) -> None:
+    entry = _published(pods, root)
+    key = _key(entry)
+    env = _env(pods, root)
+    refused = run_cli("prune", "--yes", env=env)
+    assert refused.returncode == 64
+    assert "--key" in refused.stderr
+    assert run_cli("prune", "--key", "ffffffff", "--yes", env=env).returncode == 66
+
+    live = pods.start("live", vllm_argv(free_port()), cache_root=root)
+    live.wait_phase("serving")
+    kept = run_cli("prune", "--key", key[:8], "--yes", env=env)
+    assert kept.returncode == 0, kept.stderr
+    assert "in use by live" in kept.stdout
+    assert entry.is_dir()
+    live.signal(signal.SIGTERM)
+    assert live.wait_exit() == 0
+
+    done = run_cli("prune", "--key", key[:8], "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.index("plan: 1 item") < done.stdout.index("removed 1 item of 1")
+    assert "named (--key)" in done.stdout
+    assert entry_dirs(root) == []
+
+
+def test_set_aside_after_n_exits_from_any_pods_compiles_afresh_once(pods: Cluster, root: Path) -> None:
+    entry = _published(pods, root)
+    policy = ("--on-server-failure", "set-aside-after", "2")
+    assert _fail(pods, root, "bad-1", "3") == 3
+    # One recorded exit: below N, so this pod (with the policy) still uses the entry, and fails.
+    assert _fail(pods, root, "bad-2", "3", options=policy) == 3
+    assert pods.compiles() == 1
+    fresh = pods.start("fresh", vllm_argv(free_port()), cache_root=root, options=policy)
+    fresh.wait_phase("serving")
+    assert pods.compiles() == 2, "set aside, compiled afresh"
+    assert [p for p in (root / "quarantine").iterdir() if p.is_dir() and p.name.startswith(entry.name)]
+    events = [e for e in fresh.log_events() if e["event"] == "entry_set_aside"]
+    assert len(events) == 1
+    assert "set-aside-after 2" in events[0]["reason"]
+    listed = json.loads(run_cli("ls", "-o", "json", env=_env(pods, root)).stdout)
+    (row,) = [r for r in listed if r.get("kind") == "entry"]
+    assert row["server_failed"] == 0, "the fresh copy starts with no recorded exits"
+
+
+def test_set_aside_never_loops_when_a_fresh_compile_fails_the_same_way(pods: Cluster, root: Path) -> None:
+    """The command strategy: the pod compiles, then launches its server on the entry it published."""
+    record = pods.work / "compiler.jsonl"
+    command = ("--strategy", "command", "--compile-cmd", compile_cmd(record))
+    policy = (*command, "--on-server-failure", "set-aside-after", "1")
+    fault = {"STANDIN_EXIT_ON_LOAD": "3"}
+    first = pods.start("first", server_argv(free_port()), cache_root=root, options=command, env=fault)
+    assert first.wait_exit() == 3
+    second = pods.start("second", server_argv(free_port()), cache_root=root, options=policy, env=fault)
+    assert second.wait_exit() == 3
+    term = (second.state_dir / "termination-log").read_text()
+    assert "the entry is not the cause" in term.lower()
+    assert len([e for e in second.log_events() if e["event"] == "entry_set_aside"]) == 1
+    third = pods.start("third", server_argv(free_port()), cache_root=root, options=policy, env=fault)
+    assert third.wait_exit() == 3
+    assert [e for e in third.log_events() if e["event"] == "server_failure_not_set_aside"]
+    assert not [e for e in third.log_events() if e["event"] == "entry_set_aside"]
+    compiled = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len([e for e in compiled if e["event"] == "compile"]) == 2, "compiled afresh once, not again"
+
+
+def test_a_bad_policy_is_one_line_with_its_code(pods: Cluster, root: Path) -> None:
+    env = {**_env(pods, root), "CACHEMGR_ON_SERVER_FAILURE": "set-aside-after many"}
+    done = run_cli("run", "--", *vllm_argv(free_port()), env=env)
+    assert done.returncode == 78
+    assert "CACHEMGR_ON_SERVER_FAILURE" in done.stderr
+    flag = run_cli(
+        "run", "--on-server-failure", "sometimes", "--", *vllm_argv(free_port()), env=_env(pods, root)
+    )
+    assert flag.returncode == 64
+    assert "--on-server-failure" in flag.stderr
+
+
+def test_records_are_hostile_ground_bounded_escaped_and_skipped(pods: Cluster, root: Path) -> None:
+    entry = _published(pods, root)
+    key = _key(entry)
+    env = _env(pods, root)
+    folder = root / "usage" / key
+    instance = serverfail.instance_of(json.loads((entry / "summary.json").read_text())["created_at"])
+    planted = {
+        "pod": "evil\x1b[2J\nfake row",
+        "node": "n",
+        "time": 1.0,
+        "exit_status": 1,
+        "last_lines": ["\x1b[31mred\x1b[0m", "ok"],
+    }
+    (folder / f"{serverfail.PREFIX}{instance}.1.evil.1").write_text(json.dumps(planted))
+    (folder / f"{serverfail.PREFIX}{instance}.2.big.1").write_bytes(b"{" + b" " * (1 << 20) + b"}")
+    (folder / f"{serverfail.PREFIX}{instance}.3.notjson.1").write_text("nope")
+    os.mkfifo(folder / f"{serverfail.PREFIX}{instance}.4.fifo.1")
+    (folder / f"{serverfail.PREFIX}{instance}.5.link.1").symlink_to("/etc/passwd")
+    shown = run_cli("show", key[:12], env=env, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert "\x1b" not in shown.stdout
+    assert "evil\\x1b[2J\\nfake row" in shown.stdout
+    assert "\\x1b[31mred" in shown.stdout
+    assert "SERVER EXITED BEFORE READY (1)" in shown.stdout, "only the well-formed record counts as one"
+    for reason in ("larger than", "not JSON", "not a regular file"):
+        assert reason in shown.stderr, (reason, shown.stderr)
+    listed = json.loads(run_cli("ls", "-o", "json", env=env, timeout=30).stdout)
+    (row,) = [r for r in listed if r.get("kind") == "entry"]
+    assert row["server_failed"] == 1, "planted names are not records: ls counts what show lists"
+
+
+def test_writers_bound_lines_records_and_the_count(root: Path) -> None:
+    from cachemgr.volume.identity import PodIdentity
+    from cachemgr.volume.layout import open_root
+
+    cache = open_root(root, create=True)
+    who = PodIdentity(pod="p", node="n", pid=1, host="h")
+    for _ in range(serverfail.KEEP_BEFORE + 2):  # a copy before, set aside: its newest are kept as evidence
+        serverfail.write(
+            cache, "k" * 32, who, instance="old", entry="e", exit_status=1, signal_name=None,
+            last_lines=["x"], compiled_here=False,
+        )  # fmt: skip
+    for _ in range(serverfail.KEEP + 5):
+        serverfail.write(
+            cache, "k" * 32, who, instance="abc", entry="e", exit_status=1, signal_name=None,
+            last_lines=["é" * 10_000] * 100, compiled_here=False,
+        )  # fmt: skip
+    names = [p for p in (root / "usage" / ("k" * 32)).iterdir() if p.name.startswith(serverfail.PREFIX)]
+    assert len(names) == serverfail.KEEP + serverfail.KEEP_BEFORE
+    assert all(p.stat().st_size <= serverfail.RECORD_MAX for p in names)
+    got = serverfail.read(cache, "k" * 32)
+    assert len(got.of("abc")) == serverfail.KEEP
+    assert len(got.before("abc")) == serverfail.KEEP_BEFORE
+    assert not got.notes
+    assert all(len(line) <= serverfail.LINE_MAX for f in got.failures for line in f.last_lines)
+
+
+def test_a_read_only_volume_records_nothing_and_says_so(
+    pods: Cluster, root: Path, readonly_bind: Callable[[Path], Path]
+) -> None:
+    entry = _published(pods, root)
+    ro = readonly_bind(root)
+    pod = pods.start("ro", vllm_argv(free_port()), cache_root=ro, env={"STANDIN_EXIT_ON_LOAD": "3"})
+    assert pod.wait_exit() == 3
+    assert not list((root / "usage" / _key(entry)).glob("server-failed.*"))
+    assert [e for e in pod.log_events() if e["event"] == "server_failure_not_recorded"]
+    assert "cachemgr prune --key" in (pod.state_dir / "termination-log").read_text()
+
+
+def test_the_pods_metrics_count_it_across_a_container_restart(pods: Cluster, root: Path) -> None:
+    _published(pods, root)
+    port = free_port()
+    bad = pods.start(
+        "pod", vllm_argv(free_port()), cache_root=root, options=("--status-port", str(port)),
+        env={"STANDIN_EXIT_ON_LOAD": "3"},
+    )  # fmt: skip
+    assert bad.wait_exit() == 3
+    assert bad.state()["phase"] == "failed"
+    # The restarted container: the same pod-local state dir, the server fixed.
+    again = pods.start(
+        "pod-restarted", vllm_argv(free_port()), cache_root=root, options=("--status-port", str(port)),
+        env={"CACHEMGR_STATE_DIR": str(bad.state_dir)},
+    )  # fmt: skip
+    wait_for(lambda: bad.state().get("phase") == "serving", what="the restarted pod to serve")
+    assert again.proc.poll() is None
+    assert metrics(port)["cachemgr_failures_total{reason=server-failed}"] == 1
