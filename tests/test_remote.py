@@ -1095,7 +1095,10 @@ def test_a_file_rewritten_in_place_while_it_uploads_never_gets_a_manifest(
     config = remote_config(None, remote)
     assert config is not None
     counters = _Counters()
-    upload = Upload(entry, within=root, config=config, identity=IDENTITY, metrics=counters).start()
+    # In this process (transfers=Remote): the rewrite's moment is arranged here, by open_file.
+    upload = Upload(
+        entry, within=root, config=config, identity=IDENTITY, metrics=counters, transfers=Remote
+    ).start()
     assert upload.done.wait(120), "the upload never ended"
     manifests = [k for k in _objects(s3, remote) if k.endswith("manifest.json")]
     if not rewritten:  # the streamed hash refuses nothing that matches, in either kind of transfer
