@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from cachemgr.core.fsutil import hash_fd
-from cachemgr.key.cachekey import CacheKey
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.remote.layout import (
@@ -63,6 +62,19 @@ Progress = Callable[[int], None]
 Open = BinaryIO | HashedReader | Capped
 # Submits one file's transfer to the manager: (its future, the open local file to close after it).
 Job = Callable[[Any, list[Any]], tuple[Any, Open]]
+
+
+class EntryKey(Protocol):
+    """What a transfer needs of a key: a CacheKey, or the worker's copy of these three."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def inputs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def entry_name(self) -> str: ...
 
 
 class StopFlag(Protocol):
@@ -212,7 +224,7 @@ class Remote:
 
     def download(
         self,
-        key: CacheKey,
+        key: EntryKey,
         staging: Path,
         *,
         within: Path,
@@ -369,7 +381,7 @@ def _local_manifest(local: LocalDir) -> Manifest:
     return parse_manifest(raw, path=shown)
 
 
-def checked_manifest(raw: bytes, staging: Path, key: CacheKey) -> tuple[Manifest, str]:
+def checked_manifest(raw: bytes, staging: Path, key: EntryKey) -> tuple[Manifest, str]:
     """Parse the remote manifest with the volume's own parser and hold it to this key."""
     where = f"remote manifest of {key.entry_name}"
     remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"

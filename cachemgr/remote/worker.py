@@ -19,11 +19,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from cachemgr.core.fsutil import is_disk_full
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.volume.manifest import Manifest
+
+if TYPE_CHECKING:
+    from cachemgr.remote.transfer import Moved, Remote
 
 _EVERY = 0.25  # seconds between progress lines: enough for "what was left", little traffic
 
@@ -66,7 +69,7 @@ class Reporter:
         self.send(moved=total)
 
 
-def _download(request: dict[str, Any], remote: Any, report: Reporter) -> dict[str, Any] | None:
+def _download(request: dict[str, Any], remote: Remote, report: Reporter) -> dict[str, Any] | None:
     raw: list[bytes] = []
 
     def checked(manifest_raw: bytes, manifest: Manifest) -> None:
@@ -83,7 +86,7 @@ def _download(request: dict[str, Any], remote: Any, report: Reporter) -> dict[st
     return {"manifest": base64.b64encode(raw[0]).decode(), "moved": _moved(result[1])}
 
 
-def _upload(request: dict[str, Any], remote: Any, report: Reporter) -> dict[str, Any]:
+def _upload(request: dict[str, Any], remote: Remote, report: Reporter) -> dict[str, Any]:
     moved = remote.upload(
         Path(request["entry"]),
         within=Path(request["within"]),
@@ -95,7 +98,7 @@ def _upload(request: dict[str, Any], remote: Any, report: Reporter) -> dict[str,
     return {"moved": _moved(moved)}
 
 
-def _moved(moved: Any) -> dict[str, Any]:
+def _moved(moved: Moved) -> dict[str, Any]:
     return {
         "entry": moved.entry,
         "files": moved.files,
