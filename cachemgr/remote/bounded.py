@@ -194,6 +194,9 @@ class _Child:
                 self.outcome = line
 
     def _result(self, code: int, errors: Any, *, stop: StopFlag | None) -> Any:
+        # The outcome line, written before the child exits, decides; not its exit code: a pod that
+        # is PID 1 or a subreaper reaps every orphan while its server runs (launcher.wait_reaping)
+        # and may reap an upload's child first (Popen then reads code 0).
         outcome = self.outcome
         if outcome is not None and "done" in outcome:
             return outcome["done"]
