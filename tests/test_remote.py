@@ -615,15 +615,19 @@ def test_remote_urls_parse(url: str, bucket: str, prefix: str) -> None:
 
 
 @pytest.mark.parametrize("url", ["gs://b/p", "s3://", "b/p", "s3://b/../p", "https://b/p"])
-def test_a_bad_remote_url_is_a_usage_error_before_anything_runs(tmp_path: Path, url: str) -> None:
-    env = {**os.environ, "CACHEMGR_CACHE_ROOT": str(tmp_path), "CACHEMGR_REMOTE": url}
-    result = run_cli("warm", "--role", "prefill", "--compile-cmd", "c {output_dir}", "--", "x", env=env)
-    assert result.returncode == 64, result.stderr
-    assert "s3://" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_a_bad_remote_url_is_refused_before_anything_runs(tmp_path: Path, url: str) -> None:
+    """From ``--remote``: a usage error (64); from CACHEMGR_REMOTE: configuration (78), named."""
+    env = {**os.environ, "CACHEMGR_CACHE_ROOT": str(tmp_path)}
+    argv = ("warm", "--role", "prefill", "--compile-cmd", "c {output_dir}")
+    flagged = run_cli(*argv, "--remote", url, "--", "x", env=env)
+    assert flagged.returncode == 64, flagged.stderr
+    assert "s3://" in flagged.stderr
+    configured = run_cli(*argv, "--", "x", env={**env, "CACHEMGR_REMOTE": url})
+    assert configured.returncode == 78, configured.stderr
+    assert f"CACHEMGR_REMOTE={url!r}" in configured.stderr
+    assert "Traceback" not in flagged.stderr + configured.stderr
 
 
-@pytest.mark.quick
 def test_unsafe_manifest_paths_are_named() -> None:
     from cachemgr.remote.layout import unsafe_paths
     from cachemgr.volume.manifest import FileRecord, Manifest
@@ -1091,7 +1095,10 @@ def test_a_file_rewritten_in_place_while_it_uploads_never_gets_a_manifest(
     config = remote_config(None, remote)
     assert config is not None
     counters = _Counters()
-    upload = Upload(entry, within=root, config=config, identity=IDENTITY, metrics=counters).start()
+    # In this process (transfers=Remote): the rewrite's moment is arranged here, by open_file.
+    upload = Upload(
+        entry, within=root, config=config, identity=IDENTITY, metrics=counters, transfers=Remote
+    ).start()
     assert upload.done.wait(120), "the upload never ended"
     manifests = [k for k in _objects(s3, remote) if k.endswith("manifest.json")]
     if not rewritten:  # the streamed hash refuses nothing that matches, in either kind of transfer

@@ -7,10 +7,12 @@ chain (environment, profile, IRSA web identity, instance metadata), so nothing s
 through cachemgr.
 
 Time is bounded twice: every request by a connect and a read timeout
-(``CACHEMGR_REMOTE_TIMEOUT``, default 10s; botocore retries twice), and a whole download by
-``CACHEMGR_REMOTE_BUDGET`` (default 10m): past it the pod stops downloading and compiles.
-``CACHEMGR_REMOTE_UPLOAD_WAIT`` (default 30s) is how long a stopping ``run`` waits for its
-background upload.
+(``CACHEMGR_REMOTE_TIMEOUT``, default 10s; botocore retries twice), and the whole remote
+attempt of a pod (manifest, objects, retries; or an upload) by ``CACHEMGR_REMOTE_BUDGET``
+(default 10m): at it the transfer is abandoned (:mod:`cachemgr.remote.bounded`) and the pod
+compiles. ``CACHEMGR_REMOTE_UPLOAD_WAIT`` (default 30s) is how long a stopping ``run`` waits
+for its background upload. A bad value of any of them is a configuration error (exit 78)
+naming the variable; a bad ``--remote`` flag a usage error (64).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cachemgr.core.errors import UsageError
+from cachemgr.core.errors import CacheMgrError, ConfigError, UsageError
 from cachemgr.core.units import parse_duration
 
 ENV_URL = "CACHEMGR_REMOTE"
@@ -52,27 +54,40 @@ class RemoteConfig:
         return f"{self.prefix}entries/"
 
 
-def parse_url(url: str) -> tuple[str, str]:
-    """``s3://bucket/some/prefix`` -> (``bucket``, ``some/prefix/``)."""
+def parse_url(url: str, *, variable: str | None = None) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> (``bucket``, ``some/prefix/``).
+
+    A bad ``--remote`` is a usage error (64); a bad ``variable`` (``CACHEMGR_REMOTE``) is
+    configuration (78), and the message names it.
+    """
     scheme, sep, rest = url.partition("://")
     bucket, _, prefix = rest.partition("/")
+    given = f"{variable}={url!r}" if variable else f"remote {url!r}"
+    where = f"set {variable} to" if variable else "pass --remote"
     if scheme != "s3" or not sep or not bucket:
-        raise UsageError(
-            f"remote {url!r} is not an s3://BUCKET[/PREFIX] URL",
-            remedy="pass --remote s3://bucket/prefix (any S3-compatible store; its endpoint in CACHEMGR_REMOTE_ENDPOINT)",
+        raise _bad(
+            f"{given} is not an s3://BUCKET[/PREFIX] URL",
+            remedy=f"{where} s3://bucket/prefix (any S3-compatible store; its endpoint in {ENV_ENDPOINT})",
+            variable=variable,
         )
     prefix = "/".join(part for part in prefix.split("/") if part)
     if any(part in {".", ".."} for part in prefix.split("/")):
-        raise UsageError(f"remote {url!r} has '.' or '..' in its prefix", remedy="use a plain prefix")
+        raise _bad(
+            f"{given} has '.' or '..' in its prefix", remedy=f"{where} a plain prefix", variable=variable
+        )
     return bucket, prefix + "/" if prefix else ""
 
 
 def remote_config(url: str | None, environ: Mapping[str, str]) -> RemoteConfig | None:
-    """The remote from ``--remote`` or ``CACHEMGR_REMOTE``; None when neither is set (the default)."""
+    """The remote from ``--remote`` or ``CACHEMGR_REMOTE``; None when neither is set (the default).
+
+    Every variable is checked here, before anything runs: a bad one is exit 78 naming it.
+    """
+    from_flag = bool(url)
     url = url or environ.get(ENV_URL) or None
     if not url:
         return None
-    bucket, prefix = parse_url(url)
+    bucket, prefix = parse_url(url, variable=None if from_flag else ENV_URL)
     return RemoteConfig(
         url=url,
         bucket=bucket,
@@ -84,14 +99,22 @@ def remote_config(url: str | None, environ: Mapping[str, str]) -> RemoteConfig |
     )
 
 
+def _bad(what: str, *, remedy: str, variable: str | None) -> CacheMgrError:
+    return ConfigError(what, remedy=remedy) if variable else UsageError(what, remedy=remedy)
+
+
 def _seconds(environ: Mapping[str, str], name: str, default: float, *, zero_ok: bool = False) -> float:
     text = environ.get(name)
     if not text:
         return default
+    accepted = f"seconds or a duration such as 30s, 10m or 1h{' (0: none)' if zero_ok else ''}"
     try:
         value = parse_duration(text)
-    except ValueError as error:
-        raise UsageError(f"{name}={text!r}: {error}", remedy=f"set {name} to seconds or 30s / 10m") from None
+    except ValueError:
+        raise ConfigError(f"{name}={text!r} is not a duration", remedy=f"set {name} to {accepted}") from None
     if value < 0 or (value == 0 and not zero_ok):
-        raise UsageError(f"{name} must be positive, not {text!r}", remedy=f"set {name} to e.g. 30s")
+        raise ConfigError(
+            f"{name}={text!r} must be {'zero or more' if zero_ok else 'more than zero'}",
+            remedy=f"set {name} to {accepted}",
+        )
     return value

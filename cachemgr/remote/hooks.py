@@ -21,6 +21,7 @@ import errno
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -34,6 +35,7 @@ from cachemgr.volume.store import commit, create_staging, lookup, quarantine
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
     from cachemgr.key.cachekey import CacheKey
+    from cachemgr.remote.bounded import BoundedRemote
     from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
     from cachemgr.volume.identity import PodIdentity
     from cachemgr.volume.records import Heartbeat
@@ -77,12 +79,12 @@ def fetch(
     """
     started = time.monotonic()
     try:
-        from cachemgr.remote.transfer import Remote  # boto3: a remote path only
+        from cachemgr.remote.bounded import BoundedRemote  # the transfer's child: a remote path only
 
         fetched = download_and_publish(
             root,
             key,
-            Remote(config),
+            BoundedRemote(config),
             identity=identity,
             deadline=started + config.budget,
             stop=stop,
@@ -118,7 +120,7 @@ def fetch(
 def download_and_publish(
     root: CacheRoot,
     key: CacheKey,
-    remote: Remote,
+    remote: Remote | BoundedRemote,
     *,
     identity: PodIdentity,
     deadline: float | None,
@@ -128,6 +130,9 @@ def download_and_publish(
     trusted: TrustedKeys | None = None,
 ) -> tuple[PublishOutcome, Moved] | None:
     """Download into private staging, check, record the origin, publish by rename; None: no entry.
+
+    ``remote``: a pod's :class:`BoundedRemote` (the transfer in a child it kills at the deadline),
+    or ``pull``'s :class:`Remote` (in this process, with a progress bar).
 
     With ``trusted`` keys, also the signature and every file's signed BLAKE3, in staging, before
     anything is published (RemoteUntrustedError). Raises what went wrong (RemoteError,
@@ -309,8 +314,12 @@ class Upload:
         config: RemoteConfig,
         identity: PodIdentity,
         metrics: RemoteCounters,
+        transfers: Callable[[RemoteConfig], Remote | BoundedRemote] | None = None,
     ) -> None:
+        """``transfers``: what moves the files; a pod's BoundedRemote (a child process it can
+        kill) unless a test needs the transfer in this process to arrange a fault's moment."""
         self.entry = entry
+        self.transfers = transfers
         self.within = within
         self.config = config
         self.identity = identity
@@ -327,9 +336,9 @@ class Upload:
     def _run(self) -> None:
         started = time.monotonic()
         try:
-            from cachemgr.remote.transfer import Remote
+            from cachemgr.remote.bounded import BoundedRemote
 
-            moved = Remote(self.config).upload(
+            moved = (self.transfers or BoundedRemote)(self.config).upload(
                 self.entry,
                 within=self.within,
                 uploaded_by=self.identity.to_json(),
@@ -346,6 +355,8 @@ class Upload:
                 bytes=moved.bytes,
                 seconds=round(moved.seconds, 2),
             )
+        except InterruptedError:
+            pass  # stopped by wait(), which said so
         except BaseException as error:  # noqa: BLE001  # a failed upload is a warning, never a pod failure
             self._warn(error)
         finally:
@@ -365,20 +376,36 @@ class Upload:
             note="nothing partial is visible remotely (the manifest goes last); 'cachemgr push' retries",
         )
 
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds; on time-out, stop the upload and say so once."""
-        if self.done.wait(timeout):
+    def finish(self, *, warm: bool, stop: StopFlag) -> bool:
+        """A stopping pod's wait: ``run`` CACHEMGR_REMOTE_UPLOAD_WAIT, a warm Job up to the budget;
+        either no longer than the upload wait once ``stop`` (SIGTERM) is set."""
+        config = self.config
+        wait = config.budget if warm else config.upload_wait
+        return self.wait(wait, stop=stop, after_stop=config.upload_wait)
+
+    def wait(self, timeout: float, *, stop: StopFlag | None = None, after_stop: float = 0.0) -> bool:
+        """Wait up to ``timeout`` seconds, and no more than ``after_stop`` once ``stop`` is set (a
+        warm Job's SIGTERM); past that, stop the upload (its process is killed) and say so once."""
+        started = time.monotonic()
+        deadline = started + timeout
+        while not self.done.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            now = time.monotonic()
+            if stop is not None and stop.is_set() and deadline > now + after_stop:
+                deadline = now + after_stop
+            if now >= deadline:
+                break
+        if self.done.is_set():
             return True
         self.stop.set()
         log.warning(
             "remote_upload_unfinished",
             entry=self.entry.name,
-            waited_s=round(timeout),
+            waited_s=round(time.monotonic() - started),
             note="the pod stops before its upload finished; the remote has no manifest for it, so no reader "
             "takes it; 'cachemgr push' uploads it (CACHEMGR_REMOTE_UPLOAD_WAIT sets the wait)",
         )
         with contextlib.suppress(RuntimeError):
-            self.done.wait(5.0)  # let the cancel reach the transfer threads
+            self.done.wait(5.0)  # the upload's process is killed at once: its thread ends with it
         return False
 
 

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from cachemgr.core.fsutil import hash_fd
-from cachemgr.key.cachekey import CacheKey
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.remote.layout import (
@@ -46,6 +45,7 @@ from cachemgr.remote.layout import (
     unsafe_paths,
 )
 from cachemgr.remote.localfiles import HashedReader, LocalDir
+from cachemgr.remote.sizes import Capped, ObjectTooLargeError, SizeGuard
 from cachemgr.volume.manifest import (
     KEY_NAME,
     MANIFEST_NAME,
@@ -59,9 +59,22 @@ from cachemgr.volume.manifest import (
 
 Progress = Callable[[int], None]
 # A transfer's local file: a download's, or an upload's (verified once its transfer is done).
-Open = BinaryIO | HashedReader
+Open = BinaryIO | HashedReader | Capped
 # Submits one file's transfer to the manager: (its future, the open local file to close after it).
 Job = Callable[[Any, list[Any]], tuple[Any, Open]]
+
+
+class EntryKey(Protocol):
+    """What a transfer needs of a key: a CacheKey, or the worker's copy of these three."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def inputs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def entry_name(self) -> str: ...
 
 
 class StopFlag(Protocol):
@@ -100,6 +113,7 @@ class Remote:
         self.config = config
         self.workers = workers
         self.client = client if client is not None else make_client(config)
+        self._sizes = SizeGuard(self.client)
 
     def _manager(self) -> Any:
         from boto3.s3.transfer import TransferConfig, create_transfer_manager
@@ -145,6 +159,7 @@ class Remote:
         stop: StopFlag | None = None,
         progress: Progress | None = None,
         force: bool = False,
+        planned: Callable[[int, int], None] | None = None,
     ) -> Moved:
         """Upload a published entry: its files under a fresh upload id, then its manifest.
 
@@ -158,6 +173,8 @@ class Remote:
             manifest = _local_manifest(local)
             if not force and self.get_manifest(name) is not None:
                 return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
+            if planned is not None:
+                planned(len(manifest.files), manifest.total_bytes)
             upload_id = f"{int(time.time()):x}-{os.urandom(6).hex()}"
             prefix = objects_prefix(self.config, name, upload_id)
             self._run_all(
@@ -197,7 +214,8 @@ class Remote:
     def _download_one(
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
     ) -> tuple[Any, Open]:
-        handle = local.create_file(record.path)
+        self._sizes.expect(key, record.size)
+        handle = Capped(local.create_file(record.path), size=record.size, key=key)
         return _submitted(
             lambda: manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
         )
@@ -206,13 +224,14 @@ class Remote:
 
     def download(
         self,
-        key: CacheKey,
+        key: EntryKey,
         staging: Path,
         *,
         within: Path,
         deadline: float | None = None,
         stop: StopFlag | None = None,
         progress: Progress | None = None,
+        on_manifest: Callable[[bytes, Manifest], None] | None = None,
     ) -> tuple[Manifest, Moved] | None:
         """Fetch the entry of ``key`` into ``staging`` and check it; None when the remote has none.
 
@@ -220,13 +239,17 @@ class Remote:
         without following a link; every file is created there new (``O_EXCL|O_NOFOLLOW``). On
         return every file in it matches the manifest (written there as ``manifest.json``), which
         names this key. Raises RemoteDamageError, or UnsafePathError for a link planted in staging.
+        No file takes more bytes than the manifest lists for it: an object that is larger is
+        damage as soon as the store says its size, before its body is read (:mod:`cachemgr.remote.sizes`).
         """
         started = time.monotonic()
         found = self.get_manifest(key.entry_name)
         if found is None:
             return None
         raw, _ = found
-        manifest, upload_id = _checked_manifest(raw, staging, key)
+        manifest, upload_id = checked_manifest(raw, staging, key)
+        if on_manifest is not None:
+            on_manifest(raw, manifest)
         prefix = objects_prefix(self.config, key.entry_name, upload_id)
         with LocalDir.open(within, staging) as local:
             local.write_new(MANIFEST_NAME, raw)
@@ -283,6 +306,11 @@ class Remote:
             # arguments shifted there (TypeError: 'str' object is not callable) once a transfer
             # is in flight; the context-manager exit cancels with the error as the reason.
             manager.__exit__(type(error), error, error.__traceback__)
+            if missing_is_damage and isinstance(error, ObjectTooLargeError):
+                raise RemoteDamageError(
+                    f"remote entry {missing_is_damage}: {error}; nothing past that was downloaded",
+                    remedy="delete it ('cachemgr prune --remote --key KEY') and push it again; this pod compiles",
+                ) from None
             if missing_is_damage and _is_missing(error):
                 raise RemoteDamageError(
                     f"remote entry {missing_is_damage} lacks a file its manifest lists ({error})",
@@ -353,7 +381,7 @@ def _local_manifest(local: LocalDir) -> Manifest:
     return parse_manifest(raw, path=shown)
 
 
-def _checked_manifest(raw: bytes, staging: Path, key: CacheKey) -> tuple[Manifest, str]:
+def checked_manifest(raw: bytes, staging: Path, key: EntryKey) -> tuple[Manifest, str]:
     """Parse the remote manifest with the volume's own parser and hold it to this key."""
     where = f"remote manifest of {key.entry_name}"
     remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"

@@ -427,10 +427,9 @@ class Runner:
         return self._fetched == "hit"
 
     def _finish_upload(self) -> None:
-        """A stopping pod waits a bounded time for its upload (a warm Job: up to the budget)."""
-        if self._upload is not None and self.options.remote is not None:
-            remote = self.options.remote
-            self._upload.wait(remote.budget if self.options.warm else remote.upload_wait)
+        """A stopping pod waits a bounded time for its upload, SIGTERM or not (a warm Job: longer)."""
+        if self._upload is not None:
+            self._upload.finish(warm=self.options.warm, stop=self.relay.stop)
 
     # --- launching --------------------------------------------------------------------
 

@@ -1,0 +1,165 @@
+"""The child process a pod's remote transfer runs in: ``python -m cachemgr.remote.worker``.
+
+The pod (:mod:`cachemgr.remote.bounded`) writes one JSON request line on stdin and keeps stdin
+open; this process runs the transfer (:class:`cachemgr.remote.transfer.Remote`, unchanged) and
+writes JSON lines on stdout: ``planned`` (files and bytes, once known), ``moved`` (bytes so far,
+a few times a second), then ``done`` or ``error``. It holds no deadline of its own: the pod
+kills it at the budget or on SIGTERM. stdin's end means the pod is gone: this process exits
+at once, so no orphan keeps a connection to the store or writes into staging.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from cachemgr.core.fsutil import is_disk_full
+from cachemgr.remote.config import RemoteConfig
+from cachemgr.volume.manifest import Manifest
+
+if TYPE_CHECKING:
+    from cachemgr.remote.transfer import Moved, Remote
+
+_EVERY = 0.25  # seconds between progress lines: enough for "what was left", little traffic
+
+
+@dataclass(frozen=True)
+class WireKey:
+    """What a download needs of a key: its digest, inputs and entry name (a CacheKey has them)."""
+
+    digest: str
+    inputs: Mapping[str, Any]
+    entry_name: str
+
+
+class Reporter:
+    """Lines to the pod, from the transfer threads too: one lock, progress at most every 250 ms."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._moved = 0
+        self._sent_at = 0.0
+
+    def send(self, **line: Any) -> None:
+        with self._lock:
+            self._out.write(json.dumps(line) + "\n")
+            self._out.flush()
+
+    def planned(self, files: int, nbytes: int) -> None:
+        self.send(planned={"files": files, "bytes": nbytes})
+
+    def moved(self, nbytes: int) -> None:
+        """From s3transfer's threads: the running total, sent at most every 250 ms."""
+        with self._lock:
+            self._moved += nbytes
+            now = time.monotonic()
+            if now - self._sent_at < _EVERY:
+                return
+            self._sent_at = now
+            total = self._moved
+        self.send(moved=total)
+
+
+def _download(request: dict[str, Any], remote: Remote, report: Reporter) -> dict[str, Any] | None:
+    raw: list[bytes] = []
+
+    def checked(manifest_raw: bytes, manifest: Manifest) -> None:
+        raw.append(manifest_raw)  # as checked: what the pod publishes by, never re-read from staging
+        report.planned(len(manifest.files), manifest.total_bytes)
+
+    key = WireKey(**request["key"])
+    staging = Path(request["staging"])
+    result = remote.download(
+        key, staging, within=Path(request["within"]), progress=report.moved, on_manifest=checked
+    )
+    if result is None:
+        return None
+    return {"manifest": base64.b64encode(raw[0]).decode(), "moved": _moved(result[1])}
+
+
+def _upload(request: dict[str, Any], remote: Remote, report: Reporter) -> dict[str, Any]:
+    moved = remote.upload(
+        Path(request["entry"]),
+        within=Path(request["within"]),
+        uploaded_by=request["uploaded_by"],
+        force=bool(request["force"]),
+        progress=report.moved,
+        planned=report.planned,
+    )
+    return {"moved": _moved(moved)}
+
+
+def _moved(moved: Moved) -> dict[str, Any]:
+    return {
+        "entry": moved.entry,
+        "files": moved.files,
+        "bytes": moved.bytes,
+        "seconds": moved.seconds,
+        "upload_id": moved.upload_id,
+        "skipped": moved.skipped,
+    }
+
+
+def error_line(error: BaseException, config: RemoteConfig, *, doing: str) -> dict[str, Any]:
+    """An exception as the pod rebuilds it: a full disk stays an OSError, the rest one RemoteError."""
+    from cachemgr.remote.client import describe
+
+    if isinstance(error, OSError) and is_disk_full(error):
+        return {
+            "kind": "OSError",
+            "errno": error.errno,
+            "strerror": error.strerror,
+            "filename": error.filename,
+        }
+    reported = describe(error, config, doing=doing)
+    fields = {k: v for k, v in reported.fields.items() if isinstance(v, str | int | float | bool | None)}
+    return {
+        "kind": type(reported).__name__,
+        "what": reported.what,
+        "remedy": reported.remedy,
+        "fields": fields,
+    }
+
+
+def _exit_when_orphaned(stdin: IO[bytes]) -> None:
+    """The pod keeps our stdin open; its end (the pod died, even by SIGKILL) ends us too."""
+    stdin.read()
+    os._exit(70)
+
+
+def main() -> int:
+    # stdout carries the protocol alone: whatever else prints (a library's warning) goes to stderr.
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    report = Reporter(out)
+    request = json.loads(sys.stdin.buffer.readline())
+    threading.Thread(target=_exit_when_orphaned, args=(sys.stdin.buffer,), daemon=True).start()
+    config = RemoteConfig(**request["config"])
+    try:
+        from cachemgr.remote.transfer import Remote
+
+        remote = Remote(config)
+        done = (
+            _download(request, remote, report)
+            if request["op"] == "download"
+            else _upload(request, remote, report)
+        )
+    except BaseException as error:  # noqa: BLE001  # every failure goes to the pod, which decides
+        report.send(error=error_line(error, config, doing=request["doing"]))
+        return 1
+    report.send(done=done)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
