@@ -65,6 +65,7 @@ from cachemgr_standin.compiler import (
     append_line,
     artifact_bytes,
     artifact_seed,
+    die,
     die_by_signal,
     digest_entries,
     env_flag,
@@ -812,9 +813,46 @@ def install_signal_handlers(signal_log: str | None, term_code: int) -> None:
         signal.signal(signum, handler)
 
 
+def spawned_at() -> float | None:
+    """When this process was forked, in seconds of CLOCK_BOOTTIME (``/proc/self/stat`` starttime,
+    to the clock tick): the moment its parent started it, whatever this process's wall clock says
+    (libfaketime skews that, not /proc). None where /proc is not Linux's."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def usage_error(message: str) -> NoReturn:
     print(f"usage: vllm serve MODEL [flags...]  (stand-in)\nerror: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
+
+
+_LOADED = frozenset({"precompiled", "cache-hit", "bundle-hit", "bundle-partial"})
+
+
+def exit_on_load(engine: Engine) -> None:
+    """Stand-in fault ``STANDIN_EXIT_ON_LOAD=<code>`` (negative: die by that signal): having loaded
+    compiled artifacts it did not compile itself, the server dies before it is ready, as vllm-rbln
+    does on a graph the runtime rejects. A server that compiled (a miss) is not affected."""
+    raw = os.environ.get("STANDIN_EXIT_ON_LOAD", "").strip()
+    loaded = [unit for unit in engine.units if unit.source in _LOADED]
+    if not raw or not loaded:
+        return
+    try:
+        code = int(raw)
+    except ValueError:
+        usage_error(f"STANDIN_EXIT_ON_LOAD={raw!r} is not an exit code")
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print('  File "vllm_rbln/worker/model_runner.py", line 412, in load_model', file=sys.stderr)
+    print(
+        f"RuntimeError: [standin] cannot load the compiled model at {loaded[0].path} "
+        f"(stand-in fault STANDIN_EXIT_ON_LOAD={code})",
+        file=sys.stderr,
+        flush=True,
+    )
+    die(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -825,6 +863,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if tokens[:1] != ["serve"]:
         usage_error("the stand-in only implements `serve`")
+    # Who started this server and when (a file of its own: STANDIN_RECORD's event lists stay as
+    # they are): the fault campaign holds the spawn against the moment its pod got SIGTERM.
+    starts = os.environ.get("STANDIN_START_RECORD") or None
+    record_event(starts, "start", ppid=os.getppid(), spawned_boot=spawned_at(), argv=tokens)
     try:
         install_signal_handlers(os.environ.get("STANDIN_SIGNAL_LOG") or None, term_exit_code())
         args = parse_serve_args(tokens[1:])
@@ -833,6 +875,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KnobError as exc:
         usage_error(str(exc))
     engine = start_engine(args, knobs)
+    exit_on_load(engine)
     if engine.impl == "vllm" and _env_bool("VLLM_RBLN_COMPILE_ONLY", "0"):
         # vllm-rbln's compile-only mode (a CPU warm Job): compile, save, exit without serving. It
         # acts on the vLLM-model path only (vllm_rbln/compilation/compiler.py 127); the optimum
