@@ -392,6 +392,18 @@ def test_exit_before_healthy(tmp_path: Path, spawn: Spawn, knob: str, code: int)
     assert "compiling graph 3/4" not in proc.stdout()
 
 
+def test_start_record_says_who_forked_the_server_and_when(tmp_path: Path, spawn: Spawn) -> None:
+    starts = tmp_path / "starts.jsonl"
+    before = time.clock_gettime(time.CLOCK_BOOTTIME)
+    proc, port = serve(spawn, "m", STANDIN_START_RECORD=str(starts))
+    wait_healthy(proc, port)
+    (start,) = [json.loads(line) for line in starts.read_text().splitlines()]
+    assert (start["event"], start["pid"], start["ppid"]) == ("start", proc.pid, os.getpid())
+    # /proc's start time is to the clock tick, truncated: at most one tick before the spawn.
+    assert before - 0.01 <= start["spawned_boot"] <= time.clock_gettime(time.CLOCK_BOOTTIME)
+    assert stop(proc) == 0
+
+
 def test_hang_knob_goes_silent_and_idle(tmp_path: Path, spawn: Spawn) -> None:
     proc, port = serve(spawn, "m", STANDIN_HANG="1")
     wait_output(proc, "compiling graph 2/4")

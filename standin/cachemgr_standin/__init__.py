@@ -22,7 +22,9 @@ Environment knobs (both programs; compiler flags override them):
 * ``STANDIN_COMPILE_SECONDS`` (2.0), ``STANDIN_LOAD_SECONDS`` (0.1, server only),
   ``STANDIN_ARTIFACT_FILES`` (4), ``STANDIN_ARTIFACT_BYTES`` (1M; ``64k``/``1M``/``2G`` accepted).
 * ``STANDIN_RECORD``: file to append JSON event lines to (``compile`` when a compile starts,
-  ``compiled`` when it ends, ``load``, ``save``, ``save-failed``).
+  ``compiled`` when it ends, ``load``, ``save``, ``save-failed``). ``STANDIN_START_RECORD``: a file
+  the server appends its ``start`` event to as it starts: its parent's pid and ``spawned_boot``,
+  when it was forked, in seconds of CLOCK_BOOTTIME (from /proc, which libfaketime does not skew).
 * ``STANDIN_VLLM_VERSION`` (server only): the vLLM version the stand-in "has installed" (default
   :data:`VLLM_VERSION`); it enters the vLLM-model path's bundle signature, as ``vllm.__version__``
   enters vllm-rbln's. Change it alone to make the stand-in drift from what cachemgr was told.

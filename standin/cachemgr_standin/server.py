@@ -813,6 +813,17 @@ def install_signal_handlers(signal_log: str | None, term_code: int) -> None:
         signal.signal(signum, handler)
 
 
+def spawned_at() -> float | None:
+    """When this process was forked, in seconds of CLOCK_BOOTTIME (``/proc/self/stat`` starttime,
+    to the clock tick): the moment its parent started it, whatever this process's wall clock says
+    (libfaketime skews that, not /proc). None where /proc is not Linux's."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def usage_error(message: str) -> NoReturn:
     print(f"usage: vllm serve MODEL [flags...]  (stand-in)\nerror: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
@@ -852,6 +863,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if tokens[:1] != ["serve"]:
         usage_error("the stand-in only implements `serve`")
+    # Who started this server and when (a file of its own: STANDIN_RECORD's event lists stay as
+    # they are): the fault campaign holds the spawn against the moment its pod got SIGTERM.
+    starts = os.environ.get("STANDIN_START_RECORD") or None
+    record_event(starts, "start", ppid=os.getppid(), spawned_boot=spawned_at(), argv=tokens)
     try:
         install_signal_handlers(os.environ.get("STANDIN_SIGNAL_LOG") or None, term_exit_code())
         args = parse_serve_args(tokens[1:])
