@@ -34,7 +34,9 @@ the fast check done two other ways (a directory listing; threads), in this proce
     git archive main | tar -x -C /tmp/main-tree && \
       .venv/bin/python bench/bench_warm.py --fs local --no-cold --against /tmp/main-tree   # A/B
 
-Target: under 150 ms added. Exits non-zero only on errors, not on a missed target.
+Targets (issue 25 item 4): under 100 ms added on the local disk, under 200 ms on JuiceFS with its
+default caches (the row without metadata caches is shown against the same 200 ms). Exits non-zero
+only on errors, not on a missed target.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ from cachemgr.volume.store import create_staging, publish
 
 REPO = Path(__file__).resolve().parent.parent
 
-TARGET_MS = 150.0
+TARGET_MS = {"local": 100.0}  # every other volume: JUICEFS_TARGET_MS
+JUICEFS_TARGET_MS = 200.0
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cachemgr"
 SERVER_SCRIPT = 'date +%s%N > "$BENCH_START_FILE"; exec sleep 600'
 SERVER_ARGV = ["sh", "-c", SERVER_SCRIPT, "{artifact_dir}"]  # sh's $0: the artifact dir, unused
@@ -607,12 +610,13 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
         f"pod state dir on {args.pod_label}\n"
     )
     print("| volume | caches | server directly (median / p95) | cachemgr run (median / p95) "
-          f"| added (median / p95) | target < {TARGET_MS:.0f} ms |")  # fmt: skip
+          "| added (median / p95) | target |")  # fmt: skip
     print("|---|---|---:|---:|---:|---|")
     for r in results:
         added = r.added
         med, p95 = statistics.median(added), pct(added, 0.95)
-        verdict = "met" if med < TARGET_MS else f"missed by {med - TARGET_MS:.0f} ms"
+        target = TARGET_MS.get(r.label, JUICEFS_TARGET_MS)
+        verdict = f"< {target:.0f} ms: " + ("met" if med < target else f"missed by {med - target:.0f} ms")
         print(
             f"| {r.label} | {'dropped' if r.cold else 'warm'} "
             f"| {statistics.median(r.direct):.1f} / {pct(r.direct, 0.95):.1f} ms "
@@ -621,14 +625,19 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
         )
     if any(r.against for r in results):
         print(f"\n### This checkout against {args.against} (paired: this minus that, same run)\n")
-        print("| volume | caches | that checkout (median) | this one (median) | difference (median / p95) |")
-        print("|---|---|---:|---:|---:|")
+        print(
+            "| volume | caches | that checkout (median) | this one (median) | difference (median / p95) "
+            "| added: that / this (median) | ratio |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|")
         for r in results:
             diff = [m - a for m, a in zip(r.managed, r.against, strict=True)]
+            that = statistics.median(a - d for a, d in zip(r.against, r.direct, strict=True))
+            this = statistics.median(r.added)
             print(
                 f"| {r.label} | {'dropped' if r.cold else 'warm'} | {statistics.median(r.against):.1f} ms "
                 f"| {statistics.median(r.managed):.1f} ms | **{statistics.median(diff):+.1f}** / "
-                f"{pct(diff, 0.95):+.1f} ms |"
+                f"{pct(diff, 0.95):+.1f} ms | {that:.1f} / {this:.1f} ms | {this / that:.2f} |"
             )
 
 
