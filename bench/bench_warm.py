@@ -34,7 +34,9 @@ the fast check done two other ways (a directory listing; threads), in this proce
     git archive main | tar -x -C /tmp/main-tree && \
       .venv/bin/python bench/bench_warm.py --fs local --no-cold --against /tmp/main-tree   # A/B
 
-Target: under 150 ms added. Exits non-zero only on errors, not on a missed target.
+Targets (issue 25 item 4): under 100 ms added on the local disk, under 200 ms on JuiceFS with its
+default caches (the row without metadata caches is shown against the same 200 ms). Exits non-zero
+only on errors, not on a missed target.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ from cachemgr.volume.store import create_staging, publish
 
 REPO = Path(__file__).resolve().parent.parent
 
-TARGET_MS = 150.0
+TARGET_MS = {"local": 100.0}  # every other volume: JUICEFS_TARGET_MS
+JUICEFS_TARGET_MS = 200.0
 CONSOLE_SCRIPT = Path(sys.executable).parent / "cachemgr"
 SERVER_SCRIPT = 'date +%s%N > "$BENCH_START_FILE"; exec sleep 600'
 SERVER_ARGV = ["sh", "-c", SERVER_SCRIPT, "{artifact_dir}"]  # sh's $0: the artifact dir, unused
@@ -211,10 +214,11 @@ def pod_filesystem(kind: str, work: Path) -> Iterator[tuple[Path, str]]:
         try:
             with image.open("wb") as out:
                 out.truncate(2 << 30)  # sparse: only what the views use takes memory
-            # 200,000 inodes: ~90 views of 2,000 links. Inode tables and journal written now:
+            # 600,000 inodes: ~290 views of 2,000 links (a default run with --against makes ~150;
+            # at 200,000 it ran out, exit 73). Inode tables (150 MiB) and journal written now:
             # lazy init would zero them in the background, under the measured starts.
             init = "lazy_itable_init=0,lazy_journal_init=0"
-            subprocess.run(["mkfs.ext4", "-q", "-F", "-N", "200000", "-E", init, str(image)], check=True)
+            subprocess.run(["mkfs.ext4", "-q", "-F", "-N", "600000", "-E", init, str(image)], check=True)
             done = subprocess.run(
                 ["mount", "-o", "loop", str(image), str(mountpoint)],
                 check=False,
@@ -297,6 +301,7 @@ class Start:
     spawned_ns: int  # time.time_ns() just before the spawn
     server_ns: int  # what the server wrote as its first act (date +%s%N)
     log: str
+    cpu_ms: float  # CPU time of the started process's main thread when the server had started
 
     @property
     def spawn_to_server_ms(self) -> float:
@@ -330,8 +335,10 @@ def start_once(argv: list[str], env: dict[str, str], work: Path) -> Start:
         proc = subprocess.Popen(
             argv, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True, cwd=work
         )
+    cpu = float("nan")
     try:
         server = _read_start(stamp, proc, time.monotonic() + 60)
+        cpu = main_thread_cpu_ms(proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGTERM)  # cachemgr forwards it to the server
@@ -340,7 +347,20 @@ def start_once(argv: list[str], env: dict[str, str], work: Path) -> Start:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return Start(spawned, server, log.read_text(errors="replace"))
+    return Start(spawned, server, log.read_text(errors="replace"), cpu)
+
+
+def main_thread_cpu_ms(pid: int) -> float:
+    """CPU time of a process's main thread so far (``/proc/PID/schedstat``: ns on a CPU).
+
+    cachemgr's hit path runs on its main thread, so this is its cost with the machine's load
+    taken out (mostly: a busy machine still slows caches); the read-ahead thread started at the
+    launch is not counted. Sampled when the server's start is seen (within the 2 ms poll).
+    """
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def cachemgr_argv(key: CacheKey, files: int, size: int, *, head: list[str]) -> list[str]:
@@ -387,7 +407,7 @@ def wrap(owner, name, label):
                 sys.stderr.flush()
                 import json
                 with open(os.environ["BENCH_TRACE_FILE"], "w") as out:
-                    json.dump({"marks": T, "spans": spans}, out)
+                    json.dump({"marks": T, "spans": spans, "cpu_ns": time.thread_time_ns()}, out)
     setattr(owner, name, timed)
 
 find_handler = main._handler
@@ -448,6 +468,9 @@ def trace_once(
     steps["server exec to its first line"] = (start.server_ns - spans["spawn server"][1]) / 1e6
     steps["other (between the steps)"] = total - sum(steps.values())
     steps["total"] = total
+    # The main thread's CPU time from the interpreter's start to the launch: the hit path's own
+    # cost, which a loaded machine inflates far less than the wall-clock steps above.
+    steps["CPU time of the main thread, to the launch"] = data["cpu_ns"] / 1e6
     return steps
 
 
@@ -552,6 +575,8 @@ class Result:
     direct: list[float]
     managed: list[float]
     against: list[float] = field(default_factory=list)  # --against: the other checkout's starts
+    managed_cpu: list[float] = field(default_factory=list)  # main-thread CPU ms of each start
+    against_cpu: list[float] = field(default_factory=list)
 
     @property
     def added(self) -> list[float]:
@@ -591,9 +616,11 @@ def measure(
             if which == "managed":
                 check_hit(start, key)
                 result.managed.append(start.spawn_to_server_ms)
+                result.managed_cpu.append(start.cpu_ms)
             elif which == "against":
                 check_hit(start, key)
                 result.against.append(start.spawn_to_server_ms)
+                result.against_cpu.append(start.cpu_ms)
             else:
                 result.direct.append(start.spawn_to_server_ms)
     return result
@@ -607,12 +634,13 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
         f"pod state dir on {args.pod_label}\n"
     )
     print("| volume | caches | server directly (median / p95) | cachemgr run (median / p95) "
-          f"| added (median / p95) | target < {TARGET_MS:.0f} ms |")  # fmt: skip
+          "| added (median / p95) | target |")  # fmt: skip
     print("|---|---|---:|---:|---:|---|")
     for r in results:
         added = r.added
         med, p95 = statistics.median(added), pct(added, 0.95)
-        verdict = "met" if med < TARGET_MS else f"missed by {med - TARGET_MS:.0f} ms"
+        target = TARGET_MS.get(r.label, JUICEFS_TARGET_MS)
+        verdict = f"< {target:.0f} ms: " + ("met" if med < target else f"missed by {med - target:.0f} ms")
         print(
             f"| {r.label} | {'dropped' if r.cold else 'warm'} "
             f"| {statistics.median(r.direct):.1f} / {pct(r.direct, 0.95):.1f} ms "
@@ -621,26 +649,64 @@ def print_results(results: list[Result], args: argparse.Namespace) -> None:
         )
     if any(r.against for r in results):
         print(f"\n### This checkout against {args.against} (paired: this minus that, same run)\n")
-        print("| volume | caches | that checkout (median) | this one (median) | difference (median / p95) |")
-        print("|---|---|---:|---:|---:|")
+        print(
+            "| volume | caches | that checkout (median) | this one (median) | difference (median / p95) "
+            "| added: that / this (median) | ratio |"
+        )
+        print("|---|---|---:|---:|---:|---:|---:|")
         for r in results:
             diff = [m - a for m, a in zip(r.managed, r.against, strict=True)]
+            that = statistics.median(a - d for a, d in zip(r.against, r.direct, strict=True))
+            this = statistics.median(r.added)
             print(
                 f"| {r.label} | {'dropped' if r.cold else 'warm'} | {statistics.median(r.against):.1f} ms "
                 f"| {statistics.median(r.managed):.1f} ms | **{statistics.median(diff):+.1f}** / "
-                f"{pct(diff, 0.95):+.1f} ms |"
+                f"{pct(diff, 0.95):+.1f} ms | {that:.1f} / {this:.1f} ms | {this / that:.2f} |"
+            )
+        print(
+            "\nCPU time of cachemgr's main thread from its start to the server's (the hit path without "
+            "the machine's load; paired):\n"
+        )
+        print(
+            "| volume | caches | that checkout (median) | this one (median) | difference (median / p95) | ratio |"
+        )
+        print("|---|---|---:|---:|---:|---:|")
+        for r in results:
+            cpu = [m - a for m, a in zip(r.managed_cpu, r.against_cpu, strict=True)]
+            that, this = statistics.median(r.against_cpu), statistics.median(r.managed_cpu)
+            print(
+                f"| {r.label} | {'dropped' if r.cold else 'warm'} | {that:.1f} ms | {this:.1f} ms "
+                f"| **{statistics.median(cpu):+.1f}** / {pct(cpu, 0.95):+.1f} ms | {this / that:.2f} |"
             )
 
 
-def print_breakdown(label: str, traces: list[dict[str, float]], imports: list[tuple[str, float]]) -> None:
+def print_breakdown(
+    label: str,
+    traces: list[dict[str, float]],
+    imports: list[tuple[str, float]],
+    against: list[dict[str, float]],
+    against_label: str,
+) -> None:
     print(f"\n### Where the time goes ({label}, warm caches, median of {len(traces)} traced runs)\n")
-    print("| step | ms | share |")
-    print("|---|---:|---:|")
     total = statistics.median(t["total"] for t in traces)
+    if against:
+        print(
+            f"Traced in turn with {against_label}; the last column is the median of the paired differences.\n"
+        )
+        print("| step | ms | share | that checkout, ms | this minus that, ms |")
+        print("|---|---:|---:|---:|---:|")
+    else:
+        print("| step | ms | share |")
+        print("|---|---:|---:|")
     for name in traces[0]:
         value = statistics.median(t[name] for t in traces)
         share = f"{100 * value / total:.0f}%" if name != "total" else "100%"
-        print(f"| {name} | {value:.1f} | {share} |")
+        row = f"| {name} | {value:.1f} | {share} |"
+        if against:
+            that = statistics.median(t.get(name, 0.0) for t in against)
+            diff = statistics.median(t[name] - a.get(name, 0.0) for t, a in zip(traces, against, strict=True))
+            row += f" {that:.1f} | {diff:+.1f} |"
+        print(row)
     print(
         "\nImports before the server is launched (`-X importtime`, one run, itself slower; "
         "cumulative ms; nested: what a module's import pulled in, of 2 ms or more):\n"
@@ -654,7 +720,7 @@ def print_breakdown(label: str, traces: list[dict[str, float]], imports: list[tu
 @dataclass
 class Findings:
     results: list[Result]
-    breakdowns: list[tuple[str, list[dict[str, float]], list[tuple[str, float]]]]
+    breakdowns: list[tuple[str, list[dict[str, float]], list[tuple[str, float]], list[dict[str, float]]]]
     alternatives: list[tuple[str, list[tuple[str, float]]]]
 
 
@@ -676,12 +742,18 @@ def bench_volume(
         found.results.append(
             measure(label, key, entry, read_root, args=args, work=where, cold=cold, size=size)
         )
-    traces = [
-        trace_once(key, args.files, size, env, pods / f"{label}-trace-{i}", install=args.install)
-        for i in range(args.traces)
-    ]
+    traces, against = [], []
+    for i in range(args.traces):  # with --against, in turn: each checkout first every other time
+        installs = [("this", args.install)]
+        if args.against_install is not None:
+            installs.append(("that", args.against_install))
+        for which, install in installs if i % 2 == 0 else installs[::-1]:
+            steps = trace_once(
+                key, args.files, size, env, pods / f"{label}-trace-{i}-{which}", install=install
+            )
+            (traces if which == "this" else against).append(steps)
     imports = import_breakdown(key, args.files, size, env, pods / f"{label}-imports", install=args.install)
-    found.breakdowns.append((label, traces, imports))
+    found.breakdowns.append((label, traces, imports, against))
     read_entry = read_root / "entries" / entry.name
     found.alternatives.append((label, fast_check_alternatives(read_entry, runs=5, cold=args.cold)))
 
@@ -774,8 +846,8 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_results(found.results, args)
-    for label, traces, imports in found.breakdowns:
-        print_breakdown(label, traces, imports)
+    for label, traces, imports, against in found.breakdowns:
+        print_breakdown(label, traces, imports, against, str(args.against))
     print_alternatives(found.alternatives, args)
     return 0
 

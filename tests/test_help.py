@@ -174,3 +174,48 @@ def test_only_the_completion_command_imports_shtab() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_a_pod_start_parses_its_arguments_without_shutil() -> None:
+    """argparse's formatter imports shutil (with bz2, lzma, fnmatch: 2 ms) to ask the terminal's
+    width, once for every option a parser adds: on every ``cachemgr run``, the hit path."""
+    code = (
+        "import sys\n"
+        "from cachemgr.cli.main import parse\n"
+        "parse(['run', '--verify', 'fast', '--prefetch', 'off'])\n"
+        "print(' '.join(m for m in ('shutil', 'bz2', 'lzma') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [], f"parsing run's arguments imported {done.stdout.strip()}"
+
+
+@pytest.mark.parametrize("columns", [50, 140])
+def test_help_is_as_wide_as_columns_says(columns: int) -> None:
+    """The width comes from $COLUMNS (else the terminal, else 80), as with argparse's own formatter."""
+    env = {**_clean_env(), "COLUMNS": str(columns)}
+    shown = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "run", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    # The options' help is wrapped; the description and examples are shown as written, and a usage
+    # line holds a whole [--option VALUE].
+    lines = shown.stdout.splitlines()
+    options = [
+        line for line in lines if line.startswith("  ") and "cachemgr " not in line and "[" not in line
+    ]
+    widest = max(len(line) for line in options)
+    assert columns - 12 <= widest <= columns - 2, f"help {widest} wide with COLUMNS={columns}"
+
+
+def _clean_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "COLUMNS"}

