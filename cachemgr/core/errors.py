@@ -169,6 +169,15 @@ class ServerFailedError(CacheMgrError, ChildProcessError):
         return int(self.fields["exit_status"])
 
 
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its exit code, not a fault
     """A termination signal arrived before the server started; everything was cleaned up."""
 
@@ -177,7 +186,9 @@ class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its
     def __init__(self, signum: int) -> None:
         self.signum = signum
         super().__init__(
-            f"stopped by signal {signum} before the server started; staging removed and lease released",
+            f"stopped by signal {signum} before the server started ({_signal_name(signum)}); no server was "
+            "started, and what this pod had begun on the volume, if anything (a compile's staging, a lease), "
+            "is cleaned up",
             remedy="nothing to do: the next start resumes from the shared cache",
             signum=signum,
         )
