@@ -23,7 +23,13 @@ from typing import Any
 
 import pytest
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
-from cachemgr_testkit.scenarios import assert_clean_after_failure, compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.scenarios import (
+    assert_clean_after_failure,
+    compile_cmd,
+    entry_dirs,
+    server_argv,
+    vllm_argv,
+)
 
 from cachemgr.core.errors import Interrupted
 from cachemgr.runtime.launcher import SignalRelay
@@ -209,6 +215,24 @@ def _npu_node(work: Path, *, asked: Path, seconds: float) -> dict[str, str]:
 
 
 # --- a server that dies at launch ---------------------------------------------------------------
+
+
+def test_sigterm_while_the_server_compiles_says_the_server_was_stopped(pods: Cluster, root: Path) -> None:
+    """The vllm strategy: the server itself compiles, so the line cannot say no server started."""
+    pod = pods.start(
+        "compiling", vllm_argv(free_port()), cache_root=root, env={"STANDIN_COMPILE_SECONDS": "30"}
+    )
+    pod.wait_phase("compiling")
+    wait_for(
+        lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), timeout=60, what="the server compiling"
+    )
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit(timeout=60) == TERM, pod.tail()
+    line = (pod.state_dir / "termination-log").read_text()
+    assert line == Interrupted(signal.SIGTERM, server_compiling=True).one_line()
+    assert "while the server compiled" in line
+    assert "no server was started" not in line
+    assert not entry_dirs(root), "nothing published"
 
 
 def test_a_server_that_dies_before_it_is_ready_is_an_error_with_its_code_and_last_lines(
