@@ -249,3 +249,75 @@ def test_the_pods_metrics_count_it_across_a_container_restart(pods: Cluster, roo
     wait_for(lambda: bad.state().get("phase") == "serving", what="the restarted pod to serve")
     assert again.proc.poll() is None
     assert metrics(port)["cachemgr_failures_total{reason=server-failed}"] == 1
+
+
+# --- the adversarial pass: planted names, old evidence, planted links, odd digits ------------------
+
+
+def test_planted_names_claiming_the_future_never_push_out_a_real_record(root: Path) -> None:
+    from cachemgr.volume.identity import PodIdentity
+    from cachemgr.volume.layout import open_root
+
+    cache = open_root(root, create=True)
+    digest = "d" * 32
+    folder = root / "usage" / digest
+    folder.mkdir(parents=True)
+    for n in range(serverfail.KEEP):  # junk that sorts as the newest of this copy
+        (folder / f"{serverfail.PREFIX}abc.{'f' * 40}.junk.{n}").write_text("junk")
+    who = PodIdentity(pod="p", node="n", pid=1, host="h")
+    name = serverfail.write(
+        cache, digest, who, instance="abc", entry="e", exit_status=3, signal_name=None,
+        last_lines=["boom"], compiled_here=False,
+    )  # fmt: skip
+    assert (folder / name).is_file(), "the record just written stays"
+    got = serverfail.read(cache, digest)
+    assert [f.exit_status for f in got.of("abc")] == [3]
+
+
+def test_an_old_failure_of_an_earlier_copy_does_not_block_setting_aside(pods: Cluster, root: Path) -> None:
+    """A copy that failed with exit 3 long ago is no evidence against today's copy failing with 3."""
+    entry = _published(pods, root)
+    key = _key(entry)
+    folder = root / "usage" / key
+    long_ago = {
+        "pod": "old",
+        "node": "n",
+        "time": 1.0,
+        "exit_status": 3,
+        "compiled_here": True,
+        "last_lines": [],
+    }
+    (folder / f"{serverfail.PREFIX}oldcopy.1.old.1").write_text(json.dumps(long_ago))
+    policy = ("--on-server-failure", "set-aside-after", "1")
+    assert _fail(pods, root, "bad-1", "3") == 3
+    fresh = pods.start("fresh", vllm_argv(free_port()), cache_root=root, options=policy)
+    fresh.wait_phase("serving")
+    assert [e for e in fresh.log_events() if e["event"] == "entry_set_aside"], fresh.tail()
+
+
+def test_a_link_planted_as_the_usage_folder_never_stops_a_hit_under_the_policy(
+    pods: Cluster, root: Path, tmp_path: Path
+) -> None:
+    entry = _published(pods, root)
+    folder = root / "usage" / _key(entry)
+    for record in folder.iterdir():
+        record.unlink()
+    folder.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    folder.symlink_to(tmp_path / "elsewhere")
+    policy = ("--on-server-failure", "set-aside-after", "1")
+    pod = pods.start("hit", vllm_argv(free_port()), cache_root=root, options=policy)
+    pod.wait_phase("serving")
+    assert [e for e in pod.log_events() if e["event"] == "server_failure_policy_skipped"], pod.tail()
+    assert list((tmp_path / "elsewhere").iterdir()) == [], "nothing written through the link"
+
+
+def test_a_policy_count_in_other_digits_is_refused_not_a_crash(pods: Cluster, root: Path) -> None:
+    env = {**_env(pods, root), "CACHEMGR_ON_SERVER_FAILURE": "set-aside-after \u00b3"}
+    done = run_cli("run", "--", *vllm_argv(free_port()), env=env)
+    assert (done.returncode, "Traceback" in done.stderr) == (78, False), done.stderr
+    flag = run_cli(
+        "run", "--on-server-failure", "set-aside-after", "\u00b2", "--", *vllm_argv(free_port()),
+        env=_env(pods, root),
+    )  # fmt: skip
+    assert (flag.returncode, "Traceback" in flag.stderr) == (64, False), flag.stderr

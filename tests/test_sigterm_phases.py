@@ -23,7 +23,13 @@ from typing import Any
 
 import pytest
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
-from cachemgr_testkit.scenarios import assert_clean_after_failure, compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.scenarios import (
+    assert_clean_after_failure,
+    compile_cmd,
+    entry_dirs,
+    server_argv,
+    vllm_argv,
+)
 
 from cachemgr.core.errors import Interrupted
 from cachemgr.runtime.launcher import SignalRelay
@@ -209,6 +215,54 @@ def _npu_node(work: Path, *, asked: Path, seconds: float) -> dict[str, str]:
 
 
 # --- a server that dies at launch ---------------------------------------------------------------
+
+
+def test_sigterm_while_the_server_compiles_says_the_server_was_stopped(pods: Cluster, root: Path) -> None:
+    """The vllm strategy: the server itself compiles, so the line cannot say no server started."""
+    pod = pods.start(
+        "compiling", vllm_argv(free_port()), cache_root=root, env={"STANDIN_COMPILE_SECONDS": "30"}
+    )
+    pod.wait_phase("compiling")
+    wait_for(
+        lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), timeout=60, what="the server compiling"
+    )
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit(timeout=60) == TERM, pod.tail()
+    line = (pod.state_dir / "termination-log").read_text()
+    assert line == Interrupted(signal.SIGTERM, server_compiling=True).one_line()
+    assert "while the server compiled" in line
+    assert "no server was started" not in line
+    assert not entry_dirs(root), "nothing published"
+
+
+def _proc_field(pid: int, name: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(name + ":"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _sigterm_pending(pid: int) -> bool:
+    return bool(int(_proc_field(pid, "ShdPnd") or "0", 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_sigterm_to_a_frozen_pod_stops_its_server_once_it_thaws(pods: Cluster, root: Path) -> None:
+    """A node freezes the pod (SIGSTOP), the kubelet sends SIGTERM, the pod thaws: the kernel may
+    hand the signal to any thread of cachemgr's, and the server must still be told to stop."""
+    first = pods.start("first", vllm_argv(free_port()), cache_root=root)
+    first.wait_phase("serving")
+    first.signal(signal.SIGTERM)
+    assert first.wait_exit() == 0
+    for attempt in range(4):  # before the fix, 3 of 4 hung: which thread takes the signal varies
+        pod = pods.start(f"frozen-{attempt}", vllm_argv(free_port()), cache_root=root)
+        pod.wait_phase("serving")
+        pid = pod.proc.pid
+        pod.signal_pod(signal.SIGSTOP)
+        wait_for(lambda p=pid: _proc_field(p, "State").startswith("T"), timeout=10, what="the pod stopped")
+        pod.signal(signal.SIGTERM)
+        wait_for(lambda p=pid: _sigterm_pending(p), timeout=10, what="SIGTERM pending")
+        pod.signal_pod(signal.SIGCONT)
+        assert pod.wait_exit(timeout=20) == 0, (attempt, pod.tail())
 
 
 def test_a_server_that_dies_before_it_is_ready_is_an_error_with_its_code_and_last_lines(

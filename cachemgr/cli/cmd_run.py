@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -140,6 +141,9 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
     )
 
 
+_DIGITS = re.compile("[0-9]{1,6}")  # ASCII only: str.isdigit() takes '²', which int() refuses
+
+
 def _server_failure_policy(given: list[str] | None, environ: Mapping[str, str]) -> int | None:
     """``--on-server-failure`` / ``CACHEMGR_ON_SERVER_FAILURE``: ``off`` (None) or ``set-aside-after N``."""
     from_env = given is None
@@ -147,7 +151,12 @@ def _server_failure_policy(given: list[str] | None, environ: Mapping[str, str]) 
     words = text.replace("=", " ").split()
     if words == ["off"]:
         return None
-    if len(words) == 2 and words[0] == "set-aside-after" and words[1].isdigit() and 0 < int(words[1]) < 10**6:
+    if (
+        len(words) == 2
+        and words[0] == "set-aside-after"
+        and _DIGITS.fullmatch(words[1])
+        and int(words[1]) > 0
+    ):
         return int(words[1])
     what = (
         f"{'CACHEMGR_ON_SERVER_FAILURE' if from_env else '--on-server-failure'} {text[:40]!r} is not a policy"

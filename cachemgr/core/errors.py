@@ -183,12 +183,18 @@ class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its
 
     reason = "interrupted"
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, *, server_compiling: bool = False) -> None:
         self.signum = signum
-        super().__init__(
-            f"stopped by signal {signum} before the server started ({_signal_name(signum)}); no server was "
+        what = (
+            f"stopped by signal {signum} while the server compiled ({_signal_name(signum)}); the server was "
+            "stopped before it served, nothing was published, and the compile's staging and lease are cleaned up"
+            if server_compiling
+            else f"stopped by signal {signum} before the server started ({_signal_name(signum)}); no server was "
             "started, and what this pod had begun on the volume, if anything (a compile's staging, a lease), "
-            "is cleaned up",
+            "is cleaned up"
+        )
+        super().__init__(
+            what,
             remedy="nothing to do: the next start resumes from the shared cache",
             signum=signum,
         )

@@ -140,7 +140,7 @@ def compile_ended(
         )
         raise DiskFullSeenError(f"the {what} printed '{phrase}'", line=line)
     if relay.stop.is_set():
-        raise interrupted(relay)
+        raise Interrupted(relay.received or 15, server_compiling=what == "server")
     if code == 0:
         return  # what it left is judged next: publish only what the server will load (loadable)
     status = exit_status(code if code is not None else -9)

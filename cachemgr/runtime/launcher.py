@@ -249,18 +249,32 @@ def terminate_tree(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> No
 
 
 def wait_reaping(child: subprocess.Popen[bytes], *, reaper: bool) -> int:
-    """Wait for the server, reaping any orphan zombie meanwhile; its exit status (128+N on signal N)."""
-    if not reaper:
-        return exit_status(child.wait())
+    """Wait for the server, reaping any orphan zombie meanwhile; its exit status (128+N on signal N).
+
+    Never one blocking wait: the kernel may hand a termination signal to any of our threads (it
+    does after a SIGSTOP of the pod: a stopped main thread does not "want" it, and the first thread
+    to run takes it). Python runs the handler, which forwards it to the server, only when the main
+    thread next executes; blocked in ``waitpid`` for a server that is not told to stop, it never
+    would. So the main thread looks every :data:`_WAIT_EVERY` seconds.
+    """
     while child.returncode is None:
+        if not reaper:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=_WAIT_EVERY)
+            continue
         try:
-            pid, status = os.waitpid(-1, 0)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             # Reaped elsewhere (Popen.poll in another thread); it knows the code.
             return exit_status(child.wait())
         if pid == child.pid:
             child.returncode = os.waitstatus_to_exitcode(status)
+        elif pid == 0:
+            time.sleep(_WAIT_EVERY)
     return exit_status(child.returncode)
+
+
+_WAIT_EVERY = 0.2
 
 
 @dataclass

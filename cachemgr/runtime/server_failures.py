@@ -16,6 +16,8 @@ set aside. Nor while a live pod serves from it: a server loads it there.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import TYPE_CHECKING
 
 from cachemgr.core.errors import ServerFailedError
@@ -96,9 +98,15 @@ def _record(
         log.warning("server_failure_not_recorded", key=key.short, error=str(error))
 
 
+# How long an earlier copy's failures count as evidence against a fresh one: a copy that worked for
+# a month and then fails is judged on its own, not on what its predecessor did back then.
+EVIDENCE_SECONDS = 24 * 3600
+
+
 def _same_as_before(records: serverfail.Records, instance: str, code: int) -> bool:
-    """An earlier copy of the key failed with this exit status too."""
-    return any(f.exit_status == code for f in records.before(instance))
+    """An earlier copy of the key failed with this exit status too, recently."""
+    since = time.time() - EVIDENCE_SECONDS
+    return any(f.exit_status == code and f.time >= since for f in records.before(instance))
 
 
 def should_set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *, after: int) -> bool:
@@ -114,7 +122,7 @@ def should_set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *,
     if len(now) < after:
         return False  # counted by name, but not records of ours (malformed): no action on those
     fields = {"key": key.short, "entry": found.path.name, "recorded": len(now)}
-    if any(_same_as_before(records, instance, f.exit_status) for f in now):
+    if any(f.compiled_here and _same_as_before(records, instance, f.exit_status) for f in now):
         log.warning(
             "server_failure_not_set_aside",
             **fields,
@@ -131,10 +139,31 @@ def should_set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *,
     return True
 
 
-def set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *, after: int) -> None:
-    """Move the entry to quarantine with the reason; the caller then compiles afresh."""
+def set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *, after: int) -> bool:
+    """Move the entry to quarantine with the reason (True: the caller then compiles afresh).
+
+    As prune does: a pod that registered its use between the check and the move (a rollout's
+    replicas start together) gets the entry back, put back where it was before it can miss it.
+    """
+    from cachemgr.core import safefs
     from cachemgr.volume.store import quarantine
 
     reason = f"its server exited before ready {after}+ time(s) (--on-server-failure set-aside-after {after})"
     moved = quarantine(root, found.path, reason=reason)
+    if moved is None:
+        return False  # another pod moved it first: look again
+    usage = read_usage(root, key.digest)
+    if usage.live:
+        safefs.rename(root.path, moved, found.path)
+        with contextlib.suppress(OSError):
+            safefs.unlink(root.path, moved.with_name(moved.name + ".reason.json"))
+        users = ", ".join(u.pod for u in usage.live)
+        log.warning(
+            "server_failure_not_set_aside",
+            key=key.short,
+            entry=found.path.name,
+            reason=f"{users} began to use it as it was set aside: put back",
+        )
+        return False
     log.warning("entry_set_aside", key=key.short, entry=found.path.name, reason=reason, moved_to=str(moved))
+    return True

@@ -184,7 +184,7 @@ def write(
     name = _name(instance, identity)
     with safefs.open_dir(root.path, root.usage / digest, create=True) as folder:
         atomic_write_json_at(folder, name, record)
-        _drop_oldest(folder, instance)
+        _drop_oldest(folder, instance, keep=name)
     return name
 
 
@@ -195,7 +195,7 @@ def _name(instance: str, identity: PodIdentity) -> str:
     return head + tail.encode()[-room:].decode("utf-8", "ignore")
 
 
-def _drop_oldest(folder: int, instance: str) -> None:
+def _drop_oldest(folder: int, instance: str, *, keep: str) -> None:
     """Keep the newest ``KEEP`` records of this copy and the newest ``KEEP_BEFORE`` of the copies
     before it (by the stamp in their names): those are the evidence that a fresh copy fails alike,
     and must not be pushed out by the fresh copy's own records."""
@@ -203,16 +203,24 @@ def _drop_oldest(folder: int, instance: str) -> None:
     this = [n for n in names if n[len(PREFIX) :].split(".", 1)[0] == instance]
     before = [n for n in names if n not in set(this)]
     for name in this[KEEP:] + before[KEEP_BEFORE:]:
+        if name == keep:
+            continue  # the record just written is never what makes room (planted names rank above it)
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=folder)
 
 
 def _stamp(name: str) -> int:
+    """The time in the name (ns); 0 for none, and for one past tomorrow: a planted name cannot
+    rank above real records by claiming the future."""
     parts = name[len(PREFIX) :].split(".")
     try:
-        return int(parts[1], 16) if len(parts) > 1 else 0
+        stamp = int(parts[1], 16) if len(parts) > 1 else 0
     except ValueError:
         return 0
+    return stamp if stamp <= time.time_ns() + _SKEW_NS else 0
+
+
+_SKEW_NS = 24 * 3600 * 10**9
 
 
 def read(root: CacheRoot, digest: str) -> Records:
