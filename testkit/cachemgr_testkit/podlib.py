@@ -106,18 +106,42 @@ def wait_for(
 # Ports handed to servers that bind them later (a pod's stand-in server, weed mini): never from
 # the kernel's ephemeral range, where any outgoing connection (a health check, an S3 request) may
 # take a port between our check and the server's bind; and never the same twice in a process, so
-# two servers of one test run cannot be handed one port. Each pytest-xdist worker draws from its
-# own block, from a random start: concurrent workers, and other runs on the machine, rarely meet.
+# two servers of one test run cannot be handed one port. A port handed out is not bound until its
+# server starts (a pod compiles first), so a bind check cannot see it: each test process (a
+# pytest-xdist worker, or a plain pytest of a campaign split by -k) claims a block of its own with
+# an flock that the kernel drops when the process ends, and draws only from that block.
 _PORT_LOW, _PORT_HIGH = 15000, 32000  # below ip_local_port_range's usual 32768
-_PORT_BLOCK = 2000
+_PORT_BLOCK = 1000
 _ports: Iterator[int] | None = None
+_block_claim: int | None = None  # the descriptor that holds this process's block
+
+
+def _claim_block(blocks: int) -> int:
+    """The first block, from this worker's own, that no other live test process holds."""
+    global _block_claim  # noqa: PLW0603  # held open for the process's life
+    import fcntl
+    import tempfile
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    first = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else os.getpid()
+    claims = Path(tempfile.gettempdir()) / "cachemgr-testkit-ports"
+    claims.mkdir(exist_ok=True)
+    for step in range(blocks):
+        block = (first + step) % blocks
+        fd = os.open(claims / f"block-{block}", os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _block_claim = fd
+        return block
+    return first % blocks  # every block held: share one; the bind check below still applies
 
 
 def _port_sequence() -> Iterator[int]:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 8
     blocks = (_PORT_HIGH - _PORT_LOW) // _PORT_BLOCK
-    low = _PORT_LOW + (index % blocks) * _PORT_BLOCK
+    low = _PORT_LOW + _claim_block(blocks) * _PORT_BLOCK
     start = int.from_bytes(os.urandom(2), "big") % _PORT_BLOCK
     while True:
         for offset in range(_PORT_BLOCK):
