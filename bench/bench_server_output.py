@@ -8,7 +8,7 @@ the table shows the medians, the ratio, and how much this process's peak RSS gre
 passed everything through (the tail is bounded: 20 lines of 400 bytes).
 
 Any pass-through costs a copy through user space that the inherited descriptor does not (most
-of the difference is the pipe, not the tail: the tail's work is about 35 us per 64 KiB read);
+of the difference is the pipe; the tail skips all but the last lines of each read);
 what matters is that no server is held back at the rates servers print. The target: at least
 100 MiB/s through cachemgr for every kind of output (a million 100-byte log lines a second, far
 above what vLLM logs), and no RSS growth with the output's size.

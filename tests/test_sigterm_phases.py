@@ -33,9 +33,9 @@ from cachemgr_testkit.scenarios import (
 
 from cachemgr.core.errors import Interrupted
 from cachemgr.runtime.launcher import SignalRelay
+from cachemgr.runtime.output import CUT_MARK, LineKeeper, Tail
 from cachemgr.runtime.output import SERVER_TAIL_LINE_BYTES as TAIL_LINE_BYTES
 from cachemgr.runtime.output import SERVER_TAIL_LINES as TAIL_LINES
-from cachemgr.runtime.output import OutputTail
 from cachemgr.volume.manifest import ARTIFACTS
 
 SERVER_BANNER = "STAND-IN vllm server"
@@ -327,9 +327,28 @@ def test_a_server_killed_by_its_own_signal_is_named_and_a_stop_of_the_pod_is_no_
 # --- the tail kept of the server's output -------------------------------------------------------
 
 
+class _ServerTail:
+    """The tail a server's output keeps (ServerOutput's keeper and sizes), fed by hand."""
+
+    def __init__(self) -> None:
+        self.tail = Tail(lines=TAIL_LINES)
+        self.keeper = LineKeeper(self.tail, (), line_bytes=TAIL_LINE_BYTES)
+
+    def feed(self, chunk: bytes) -> None:
+        self.keeper.feed(chunk)
+
+    def lines(self) -> list[str]:
+        open_line = self.keeper.open_line()
+        return [*self.tail.lines, *([open_line] if open_line else [])]
+
+
+def _cut(text: str, total: int) -> str:
+    return text + CUT_MARK.format(cut=total - len(text)) if total > len(text) else text
+
+
 @pytest.mark.quick
 def test_the_kept_tail_is_bounded_whatever_the_server_prints() -> None:
-    tail = OutputTail()
+    tail = _ServerTail()
     tail.feed(b"x" * (8 << 20))  # 8 MiB without a newline
     tail.feed(b"y" * (8 << 20) + b"\n")
     for i in range(1000):
@@ -337,20 +356,22 @@ def test_the_kept_tail_is_bounded_whatever_the_server_prints() -> None:
     tail.feed(b"loading 10%\rloading 55%\rloading 100%")
     lines = tail.lines()
     assert len(lines) <= TAIL_LINES + 1
-    assert all(len(line.encode()) <= TAIL_LINE_BYTES for line in lines)
+    assert all(len(line.encode()) <= TAIL_LINE_BYTES + len(CUT_MARK) + 10 for line in lines)
     assert lines[-2:] == ["line 999", "loading 100%"]
-    whole = OutputTail()
+    whole = _ServerTail()
     whole.feed(b"z" * (8 << 20) + b"\nok\n")
-    assert whole.lines() == ["z" * TAIL_LINE_BYTES, "ok"]
+    assert whole.lines() == [_cut("z" * TAIL_LINE_BYTES, 8 << 20), "ok"]
 
 
 @pytest.mark.quick
 def test_the_kept_tail_is_the_same_however_the_output_is_cut_into_reads() -> None:
     """Reads end anywhere: mid-line, on a newline, with many lines or none in one read."""
     text = b"".join(f"{i} {'w' * (i * 37 % 900)}\n".encode() for i in range(300)) + b"last, unfinished"
-    expected = [line[:TAIL_LINE_BYTES].decode() for line in text.split(b"\n")][-TAIL_LINES - 1 :]
+    expected = [_cut(line[:TAIL_LINE_BYTES].decode(), len(line)) for line in text.split(b"\n")][
+        -TAIL_LINES - 1 :
+    ]
     for sizes in ((1,), (7, 4096), (len(text),), (65536,), (399, 400, 401)):
-        tail, at, turn = OutputTail(), 0, 0
+        tail, at, turn = _ServerTail(), 0, 0
         while at < len(text):
             size = sizes[turn % len(sizes)]
             tail.feed(text[at : at + size])
@@ -390,7 +411,8 @@ def test_every_byte_the_server_prints_reaches_the_pod_log(pods: Cluster, root: P
     log = pod.log.read_text(errors="replace")
     assert "".join(f"out {i}\n" for i in range(20000)) + "e" * 300000 + "\nthe end without a newline" in log
     (failed,) = _events(pod, "failed")
-    assert failed["last_lines"][-2:] == ["e" * TAIL_LINE_BYTES, "the end without a newline"], failed
+    cut = "e" * TAIL_LINE_BYTES + CUT_MARK.format(cut=300000 - TAIL_LINE_BYTES)
+    assert failed["last_lines"][-2:] == [cut, "the end without a newline"], failed
     assert failed["last_lines"][-3] == "out 19999"
 
 

@@ -71,7 +71,7 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         # Not stopped by the pod's own signal, never ready: the launch failed (the entry, the
         # node, the server's configuration: its last lines say which).
         error = failures.server_failed(
-            child.returncode, key=key, entry=found.path.name, last_lines=output.tail.lines()
+            child.returncode, key=key, entry=found.path.name, last_lines=output.lines()
         )
         raise server_failures.recorded(
             pod, root, key, found, error

@@ -1,5 +1,9 @@
 """A child's output, read in bounded chunks: every byte passed on as it comes, a bounded tail kept.
 
+One reader for both children: a compile's output (:class:`cachemgr.runtime.launcher.OutputWatch`:
+40 lines of 4 KiB kept, disk-full phrases looked for) and a server's (:class:`ServerOutput`: 20
+lines of 400 bytes, kept for the failure it may end in).
+
 A compiler may print anything: a 60 MB line with no newline (a dumped tensor, a progress bar
 redrawn with ``\\r`` for an hour). Reading it line by line (``readline``) holds the whole line
 in memory, and a ``\\r`` bar reaches the pod's log only at the next newline. So output is read
@@ -22,11 +26,11 @@ import os
 import re
 import select
 import subprocess
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from itertools import pairwise
 from typing import IO
 
 from cachemgr.core.log import terminal_guard
@@ -128,6 +132,13 @@ class LineKeeper:
         if self._seen is not None and self._tail.disk_full_line is None:
             self._tail.disk_full_line = self._seen_text()
 
+    def open_line(self) -> str:
+        """The line under way (no newline yet), as :meth:`close` would keep it; "" if none."""
+        if not (self._line or self._cut):
+            return ""
+        text = self._line.decode(errors="replace").rstrip()
+        return text + CUT_MARK.format(cut=self._cut) if self._cut else text
+
     def disk_full_text(self) -> str | None:
         """What names the full disk so far: its line once ended, else the text around the phrase."""
         return self._tail.disk_full_line or (self._seen_text() if self._seen is not None else None)
@@ -163,7 +174,7 @@ class LineKeeper:
         self._pending_cr = False
 
     def _look(self, chunk: bytes) -> bool:
-        if self._tail.disk_full_line is not None:
+        if not self._phrases or self._tail.disk_full_line is not None:
             return False
         if self._seen is not None:
             more = chunk[: self._room]
@@ -224,7 +235,7 @@ class Pump:
         self._out = getattr(sink, "buffer", None)
         self._held = b""
 
-    def run(self, disk_full: threading.Event) -> None:
+    def run(self, disk_full: threading.Event | None = None) -> None:
         fd = self._stream.fileno()
         try:
             while True:
@@ -237,7 +248,7 @@ class Pump:
                 self._pass_on(chunk)
                 with self._tail.lock:
                     found = self.keeper.feed(chunk)
-                if found:
+                if found and disk_full is not None:
                     disk_full.set()
         finally:
             self._write(self._held)
@@ -286,105 +297,41 @@ def _read(fd: int) -> bytes:
 
 SERVER_TAIL_LINES = 20  # a server's last lines kept for the failure it may end in
 SERVER_TAIL_LINE_BYTES = 400  # each cut here: a 60 MB line without a newline stays 400 bytes
-_CHUNK = 65536
-
-
-class OutputTail:
-    """The last :data:`SERVER_TAIL_LINES` lines of an output, each cut at :data:`SERVER_TAIL_LINE_BYTES`.
-
-    Memory is bounded whatever the output: a line longer than the cut is kept cut (the rest
-    is passed on, never held), and of a ``\r`` progress bar only its last state is kept.
-    """
-
-    def __init__(self) -> None:
-        self._lines: deque[bytes] = deque(maxlen=SERVER_TAIL_LINES)  # raw: decoded only when asked for
-        self._partial = bytearray()
-        self._lock = threading.Lock()
-
-    def feed(self, chunk: bytes) -> None:
-        # Only the first piece (the end of the line under way) and the last lines matter: found
-        # with find/rfind, not split, which would make an object per line of a chatty server.
-        first = chunk.find(b"\n")
-        with self._lock:
-            if first < 0:
-                self._add(chunk, 0, len(chunk))
-                return
-            self._add(chunk, 0, first)
-            self._end_line()
-            ends = [chunk.rfind(b"\n")]  # newlines from the last back, the first one included
-            while ends[-1] > first and len(ends) <= SERVER_TAIL_LINES:
-                ends.append(chunk.rfind(b"\n", first, ends[-1]))
-            ends.reverse()
-            for start, end in pairwise(ends):
-                self._add(chunk, start + 1, end)
-                self._end_line()
-            self._add(chunk, ends[-1] + 1, len(chunk))
-
-    def lines(self) -> list[str]:
-        """The kept lines, and the unfinished last one; raw (escape them to print: core.printable)."""
-        with self._lock:
-            lines = [_last_state(line) for line in self._lines]
-            partial = _last_state(self._partial)
-        return [*lines, partial] if partial else lines
-
-    def _add(self, chunk: bytes, start: int, end: int) -> None:
-        room = SERVER_TAIL_LINE_BYTES - len(self._partial)
-        if room > 0:
-            self._partial += chunk[start : min(end, start + room)]
-
-    def _end_line(self) -> None:
-        self._lines.append(bytes(self._partial))
-        self._partial.clear()
-
-
-def _last_state(raw: bytes | bytearray) -> str:
-    """What a terminal shows of a line: the part after its last carriage return."""
-    states = [s for s in raw.decode(errors="replace").split("\r") if s.strip()]
-    return states[-1].rstrip() if states else ""
 
 
 class ServerOutput:
-    """Passes a server's stdout and stderr on to ours byte for byte, keeping an :class:`OutputTail`.
+    """Passes a server's stdout and stderr on to ours, keeping its last lines: the same
+    :class:`Pump` and :class:`LineKeeper` as a compile's output, with a shorter tail
+    (:data:`SERVER_TAIL_LINES` of :data:`SERVER_TAIL_LINE_BYTES`) and no disk-full phrases.
 
-    Each chunk is written on the moment it is read, with no line buffering (a progress bar still
-    moves), from a thread per stream that waits in the kernel, not in Python. A stream that is a
-    terminal is not piped at all (:func:`start` with ``capture="tail"``): a person reading it
-    sees the server's own output, and the server still sees its terminal.
+    A thread per stream waits in the kernel, not in Python. A stream that is a terminal is not
+    piped at all (:func:`cachemgr.runtime.launcher.start` with ``capture="tail"``): a person
+    reading it sees the server's own output, and the server still sees its terminal.
     """
 
     def __init__(self, child: subprocess.Popen[bytes]) -> None:
-        self.tail = OutputTail()
-        self._threads = [
-            threading.Thread(target=self._pump, args=(stream, fd), daemon=True, name="cachemgr-server-output")
-            for stream, fd in ((child.stdout, 1), (child.stderr, 2))
+        self._tail = Tail(lines=SERVER_TAIL_LINES)
+        self._pumps = [
+            Pump(stream, sink, LineKeeper(self._tail, (), line_bytes=SERVER_TAIL_LINE_BYTES), self._tail)
+            for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
             if stream is not None
+        ]
+        self._threads = [
+            threading.Thread(target=pump.run, daemon=True, name="cachemgr-server-output")
+            for pump in self._pumps
         ]
         for thread in self._threads:
             thread.start()
 
-    def _pump(self, stream: IO[bytes], fd: int) -> None:
-        source = stream.fileno()
-        sink: int | None = fd
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(source, _CHUNK):
-                if sink is not None and not _write_all(sink, chunk):
-                    sink = None  # our stream is gone: keep draining, or the server blocks on a full pipe
-                self.tail.feed(chunk)
-        with contextlib.suppress(OSError):
-            stream.close()
+    def lines(self) -> list[str]:
+        """The last lines, and any line still open (the streams may not have ended: the server's
+        children can hold them); raw text (escape it to print: core.printable)."""
+        with self._tail.lock:
+            lines = list(self._tail.lines)
+            return [*lines, *(text for pump in self._pumps if (text := pump.keeper.open_line()))]
 
     def join(self, timeout: float) -> None:
         """Until the streams end (the server's children may hold them open: bounded by ``timeout``)."""
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _write_all(fd: int, data: bytes) -> bool:
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    except OSError:
-        return False
-    return True
