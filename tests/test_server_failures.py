@@ -86,6 +86,18 @@ def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Clus
     assert pods.compiles() == 1
 
 
+def test_a_hit_whose_server_starts_never_imports_the_server_failure_code(pods: Cluster, root: Path) -> None:
+    """The records are read and written only for a server that failed: a good hit pays nothing."""
+    _published(pods, root)
+    pod = pods.start("hit", vllm_argv(free_port()), cache_root=root, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    pod.wait_phase("serving")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0
+    imported = {line.rsplit("|", 1)[-1].strip() for line in pod.log.read_text().splitlines() if "|" in line}
+    assert "cachemgr.runtime.launch" in imported, "the log holds the pod's import report"
+    assert not {"cachemgr.runtime.server_failures", "cachemgr.volume.serverfail"} & imported
+
+
 def test_prune_key_removes_one_local_entry_and_never_one_in_use(pods: Cluster, root: Path) -> None:
     entry = _published(pods, root)
     key = _key(entry)

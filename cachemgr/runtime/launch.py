@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from cachemgr.core.fsutil import remove_tree
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import release as release_logs
-from cachemgr.runtime import failures, launcher, server_failures
+from cachemgr.runtime import failures, launcher
 from cachemgr.runtime.health import watch_readiness
 from cachemgr.runtime.output import ServerOutput
 from cachemgr.runtime.views import build_view, remove_old_views_later
@@ -70,6 +70,8 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     if code != 0 and not ready and not pod.relay.stop.is_set():
         # Not stopped by the pod's own signal, never ready: the launch failed (the entry, the
         # node, the server's configuration: its last lines say which).
+        from cachemgr.runtime import server_failures  # only for a server that failed
+
         error = failures.server_failed(
             child.returncode, key=key, entry=found.path.name, last_lines=output.lines()
         )

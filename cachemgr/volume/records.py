@@ -59,7 +59,6 @@ from cachemgr.core.fsutil import atomic_write_json_at, read_json, touch_at
 from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS as HEARTBEAT_SECONDS  # noqa: PLC0414
 from cachemgr.volume.heartbeat import Heartbeat as Heartbeat  # noqa: PLC0414
 from cachemgr.volume.identity import PodIdentity
-from cachemgr.volume.serverfail import counts_by_instance
 
 if TYPE_CHECKING:
     from cachemgr.volume.layout import CacheRoot
@@ -313,6 +312,8 @@ def _read_usage(folder_fd: int, folder: str, *, now: float | None, window: float
         user = _user(path, name, mark, now - mark[1] / 1e9, window)
         (silent if user.silent else live).append(user)
         starts[user.start] = starts.get(user.start, 0) + 1
+    from cachemgr.volume.serverfail import counts_by_instance  # readers only, not a pod's hit
+
     failed = counts_by_instance(names)
     return Usage(tuple(live), tuple(silent), frozenset(seen), last, recompiled, starts, tuple(waited), failed)
 
