@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -255,15 +256,8 @@ def _moved(doc: dict[str, Any]) -> Moved:
 
 
 def _config_doc(config: RemoteConfig) -> dict[str, Any]:
-    return {
-        "url": config.url,
-        "bucket": config.bucket,
-        "prefix": config.prefix,
-        "endpoint": config.endpoint,
-        "timeout": config.timeout,
-        "budget": config.budget,
-        "upload_wait": config.upload_wait,
-    }
+    """The config as the child rebuilds it (``RemoteConfig(**doc)``): every field, none spelled out."""
+    return dataclasses.asdict(config)
 
 
 def _child_env() -> dict[str, str]:

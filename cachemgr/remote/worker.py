@@ -11,13 +11,13 @@ at once, so no orphan keeps a connection to the store or writes into staging.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 _EVERY = 0.25  # seconds between progress lines: enough for "what was left", little traffic
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class WireKey:
     """What a download needs of a key: its digest, inputs and entry name (a CacheKey has them)."""
 
@@ -99,14 +99,8 @@ def _upload(request: dict[str, Any], remote: Remote, report: Reporter) -> dict[s
 
 
 def _moved(moved: Moved) -> dict[str, Any]:
-    return {
-        "entry": moved.entry,
-        "files": moved.files,
-        "bytes": moved.bytes,
-        "seconds": moved.seconds,
-        "upload_id": moved.upload_id,
-        "skipped": moved.skipped,
-    }
+    """As the pod rebuilds it (``Moved(**doc)``): every field, none spelled out."""
+    return dataclasses.asdict(moved)
 
 
 def error_line(error: BaseException, config: RemoteConfig, *, doing: str) -> dict[str, Any]:
