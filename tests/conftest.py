@@ -40,6 +40,7 @@ from cachemgr_testkit.mounts import (
     tmpfs_volume,
 )
 from cachemgr_testkit.podlib import Cluster, cluster, sweep_faketime_shm
+from cachemgr_testkit.s3server import S3Server, require_s3, s3_server
 
 # --------------------------------------------------------------------------------------------------
 # Real filesystems (cachemgr_testkit.mounts)
@@ -172,6 +173,14 @@ def readonly_bind_fixture(tmp_path: Path) -> Iterator[Callable[[Path], Path]]:
 
 
 # --- real pods on a real volume (see podlib) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One real S3 server (weed mini) for the module; each test uses a prefix of its own."""
+    require_s3()
+    with s3_server(tmp_path_factory.mktemp("s3")) as server:
+        yield server
 
 
 @pytest.fixture

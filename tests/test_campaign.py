@@ -123,7 +123,7 @@ from cachemgr_testkit.podlib import (
     skewed_env,
     wait_for,
 )
-from cachemgr_testkit.s3server import S3Server, s3_server, unavailable_reason
+from cachemgr_testkit.s3server import S3Server, require_s3, s3_server
 from cachemgr_testkit.scenarios import MODEL, server_argv
 from cachemgr_testkit.trickle import Stall, Trickle
 
@@ -266,11 +266,7 @@ def totals(request: pytest.FixtureRequest) -> Iterator[Totals]:
 @pytest.fixture(scope="module")
 def campaign_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """One real S3 server (weed mini) for the remote trials; each trial has a prefix of its own."""
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CACHEMGR_REQUIRE_MOUNTS") == "1":
-            pytest.fail(f"the campaign's remote trials need an S3 server: {reason}", pytrace=False)
-        pytest.skip(f"S3 server unavailable: {reason}")
+    require_s3()
     with s3_server(tmp_path_factory.mktemp("campaign-s3")) as server:
         yield server
 

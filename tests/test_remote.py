@@ -31,7 +31,7 @@ from cachemgr_testkit.podlib import (
     status_port,
     wait_for,
 )
-from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, s3_server, unavailable_reason
+from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, require_s3, s3_server
 from cachemgr_testkit.scenarios import (
     assert_entries_valid,
     command_key,
@@ -54,25 +54,6 @@ from cachemgr.volume.manifest import read_manifest
 from cachemgr.volume.store import create_staging, publish
 
 IDENTITY = PodIdentity(pod="pod-a", node="node-a", host="host-a", pid=os.getpid())
-
-REQUIRE_ENV = "CACHEMGR_REQUIRE_MOUNTS"
-
-
-def _require_s3() -> None:
-    reason = unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{REQUIRE_ENV}=1 but no S3 server can be started: {reason}", pytrace=False)
-    pytest.skip(f"S3 server unavailable: {reason}")
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """One S3 server for the module; each test uses its own prefix (see ``remote``)."""
-    _require_s3()
-    with s3_server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 @pytest.fixture
@@ -281,7 +262,7 @@ def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
 @pytest.fixture
 def own_s3(tmp_path: Path) -> Iterator[S3Server]:
     """A server of this test alone: it gets stopped, frozen or killed."""
-    _require_s3()
+    require_s3()
     with s3_server(tmp_path / "s3") as server:
         yield server
 
@@ -548,7 +529,7 @@ def test_a_local_hit_with_the_remote_on_never_imports_boto3(
 
 
 def test_demo_remote_compiles_once_for_two_clusters(tmp_path: Path) -> None:
-    _require_s3()
+    require_s3()
     result = run_cli(
         "demo",
         "--remote",

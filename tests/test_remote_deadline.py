@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from cachemgr_testkit.podlib import Cluster, cluster, free_port, run_cli, wait_for
-from cachemgr_testkit.s3server import BUCKET, S3Server, s3_server, unavailable_reason
+from cachemgr_testkit.s3server import BUCKET, S3Server
 from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
     assert_entries_valid,
@@ -34,17 +34,6 @@ from cachemgr_testkit.trickle import PASS, Stall, Trickle, TrickleProxy, trickle
 BUDGET = 6.0
 SLACK = 8.0  # beyond the budget: a loaded 2-core machine starting Python processes
 ARTIFACT_BYTES = "2m"  # six files of it: an entry that takes minutes at a trickle
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CACHEMGR_REQUIRE_MOUNTS") == "1":
-            pytest.fail(f"CACHEMGR_REQUIRE_MOUNTS=1 but no S3 server can be started: {reason}", pytrace=False)
-        pytest.skip(f"S3 server unavailable: {reason}")
-    with s3_server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 @pytest.fixture

@@ -10,30 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import xxhash
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
-from cachemgr_testkit.s3server import BUCKET, S3Server, s3_server, unavailable_reason
+from cachemgr_testkit.s3server import BUCKET, S3Server
 from cachemgr_testkit.scenarios import compile_cmd, compiles, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key
 
 from cachemgr.core.signing import SecretKey
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    reason = unavailable_reason()
-    if reason is not None:
-        if os.environ.get("CACHEMGR_REQUIRE_MOUNTS") == "1":
-            pytest.fail(f"CACHEMGR_REQUIRE_MOUNTS=1 but no S3 server can be started: {reason}", pytrace=False)
-        pytest.skip(f"S3 server unavailable: {reason}")
-    with s3_server(tmp_path_factory.mktemp("s3")) as server:
-        yield server
 
 
 @pytest.fixture

@@ -64,6 +64,19 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def require_s3() -> None:
+    """Skip the test if no S3 server (weed mini) can be started here; fail instead under
+    CACHEMGR_REQUIRE_MOUNTS=1 (CI, where a skipped remote test would hide a missing install)."""
+    import pytest
+
+    reason = unavailable_reason()
+    if reason is None:
+        return
+    if os.environ.get("CACHEMGR_REQUIRE_MOUNTS") == "1":
+        pytest.fail(f"CACHEMGR_REQUIRE_MOUNTS=1 but no S3 server can be started: {reason}", pytrace=False)
+    pytest.skip(f"S3 server unavailable: {reason}")
+
+
 @dataclass
 class S3Server:
     """A running ``weed mini`` and how to reach its S3 gateway."""
