@@ -664,6 +664,18 @@ def test_a_roles_warm_job_carries_its_deployments_args_env_and_image(renders: di
             assert env_of(job)["RBLN_FORCE_NPU_NAME"] == env_of(job)["CACHEMGR_NPU_TYPE"]
 
 
+def test_only_read_only_serving_pods_get_the_usage_mount_and_record_use_false_removes_it(
+    work: Path, renders: dict[str, Docs]
+) -> None:
+    for name in ("defaults", "warm-on", "remote", "options"):
+        for doc in [*by_kind(renders[name], "Deployment"), *by_kind(renders[name], "Job")]:
+            assert "compile-cache-usage" not in {v["name"] for v in pod_spec(doc)["volumes"]}, name
+    docs = render(work, merge(TRUST, {"trust": {"recordUse": False}}))
+    for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job")]:
+        assert "compile-cache-usage" not in {m["name"] for m in container(doc)["volumeMounts"]}
+        assert "compile-cache-usage" not in {v["name"] for v in pod_spec(doc)["volumes"]}
+
+
 def test_the_trust_modes_are_wired_off_by_default(renders: dict[str, Docs]) -> None:
     """Issue 22's stable names: CACHEMGR_TRUSTED_KEYS (serving pods and builders),
     CACHEMGR_SIGNING_KEY_FILE (the builder, from a Secret), read-only serving mounts."""
@@ -686,12 +698,22 @@ def test_the_trust_modes_are_wired_off_by_default(renders: dict[str, Docs]) -> N
         assert mounts["compile-cache"]["readOnly"] is True
         volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
         assert volumes["compile-cache"]["persistentVolumeClaim"]["readOnly"] is True
+        # trust.recordUse: the same claim's usage/ read-write over it, and only that folder.
+        usage = mounts["compile-cache-usage"]
+        assert usage == {
+            "name": "compile-cache-usage", "mountPath": "/var/cache/cachemgr/usage", "subPath": "usage"
+        }  # fmt: skip
+        claim = volumes["compile-cache"]["persistentVolumeClaim"]["claimName"]
+        assert volumes["compile-cache-usage"] == {
+            "name": "compile-cache-usage", "persistentVolumeClaim": {"claimName": claim}
+        }  # fmt: skip
         assert "signing-key" not in volumes
     for job in by_kind(docs, "Job"):
         env = env_of(job)
         assert env["CACHEMGR_TRUSTED_KEYS"] == " ".join(TRUSTED)
         mounts = {m["name"]: m for m in container(job)["volumeMounts"]}
         assert not mounts["compile-cache"].get("readOnly"), "the builder writes the cache"
+        assert "compile-cache-usage" not in mounts, "the builder's whole mount is writable"
         volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
         secret = volumes["signing-key"]["secret"]
         assert secret["secretName"] == "modelserver-signing-key"

@@ -14,11 +14,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli
+from cachemgr_testkit.mounts import writable_bind
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
     command_key,
@@ -691,6 +693,38 @@ def test_a_trusting_pod_on_a_read_only_mount_serves_a_signed_hit_and_writes_noth
         each.signal(signal.SIGTERM)
         assert each.wait_exit() == 0
     assert _tree(root) == before, "the read-only pod changed nothing on the volume"
+
+
+def test_a_read_only_pod_with_usage_mounted_writable_records_its_use_and_prune_keeps_the_entry(
+    pods: Cluster, root: Path, signing: dict[str, tuple[SecretKey, Path]], readonly_bind: Any
+) -> None:
+    """The chart's trust.recordUse: the claim's usage/ mounted read-write over the read-only
+    volume. The serving pod writes its use record there and nothing else; a prune by age run
+    from the builder's side sees it (without it, the entry went: the pod recorded no use)."""
+    secret, key_file = signing["builder-1"]
+    record = pods.work / "compiler.jsonl"
+    _build(pods, root, record, key_file)
+    (entry,) = entry_dirs(root)
+    published = (root / "usage").stat().st_mtime
+    mounted = readonly_bind(root)
+    outside_usage = {k: v for k, v in _tree(root).items() if not k.startswith("usage")}
+    with writable_bind(root / "usage", mounted / "usage"):
+        pod = pods.start(
+            "ro-1", server_argv(free_port()), cache_root=mounted, options=_options(record),
+            env=_env(trusted=[secret]),
+        )  # fmt: skip
+        pod.wait_phase("serving")
+        (event,) = _events(pod, "read_only_volume")
+        assert "use record" in event["note"], event
+        assert list((root / "usage").glob("*/ro-1.*.json")), "the use record, on the volume"
+        wait_for(lambda: time.time() - published > 1.5, timeout=10, what="the builder's use to age")
+        pruned = run_cli("prune", "--unused-for", "1s", "--yes", "--cache-root", str(root), env=pods.base_env)
+        assert pruned.returncode == 0, pruned.stderr
+        assert entry.is_dir(), f"the entry in use was removed:\n{pruned.stdout}"
+        assert "in use by ro-1" in pruned.stdout, pruned.stdout
+        pod.signal(signal.SIGTERM)
+        assert pod.wait_exit() == 0
+    assert {k: v for k, v in _tree(root).items() if not k.startswith("usage")} == outside_usage
 
 
 _CRYPTO = ("cryptography", "blake3", "_cffi_backend", "cachemgr.volume.trust", "cachemgr.volume.contentcheck")

@@ -164,14 +164,15 @@ def _notes(
     entries: tuple[EntryInfo, ...], chosen: dict[str, PruneItem], request: PruneRequest
 ) -> tuple[str, ...]:
     """What the plan cannot see: signed entries may be served by pods on a read-only mount, which
-    record no use (docs/design.md, "The threat model"), so age and size are no proof of disuse."""
+    record no use unless usage/ is writable to them (the chart's trust.recordUse; docs/design.md,
+    "The threat model"), so age and size are no proof of disuse."""
     by_use = request.unused_for is not None or request.keep_bytes is not None
     signed = [e.name for e in entries if e.name in chosen and e.signer]
     if not by_use or not signed:
         return ()
     return (
-        f"{len(signed)} of the planned entries are signed: pods serving from a read-only mount record no use, "
-        "so --unused-for and --keep-bytes count from the builder's last use; run the builder (warm) for every "
+        f"{len(signed)} of the planned entries are signed: pods serving from a read-only mount record no use "
+        "without a writable usage/ (the chart's trust.recordUse), so --unused-for and --keep-bytes count from the builder's last use; run the builder (warm) for every "
         "configuration in use, or prune by --key, --incompatible or --npu (docs/operator-guide.md, trusted entries)",
     )
 

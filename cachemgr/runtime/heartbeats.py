@@ -139,7 +139,7 @@ class Heartbeats:
 _CAUSES = {
     errno.ENOSPC: "no space left on the volume: free some ('cachemgr du', 'cachemgr prune')",
     errno.EDQUOT: "the volume's quota is exhausted: free some ('cachemgr du', 'cachemgr prune')",
-    errno.EROFS: "read-only volume: pods serving from it record no use (docs/design.md, the threat model)",
+    errno.EROFS: "read-only volume: pods serving from it record no use unless usage/ is mounted read-write (docs/design.md, the threat model)",
     errno.EACCES: "permission denied: make the volume writable by the pod's user (fsGroup)",
     errno.EPERM: "permission denied: make the volume writable by the pod's user (fsGroup)",
 }

@@ -43,6 +43,7 @@ class Pod(Protocol):
     server_exited: threading.Event
     preflight_found: Preflight | None
     read_only: bool  # the volume cannot be written by this pod: a hit writes nothing there
+    records_use: bool  # but it can write use records: usage/ (beside the server-failure ones)
 
     @property
     def cannot_compile(self) -> bool: ...

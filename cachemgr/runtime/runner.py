@@ -95,6 +95,9 @@ class Runner:
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
         self.read_only = False  # the volume cannot be written by this pod (set once it is opened)
+        self.records_use = (
+            True  # it can write use records (usage/ writable: its own mount on a read-only one)
+        )
         self._set_aside = False  # --on-server-failure moved the entry aside: at most once per start
 
     # --- the flow ---------------------------------------------------------------------
@@ -147,7 +150,11 @@ class Runner:
         root = open_root(self.options.cache_root, create=False)
         self.read_only = is_read_only(root.path)
         if self.read_only:
-            log.info("read_only_volume", cache_root=str(root.path), note="a hit writes nothing there")
+            # The chart mounts usage/ read-write over a read-only volume (trust.recordUse): the
+            # pod's use is then seen by prune as any other's; nothing else is written.
+            self.records_use = not is_read_only(root.usage)
+            note = "a hit writes only its use record (usage/ is writable)" if self.records_use else None
+            log.info("read_only_volume", cache_root=str(root.path), note=note or "a hit writes nothing there")
         for _ in range(_MAX_ROUNDS):
             found = self.find(root, key)
             if found is None and not self._missed:
@@ -441,10 +448,10 @@ class Runner:
     def _use(self, root: CacheRoot, key: CacheKey, found: Lookup) -> bool:
         """Record this pod's use of the entry; False if it was pruned meanwhile (look again).
 
-        On a read-only volume there is no record: the use is in the pod's state record only, and
-        prune cannot see it (docs/design.md, "The threat model").
+        On a read-only volume without a writable usage/ there is no record: the use is in the
+        pod's state record only, and prune cannot see it (docs/design.md, "The threat model").
         """
-        if self.read_only:
+        if not self.records_use:
             return self.published(root, key)
         if self.metrics.compiles:
             return self.published(root, key)  # registered when it published (Runner.publish)

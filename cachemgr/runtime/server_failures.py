@@ -75,7 +75,7 @@ def _record(
     signame: str | None,
     last_lines: Sequence[str],
 ) -> None:
-    if pod.read_only:
+    if not pod.records_use:
         log.info(
             "server_failure_not_recorded",
             key=key.short,

@@ -746,6 +746,21 @@ def readonly_bind(source: Path, target: Path) -> Iterator[Path]:
                 target.rmdir()
 
 
+@contextlib.contextmanager
+def writable_bind(source: Path, target: Path) -> Iterator[Path]:
+    """``source`` bind-mounted read-write at ``target`` (an existing directory, possibly inside a
+    read-only bind): the chart's usage/ subPath mounted over a read-only compile cache."""
+    target = Path(os.path.realpath(target))
+    if is_mounted(target):
+        raise MountError(f"{target} is already a mount point")
+    _run(["mount", "--bind", str(source), str(target)], COMMAND_TIMEOUT_S)
+    fstype = next((t for mp, t in reversed(_mounts()) if mp == str(target)), "")
+    try:
+        yield target
+    finally:
+        _unmount(target, fstype, [["umount", str(target)]])
+
+
 # --------------------------------------------------------------------------------------------------
 # Can we mount here at all?
 

@@ -151,6 +151,11 @@ app.kubernetes.io/component: {{ .component }}
   mountPath: /var/cache/cachemgr
   {{- if and (not .warm) $v.trust.readOnlyServing }}
   readOnly: true
+  {{- if $v.trust.recordUse }}
+- name: compile-cache-usage
+  mountPath: /var/cache/cachemgr/usage
+  subPath: usage
+  {{- end }}
   {{- end }}
 - name: cachemgr-state
   mountPath: /run/cachemgr
@@ -176,6 +181,11 @@ app.kubernetes.io/component: {{ .component }}
     {{- if and (not .warm) $v.trust.readOnlyServing }}
     readOnly: true
     {{- end }}
+{{- if and (not .warm) $v.trust.readOnlyServing $v.trust.recordUse }}
+- name: compile-cache-usage
+  persistentVolumeClaim:
+    claimName: {{ include "modelserver.claimName" . }}
+{{- end }}
 - name: cachemgr-state
   emptyDir: {}
 - name: tmp
