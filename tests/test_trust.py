@@ -687,7 +687,8 @@ def test_a_trusting_pod_on_a_read_only_mount_serves_a_signed_hit_and_writes_noth
         "ro-1", server_argv(free_port()), cache_root=mounted, options=_options(record), env=trusting
     )
     pod.wait_phase("serving")
-    assert _events(pod, "read_only_volume")
+    (event,) = _events(pod, "read_only_volume")
+    assert event["note"] == "a hit writes nothing there", event
     assert _loads(pods, pod)
     for each in (pod, waiter):
         each.signal(signal.SIGTERM)

@@ -47,7 +47,7 @@ from cachemgr.runtime.options import RunOptions
 from cachemgr.runtime.state import Phase, StateWriter
 from cachemgr.runtime.strategies import STRATEGIES, Compiled, Strategy
 from cachemgr.volume.identity import PodIdentity
-from cachemgr.volume.layout import CacheRoot, is_read_only, open_root
+from cachemgr.volume.layout import CacheRoot, is_read_only, is_writable_folder, open_root
 from cachemgr.volume.manifest import MANIFEST_NAME
 from cachemgr.volume.store import (
     Lookup,
@@ -152,7 +152,7 @@ class Runner:
         if self.read_only:
             # The chart mounts usage/ read-write over a read-only volume (trust.recordUse): the
             # pod's use is then seen by prune as any other's; nothing else is written.
-            self.records_use = not is_read_only(root.usage)
+            self.records_use = is_writable_folder(root.usage)
             note = "a hit writes only its use record (usage/ is writable)" if self.records_use else None
             log.info("read_only_volume", cache_root=str(root.path), note=note or "a hit writes nothing there")
         for _ in range(_MAX_ROUNDS):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -96,6 +97,17 @@ def is_read_only(path: Path) -> bool:
     except OSError:
         return False  # the root's own checks report an unusable volume
     return not os.access(path, os.W_OK)
+
+
+def is_writable_folder(path: Path) -> bool:
+    """``path`` is a real folder (no link) this pod can write: ``usage/`` mounted read-write over a
+    read-only volume (the chart's ``trust.recordUse``). Missing or unreadable: False."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        return not os.statvfs(path).f_flag & os.ST_RDONLY and os.access(path, os.W_OK)
+    except OSError:
+        return False
 
 
 def open_root(path: Path, *, create: bool) -> CacheRoot:
