@@ -171,6 +171,9 @@ class Prefetch:
         self._closing = threading.Event()
         self._stop = _Any(*stops, self._closing)
         self.result: ReadResult | None = None
+        # The event's figures so far (files, sizes; the read under way), for a close that cannot wait.
+        self._base: dict[str, Any] = {}
+        self._reading: ReadResult | None = None
         self._log_lock = threading.Lock()
         self._logged = False
         self._thread = threading.Thread(target=self._run, name="cachemgr-prefetch", daemon=True)
@@ -184,9 +187,12 @@ class Prefetch:
         self._closing.set()
         self._thread.join(timeout)
         if self._thread.is_alive():
+            reading = self._reading
             self._log(
                 {
                     "entry": self.entry.name,
+                    **self._base,
+                    "bytes": reading.bytes if reading is not None else 0,
                     "stopped": "stop",
                     "note": "a reader is still blocked on the volume",
                 }
@@ -231,6 +237,8 @@ class Prefetch:
             return {**base, "bytes": 0, "stopped": "memory", "note": f"no room under {budget.binding}"}
         watcher = threading.Thread(target=self._watch, name="cachemgr-prefetch-watch", daemon=True)
         watcher.start()
+        self._base = base
+        self._reading = ReadResult(mechanism=mechanism, workers=max(1, WORKERS[mechanism]))
         result = read_entry(
             self.entry,
             self.manifest.files,
@@ -241,6 +249,7 @@ class Prefetch:
             budget=budget,
             stop=self._stop,
             skip=self.server.reached,
+            into=self._reading,
         )
         self.result = result
         self.metrics.prefetched(result, files=len(order))

@@ -187,8 +187,12 @@ def read_entry(
     stop: Flag | None = None,
     skip: SkipCallback | None = None,
     on_chunk: ChunkCallback | None = None,
+    into: ReadResult | None = None,
 ) -> ReadResult:
     """Read ``files[i]`` for ``i`` in ``order`` under ``entry`` (reached from the root ``within``).
+
+    ``into``: the result to fill as the read goes (its ``bytes`` grow chunk by chunk), for a
+    caller that may stop waiting for a reader blocked on the volume and report what it had.
 
     With ``on_chunk`` every file is read whole by one worker, in order, and the callback sees
     each chunk (``mechanism`` must be ``read``); without it large files are split among workers.
@@ -205,7 +209,7 @@ def read_entry(
         for i in order
         for start in (range(0, max(files[i].size, 1), step) if step else (0,))
     ]
-    result = ReadResult(mechanism=mechanism, workers=max(1, workers))
+    result = into if into is not None else ReadResult(mechanism=mechanism, workers=max(1, workers))
     # Advice keeps two chunks per worker queued; a read has one in hand, and the kernel's own
     # readahead may run ahead of it (8 MiB on common disks; FUSE's is smaller).
     in_flight = result.workers * (
