@@ -422,7 +422,9 @@ def test_a_compiler_that_removes_its_partial_output_still_proves_the_volume_too_
     assert "shutil" not in message, message
     assert "[(" not in message, message
     assert "seen writing 0 B" not in message, "a figure of nothing explains nothing"
-    assert len(message.replace(str(root), "/var/cache/cachemgr")) < 560, (len(message), message)
+    # ~525 characters; ~40 more when the volume's free space had not come back yet as it was
+    # measured (", 21.8 MiB free now that it is removed"): a loaded machine, still one line.
+    assert len(message.replace(str(root), "/var/cache/cachemgr")) < 600, (len(message), message)
     assert "shutil.Error" in report["printed"], "the details stay in the report (log event, failure record)"
 
     pod = pods.start("b", vllm_argv(free_port()), cache_root=root, env=env)
