@@ -571,6 +571,67 @@ def test_the_demos_inspect_command_works_as_printed(tmp_path: Path) -> None:
         assert line in done.stdout, line
 
 
+def test_the_demos_timeline_stays_in_time_order_when_a_pod_logs_its_first_events_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pod holds its first events until it launches: on a loaded machine they reach its log
+    seconds after another pod's later ones were due. The timeline waits for them rather than
+    print a line out of order (the warm round printed 0.64s, then 0.51s)."""
+    import threading
+    from datetime import UTC, datetime
+
+    from cachemgr.cli import demo
+
+    monkeypatch.setattr(demo, "_SETTLE", 0.1)
+
+    def stamp(at: float) -> str:
+        return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+    def phase(at: float, was: str, to: str, seconds_in_previous: float) -> str:
+        event = {"event": "phase", "timestamp": stamp(at), "from": was, "to": to}
+        return json.dumps({**event, "seconds_in_previous": seconds_in_previous, "detail": {}}) + "\n"
+
+    started = time.monotonic()
+    now = time.time()
+    pods = []
+    for name in ("early", "late"):
+        pod = demo.Pod(name, "prefill", "node-a", 0, tmp_path / name, tmp_path / f"{name}.log")
+        pod.log_path.write_text("")
+        pod.started_at = now
+        pod.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        pods.append(pod)
+    early, late = pods
+    try:
+        # "early" logs at once: resolving from +0.2s, launching at +0.4s, serving at +0.5s.
+        early.log_path.write_text(
+            phase(now + 0.4, "resolving", "launching", 0.2) + phase(now + 0.5, "launching", "serving", 0.1)
+        )
+
+        def late_pod() -> None:
+            # "late" began resolving at +0.1s, launched at +0.3s: both before "early"'s lines,
+            # but its log gets them only now, long after those were settled.
+            time.sleep(max(0.0, now + 1.5 - time.time()))  # the lateness itself, not a wait on anything
+            with late.log_path.open("a") as log:
+                log.write(
+                    phase(now + 0.3, "resolving", "launching", 0.2)
+                    + phase(now + 0.6, "launching", "serving", 0.3)
+                )
+
+        writer = threading.Thread(target=late_pod)
+        writer.start()
+        assert demo._watch(pods, started, until="serving")
+        writer.join()
+    finally:
+        for pod in pods:
+            assert pod.proc is not None
+            pod.proc.kill()
+            pod.proc.wait()
+    out = capsys.readouterr().out
+    times = [float(line.split()[0].removesuffix("s")) for line in out.splitlines() if line.strip()]
+    assert len(times) == 6, out
+    assert times == sorted(times), out
+
+
 def test_a_killed_holder_on_another_node_is_silent_for_locks_and_ls_alike(
     cache: Built, tmp_path: Path
 ) -> None:

@@ -44,6 +44,7 @@ class Pod:
     phase: str = "-"
     log_file: IO[bytes] | None = field(default=None, repr=False)
     read: int = 0  # how far its log has been read for phase events
+    started_at: float = 0.0  # wall clock at its start: no event of this start can be earlier
 
 
 def _free_port() -> int:
@@ -89,6 +90,7 @@ def _start(pod: Pod, env: dict[str, str]) -> None:
         (pod.state_dir / stale).unlink(missing_ok=True)
     pod.log_file = pod.log_path.open("ab")
     pod.read = pod.log_file.tell()  # this start's events only (the log is appended to)
+    pod.started_at = time.time()
     argv = [sys.executable, "-m", "cachemgr", "run", "--lease-duration", "10", "--", "vllm", "serve", MODEL,
             "--tensor-parallel-size", "4", "--max-model-len", "8192", "--port", str(pod.port)]  # fmt: skip
     pod.proc = subprocess.Popen(argv, env=env, stdout=pod.log_file, stderr=pod.log_file)
@@ -113,7 +115,7 @@ def _watch(pods: list[Pod], started: float, *, until: str) -> bool:
 
     while time.monotonic() < deadline:
         pending.extend(change for pod in pods for change in _phase_events(pod))
-        show(settled_before=time.time() - _SETTLE)
+        show(settled_before=_settled(pods, time.time() - _SETTLE))
         for pod in pods:
             if pod.proc is not None and pod.proc.poll() is not None and pod.phase != until:
                 show(settled_before=float("inf"))
@@ -126,6 +128,18 @@ def _watch(pods: list[Pod], started: float, *, until: str) -> bool:
     show(settled_before=float("inf"))
     print(f"  timed out after {_DEADLINE:.0f}s waiting for every pod to reach {until}", flush=True)
     return False
+
+
+def _settled(pods: list[Pod], before: float) -> float:
+    """Lines before this time can no longer be preceded by one still to come. A pod that has not
+    logged its first event yet holds it (back-dated to when it began resolving, which may be
+    seconds ago on a loaded machine): nothing after its start is settled until it does."""
+    unread = [
+        pod.started_at
+        for pod in pods
+        if pod.phase == "-" and pod.proc is not None and pod.proc.poll() is None
+    ]
+    return min([before, *unread])
 
 
 def _phase_events(pod: Pod) -> list[tuple[float, str, str, str]]:
