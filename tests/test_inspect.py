@@ -255,6 +255,38 @@ def test_show_refuses_unknown_and_ambiguous_keys(cache: Built) -> None:
     assert ("matches" in ambiguous.stderr) or ("empty" in ambiguous.stderr)
 
 
+def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(cache: Built) -> None:
+    """An operator who deleted or truncated a file of an entry reads ``show``: it names the command
+    that moves the entry aside, which works as printed; ``show`` of the key afterwards says where
+    it went (quarantine/, which ``ls`` lists) rather than that nothing matches."""
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    digest = read_manifest(entry).key
+    artifact = next(p for p in sorted((entry / "artifacts").rglob("*.rbln")))
+    artifact.unlink()
+    shown = cli("show", digest[:8], env=cache.env)
+    assert shown.returncode == 0, shown.stderr
+    assert "status       damaged: 1 of the manifest's files" in shown.stdout
+    (todo,) = [line for line in shown.stdout.splitlines() if line.startswith("what to do:")]
+    command = todo.split("'")[1]
+    assert command == f"cachemgr verify --fix {digest[:12]}"
+    fixed = cli(*command.split()[1:], env=cache.env)
+    assert fixed.returncode == 74, fixed.stderr
+    assert not entry.exists()
+
+    gone = cli("show", digest[:8], env=cache.env)
+    assert gone.returncode == 66
+    (event,) = [json.loads(line) for line in gone.stderr.splitlines()]
+    line = event["message"]
+    (moved,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "quarantine"]
+    assert f"moved aside to quarantine/{moved['entry']}" in line
+    assert "missing" in line, "the reason it was moved"
+    assert "'cachemgr prune --damaged --yes'" in line
+    by_name = json.loads(cli("show", entry.name, env=cache.env).stderr)["message"]
+    assert by_name == line.replace(repr(digest[:8]), repr(entry.name))
+    assert cli("prune", "--damaged", "--yes", env=cache.env).returncode == 0
+    assert "quarantine/" not in cli("show", digest[:8], env=cache.env).stderr
+
+
 # --- explain --------------------------------------------------------------------------------
 
 
