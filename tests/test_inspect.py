@@ -287,6 +287,17 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     assert "quarantine/" not in cli("show", digest[:8], env=cache.env).stderr
 
 
+def test_prune_key_of_a_key_that_only_failed_names_show_with_that_key(cache: Built) -> None:
+    refused = cli("prune", "--key", cache.failed_key[:10], "--yes", "--log-format", "console", env=cache.env)
+    assert refused.returncode == 66
+    (line,) = refused.stderr.splitlines()
+    command = f"cachemgr show {cache.failed_key[:12]}"
+    assert f"'{command}' says what is recorded of this key" in line, line
+    shown = cli(*command.split()[1:], env=cache.env)
+    assert shown.returncode == 0
+    assert "FAILED COMPILES (1)" in shown.stdout
+
+
 # --- explain --------------------------------------------------------------------------------
 
 
