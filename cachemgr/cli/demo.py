@@ -235,12 +235,35 @@ def run_round(
     return ok and all(code == 0 for code in codes)
 
 
+MARKER = ".cachemgr-demo"  # in every directory the demo makes: only such a directory is removed
+_MADE = frozenset({"bin", "prefill-volume", "decode-volume", "pods", "logs", "standin-record.jsonl"})
+
+
+def clear(work: Path, *, made: frozenset[str] = _MADE) -> None:
+    """Remove an earlier demo's directory, and nothing else: ``--dir`` named by mistake (``.``,
+    ``$HOME``, a cache volume) is refused, not emptied. A directory an older demo made (no marker,
+    only the demo's own names) is its own too."""
+    from cachemgr.core.errors import UsageError
+
+    if not os.path.lexists(work):
+        return
+    names = set(os.listdir(work)) if work.is_dir() and not work.is_symlink() else None
+    if names is None or (names and MARKER not in names and not names <= made):
+        raise UsageError(
+            f"--dir {work} is not a directory this demo made (no {MARKER} in it), and the demo "
+            "removes its directory before it starts; nothing was removed",
+            remedy="give a new or empty directory, e.g. cachemgr demo --dir /tmp/cachemgr-demo",
+        )
+    if names:
+        shutil.rmtree(work)
+
+
 def prepare(work: Path) -> tuple[Path, list[Pod]]:
     """A fresh demo "cluster" under ``work``: the stand-in on PATH, a volume per role, four pods."""
-    if work.exists():
-        shutil.rmtree(work)
+    clear(work)
     bin_dir = work / "bin"
     bin_dir.mkdir(parents=True)
+    (work / MARKER).write_text("made by cachemgr demo: the next demo with this --dir removes it\n")
     write_vllm_shim(bin_dir)
     for role in ("prefill", "decode"):
         (work / f"{role}-volume").mkdir()
