@@ -298,6 +298,24 @@ def test_prune_key_of_a_key_that_only_failed_names_show_with_that_key(cache: Bui
     assert "FAILED COMPILES (1)" in shown.stdout
 
 
+def test_inspecting_a_directory_no_pod_used_says_it_may_be_the_wrong_path(
+    cache: Built, tmp_path: Path
+) -> None:
+    """ "no entries" of a directory that is not the volume (the PVC mounted elsewhere) read as an
+    empty cache: the inspection commands now say the layout marker is missing and what to set."""
+    elsewhere = tmp_path / "not-the-volume"
+    elsewhere.mkdir()
+    env = {**cache.env, "CACHEMGR_CACHE_ROOT": str(elsewhere)}
+    for command in (["ls"], ["du"], ["locks"], ["stats"], ["verify"]):
+        done = cli(*command, env=env)
+        assert done.returncode == 0, done.stderr
+        (note,) = [line for line in done.stderr.splitlines() if "cachemgr-layout.json" in line]
+        assert note.startswith(f"note: {elsewhere} has no cachemgr-layout.json"), note
+        assert "set CACHEMGR_CACHE_ROOT (or --cache-root) to where the PVC is mounted" in note
+    assert os.listdir(elsewhere) == [], "inspection never creates the layout"
+    assert "cachemgr-layout.json" not in cli("ls", env=cache.env).stderr, "a used volume: no note"
+
+
 # --- explain --------------------------------------------------------------------------------
 
 
