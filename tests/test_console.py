@@ -632,6 +632,56 @@ def test_the_demos_timeline_stays_in_time_order_when_a_pod_logs_its_first_events
     assert times == sorted(times), out
 
 
+def _processes_using(directory: Path) -> list[int]:
+    """The pids whose environment names ``directory`` (the demo's pods and their servers)."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if str(directory).encode() in environ and pid != os.getpid():
+            found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signum: int) -> None:
+    """SIGTERM (or SIGINT not from a terminal: kill, timeout, a CI runner) used to end the demo
+    and leave its four pods compiling and serving on their ports, for good."""
+    work = tmp_path / "demo"
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "cachemgr", "demo", "--dir", str(work), "--compile-seconds", "60"],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL, cwd=tmp_path,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")}, "CACHEMGR_LOG_FORMAT": "console"},
+        )  # fmt: skip
+    try:
+        wait_for(lambda: log.read_text().count(" compiling ") >= 2, what="both roles compiling")
+        assert len(_processes_using(work)) >= 4, "the pods run"
+        demo.send_signal(signum)
+        code = demo.wait(timeout=DEADLINE)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    leftovers = _processes_using(work)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], "the demo's pods outlived it"
+    text = log.read_text()
+    if signum == signal.SIGTERM:
+        assert code == 143, text
+        (line,) = [line for line in text.splitlines() if line.startswith("cachemgr demo:")]
+        assert line.startswith(
+            "cachemgr demo: stopped by signal 15 (SIGTERM); the demo's pods were stopped"
+        ), line
+    else:
+        assert code == 130, text
+    assert "all four serving" not in text
+
+
 def test_a_killed_holder_on_another_node_is_silent_for_locks_and_ls_alike(
     cache: Built, tmp_path: Path
 ) -> None:

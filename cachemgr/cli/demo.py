@@ -27,6 +27,8 @@ from typing import IO
 from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_standin.shim import write_vllm_shim
 
+from cachemgr.core.errors import CacheMgrError
+
 MODEL = "rebellions/Demo-LLM-8B"
 _DEADLINE = 120.0
 _SETTLE = 1.5  # seconds a phase event may arrive late (held until the pod launches or misses)
@@ -221,17 +223,51 @@ def compiles(work: Path) -> dict[str, int]:
     return counts
 
 
+class Stopped(CacheMgrError):  # noqa: N818  # a clean stop, reported by its exit code
+    """The demo was sent SIGTERM or SIGHUP: its pods are stopped with it, never left running."""
+
+    reason = "interrupted"
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(
+            f"stopped by signal {signum} ({signal.Signals(signum).name}); the demo's pods were stopped with it",
+            remedy="run cachemgr demo again: it starts over in a fresh directory",
+            signum=signum,
+        )
+
+    @property
+    def code(self) -> int:
+        return 128 + self.signum
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
 def run_round(
     title: str, pods: list[Pod], *, work: Path, bin_dir: Path, environ: Mapping[str, str], secs: float
 ) -> bool:
     print(f"\n{title}", flush=True)
     started = time.monotonic()
-    for pod in pods:
-        _start(pod, _env(environ, pod, work, bin_dir, secs))
-    ok = _watch(pods, started, until="serving")
-    elapsed = time.monotonic() - started
-    codes = _stop(pods)
-    print(f"  all four serving after {elapsed:.2f}s; stopped with SIGTERM, exit codes {codes}", flush=True)
+    previous = {signum: signal.signal(signum, _stop_on_signal) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for pod in pods:
+            _start(pod, _env(environ, pod, work, bin_dir, secs))
+        ok = _watch(pods, started, until="serving")
+        elapsed = time.monotonic() - started
+    finally:  # Ctrl-C, a signal, a bug: the pods (real processes serving on ports) stop with the demo
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        codes = _stop(pods)
+    if ok:
+        print(
+            f"  all four serving after {elapsed:.2f}s; stopped with SIGTERM, exit codes {codes}", flush=True
+        )
+    else:
+        print(
+            f"  not every pod served (above); stopped the rest with SIGTERM, exit codes {codes}", flush=True
+        )
     return ok and all(code == 0 for code in codes)
 
 
