@@ -682,6 +682,19 @@ def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signu
     assert "all four serving" not in text
 
 
+def test_a_demo_round_whose_pod_failed_does_not_say_all_four_served(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "demo", "--dir", str(tmp_path / "demo"), "--compile-seconds", "0.2"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        env={**env, "STANDIN_EXIT_BEFORE_HEALTHY": "1"},  # every compile fails: no pod serves
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    assert "exited with code 70" in done.stdout, done.stdout
+    assert "all four serving" not in done.stdout, done.stdout
+    assert "not every pod served (above); stopped the rest with SIGTERM" in done.stdout, done.stdout
+
+
 def test_a_killed_holder_on_another_node_is_silent_for_locks_and_ls_alike(
     cache: Built, tmp_path: Path
 ) -> None:
