@@ -309,3 +309,20 @@ def test_demo_reuses_its_own_dir_and_an_empty_one(tmp_path: Path) -> None:
     (older / "standin-record.jsonl").write_text("")
     demo.prepare(older)
     assert (older / demo.MARKER).is_file()
+
+
+def test_a_role_other_than_prefill_or_decode_is_keyed_as_written_as_the_reference_says(
+    env: dict[str, str],
+) -> None:
+    """The reference said ``prefill`` or ``decode``; any lowercase name is keyed (cachemgr.key):
+    the doc now says so, and that a misspelt role compiles entries of its own."""
+    keyed = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "key", "--role", "prefil", "-o", "json", *SERVER],
+        env=env, capture_output=True, text=True, timeout=20, check=False,
+    )  # fmt: skip
+    assert keyed.returncode == 0, keyed.stderr
+    assert json.loads(keyed.stdout)["inputs"]["role"] == "prefil"
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+    (row,) = [line for line in reference.splitlines() if line.startswith("| `CACHEMGR_ROLE`")]
+    assert "keyed as written" in row
+    assert "a misspelt role (`prefil`) compiles entries of its own" in row
