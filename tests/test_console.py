@@ -655,7 +655,8 @@ def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signu
         demo = subprocess.Popen(
             [sys.executable, "-m", "cachemgr", "demo", "--dir", str(work), "--compile-seconds", "60"],
             stdout=out, stderr=out, stdin=subprocess.DEVNULL, cwd=tmp_path,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")}, "CACHEMGR_LOG_FORMAT": "console"},
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")},
+                 "CACHEMGR_LOG_FORMAT": "console" if signum == signal.SIGTERM else "json"},
         )  # fmt: skip
     try:
         wait_for(lambda: log.read_text().count(" compiling ") >= 2, what="both roles compiling")
@@ -677,8 +678,14 @@ def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signu
         assert line.startswith(
             "cachemgr demo: stopped by signal 15 (SIGTERM); the demo's pods were stopped"
         ), line
-    else:
+    else:  # was {"reason": "internal", "message": "interrupted"}: no bug, and nothing to do
         assert code == 130, text
+        (event,) = [json.loads(line) for line in text.splitlines() if '"event": "failed"' in line]
+        assert event["reason"] == "interrupted", event
+        assert (
+            event["message"]
+            == "interrupted by SIGINT (Ctrl-C) before it finished. Run the command again to finish it."
+        )
     assert "all four serving" not in text
 
 
