@@ -268,3 +268,61 @@ def test_a_probe_reading_a_damaged_state_record_fails_with_its_one_line(
     assert done.returncode == 1, done.stderr
     assert done.stderr == ""
     assert done.stdout.startswith("live failed: cannot read")
+
+
+@pytest.mark.parametrize("kind", ["work", "volume", "file"])
+def test_demo_never_removes_a_dir_it_did_not_make(env: dict[str, str], tmp_path: Path, kind: str) -> None:
+    """``cachemgr demo --dir .`` (or $HOME, or a cache volume) used to remove that directory whole
+    before it started; now only a directory the demo made is removed, and the rest is refused."""
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_text("an operator's file\n")
+        kept = {target: target.read_bytes()}
+    else:
+        target.mkdir()
+        names = ["notes.txt"] if kind == "work" else ["cachemgr-layout.json", "CACHEDIR.TAG"]
+        kept = {target / name: f"{name}\n".encode() for name in names}
+        for path, data in kept.items():
+            path.write_bytes(data)
+        (target / "entries").mkdir()
+    code, message = cli(["demo", "--dir", str(target), "--compile-seconds", "0.1"], env)
+    assert code == 64, message
+    assert message.startswith(f"cachemgr demo: --dir {target} is not a directory this demo made"), message
+    assert "nothing was removed" in message
+    assert "cachemgr demo --dir /tmp/cachemgr-demo" in message
+    assert {path: path.read_bytes() for path in kept} == kept
+
+
+def test_demo_reuses_its_own_dir_and_an_empty_one(tmp_path: Path) -> None:
+    from cachemgr.cli import demo
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    demo.prepare(empty)
+    assert (empty / demo.MARKER).is_file()
+    (empty / "prefill-volume" / "leftover").write_text("from the last run\n")
+    demo.prepare(empty)  # its own: removed and made again
+    assert not (empty / "prefill-volume" / "leftover").exists()
+    older = tmp_path / "older"  # made by a demo before the marker: only the demo's own names
+    for name in ("bin", "prefill-volume", "decode-volume", "pods", "logs"):
+        (older / name).mkdir(parents=True)
+    (older / "standin-record.jsonl").write_text("")
+    demo.prepare(older)
+    assert (older / demo.MARKER).is_file()
+
+
+def test_a_role_other_than_prefill_or_decode_is_keyed_as_written_as_the_reference_says(
+    env: dict[str, str],
+) -> None:
+    """The reference said ``prefill`` or ``decode``; any lowercase name is keyed (cachemgr.key):
+    the doc now says so, and that a misspelt role compiles entries of its own."""
+    keyed = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "key", "--role", "prefil", "-o", "json", *SERVER],
+        env=env, capture_output=True, text=True, timeout=20, check=False,
+    )  # fmt: skip
+    assert keyed.returncode == 0, keyed.stderr
+    assert json.loads(keyed.stdout)["inputs"]["role"] == "prefil"
+    reference = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+    (row,) = [line for line in reference.splitlines() if line.startswith("| `CACHEMGR_ROLE`")]
+    assert "keyed as written" in row
+    assert "a misspelt role (`prefil`) compiles entries of its own" in row

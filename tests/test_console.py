@@ -571,6 +571,137 @@ def test_the_demos_inspect_command_works_as_printed(tmp_path: Path) -> None:
         assert line in done.stdout, line
 
 
+def test_the_demos_timeline_stays_in_time_order_when_a_pod_logs_its_first_events_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pod holds its first events until it launches: on a loaded machine they reach its log
+    seconds after another pod's later ones were due. The timeline waits for them rather than
+    print a line out of order (the warm round printed 0.64s, then 0.51s)."""
+    import threading
+    from datetime import UTC, datetime
+
+    from cachemgr.cli import demo
+
+    monkeypatch.setattr(demo, "_SETTLE", 0.1)
+
+    def stamp(at: float) -> str:
+        return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+    def phase(at: float, was: str, to: str, seconds_in_previous: float) -> str:
+        event = {"event": "phase", "timestamp": stamp(at), "from": was, "to": to}
+        return json.dumps({**event, "seconds_in_previous": seconds_in_previous, "detail": {}}) + "\n"
+
+    started = time.monotonic()
+    now = time.time()
+    pods = []
+    for name in ("early", "late"):
+        pod = demo.Pod(name, "prefill", "node-a", 0, tmp_path / name, tmp_path / f"{name}.log")
+        pod.log_path.write_text("")
+        pod.started_at = now
+        pod.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        pods.append(pod)
+    early, late = pods
+    try:
+        # "early" logs at once: resolving from +0.2s, launching at +0.4s, serving at +0.5s.
+        early.log_path.write_text(
+            phase(now + 0.4, "resolving", "launching", 0.2) + phase(now + 0.5, "launching", "serving", 0.1)
+        )
+
+        def late_pod() -> None:
+            # "late" began resolving at +0.1s, launched at +0.3s: both before "early"'s lines,
+            # but its log gets them only now, long after those were settled.
+            time.sleep(max(0.0, now + 1.5 - time.time()))  # the lateness itself, not a wait on anything
+            with late.log_path.open("a") as log:
+                log.write(
+                    phase(now + 0.3, "resolving", "launching", 0.2)
+                    + phase(now + 0.6, "launching", "serving", 0.3)
+                )
+
+        writer = threading.Thread(target=late_pod)
+        writer.start()
+        assert demo._watch(pods, started, until="serving")
+        writer.join()
+    finally:
+        for pod in pods:
+            assert pod.proc is not None
+            pod.proc.kill()
+            pod.proc.wait()
+    out = capsys.readouterr().out
+    times = [float(line.split()[0].removesuffix("s")) for line in out.splitlines() if line.strip()]
+    assert len(times) == 6, out
+    assert times == sorted(times), out
+
+
+def _processes_using(directory: Path) -> list[int]:
+    """The pids whose environment names ``directory`` (the demo's pods and their servers)."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if str(directory).encode() in environ and pid != os.getpid():
+            found.append(pid)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signum: int) -> None:
+    """SIGTERM (or SIGINT not from a terminal: kill, timeout, a CI runner) used to end the demo
+    and leave its four pods compiling and serving on their ports, for good."""
+    work = tmp_path / "demo"
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        demo = subprocess.Popen(
+            [sys.executable, "-m", "cachemgr", "demo", "--dir", str(work), "--compile-seconds", "60"],
+            stdout=out, stderr=out, stdin=subprocess.DEVNULL, cwd=tmp_path,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")},
+                 "CACHEMGR_LOG_FORMAT": "console" if signum == signal.SIGTERM else "json"},
+        )  # fmt: skip
+    try:
+        wait_for(lambda: log.read_text().count(" compiling ") >= 2, what="both roles compiling")
+        assert len(_processes_using(work)) >= 4, "the pods run"
+        demo.send_signal(signum)
+        code = demo.wait(timeout=DEADLINE)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    leftovers = _processes_using(work)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == [], "the demo's pods outlived it"
+    text = log.read_text()
+    if signum == signal.SIGTERM:
+        assert code == 143, text
+        (line,) = [line for line in text.splitlines() if line.startswith("cachemgr demo:")]
+        assert line.startswith(
+            "cachemgr demo: stopped by signal 15 (SIGTERM); the demo's pods were stopped"
+        ), line
+    else:  # was {"reason": "internal", "message": "interrupted"}: no bug, and nothing to do
+        assert code == 130, text
+        (event,) = [json.loads(line) for line in text.splitlines() if '"event": "failed"' in line]
+        assert event["reason"] == "interrupted", event
+        assert (
+            event["message"]
+            == "interrupted by SIGINT (Ctrl-C) before it finished. Run the command again to finish it."
+        )
+    assert "all four serving" not in text
+
+
+def test_a_demo_round_whose_pod_failed_does_not_say_all_four_served(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "demo", "--dir", str(tmp_path / "demo"), "--compile-seconds", "0.2"],
+        capture_output=True, text=True, timeout=300, check=False, cwd=tmp_path, stdin=subprocess.DEVNULL,
+        env={**env, "STANDIN_EXIT_BEFORE_HEALTHY": "1"},  # every compile fails: no pod serves
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    assert "exited with code 70" in done.stdout, done.stdout
+    assert "all four serving" not in done.stdout, done.stdout
+    assert "not every pod served (above); stopped the rest with SIGTERM" in done.stdout, done.stdout
+
+
 def test_a_killed_holder_on_another_node_is_silent_for_locks_and_ls_alike(
     cache: Built, tmp_path: Path
 ) -> None:

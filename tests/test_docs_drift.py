@@ -114,6 +114,29 @@ def test_every_environment_variable_the_docs_name_is_read_by_the_code() -> None:
     assert unread == [], f"documented but read nowhere: {unread}"
 
 
+def test_every_variable_the_chart_and_the_entrypoints_set_is_in_the_references_environment() -> None:
+    """What an operator finds in ``kubectl describe pod`` (the chart's env) or in the image's
+    entrypoints, the reference's Environment table explains (CACHEMGR_RUN_ARGS was missing)."""
+    reference = (ROOT / "docs" / "reference.md").read_text()
+    table = reference.split("## Environment", 1)[1].split("\n## ", 1)[0]
+    templates = (ROOT / "deploy" / "helm" / "modelserver" / "templates").glob("*")
+    chart = {
+        v
+        for t in templates
+        for v in re.findall(r"name: (CACHEMGR_[A-Z_]+[A-Z]|POD_NAME|NODE_NAME)\b", t.read_text())
+    }
+    scripts = {
+        v
+        for s in (ROOT / "entrypoint").glob("*")
+        for v in re.findall(r"\bCACHEMGR_[A-Z_]+[A-Z]\b", s.read_text())
+    }
+    assert "CACHEMGR_RUN_ARGS" in chart & scripts
+    missing = sorted(v for v in chart | scripts if f"`{v}`" not in table)
+    assert missing == [], (
+        f"set by the chart or the entrypoints, not in docs/reference.md's Environment: {missing}"
+    )
+
+
 def _exported(tmp_path: Path) -> set[str]:
     """Every family, the conditional ones too: a run compiling, its volume measured."""
     from cachemgr.runtime.state import StateWriter

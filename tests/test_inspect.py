@@ -255,6 +255,67 @@ def test_show_refuses_unknown_and_ambiguous_keys(cache: Built) -> None:
     assert ("matches" in ambiguous.stderr) or ("empty" in ambiguous.stderr)
 
 
+def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(cache: Built) -> None:
+    """An operator who deleted or truncated a file of an entry reads ``show``: it names the command
+    that moves the entry aside, which works as printed; ``show`` of the key afterwards says where
+    it went (quarantine/, which ``ls`` lists) rather than that nothing matches."""
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    digest = read_manifest(entry).key
+    artifact = next(p for p in sorted((entry / "artifacts").rglob("*.rbln")))
+    artifact.unlink()
+    shown = cli("show", digest[:8], env=cache.env)
+    assert shown.returncode == 0, shown.stderr
+    assert "status       damaged: 1 of the manifest's files" in shown.stdout
+    (todo,) = [line for line in shown.stdout.splitlines() if line.startswith("what to do:")]
+    command = todo.split("'")[1]
+    assert command == f"cachemgr verify --fix {digest[:12]}"
+    fixed = cli(*command.split()[1:], env=cache.env)
+    assert fixed.returncode == 74, fixed.stderr
+    assert not entry.exists()
+
+    gone = cli("show", digest[:8], env=cache.env)
+    assert gone.returncode == 66
+    (event,) = [json.loads(line) for line in gone.stderr.splitlines()]
+    line = event["message"]
+    (moved,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "quarantine"]
+    assert f"moved aside to quarantine/{moved['entry']}" in line
+    assert "missing" in line, "the reason it was moved"
+    assert "'cachemgr prune --damaged --yes'" in line
+    by_name = json.loads(cli("show", entry.name, env=cache.env).stderr)["message"]
+    assert by_name == line.replace(repr(digest[:8]), repr(entry.name))
+    assert cli("prune", "--damaged", "--yes", env=cache.env).returncode == 0
+    assert "quarantine/" not in cli("show", digest[:8], env=cache.env).stderr
+
+
+def test_prune_key_of_a_key_that_only_failed_names_show_with_that_key(cache: Built) -> None:
+    refused = cli("prune", "--key", cache.failed_key[:10], "--yes", "--log-format", "console", env=cache.env)
+    assert refused.returncode == 66
+    (line,) = refused.stderr.splitlines()
+    command = f"cachemgr show {cache.failed_key[:12]}"
+    assert f"'{command}' says what is recorded of this key" in line, line
+    shown = cli(*command.split()[1:], env=cache.env)
+    assert shown.returncode == 0
+    assert "FAILED COMPILES (1)" in shown.stdout
+
+
+def test_inspecting_a_directory_no_pod_used_says_it_may_be_the_wrong_path(
+    cache: Built, tmp_path: Path
+) -> None:
+    """ "no entries" of a directory that is not the volume (the PVC mounted elsewhere) read as an
+    empty cache: the inspection commands now say the layout marker is missing and what to set."""
+    elsewhere = tmp_path / "not-the-volume"
+    elsewhere.mkdir()
+    env = {**cache.env, "CACHEMGR_CACHE_ROOT": str(elsewhere)}
+    for command in (["ls"], ["du"], ["locks"], ["stats"], ["verify"]):
+        done = cli(*command, env=env)
+        assert done.returncode == 0, done.stderr
+        (note,) = [line for line in done.stderr.splitlines() if "cachemgr-layout.json" in line]
+        assert note.startswith(f"note: {elsewhere} has no cachemgr-layout.json"), note
+        assert "set CACHEMGR_CACHE_ROOT (or --cache-root) to where the PVC is mounted" in note
+    assert os.listdir(elsewhere) == [], "inspection never creates the layout"
+    assert "cachemgr-layout.json" not in cli("ls", env=cache.env).stderr, "a used volume: no note"
+
+
 # --- explain --------------------------------------------------------------------------------
 
 

@@ -79,6 +79,8 @@ def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Clus
     explained = run_cli("explain", "--", *vllm_argv(free_port()), env=env)
     assert "exited before it was ready 2 time(s)" in explained.stdout
     assert f"cachemgr prune --key {key[:12]} --yes" in explained.stdout
+    # Both commands it names work as printed: the key, not a placeholder.
+    assert f"'cachemgr show {key[:12]}' has the last lines" in explained.stdout, explained.stdout
 
     # A good start afterwards still serves: recording changes nothing by default.
     good = pods.start("good", vllm_argv(free_port()), cache_root=root)

@@ -36,11 +36,22 @@ from cachemgr.ops.image import ImageInfo, resolve_image
 from cachemgr.ops.inspection import Listing, list_cache, volume_errors
 from cachemgr.ops.locks import LockInfo, list_locks
 from cachemgr.ops.scan import EntryInfo
-from cachemgr.volume.layout import CacheRoot, open_root
+from cachemgr.volume.layout import MARKER, CacheRoot, open_root
 
 
 def open_cache(args: argparse.Namespace) -> CacheRoot:
-    return open_root(cache_root(args), create=False)  # inspection never creates the layout
+    root = open_root(cache_root(args), create=False)  # inspection never creates the layout
+    if not (root.path / MARKER).is_file():
+        # "0 entries" of a directory no pod used reads as an empty cache: say which it may be.
+        tell(
+            "note",
+            [
+                f"{root.path} has no {MARKER}: no 'cachemgr run' or 'warm' has used it yet. If pods of "
+                "this role have, it is not their compile cache volume: set CACHEMGR_CACHE_ROOT (or "
+                "--cache-root) to where the PVC is mounted (the chart mounts it at /var/cache/cachemgr)"
+            ],
+        )
+    return root
 
 
 def image_of(args: argparse.Namespace, environ: Mapping[str, str]) -> ImageInfo:

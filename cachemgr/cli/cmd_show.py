@@ -82,6 +82,15 @@ def _status_line(d: EntryDetail) -> str:
     return f"ok: {check}"
 
 
+def _damaged_remedy(d: EntryDetail) -> str:
+    """What to do about a damaged entry: the command that moves it aside, as it works here."""
+    return (
+        f"what to do: 'cachemgr verify --fix {d.digest[:12]}' hashes it and moves it to quarantine/ "
+        "(a pod that finds it damaged does the same); the next pod start compiles the key again, "
+        "and 'cachemgr prune --damaged --yes' removes the quarantined copy"
+    )
+
+
 def _show_blocks(d: EntryDetail) -> Iterator[Block]:
     e, m = d.entry, d.manifest or {}
     pairs: list[tuple[str, Any]] = [("key", d.digest), ("entry", d.name or "?"), ("status", _status_line(d))]
@@ -113,6 +122,8 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
             "FILES CHECK (size and mtime against the manifest)\n"
             + "\n".join(f"- {safe(p)}" for p in d.problems)
         )
+    if d.status == "damaged":
+        yield Text(_damaged_remedy(d))
     if d.inputs:
         yield Table(
             input_rows(d.inputs, as_dict(d.key_doc.get("sources"))), INPUT_COLUMNS, title="KEY INPUTS"

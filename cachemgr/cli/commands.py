@@ -120,7 +120,11 @@ def _add_demo_command(sub: Any, name: str) -> None:
         ["cachemgr demo", "cachemgr demo --dir /tmp/demo --compile-seconds 1", "cachemgr demo --remote"],
     )
     cmd.add_argument(
-        "--dir", default="demo-cache", metavar="DIR", help="where the demo volumes go (default ./demo-cache)"
+        "--dir",
+        default="demo-cache",
+        metavar="DIR",
+        help="where the demo volumes go (default ./demo-cache): a new or empty directory, or one an "
+        "earlier demo made, which it removes first (any other is refused)",
     )
     duration_option(
         cmd, "--compile-seconds", default="3", help="how long the stand-in compiler takes (default 3s)"

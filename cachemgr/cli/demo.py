@@ -27,6 +27,8 @@ from typing import IO
 from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_standin.shim import write_vllm_shim
 
+from cachemgr.core.errors import CacheMgrError
+
 MODEL = "rebellions/Demo-LLM-8B"
 _DEADLINE = 120.0
 _SETTLE = 1.5  # seconds a phase event may arrive late (held until the pod launches or misses)
@@ -44,6 +46,7 @@ class Pod:
     phase: str = "-"
     log_file: IO[bytes] | None = field(default=None, repr=False)
     read: int = 0  # how far its log has been read for phase events
+    started_at: float = 0.0  # wall clock at its start: no event of this start can be earlier
 
 
 def _free_port() -> int:
@@ -89,6 +92,7 @@ def _start(pod: Pod, env: dict[str, str]) -> None:
         (pod.state_dir / stale).unlink(missing_ok=True)
     pod.log_file = pod.log_path.open("ab")
     pod.read = pod.log_file.tell()  # this start's events only (the log is appended to)
+    pod.started_at = time.time()
     argv = [sys.executable, "-m", "cachemgr", "run", "--lease-duration", "10", "--", "vllm", "serve", MODEL,
             "--tensor-parallel-size", "4", "--max-model-len", "8192", "--port", str(pod.port)]  # fmt: skip
     pod.proc = subprocess.Popen(argv, env=env, stdout=pod.log_file, stderr=pod.log_file)
@@ -113,7 +117,7 @@ def _watch(pods: list[Pod], started: float, *, until: str) -> bool:
 
     while time.monotonic() < deadline:
         pending.extend(change for pod in pods for change in _phase_events(pod))
-        show(settled_before=time.time() - _SETTLE)
+        show(settled_before=_settled(pods, time.time() - _SETTLE))
         for pod in pods:
             if pod.proc is not None and pod.proc.poll() is not None and pod.phase != until:
                 show(settled_before=float("inf"))
@@ -126,6 +130,18 @@ def _watch(pods: list[Pod], started: float, *, until: str) -> bool:
     show(settled_before=float("inf"))
     print(f"  timed out after {_DEADLINE:.0f}s waiting for every pod to reach {until}", flush=True)
     return False
+
+
+def _settled(pods: list[Pod], before: float) -> float:
+    """Lines before this time can no longer be preceded by one still to come. A pod that has not
+    logged its first event yet holds it (back-dated to when it began resolving, which may be
+    seconds ago on a loaded machine): nothing after its start is settled until it does."""
+    unread = [
+        pod.started_at
+        for pod in pods
+        if pod.phase == "-" and pod.proc is not None and pod.proc.poll() is None
+    ]
+    return min([before, *unread])
 
 
 def _phase_events(pod: Pod) -> list[tuple[float, str, str, str]]:
@@ -207,26 +223,83 @@ def compiles(work: Path) -> dict[str, int]:
     return counts
 
 
+class Stopped(CacheMgrError):  # noqa: N818  # a clean stop, reported by its exit code
+    """The demo was sent SIGTERM or SIGHUP: its pods are stopped with it, never left running."""
+
+    reason = "interrupted"
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(
+            f"stopped by signal {signum} ({signal.Signals(signum).name}); the demo's pods were stopped with it",
+            remedy="run cachemgr demo again: it starts over in a fresh directory",
+            signum=signum,
+        )
+
+    @property
+    def code(self) -> int:
+        return 128 + self.signum
+
+
+def _stop_on_signal(signum: int, _frame: object) -> None:
+    raise Stopped(signum)
+
+
 def run_round(
     title: str, pods: list[Pod], *, work: Path, bin_dir: Path, environ: Mapping[str, str], secs: float
 ) -> bool:
     print(f"\n{title}", flush=True)
     started = time.monotonic()
-    for pod in pods:
-        _start(pod, _env(environ, pod, work, bin_dir, secs))
-    ok = _watch(pods, started, until="serving")
-    elapsed = time.monotonic() - started
-    codes = _stop(pods)
-    print(f"  all four serving after {elapsed:.2f}s; stopped with SIGTERM, exit codes {codes}", flush=True)
+    previous = {signum: signal.signal(signum, _stop_on_signal) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        for pod in pods:
+            _start(pod, _env(environ, pod, work, bin_dir, secs))
+        ok = _watch(pods, started, until="serving")
+        elapsed = time.monotonic() - started
+    finally:  # Ctrl-C, a signal, a bug: the pods (real processes serving on ports) stop with the demo
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        codes = _stop(pods)
+    if ok:
+        print(
+            f"  all four serving after {elapsed:.2f}s; stopped with SIGTERM, exit codes {codes}", flush=True
+        )
+    else:
+        print(
+            f"  not every pod served (above); stopped the rest with SIGTERM, exit codes {codes}", flush=True
+        )
     return ok and all(code == 0 for code in codes)
+
+
+MARKER = ".cachemgr-demo"  # in every directory the demo makes: only such a directory is removed
+_MADE = frozenset({"bin", "prefill-volume", "decode-volume", "pods", "logs", "standin-record.jsonl"})
+
+
+def clear(work: Path, *, made: frozenset[str] = _MADE) -> None:
+    """Remove an earlier demo's directory, and nothing else: ``--dir`` named by mistake (``.``,
+    ``$HOME``, a cache volume) is refused, not emptied. A directory an older demo made (no marker,
+    only the demo's own names) is its own too."""
+    from cachemgr.core.errors import UsageError
+
+    if not os.path.lexists(work):
+        return
+    names = set(os.listdir(work)) if work.is_dir() and not work.is_symlink() else None
+    if names is None or (names and MARKER not in names and not names <= made):
+        raise UsageError(
+            f"--dir {work} is not a directory this demo made (no {MARKER} in it), and the demo "
+            "removes its directory before it starts; nothing was removed",
+            remedy="give a new or empty directory, e.g. cachemgr demo --dir /tmp/cachemgr-demo",
+        )
+    if names:
+        shutil.rmtree(work)
 
 
 def prepare(work: Path) -> tuple[Path, list[Pod]]:
     """A fresh demo "cluster" under ``work``: the stand-in on PATH, a volume per role, four pods."""
-    if work.exists():
-        shutil.rmtree(work)
+    clear(work)
     bin_dir = work / "bin"
     bin_dir.mkdir(parents=True)
+    (work / MARKER).write_text("made by cachemgr demo: the next demo with this --dir removes it\n")
     write_vllm_shim(bin_dir)
     for role in ("prefill", "decode"):
         (work / f"{role}-volume").mkdir()

@@ -131,8 +131,11 @@ def run_remote_demo(work: Path, *, compile_seconds: float, environ: Mapping[str,
             "--remote needs neither)",
         )
     work = work.resolve()
-    if work.exists():
-        shutil.rmtree(work)
+    demo.clear(work, made=frozenset({"s3", "cluster-a", "cluster-b"}))
+    work.mkdir(parents=True, exist_ok=True)
+    (work / demo.MARKER).write_text(
+        "made by cachemgr demo --remote: the next demo with this --dir removes it\n"
+    )
     with local_s3(work / "s3", weed) as s3_env:
         env = {**environ, **s3_env}
         print(

@@ -38,7 +38,7 @@ def message_for(error: BaseException) -> str:
     if isinstance(error, CacheMgrError):
         return error.one_line()
     if isinstance(error, KeyboardInterrupt):
-        return "interrupted"
+        return "interrupted by SIGINT (Ctrl-C) before it finished. Run the command again to finish it."
     return (
         f"internal error: {type(error).__name__}: {shorten(str(error), MESSAGE_LIMIT)}. This is a cachemgr bug: report it with the log above; "
         "the cache itself is unharmed (published entries are never modified)"
@@ -90,7 +90,13 @@ def _log(error: BaseException, *, command: str, code: int, line: str) -> bool:
     if configured_format() != "json" or _isatty(sys.stderr):
         return False  # a person reads this stream: the plain line says it all
     fields = dict(error.fields) if isinstance(error, CacheMgrError) else {}
-    reason = error.reason if isinstance(error, CacheMgrError) else "internal"
+    reason = (
+        error.reason
+        if isinstance(error, CacheMgrError)
+        else "interrupted"
+        if isinstance(error, KeyboardInterrupt)
+        else "internal"
+    )
     get_logger("cachemgr").error(
         "failed",
         command=command or None,

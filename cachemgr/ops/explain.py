@@ -221,7 +221,7 @@ def _cache_advice(ex: Explanation) -> list[str]:
             f"recompiled_on_hit: {len(ex.recompiled)} pod start(s) found this entry and the server compiled anyway, "
             f"the last {human_age(number(last.get('time')))} (pod {last.get('pod', '?')}, new files: "
             f"{', '.join([str(p) for p in last.get('paths') or []][:3])}): the server keys on something cachemgr does not. "
-            "Report it with 'cachemgr show KEY -o json'; meanwhile such pods compile at every start"
+            f"Report it with 'cachemgr show {ex.key.short} -o json'; meanwhile such pods compile at every start"
         )
     if ex.server_failed:
         newest = ex.server_failed[0]
@@ -230,7 +230,7 @@ def _cache_advice(ex: Explanation) -> list[str]:
             f"the server exited before it was ready {len(ex.server_failed)} time(s) on this entry, the last "
             f"{human_age(newest.time)} (pod {newest.pod or '?'}, {newest.how}{line}): if the entry is what it cannot "
             f"load, 'cachemgr prune --key {ex.key.short} --yes' removes it and the next start compiles afresh "
-            "(or run pods with --on-server-failure set-aside-after N); 'cachemgr show KEY' has the last lines"
+            f"(or run pods with --on-server-failure set-aside-after N); 'cachemgr show {ex.key.short}' has the last lines"
         )
     return advice
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.coerce import as_dict, read_dict
 from cachemgr.core.errors import NotFoundError, UsageError, VolumeError
+from cachemgr.core.printable import safe
 from cachemgr.ops.attempts import (
     Attempt,
     FailureHistory,
@@ -181,6 +182,15 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         digest, entry = next(iter(matches.items()))
         return KeyMatch(digest, entry)
     if not matches:
+        moved = _quarantined_matching(root, query, prefix)
+        if moved is not None:
+            reason = f" ({safe(moved.reason)})" if moved.reason else ""
+            raise NotFoundError(
+                f"no published entry, compile attempt or failure record under {root.path} matches {query!r}: "
+                f"its entry was moved aside to quarantine/{safe(moved.name)}{reason}",
+                remedy="the next pod start compiles the key again; 'cachemgr prune --damaged --yes' removes "
+                "the quarantined copy ('cachemgr ls' lists it under QUARANTINE)",
+            )
         raise NotFoundError(
             f"no entry, compile attempt or failure record under {root.path} matches {query!r}",
             remedy="'cachemgr ls' lists the keys; pass a prefix of one or an entry name",
@@ -190,6 +200,23 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         f"{query!r} matches {len(matches)} keys ({listed}{', ...' if len(matches) > 6 else ''})",
         remedy="pass a longer prefix or the entry name",
     )
+
+
+def _quarantined_matching(root: CacheRoot, query: str, prefix: str) -> Quarantined | None:
+    """The newest quarantined copy of the key ``query`` names (a digest prefix, the entry's name,
+    or the quarantine name ``ls -o name`` prints), or None."""
+    name = query.removeprefix("quarantine/")
+    found = []
+    for moved in quarantined(root):
+        # NAME.TIMESTAMP.RANDOM, NAME ending in __DIGEST16 (the model part may hold dots).
+        entry, _, _ = moved.name.rpartition("__")
+        digest16 = moved.name.rpartition("__")[2].split(".", 1)[0]
+        own = f"{entry}__{digest16}"
+        if name in {moved.name, own} or (
+            len(digest16) == 16 and (digest16.startswith(prefix) or prefix.startswith(digest16))
+        ):
+            found.append(moved)
+    return max(found, key=lambda q: q.moved_at or 0.0) if found else None
 
 
 def strip_kind(query: str) -> str:

@@ -370,7 +370,7 @@ def named_entries(root: CacheRoot, queries: Iterable[str]) -> list[str]:
         if match.entry is None:
             raise NotFoundError(
                 f"key {match.digest[:12]} has records under {root.path} but no published entry to prune",
-                remedy="'cachemgr ls' lists the entries; 'cachemgr show KEY' says what is recorded of this key",
+                remedy=f"'cachemgr ls' lists the entries; 'cachemgr show {match.digest[:12]}' says what is recorded of this key",
             )
         names.append(match.entry)
     return names
