@@ -4,6 +4,10 @@ The CLI (:mod:`cachemgr.cli.cmd_remote`) parses and renders; everything that rea
 the bucket is here. A listing reads each entry's manifest (a few hundred KiB at most) in
 parallel; an entry whose objects exist without a manifest is an upload cut short (or under
 way): listed apart, never taken, removed by ``prune --remote --stale-uploads`` once old.
+
+``push_entry`` and ``pull_entry`` move an entry through :class:`cachemgr.remote.bounded.BoundedRemote`
+(the transfer in a child process, killed at its deadline or on a signal), as a pod does; the CLI
+asks that child for the listing too (``listing_to_wire`` there, ``listing_from_wire`` here).
 """
 
 from __future__ import annotations
