@@ -5,7 +5,8 @@ trickles (one byte every half second: no read timeout ever fires) or stalls what
 sends. Pods are real ``cachemgr run`` processes. ``CACHEMGR_REMOTE_BUDGET`` is one deadline for
 the whole remote attempt (the manifest GET, every object, the retries); at it the transfer is
 abandoned (its connections closed, its partial files removed), one warning says so, and the pod
-compiles. SIGTERM ends the attempt at once.
+compiles. SIGTERM ends the attempt at once. The operator's ``push``, ``pull`` and ``ls --remote``
+keep the same deadline (``--budget``, per entry; else the variable) and stop at once on a signal.
 """
 
 from __future__ import annotations
@@ -523,3 +524,52 @@ def test_push_abandons_an_entry_at_its_budget_says_so_and_goes_on_with_the_next(
     assert line.startswith("1 of 2 entries not uploaded; the first: "), line
     (uploaded,) = names - {abandoned}
     assert [m.rsplit("/", 2)[-2] for m in _manifests(s3, env)] == [uploaded], "the next entry went up, whole"
+
+
+def test_ls_remote_against_a_trickling_store_ends_at_the_budget_with_one_line_and_74(
+    pods: Cluster, env: dict[str, str], proxy: TrickleProxy, pullable: tuple[str, str]
+) -> None:
+    """A listing is small, but at one byte every half second a few KiB of XML take an hour."""
+    url, _ = pullable
+    proxy.set_mode(Trickle(nbytes=1, interval=0.5))
+    started = time.monotonic()
+    result = run_cli("ls", "--remote", env=_cli_env(pods, env, pods.work, url), timeout=BUDGET + 60)
+    assert time.monotonic() - started < BUDGET + SLACK, "the listing outlived its budget"
+    assert result.returncode == 74, result.stdout + result.stderr
+    (line,) = error_lines(result.stderr)
+    assert f"did not finish the listing of its entries within {ENV_BUDGET}={BUDGET:g}s" in line, line
+    wait_for(lambda: proxy.stats().open == 0, what="the listing's connections to close", timeout=10)
+
+
+def test_sigterm_during_a_trickling_push_ends_it_at_once_and_nothing_goes_up(
+    pods: Cluster, tmp_path: Path, env: dict[str, str], proxy: TrickleProxy, s3: S3Server
+) -> None:
+    root = tmp_path / "volume"
+    root.mkdir()
+    name = _published(root, "prefill")
+    proxy.set_mode(Trickle(nbytes=1, interval=0.5))
+    accepted = proxy.stats().accepted
+    push = subprocess.Popen(
+        [sys.executable, "-m", "cachemgr", "push", name],
+        env={**_cli_env(pods, env, root), ENV_BUDGET: "10m"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: proxy.stats().accepted > accepted, what="the upload to reach the store")
+        signalled = time.monotonic()
+        push.send_signal(signal.SIGTERM)
+        _, stderr = push.communicate(timeout=15)
+    finally:
+        if push.poll() is None:
+            push.kill()
+            push.wait()
+    assert time.monotonic() - signalled < 5.0, "SIGTERM ends the upload at once"
+    assert push.returncode == 143, stderr
+    (line,) = error_lines(stderr)
+    assert f"stopped by signal 15 (SIGTERM) while uploading {name}; that upload was abandoned" in line, line
+    wait_for(lambda: proxy.stats().open == 0, what="the upload's connections to close", timeout=10)
+    proxy.set_mode(PASS)
+    assert _manifests(s3, env) == [], "no manifest: nothing of the entry is taken"
