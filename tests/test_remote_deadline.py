@@ -421,14 +421,23 @@ def test_pull_from_a_trickling_store_ends_at_its_budget_with_one_line_and_74(
     assert_entries_valid(root)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "case",
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+    ids=[
+        "SIGTERM",
+        "SIGINT",
+        "SIGINT-to-the-group",
+    ],  # the last as a terminal's Ctrl-C: the child gets it too
+)
 def test_a_signal_during_a_trickling_pull_ends_it_at_once_with_its_staging_gone(
     pods: Cluster,
     env: dict[str, str],
     proxy: TrickleProxy,
     pullable: tuple[str, str],
-    signum: signal.Signals,
+    case: tuple[signal.Signals, bool],
 ) -> None:
+    signum, group = case
     url, entry = pullable
     root = pods.work / "volume"
     root.mkdir()
@@ -445,13 +454,17 @@ def test_a_signal_during_a_trickling_pull_ends_it_at_once_with_its_staging_gone(
             stdout=subprocess.DEVNULL,
             stderr=errors,
             text=True,
+            start_new_session=group,
         )
         try:
             wait_for(
                 lambda: any(p.rglob("artifacts/*") for p in _staging(root)), what="the pull's partial files"
             )
             signalled = time.monotonic()
-            pull.send_signal(signum)
+            if group:
+                os.killpg(pull.pid, signum)
+            else:
+                pull.send_signal(signum)
             code = pull.wait(timeout=15)
         finally:
             if pull.poll() is None:
