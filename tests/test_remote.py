@@ -725,7 +725,24 @@ def _bucket_holds(s3: S3Server, needle: bytes) -> list[str]:
 
 
 def _connected(pid: int, port: int) -> bool:
-    """Process ``pid`` holds an established TCP connection to 127.0.0.1:``port`` (from /proc)."""
+    """Process ``pid`` or a child of it (push's transfer runs in one) holds an established TCP
+    connection to 127.0.0.1:``port`` (from /proc)."""
+    return any(_connected_one(p, port) for p in [pid, *_children(pid)])
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text() if name.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rpartition(")")[2].split()[1]) == pid:
+            found.append(int(name))
+    return found
+
+
+def _connected_one(pid: int, port: int) -> bool:
     try:
         sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
@@ -1019,12 +1036,13 @@ def _rewrite_in_place(path: Path) -> None:
         handle.write(bytes(b ^ 0xFF for b in data[:4096]) + data[4096:])
 
 
+# A sitecustomize for push and the transfer's child it runs the upload in (both read PYTHONPATH):
+# the real open and fstat, then the file named by CACHEMGR_TEST_REWRITE is rewritten in place.
 REWRITE_AFTER_OPEN = """
-import runpy, sys
-from pathlib import Path
+import os
 from cachemgr.remote.localfiles import LocalDir
 
-target = sys.argv[1]
+target = os.environ["CACHEMGR_TEST_REWRITE"]
 opened = LocalDir.open_file
 def open_file(self, rel):
     handle, st = opened(self, rel)  # the upload's open and fstat: the size it checks next is right
@@ -1036,8 +1054,6 @@ def open_file(self, rel):
             out.write(bytes(b ^ 0xFF for b in data[:4096]) + data[4096:])
     return handle, st
 LocalDir.open_file = open_file
-sys.argv = ["cachemgr", *sys.argv[2:]]
-runpy.run_module("cachemgr", run_name="__main__")
 """
 
 
@@ -1098,9 +1114,18 @@ def test_push_of_a_file_rewritten_while_it_uploads_exits_74_with_one_line(
     root = tmp_path / "volume"
     root.mkdir()
     entry = _published_with(root, {"graph_0.rbln": 4096, "graph_1.rbln": 256 << 10})
-    env = {**pods.base_env, **remote, "CACHEMGR_CACHE_ROOT": str(root)}
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(REWRITE_AFTER_OPEN)
+    env = {
+        **pods.base_env,
+        **remote,
+        "CACHEMGR_CACHE_ROOT": str(root),
+        "CACHEMGR_TEST_REWRITE": "artifacts/graph_1.rbln",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(inject), pods.base_env.get("PYTHONPATH")])),
+    }
     push = subprocess.run(
-        [sys.executable, "-c", REWRITE_AFTER_OPEN, "artifacts/graph_1.rbln", "push"],
+        [sys.executable, "-m", "cachemgr", "push"],
         check=False,
         env=env,
         capture_output=True,

@@ -5,7 +5,8 @@ trickles (one byte every half second: no read timeout ever fires) or stalls what
 sends. Pods are real ``cachemgr run`` processes. ``CACHEMGR_REMOTE_BUDGET`` is one deadline for
 the whole remote attempt (the manifest GET, every object, the retries); at it the transfer is
 abandoned (its connections closed, its partial files removed), one warning says so, and the pod
-compiles. SIGTERM ends the attempt at once.
+compiles. SIGTERM ends the attempt at once. The operator's ``push``, ``pull`` and ``ls --remote``
+keep the same deadline (``--budget``, per entry; else the variable) and stop at once on a signal.
 """
 
 from __future__ import annotations
@@ -14,22 +15,30 @@ import hashlib
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_testkit.podlib import Cluster, cluster, free_port, run_cli, wait_for
+from cachemgr_testkit.podlib import Cluster, cluster, error_lines, free_port, run_cli, wait_for
 from cachemgr_testkit.s3server import BUCKET, S3Server
 from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
     assert_entries_valid,
+    command_key,
     compile_cmd,
     compiles,
     server_argv,
 )
 from cachemgr_testkit.trickle import PASS, Stall, Trickle, TrickleProxy, trickle_proxy
+
+from cachemgr.remote.config import ENV_BUDGET
+from cachemgr.volume.identity import PodIdentity
+from cachemgr.volume.layout import open_root
+from cachemgr.volume.store import create_staging, publish
 
 BUDGET = 6.0
 SLACK = 8.0  # beyond the budget: a loaded 2-core machine starting Python processes
@@ -326,3 +335,243 @@ def test_a_bad_remote_variable_is_a_configuration_error_naming_it(
     (line,) = [line for line in result.stderr.splitlines() if line.strip()]
     assert variable in line, line
     assert "Traceback" not in result.stderr
+
+
+# --- push and pull from a shell: the same child, a budget per entry (--budget) ------------------
+
+
+@pytest.fixture(scope="module")
+def pullable(s3: S3Server, filled: tuple[str, Path]) -> tuple[str, str]:
+    """The filled prefix and its one entry's name, read from the store directly (not through the proxy)."""
+    url, _ = filled
+    (manifest,) = _manifests(s3, {"CACHEMGR_REMOTE": url})
+    return url, manifest.rsplit("/", 2)[-2]
+
+
+def _cli_env(pods: Cluster, env: dict[str, str], root: Path, url: str | None = None) -> dict[str, str]:
+    return {
+        **pods.base_env,
+        **env,
+        "CACHEMGR_CACHE_ROOT": str(root),
+        **({"CACHEMGR_REMOTE": url} if url else {}),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param((Trickle(nbytes=1, interval=0.5), "--budget"), id="listing-trickles"),
+        # No --budget: the pods' own CACHEMGR_REMOTE_BUDGET (6s here) is the default.
+        pytest.param((Trickle(nbytes=1, interval=0.5, after=300_000), ENV_BUDGET), id="objects-trickle"),
+    ],
+)
+def test_pull_from_a_trickling_store_ends_at_its_budget_with_one_line_and_74(
+    pods: Cluster,
+    env: dict[str, str],
+    proxy: TrickleProxy,
+    pullable: tuple[str, str],
+    case: tuple[Any, str],
+) -> None:
+    mode, flag = case
+    url, entry = pullable
+    root = pods.work / "volume"
+    root.mkdir()
+    cli_env = _cli_env(pods, env, root, url)
+    assert cli_env[ENV_BUDGET] == f"{BUDGET:g}s"
+    budget = ["--budget", f"{BUDGET:g}s"] if flag == "--budget" else []
+    if budget:
+        cli_env[ENV_BUDGET] = "10m"  # the flag wins
+    proxy.set_mode(mode)
+    started = time.monotonic()
+    result = run_cli("pull", entry, *budget, env=cli_env, timeout=BUDGET + 60)
+    assert time.monotonic() - started < BUDGET + SLACK, "the pull outlived its budget"
+    assert result.returncode == 74, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    (line,) = error_lines(result.stderr)
+    assert f"within {flag}={BUDGET:g}s" in line, line
+    assert f"raise {flag}" in line, line
+    if mode.after == 0:  # the listing itself trickles: a listing is small, not a few bytes
+        assert "did not finish the listing of its entries" in line, line
+    else:
+        assert f"did not deliver entry {entry} " in line, line
+        assert re.search(
+            r": [\d.]+ [KM]iB of the [\d.]+ MiB of its 9 files had arrived; the transfer was abandoned", line
+        ), line
+    wait_for(
+        lambda: proxy.stats().open == 0, what="the abandoned transfer's connections to close", timeout=10
+    )
+    assert _staging(root) == [], "the abandoned download's partial files were removed"
+    assert not (root / "entries").is_dir() or list((root / "entries").iterdir()) == [], "nothing published"
+    # The same pull at full speed: the budget changes nothing else.
+    proxy.set_mode(PASS)
+    again = run_cli("pull", entry, "--budget", "2m", env=cli_env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "downloaded" in again.stdout
+    assert_entries_valid(root)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGINT, True)],
+    ids=[
+        "SIGTERM",
+        "SIGINT",
+        "SIGINT-to-the-group",
+    ],  # the last as a terminal's Ctrl-C: the child gets it too
+)
+def test_a_signal_during_a_trickling_pull_ends_it_at_once_with_its_staging_gone(
+    pods: Cluster,
+    env: dict[str, str],
+    proxy: TrickleProxy,
+    pullable: tuple[str, str],
+    case: tuple[signal.Signals, bool],
+) -> None:
+    signum, group = case
+    url, entry = pullable
+    root = pods.work / "volume"
+    root.mkdir()
+    cli_env = {
+        **_cli_env(pods, env, root, url),
+        "CACHEMGR_REMOTE_BUDGET": "10m",
+    }  # the default: only the signal ends it
+    proxy.set_mode(Trickle(nbytes=1, interval=0.5, after=300_000))
+    with (pods.work / "pull.err").open("w+") as errors:
+        pull = subprocess.Popen(
+            [sys.executable, "-m", "cachemgr", "pull", entry],
+            env=cli_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+            text=True,
+            start_new_session=group,
+        )
+        try:
+            wait_for(
+                lambda: any(p.rglob("artifacts/*") for p in _staging(root)), what="the pull's partial files"
+            )
+            signalled = time.monotonic()
+            if group:
+                os.killpg(pull.pid, signum)
+            else:
+                pull.send_signal(signum)
+            code = pull.wait(timeout=15)
+        finally:
+            if pull.poll() is None:
+                pull.kill()
+                pull.wait()
+        assert time.monotonic() - signalled < 5.0, "a signal ends the transfer at once"
+        errors.seek(0)
+        stderr = errors.read()
+    assert code == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    (line,) = error_lines(stderr)
+    assert f"stopped by signal {int(signum)} ({signum.name}) while pulling entry {entry}" in line, line
+    assert "partial files removed, nothing was published" in line, line
+    assert_clean_after_failure(root)
+    assert not (root / "entries").is_dir() or list((root / "entries").iterdir()) == [], "nothing published"
+    wait_for(lambda: proxy.stats().open == 0, what="the pull's connections to close", timeout=10)
+
+
+def _published(root: Path, role: str) -> str:
+    """An entry of ``role``'s key, published by library call (256 KiB of artifacts): its name."""
+    identity = PodIdentity(pod="pod-a", node="node-a", host="host-a", pid=os.getpid())
+    volume = open_root(root, create=True)
+    key = command_key(role)
+    staging = create_staging(volume, key, identity)
+    (staging.artifacts / "graph.rbln").write_bytes(os.urandom(256 << 10))
+    return publish(volume, staging, key, identity=identity, compile_seconds=1.0, strategy="command").path.name
+
+
+def test_push_abandons_an_entry_at_its_budget_says_so_and_goes_on_with_the_next(
+    pods: Cluster, tmp_path: Path, env: dict[str, str], proxy: TrickleProxy, s3: S3Server
+) -> None:
+    root = tmp_path / "volume"
+    root.mkdir()
+    names = {_published(root, "prefill"), _published(root, "decode")}
+    # Every answer of the store trickles: the first entry's requests get their answers one byte
+    # every half second (no read timeout fires); once its budget ended it, the store is well again.
+    proxy.set_mode(Trickle(nbytes=1, interval=0.5))
+    with (tmp_path / "push.err").open("w+") as errors:
+        started = time.monotonic()
+        push = subprocess.Popen(
+            [sys.executable, "-m", "cachemgr", "push", "--budget", f"{BUDGET:g}s"],
+            env=_cli_env(pods, env, root),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+        try:
+            wait_for(
+                lambda: "warning:" in Path(errors.name).read_text(),
+                what="the first entry's budget",
+                timeout=BUDGET + SLACK,
+            )
+            assert time.monotonic() - started < BUDGET + SLACK
+            proxy.set_mode(PASS)
+            out, _ = push.communicate(timeout=120)
+        finally:
+            if push.poll() is None:
+                push.kill()
+                push.wait()
+        errors.seek(0)
+        stderr = errors.read()
+    assert push.returncode == 74, out + stderr
+    assert "Traceback" not in stderr
+    (warning,) = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    (abandoned,) = [name for name in names if name in warning]
+    assert f"did not finish the upload of {abandoned} within --budget={BUDGET:g}s" in warning, warning
+    assert "the upload was abandoned before its manifest, so no reader takes it" in warning, warning
+    (line,) = error_lines(stderr)
+    assert line.startswith("1 of 2 entries not uploaded; the first: "), line
+    (uploaded,) = names - {abandoned}
+    assert [m.rsplit("/", 2)[-2] for m in _manifests(s3, env)] == [uploaded], "the next entry went up, whole"
+
+
+def test_ls_remote_against_a_trickling_store_ends_at_the_budget_with_one_line_and_74(
+    pods: Cluster, env: dict[str, str], proxy: TrickleProxy, pullable: tuple[str, str]
+) -> None:
+    """A listing is small, but at one byte every half second a few KiB of XML take an hour."""
+    url, _ = pullable
+    proxy.set_mode(Trickle(nbytes=1, interval=0.5))
+    started = time.monotonic()
+    result = run_cli("ls", "--remote", env=_cli_env(pods, env, pods.work, url), timeout=BUDGET + 60)
+    assert time.monotonic() - started < BUDGET + SLACK, "the listing outlived its budget"
+    assert result.returncode == 74, result.stdout + result.stderr
+    (line,) = error_lines(result.stderr)
+    assert f"did not finish the listing of its entries within {ENV_BUDGET}={BUDGET:g}s" in line, line
+    wait_for(lambda: proxy.stats().open == 0, what="the listing's connections to close", timeout=10)
+
+
+def test_sigterm_during_a_trickling_push_ends_it_at_once_and_nothing_goes_up(
+    pods: Cluster, tmp_path: Path, env: dict[str, str], proxy: TrickleProxy, s3: S3Server
+) -> None:
+    root = tmp_path / "volume"
+    root.mkdir()
+    name = _published(root, "prefill")
+    proxy.set_mode(Trickle(nbytes=1, interval=0.5))
+    accepted = proxy.stats().accepted
+    push = subprocess.Popen(
+        [sys.executable, "-m", "cachemgr", "push", name],
+        env={**_cli_env(pods, env, root), ENV_BUDGET: "10m"},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: proxy.stats().accepted > accepted, what="the upload to reach the store")
+        signalled = time.monotonic()
+        push.send_signal(signal.SIGTERM)
+        _, stderr = push.communicate(timeout=15)
+    finally:
+        if push.poll() is None:
+            push.kill()
+            push.wait()
+    assert time.monotonic() - signalled < 5.0, "SIGTERM ends the upload at once"
+    assert push.returncode == 143, stderr
+    (line,) = error_lines(stderr)
+    assert f"stopped by signal 15 (SIGTERM) while uploading {name}; that upload was abandoned" in line, line
+    wait_for(lambda: proxy.stats().open == 0, what="the upload's connections to close", timeout=10)
+    proxy.set_mode(PASS)
+    assert _manifests(s3, env) == [], "no manifest: nothing of the entry is taken"

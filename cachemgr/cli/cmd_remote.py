@@ -2,15 +2,24 @@
 
 Parse, call :mod:`cachemgr.remote.ops`, render; tables on stdout, JSON with ``-o json``. A
 remote that cannot be used is one line and exit 74, as a volume that cannot be used.
+
+Every transfer, and the listing, runs in the child a pod's transfer runs in
+(:class:`cachemgr.remote.bounded.BoundedRemote`): a store that trickles (one byte every half
+second: no read timeout fires) holds it no longer than its budget (``--budget``, else
+``CACHEMGR_REMOTE_BUDGET``, per entry), and SIGINT or SIGTERM kills it at once (exit 128+N).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import signal
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
-from typing import Any, TypeVar
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
@@ -28,14 +37,20 @@ from cachemgr.cli.render import (
     show,
     tell,
 )
-from cachemgr.core.errors import CacheMgrError, ConfigError, NotFoundError, UsageError
+from cachemgr.core.errors import CacheMgrError, ConfigError, Interrupted, NotFoundError, UsageError
 from cachemgr.core.printable import safe
+from cachemgr.core.procs import StopFlag
 from cachemgr.core.units import human_age, human_bytes
 from cachemgr.remote.config import RemoteConfig, remote_config
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 
+if TYPE_CHECKING:
+    from cachemgr.remote.bounded import BoundedRemote
+    from cachemgr.remote.ops import RemoteListing
+
 T = TypeVar("T")
+_STOPPING = (signal.SIGINT, signal.SIGTERM)
 
 
 def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> RemoteConfig:
@@ -50,10 +65,10 @@ def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> RemoteConfi
 
 @contextmanager
 def _remote_errors(config: RemoteConfig, doing: str) -> Iterator[None]:
-    """boto3's exceptions -> one RemoteError line (exit 74); our own errors pass through."""
+    """boto3's exceptions -> one RemoteError line (exit 74); our own errors and a stop pass through."""
     try:
         yield
-    except CacheMgrError:
+    except (CacheMgrError, InterruptedError):
         raise
     except Exception as error:
         from cachemgr.remote.client import describe
@@ -74,14 +89,75 @@ def _call(remote: Any, doing: str, func: Callable[[], T]) -> T:
         return func()
 
 
+class _Signals:
+    """SIGINT and SIGTERM while a command uses the bucket: a flag the transfer's wait polls.
+
+    Not Python's KeyboardInterrupt (nor SIGTERM's default): s3transfer's threads sit in their
+    reads, and the transfer's child must go with its staging. The flag makes the wait kill the
+    child at once; the download's staging is removed as for any failure; the command then
+    ends with 128+N and one line (:meth:`check`).
+    """
+
+    def __init__(self) -> None:
+        self.stop = StopFlag()
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        for signum in _STOPPING:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        self.received = self.received or signum
+        self.stop.set()
+
+    def check(self, during: str) -> None:
+        """Interrupted (exit 128+N) once a signal came; ``during`` says what it cut short."""
+        if self.stop.is_set():
+            raise Interrupted(
+                self.received or signal.SIGTERM,
+                during=during,
+                remedy="nothing to do: run it again to finish",
+            )
+
+
+def _bounded(args: argparse.Namespace, environ: Mapping[str, str]) -> BoundedRemote:
+    """The remote, every transfer in a child killed at its budget: --budget, else the pods' own."""
+    from cachemgr.remote.bounded import BoundedRemote
+
+    config = _config(args, environ)
+    budget = getattr(args, "budget", None)
+    if budget is None:
+        return BoundedRemote(config)
+    if budget <= 0:
+        raise UsageError(f"--budget {budget:g}s must be more than zero", remedy="pass e.g. --budget 10m")
+    return BoundedRemote(dataclasses.replace(config, budget=budget), budget_name="--budget")
+
+
+def _listing(remote: BoundedRemote, signals: _Signals, *, deadline: float) -> RemoteListing:
+    from cachemgr.remote.ops import listing_from_wire
+
+    try:
+        return listing_from_wire(
+            _call(remote, "listing", lambda: remote.listing(deadline=deadline, stop=signals.stop))
+        )
+    except (CacheMgrError, InterruptedError):
+        signals.check(f"while listing {safe(remote.config.url)}; nothing was changed")
+        raise
+
+
 # --- ls --remote --------------------------------------------------------------------------------
 
 
 def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.remote.ops import list_remote
-
-    remote = _open(args, environ)
-    listing = _call(remote, "listing", lambda: list_remote(remote))
+    remote = _bounded(args, environ)
+    with _Signals() as signals:
+        listing = _listing(remote, signals, deadline=time.monotonic() + remote.config.budget)
 
     def blocks() -> Iterator[Block]:
         rows = [
@@ -126,30 +202,32 @@ _REMOTE_COLUMNS = (
 def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
     from cachemgr.ops.inspection import find_key
     from cachemgr.remote.client import RemoteFullError
-    from cachemgr.remote.ops import PushResult, push_entry
+    from cachemgr.remote.ops import PushResult
     from cachemgr.volume.entries import entry_names
 
     root = open_cache(args)
-    remote = _open(args, environ)
+    remote = _bounded(args, environ)
     identity = PodIdentity.current(environ)
     names = [find_key(root, q).entry for q in args.keys] if args.keys else entry_names(root)
     results: list[PushResult] = []
     errors: list[CacheMgrError] = []
-    for name in names:
-        if name is None:
-            raise NotFoundError(
-                "that key has no published entry here", remedy="'cachemgr ls' lists the entries"
+    with _Signals() as signals:
+        for name in names:
+            if name is None:
+                raise NotFoundError(
+                    "that key has no published entry here", remedy="'cachemgr ls' lists the entries"
+                )
+            done = f"{len(results) - len(errors)} of {plural(len(names), 'entry')} uploaded before it"
+            signals.check(f"before uploading {name}; {done}, none in part")
+            pushed, error = _push_one(
+                remote, root, name, identity=identity, force=args.force, signals=signals
             )
-        try:
-            moved = _call(
-                remote,
-                f"uploading {name}",
-                partial(push_entry, remote, root, name, identity=identity, force=args.force),
-            )
-            results.append(PushResult(name, moved))
-        except CacheMgrError as error:
-            results.append(PushResult(name, None, error.one_line()))
+            results.append(pushed)
+            if error is None:
+                continue
             errors.append(error)
+            if len(names) > 1:  # said now, as push goes on; the last line counts them all
+                tell("warning", [error.one_line() if name in error.what else f"{name}: {error.one_line()}"])
             if isinstance(error, RemoteFullError):
                 break  # a full bucket refuses the next entries too
     _render_moves(args, [(r.entry, r.moved, r.error) for r in results], verb="uploaded")
@@ -158,14 +236,48 @@ def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     return 0
 
 
+def _push_one(
+    remote: BoundedRemote,
+    root: Any,
+    name: str,
+    *,
+    identity: PodIdentity,
+    force: bool,
+    signals: _Signals,
+) -> tuple[Any, CacheMgrError | None]:
+    """One entry's upload, within its own budget: its result, and its error if it failed."""
+    from cachemgr.remote.ops import PushResult, push_entry
+
+    upload = partial(
+        push_entry,
+        remote,
+        root,
+        name,
+        identity=identity,
+        force=force,
+        deadline=time.monotonic() + remote.config.budget,
+        stop=signals.stop,
+    )
+    try:
+        moved = _call(remote, f"uploading {name}", upload)
+    except (CacheMgrError, InterruptedError) as error:
+        signals.check(
+            f"while uploading {name}; that upload was abandoned before its manifest, so no reader takes it"
+        )
+        if not isinstance(error, CacheMgrError):
+            raise  # only a signal stops a transfer, and check() said so
+        return PushResult(name, None, error.one_line()), error
+    return PushResult(name, moved), None
+
+
 def _push_failure(errors: list[CacheMgrError], *, not_uploaded: int, total: int) -> CacheMgrError:
     """The error push exits with: the first one, with its exit code (73 for a full bucket, as for a
     full volume; 74 for a remote or volume that cannot be used), counting the entries left out."""
     from cachemgr.remote.client import RemoteFullError
 
     first = next((e for e in errors if isinstance(e, RemoteFullError)), errors[0])
-    if not_uploaded == 1:
-        return first
+    if total == 1:
+        return first  # of several, each failure was said as it came: this line counts them
     return type(first)(
         f"{not_uploaded} of {plural(total, 'entry')} not uploaded; the first: {first.what}",
         remedy=f"{first.remedy}; then run push again (entries already uploaded are skipped)",
@@ -174,18 +286,33 @@ def _push_failure(errors: list[CacheMgrError], *, not_uploaded: int, total: int)
 
 
 def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.remote.ops import find_remote, list_remote, pull_entry
+    from cachemgr.remote.ops import find_remote, pull_entry
 
     root = open_root(open_cache(args).path, create=True)
-    remote = _open(args, environ)
-    entry = find_remote(_call(remote, "listing", lambda: list_remote(remote)), args.key)
+    remote = _bounded(args, environ)
     identity = PodIdentity.current(environ)
     trusted = trusted_keys(args)  # a trusting pull publishes only what a trusted key signed
-    outcome, moved = _call(
-        remote,
-        f"downloading {entry.entry}",
-        lambda: pull_entry(root, remote, entry, identity=identity, trusted=trusted),
-    )
+    deadline = time.monotonic() + remote.config.budget  # one for the entry: its listing and its transfer
+    with _Signals() as signals:
+        entry = find_remote(_listing(remote, signals, deadline=deadline), args.key)
+        download = partial(
+            pull_entry,
+            root,
+            remote,
+            entry,
+            identity=identity,
+            deadline=deadline,
+            stop=signals.stop,
+            trusted=trusted,
+        )
+        try:
+            outcome, moved = _call(remote, f"downloading {entry.entry}", download)
+        except (CacheMgrError, InterruptedError):
+            signals.check(
+                f"while pulling entry {entry.entry}; the transfer was abandoned and its partial files "
+                "removed, nothing was published"
+            )
+            raise
     verb = "downloaded" if outcome.published else "downloaded (already published here: kept that one)"
     _render_moves(args, [(entry.entry, moved, None)], verb=verb)
     return 0
@@ -241,7 +368,7 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
 
 
 def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, str]) -> int:
-    from cachemgr.remote.ops import list_remote, plan_remote_prune, remove
+    from cachemgr.remote.ops import plan_remote_prune, remove
 
     if args.damaged:
         raise UsageError(
@@ -250,8 +377,9 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
         )
     options = _remote_prune_options(args)
     compat = image_of(args, environ).require() if args.incompatible else None
-    remote = _open(args, environ)
-    listing = _call(remote, "listing", lambda: list_remote(remote))
+    bounded = _bounded(args, environ)
+    with _Signals() as signals:
+        listing = _listing(bounded, signals, deadline=time.monotonic() + bounded.config.budget)
     plan = plan_remote_prune(listing, compat=compat, **options)
     rows = [
         {"entry": i.entry, "upload": i.upload_id or "-", "size": human_bytes(i.size_bytes), "reason": i.why}
@@ -261,10 +389,11 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
         _render_remote_plan(args, rows, executed=False)
         if plan and not args.dry_run and not args.yes:
             raise UsageError(
-                f"prune --remote would remove {plural(len(plan), 'item')} from {remote.config.url}",
+                f"prune --remote would remove {plural(len(plan), 'item')} from {bounded.config.url}",
                 remedy="pass --yes to remove them, or --dry-run to only print the plan",
             )
         return 0
+    remote = _open(args, environ)  # small requests, the manifest first: a signal ends them as they are
     for item in plan:
         _call(remote, f"removing {item.entry}", partial(remove, remote, item))
     _render_remote_plan(args, rows, executed=True)

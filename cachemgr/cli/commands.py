@@ -314,8 +314,10 @@ def _add_push_command(sub: Any, name: str) -> None:
         sub,
         name,
         "upload published entries to the remote tier (manifest last)",
-        "Entries already in the remote are skipped. Exits 73 when the bucket is full, 74 when the\n"
-        "remote or the volume cannot be used.",
+        "Entries already in the remote are skipped. Each entry's upload ends at --budget: then\n"
+        "it is abandoned (no manifest goes up), one line says so, and push goes on with the next.\n"
+        "Exits 73 when the bucket is full, 74 when the remote or the volume cannot be used (also\n"
+        "when an entry ran out of its budget), 128+N on signal N (SIGINT, SIGTERM).",
         ["cachemgr push --remote s3://bucket/prod", "cachemgr push 661096f8"],
     )
     cmd.add_argument(
@@ -334,7 +336,8 @@ def _add_pull_command(sub: Any, name: str) -> None:
         name,
         "download an entry from the remote tier, check it, publish it here",
         "The download is checked against the remote manifest before it is published by the same\n"
-        "atomic rename a compile uses.",
+        "atomic rename a compile uses. It ends at --budget (exit 74) or on SIGINT/SIGTERM (128+N):\n"
+        "its partial files are removed then, and nothing is published.",
         ["cachemgr pull 661096f8", "cachemgr pull 661096f8 --remote s3://bucket/prod"],
     )
     cmd.add_argument(

@@ -337,3 +337,10 @@ def add_remote(parser: argparse.ArgumentParser, *, listing: bool = False) -> Non
         metavar="URL",
         help="the remote tier, s3://bucket/prefix [env CACHEMGR_REMOTE]",
     )
+    duration_option(
+        parser,
+        "--budget",
+        help="the most one entry's transfer may take (a pull's listing included): at it the transfer is "
+        "abandoned, nothing of it published, and the command goes on with the next entry "
+        "[default: CACHEMGR_REMOTE_BUDGET, 10m]",
+    )

@@ -183,21 +183,28 @@ class Interrupted(CacheMgrError):  # noqa: N818  # a clean stop, reported by its
 
     reason = "interrupted"
 
-    def __init__(self, signum: int, *, server_compiling: bool = False) -> None:
+    def __init__(
+        self,
+        signum: int,
+        *,
+        server_compiling: bool = False,
+        during: str | None = None,
+        remedy: str = "nothing to do: the next start resumes from the shared cache",
+    ) -> None:
+        """``during``: what a command other than ``run`` was doing and left behind (``push``,
+        ``pull``: "while pulling entry E; ..."), said after the signal's number and name."""
         self.signum = signum
         what = (
-            f"stopped by signal {signum} while the server compiled ({_signal_name(signum)}); the server was "
+            f"stopped by signal {signum} ({_signal_name(signum)}) {during}"
+            if during
+            else f"stopped by signal {signum} while the server compiled ({_signal_name(signum)}); the server was "
             "stopped before it served, nothing was published, and the compile's staging and lease are cleaned up"
             if server_compiling
             else f"stopped by signal {signum} before the server started ({_signal_name(signum)}); no server was "
             "started, and what this pod had begun on the volume, if anything (a compile's staging, a lease), "
             "is cleaned up"
         )
-        super().__init__(
-            what,
-            remedy="nothing to do: the next start resumes from the shared cache",
-            signum=signum,
-        )
+        super().__init__(what, remedy=remedy, signum=signum)
 
     @property
     def code(self) -> int:

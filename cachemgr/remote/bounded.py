@@ -58,8 +58,10 @@ class BoundedRemote:
     """:class:`cachemgr.remote.transfer.Remote`'s ``download`` and ``upload``, each in a child
     process that ends at ``deadline`` or when ``stop`` is set, whatever the store does."""
 
-    def __init__(self, config: RemoteConfig) -> None:
+    def __init__(self, config: RemoteConfig, *, budget_name: str = ENV_BUDGET) -> None:
+        """``budget_name``: what the budget's line names (a pod's variable; ``push``'s ``--budget``)."""
         self.config = config
+        self.budget_name = budget_name
 
     def download(
         self,
@@ -82,7 +84,7 @@ class BoundedRemote:
             "within": str(within),
             "doing": f"downloading key {key.short}",
         }
-        child = _Child(self.config, request, progress=progress)
+        child = _Child(self.config, request, progress=progress, budget_name=self.budget_name)
         done = child.run(deadline=deadline, stop=stop, what=f"entry {key.entry_name}", verb="deliver")
         if done is None:
             return None
@@ -108,20 +110,37 @@ class BoundedRemote:
             "force": force,
             "doing": f"uploading {entry_dir.name}",
         }
-        done = _Child(self.config, request).run(
+        done = _Child(self.config, request, budget_name=self.budget_name).run(
             deadline=deadline, stop=stop, what=f"the upload of {entry_dir.name}", verb="finish"
         )
         assert done is not None  # an upload always reports what it moved
         return _moved(done["moved"])
+
+    def listing(self, *, deadline: float | None, stop: StopFlag | None = None) -> dict[str, Any]:
+        """:func:`cachemgr.remote.ops.list_remote`'s listing as the child sends it (read back by
+        ``ops.listing_from_wire``), ended at ``deadline`` or on ``stop``: a listing is small, but a
+        store that trickles it holds its reads as it holds a download's."""
+        request = {"op": "list", "doing": "listing"}
+        done = _Child(self.config, request, budget_name=self.budget_name).run(
+            deadline=deadline, stop=stop, what="the listing of its entries", verb="finish"
+        )
+        assert isinstance(done, dict)  # a listing always reports one
+        return done
 
 
 class _Child:
     """One worker process: its request, what it reported, and how it ended."""
 
     def __init__(
-        self, config: RemoteConfig, request: dict[str, Any], *, progress: Progress | None = None
+        self,
+        config: RemoteConfig,
+        request: dict[str, Any],
+        *,
+        progress: Progress | None = None,
+        budget_name: str = ENV_BUDGET,
     ) -> None:
         self.config = config
+        self.budget_name = budget_name
         self.request = {**request, "config": _config_doc(config)}
         self.progress = progress
         self.planned: dict[str, int] | None = None
@@ -216,29 +235,35 @@ class _Child:
 
     def _over_budget(self, *, what: str, verb: str) -> client.RemoteError:
         where = self.config.url + (f" at {self.config.endpoint}" if self.config.endpoint else "")
+        op = self.request["op"]
         if self.planned is None:
-            left = (
-                "its manifest had not arrived" if self.request["op"] == "download" else "nothing was sent yet"
-            )
+            left = _NOTHING_YET[op]
         else:
-            done = "arrived" if self.request["op"] == "download" else "gone up"
+            done = "arrived" if op == "download" else "gone up"
             left = (
                 f"{human_bytes(self.moved)} of the {human_bytes(self.planned['bytes'])} of its "
                 f"{self.planned['files']} files had {done}"
             )
-        budget = f"{ENV_BUDGET}={self.config.budget:g}s"
-        abandoned = (
-            "the transfer was abandoned and its partial files removed"
-            if self.request["op"] == "download"
-            else "the upload was abandoned before its manifest, so no reader takes it"
-        )
+        budget = f"{self.budget_name}={self.config.budget:g}s"
         return client.RemoteError(
-            f"remote {where} did not {verb} {what} within {budget}: {left}; {abandoned}",
-            remedy=f"check the store's throughput and the network path to it (a slow gateway or proxy), or raise {ENV_BUDGET}",
+            f"remote {where} did not {verb} {what} within {budget}: {left}; {_ABANDONED[op]}",
+            remedy=f"check the store's throughput and the network path to it (a slow gateway or proxy), or raise {self.budget_name}",
             problem="budget",
             budget_s=self.config.budget,
             moved_bytes=self.moved,
         )
+
+
+_NOTHING_YET = {
+    "download": "its manifest had not arrived",
+    "upload": "nothing was sent yet",
+    "list": "the listing had not arrived whole",
+}
+_ABANDONED = {
+    "download": "the transfer was abandoned and its partial files removed",
+    "upload": "the upload was abandoned before its manifest, so no reader takes it",
+    "list": "the listing was abandoned",
+}
 
 
 def _rebuilt(error: dict[str, Any]) -> BaseException:

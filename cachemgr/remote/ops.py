@@ -4,10 +4,15 @@ The CLI (:mod:`cachemgr.cli.cmd_remote`) parses and renders; everything that rea
 the bucket is here. A listing reads each entry's manifest (a few hundred KiB at most) in
 parallel; an entry whose objects exist without a manifest is an upload cut short (or under
 way): listed apart, never taken, removed by ``prune --remote --stale-uploads`` once old.
+
+``push_entry`` and ``pull_entry`` move an entry through :class:`cachemgr.remote.bounded.BoundedRemote`
+(the transfer in a child process, killed at its deadline or on a signal), as a pod does; the CLI
+asks that child for the listing too (``listing_to_wire`` there, ``listing_from_wire`` here).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator, Sequence
@@ -23,7 +28,7 @@ from cachemgr.ops.scan import Compat
 from cachemgr.remote.client import RemoteDamageError
 from cachemgr.remote.hooks import download_and_publish
 from cachemgr.remote.layout import OBJECTS, check_upload_id
-from cachemgr.remote.transfer import Moved, Progress, Remote
+from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
@@ -31,6 +36,7 @@ from cachemgr.volume.store import PublishOutcome
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
+    from cachemgr.remote.bounded import BoundedRemote
 
 STALE_UPLOAD_AFTER = 86400.0  # objects without a manifest this old are a dead upload, not one under way
 
@@ -122,6 +128,23 @@ def list_remote(remote: Remote) -> RemoteListing:
     return RemoteListing(tuple(entries), tuple(uploads), tuple(warnings))
 
 
+def listing_to_wire(listing: RemoteListing) -> dict[str, Any]:
+    """A listing as the transfer's child sends it to ``push``/``pull`` (every field, as JSON)."""
+    return {
+        "entries": [dataclasses.asdict(e) for e in listing.entries],
+        "uploads": [dataclasses.asdict(u) for u in listing.uploads],
+        "warnings": list(listing.warnings),
+    }
+
+
+def listing_from_wire(doc: dict[str, Any]) -> RemoteListing:
+    return RemoteListing(
+        tuple(RemoteEntry(**e) for e in doc["entries"]),
+        tuple(StaleUpload(**u) for u in doc["uploads"]),
+        tuple(doc["warnings"]),
+    )
+
+
 def _list(remote: Remote, prefix: str) -> Iterator[dict[str, Any]]:
     paginator = remote.client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=remote.config.bucket, Prefix=prefix):
@@ -211,18 +234,20 @@ class PushResult:
 
 
 def push_entry(
-    remote: Remote,
+    remote: BoundedRemote,
     root: CacheRoot,
     name: str,
     *,
     identity: PodIdentity,
     force: bool,
-    progress: Progress | None = None,
+    deadline: float | None,
+    stop: StopFlag | None = None,
 ) -> Moved:
     """Upload one published entry after checking its files' sizes against its manifest.
 
-    The upload reads each file from the root, never through a link (a link planted after this
-    check is refused there): an UnsafePathError naming it.
+    The upload runs in the transfer's child, killed at ``deadline`` (a RemoteError, problem
+    ``budget``: no manifest went up) or on ``stop`` (InterruptedError). It reads each file from
+    the root, never through a link (a link planted after this check is refused there).
     """
     entry_dir = root.entries / name
     try:
@@ -236,7 +261,12 @@ def push_entry(
             remedy="'cachemgr verify --fix' moves it aside; the next start compiles it again",
         )
     return remote.upload(
-        entry_dir, within=root.path, uploaded_by=identity.to_json(), force=force, progress=progress
+        entry_dir,
+        within=root.path,
+        uploaded_by=identity.to_json(),
+        force=force,
+        deadline=deadline,
+        stop=stop,
     )
 
 
@@ -260,18 +290,30 @@ def key_of(entry: RemoteEntry) -> CacheKey:
 
 def pull_entry(
     root: CacheRoot,
-    remote: Remote,
+    remote: BoundedRemote,
     entry: RemoteEntry,
     *,
     identity: PodIdentity,
+    deadline: float | None,
+    stop: StopFlag | None = None,
     progress: Progress | None = None,
     trusted: TrustedKeys | None = None,
 ) -> tuple[PublishOutcome, Moved]:
     """Download, check and publish one remote entry here (as a pod's remote hit does; with
-    ``trusted`` keys, as a trusting pod's: RemoteUntrustedError unless one of them signed it)."""
+    ``trusted`` keys, as a trusting pod's: RemoteUntrustedError unless one of them signed it).
+
+    The download runs in the transfer's child, killed at ``deadline`` or on ``stop``; its staging
+    is removed then, and nothing is published."""
     key = key_of(entry)
     fetched = download_and_publish(
-        root, key, remote, identity=identity, deadline=None, progress=progress, trusted=trusted
+        root,
+        key,
+        remote,
+        identity=identity,
+        deadline=deadline,
+        stop=stop,
+        progress=progress,
+        trusted=trusted,
     )
     if fetched is None:
         raise NotFoundError(

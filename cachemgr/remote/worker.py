@@ -1,11 +1,12 @@
-"""The child process a pod's remote transfer runs in: ``python -m cachemgr.remote.worker``.
+"""The child process a remote transfer runs in: ``python -m cachemgr.remote.worker``.
 
-The pod (:mod:`cachemgr.remote.bounded`) writes one JSON request line on stdin and keeps stdin
-open; this process runs the transfer (:class:`cachemgr.remote.transfer.Remote`, unchanged) and
-writes JSON lines on stdout: ``planned`` (files and bytes, once known), ``moved`` (bytes so far,
-a few times a second), then ``done`` or ``error``. It holds no deadline of its own: the pod
-kills it at the budget or on SIGTERM. stdin's end means the pod is gone: this process exits
-at once, so no orphan keeps a connection to the store or writes into staging.
+The parent (:mod:`cachemgr.remote.bounded`: a pod, or ``push``/``pull``) writes one JSON request
+line on stdin and keeps stdin open; this process runs the transfer
+(:class:`cachemgr.remote.transfer.Remote`, unchanged) and writes JSON lines on stdout:
+``planned`` (files and bytes, once known), ``moved`` (bytes so far, a few times a second), then
+``done`` or ``error`` (a listing, op ``list``, only the last). It holds no deadline of its own:
+the parent kills it at the budget or on a signal. stdin's end means the parent is gone: this
+process exits at once, so no orphan keeps a connection to the store or writes into staging.
 """
 
 from __future__ import annotations
@@ -98,6 +99,12 @@ def _upload(request: dict[str, Any], remote: Remote, report: Reporter) -> dict[s
     return {"moved": _moved(moved)}
 
 
+def _list(remote: Remote) -> dict[str, Any]:
+    from cachemgr.remote.ops import list_remote, listing_to_wire
+
+    return listing_to_wire(list_remote(remote))
+
+
 def _moved(moved: Moved) -> dict[str, Any]:
     """As the pod rebuilds it (``Moved(**doc)``): every field, none spelled out."""
     return dataclasses.asdict(moved)
@@ -143,9 +150,12 @@ def main() -> int:
         from cachemgr.remote.transfer import Remote
 
         remote = Remote(config)
+        op = request["op"]
         done = (
             _download(request, remote, report)
-            if request["op"] == "download"
+            if op == "download"
+            else _list(remote)
+            if op == "list"
             else _upload(request, remote, report)
         )
     except BaseException as error:  # noqa: BLE001  # every failure goes to the pod, which decides
