@@ -42,3 +42,19 @@ def test_plain_test_processes_running_at_once_draw_ports_from_blocks_of_their_ow
     blocks = [{port // 1000 for port in ports} for ports in drawn]
     assert all(len(block) == 1 for block in blocks), blocks
     assert len(set().union(*blocks)) == 4, blocks
+
+
+def test_ports_drawn_from_many_threads_at_once_are_all_distinct() -> None:
+    """test_guide starts pods from a thread pool: free_port is called concurrently."""
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from cachemgr_testkit.podlib import free_port\n"
+        "with ThreadPoolExecutor(8) as pool:\n"
+        "    ports = list(pool.map(lambda _: free_port(), range(200)))\n"
+        "assert len(set(ports)) == 200, ports\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr

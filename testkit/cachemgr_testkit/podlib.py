@@ -21,6 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -148,8 +149,16 @@ def _port_sequence() -> Iterator[int]:
             yield low + (start + offset) % _PORT_BLOCK
 
 
+_ports_lock = threading.Lock()  # tests draw ports from threads too (test_guide's pool)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now, for a server that binds it later."""
+    with _ports_lock:
+        return _free_port()
+
+
+def _free_port() -> int:
     global _ports  # noqa: PLW0603  # one sequence per process: no port is handed out twice
     if _ports is None:
         _ports = _port_sequence()
