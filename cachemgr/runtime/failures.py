@@ -125,6 +125,7 @@ def compile_ended(
     *,
     relay: launcher.SignalRelay,
     what: str,
+    key: CacheKey,
     compile_only_ok: bool = False,
 ) -> None:
     """Turn how a compile ended into the right error, or return when it succeeded."""
@@ -149,7 +150,7 @@ def compile_ended(
     raise CompileError(
         f"the {what} {how}; nothing was published",
         remedy=remedy
-        or "read its output above (the last lines are kept: cachemgr show KEY); the next start retries",
+        or f"read its output above (the last lines are kept: cachemgr show {key.short}); the next start retries",
         exit_status=status,
     )
 

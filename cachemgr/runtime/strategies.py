@@ -218,7 +218,7 @@ class CommandStrategy(Strategy):
             if code is None:
                 launcher.terminate_tree(child)
             watch.join()
-            failures.compile_ended(code, watch, relay=pod.relay, what="compile command")
+            failures.compile_ended(code, watch, relay=pod.relay, what="compile command", key=key)
             self._stop_progress(staged=staging.artifacts)
             self._check_loadable(key, staging, serving=False)
             self.publish(root, key, staging, lease, seconds=time.monotonic() - started)
@@ -285,7 +285,9 @@ class VllmStrategy(Strategy):
             if not healthy.is_set():
                 watch.join()
                 # A compile-only server (VLLM_RBLN_COMPILE_ONLY=1) exits 0 once its artifacts are saved.
-                failures.compile_ended(code, watch, relay=pod.relay, what="server", compile_only_ok=True)
+                failures.compile_ended(
+                    code, watch, relay=pod.relay, what="server", key=key, compile_only_ok=True
+                )
             self._stop_progress(staged=staging.artifacts)
             if self._check_loadable(key, staging, serving=healthy.is_set() and not pod.options.warm):
                 self.publish(root, key, staging, lease, seconds=time.monotonic() - started)
