@@ -696,6 +696,22 @@ def test_a_trusting_pod_on_a_read_only_mount_serves_a_signed_hit_and_writes_noth
     assert _tree(root) == before, "the read-only pod changed nothing on the volume"
 
 
+def test_an_open_pod_on_a_read_only_mount_is_told_to_run_a_warm_job_not_a_signing_builder(
+    pods: Cluster, root: Path, readonly_bind: Any
+) -> None:
+    record = pods.work / "compiler.jsonl"
+    waiter = pods.start(
+        "ro-open", server_argv(free_port()), cache_root=readonly_bind(root), options=_options(record)
+    )
+    waiter.wait_phase("waiting")
+    (said,) = _events(waiter, "waiting_for_publisher")
+    assert "read-only" in said["reason"], said
+    assert "signing key" not in said["note"], said
+    assert "warm Job" in said["note"], said
+    waiter.signal(signal.SIGTERM)
+    assert waiter.wait_exit() == 143
+
+
 def test_a_read_only_pod_with_usage_mounted_writable_records_its_use_and_prune_keeps_the_entry(
     pods: Cluster, root: Path, signing: dict[str, tuple[SecretKey, Path]], readonly_bind: Any
 ) -> None:

@@ -61,7 +61,11 @@ class Waiting:
                 entry=key.entry_name,
                 reason=why,
                 on_miss=self.pod.options.on_miss,
-                note="run the builder (a warm Job with the signing key) for this configuration"
+                note=(
+                    "run the builder (a warm Job with the signing key) for this configuration"
+                    if self.pod.options.trusted
+                    else "run a warm Job for this configuration where the volume is writable"
+                )
                 if until_published
                 else "fails unless a compile is under way",
             )
