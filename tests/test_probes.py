@@ -347,6 +347,23 @@ def test_probes_without_a_state_record_fail_and_say_why(tmp_path: Path) -> None:
         assert "CACHEMGR_STATE_DIR" in line
 
 
+def test_probes_of_a_state_dir_that_is_a_file_or_unreadable_say_which_variable_to_fix(tmp_path: Path) -> None:
+    a_file = tmp_path / "state-file"
+    a_file.write_text("")
+    passed, line = probe(a_file, "startup")
+    assert not passed
+    assert "is not a directory" in line, line
+    assert "CACHEMGR_STATE_DIR" in line, line
+    assert "[Errno" not in line, line
+    record = tmp_path / "dir" / "state.json"
+    record.parent.mkdir()
+    record.mkdir()  # a folder where the record should be: EISDIR
+    passed, line = probe(record.parent, "live")
+    assert not passed
+    assert "CACHEMGR_STATE_DIR" in line, line
+    assert "[Errno" not in line, line
+
+
 def test_status_port_in_use_is_a_config_error(tmp_path: Path, root: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))  # as the status server binds

@@ -154,8 +154,17 @@ def _load(state_dir: Path) -> tuple[State | None, str]:
             f"no state record at {state_dir / STATE_FILE}: cachemgr run has not started yet, "
             "or it uses another --state-dir (CACHEMGR_STATE_DIR)"
         )
+    except NotADirectoryError:
+        return None, (
+            f"{state_dir} is not a directory: set CACHEMGR_STATE_DIR (or --state-dir) to the folder "
+            "cachemgr run writes its state record in, as the pod's run does"
+        )
     except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as error:
-        return None, f"cannot read {state_dir / STATE_FILE}: {error}"
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        return None, (
+            f"cannot read {state_dir / STATE_FILE}: {reason}; it is cachemgr run's own record: "
+            "check CACHEMGR_STATE_DIR (or --state-dir) names the pod's state folder"
+        )
 
 
 def _ended(state: State) -> str | None:
@@ -167,7 +176,7 @@ def _ended(state: State) -> str | None:
         return None
     if detail.get("published"):
         return "stopped: the entry is published and this run serves nothing (warm)"
-    return f"stopped: the server exited with code {detail.get('exit_code', '?')}; cachemgr is exiting"
+    return f"stopped: the server exited with code {detail.get('exit_code', '?')}; cachemgr run ends with it"
 
 
 def _dead(state: State) -> str | None:
