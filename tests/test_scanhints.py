@@ -127,6 +127,23 @@ def test_rows_that_do_not_check_out_are_read_afresh(tmp_path: Path) -> None:
     assert _shown(root, hints=True) == plain
 
 
+@pytest.mark.parametrize("stamp", [5, 1.5, True])
+def test_a_row_whose_stamp_is_not_a_list_is_read_afresh_never_a_crash(tmp_path: Path, stamp: object) -> None:
+    """Adversarial pass: a planted ``"stamp": 5`` made every ls and du (and the status port's volume
+    figures) fail with a TypeError, exit 70; in an entry's row and in a usage folder's."""
+    root = _volume(tmp_path)
+    _shown(root, hints=True)
+    path = root.path / scanhints.HINTS_NAME
+    data = json.loads(path.read_text())
+    for rows in (data["entries"], data["usage"]):
+        for row in rows.values():
+            row["stamp"] = stamp
+    path.write_text(json.dumps(data))
+    plain = _shown(root, hints=False)
+    assert _shown(root, hints=True) == plain
+    assert _shown(root, hints=True) == plain, "and the file the scan rewrote is read as well"
+
+
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "huge", "garbage", "directory"])
 def test_a_hints_file_that_is_not_one_is_ignored_and_never_followed(tmp_path: Path, kind: str) -> None:
     root = _volume(tmp_path)

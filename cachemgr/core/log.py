@@ -15,11 +15,12 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from cachemgr.core.errors import ConfigError
+from cachemgr.core.printable import safe
 
 LogFormat = Literal["json", "console"]
 # The stdlib logging levels, without importing logging (~15 ms) for four numbers.
@@ -137,6 +138,22 @@ def release() -> None:
             _SINK.write(record)
 
 
+# Rendered as they are: a traceback's lines (cachemgr's own text) and the timestamp.
+_UNESCAPED = frozenset({"exception", "stack", "timestamp"})
+
+
+def escape_fields(_logger: Any, _method: str, fields: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console events only: every string field escaped (core.printable). Fields carry what the
+    volume holds (a lease holder's pod name, a use record's, an entry's name), and structlog's
+    console renderer writes a string without a newline as it is: an ANSI escape planted in a
+    ``.holder.json`` would reach the terminal of whoever runs cachemgr there. JSON needs none of
+    this: its renderer writes ASCII only."""
+    for name, value in fields.items():
+        if isinstance(value, str) and name not in _UNESCAPED and not value.isprintable():
+            fields[name] = safe(value)
+    return fields
+
+
 def _structlog_logger(fmt: LogFormat, level: int) -> Any:
     import structlog  # the costly import, paid at the first written event (see the module doc)
 
@@ -149,6 +166,7 @@ def _structlog_logger(fmt: LogFormat, level: int) -> Any:
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.format_exc_info,
+            *([] if fmt == "json" else [escape_fields]),
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),

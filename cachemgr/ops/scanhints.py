@@ -50,6 +50,13 @@ def stamp_of(st: os.stat_result) -> Stamp:
     return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def row_stamp(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A row's stamp as a tuple to compare with a listing's; ``()`` (matching none) for anything
+    but a list: the file is anyone's to write, and a ``"stamp": 5`` made ls and du exit 70."""
+    stamp = row.get("stamp")
+    return tuple(stamp) if isinstance(stamp, list) else ()
+
+
 def listing(fd: int | None) -> dict[str, Stamp]:
     """The real directories in the layout directory open as ``fd``, with their stamps."""
     if fd is None:
@@ -84,11 +91,7 @@ class Hints:
         whose hinted summary passes ``check`` (the scan's own check of a summary it reads)."""
         for name, seen in sorted(self.listed.items()):
             row = self.entries.get(name)
-            if (
-                row is None
-                or tuple(row.get("stamp") or ()) != seen
-                or not isinstance(row.get("summary"), dict)
-            ):
+            if row is None or row_stamp(row) != seen or not isinstance(row.get("summary"), dict):
                 continue
             checked = check(dict(row["summary"]), name)
             if isinstance(checked, dict):
@@ -110,7 +113,7 @@ class Hints:
         """A usage folder without use records as hinted, if it did not change: its time (the
         folder's mtime, as a read takes it), its recompile marks and its ended starts."""
         row = self.folders.get(digest)
-        if row is None or tuple(row.get("stamp") or ()) != seen:
+        if row is None or row_stamp(row) != seen:
             return None
         recompiled, starts, waited = row.get("recompiled"), row.get("starts"), row.get("waited")
         if not isinstance(recompiled, int) or recompiled < 0 or not isinstance(starts, dict):
@@ -196,11 +199,9 @@ def save(root: CacheRoot, hints: Hints | None, *, read: int) -> None:
     if hints is None or read < REWRITE_AFTER:
         return
     entries, usage = hints.listed, hints.usage_listed
-    rows = {
-        n: r for n, r in hints.entries.items() if n in entries and tuple(r.get("stamp") or ()) == entries[n]
-    }
+    rows = {n: r for n, r in hints.entries.items() if n in entries and row_stamp(r) == entries[n]}
     rows.update(hints.fresh)
-    used = {d: r for d, r in hints.folders.items() if d in usage and tuple(r.get("stamp") or ()) == usage[d]}
+    used = {d: r for d, r in hints.folders.items() if d in usage and row_stamp(r) == usage[d]}
     used.update(hints.fresh_usage)
     data = {"format": FORMAT, "entries": rows, "usage": used}
     # Compact: 5 MB for 10,000 entries, written in 40 ms (indented: 7.6 MB, 200 ms).

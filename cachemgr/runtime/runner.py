@@ -240,7 +240,7 @@ class Runner:
         try:
             self._set_aside = server_failures.should_set_aside(
                 self, root, key, found, after=after
-            ) and server_failures.set_aside(self, root, key, found, after=after)
+            ) and server_failures.set_aside(root, key, found, after=after)
         except (OSError, CacheMgrError) as error:  # a link planted in usage/ or quarantine/: serve the hit
             log.warning("server_failure_policy_skipped", key=key.short, error=str(error))
             self._set_aside = True  # once per start: not again on the next lookup

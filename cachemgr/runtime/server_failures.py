@@ -139,11 +139,14 @@ def should_set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *,
     return True
 
 
-def set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *, after: int) -> bool:
+def set_aside(root: CacheRoot, key: CacheKey, found: Lookup, *, after: int) -> bool:
     """Move the entry to quarantine with the reason (True: the caller then compiles afresh).
 
     As prune does: a pod that registered its use between the check and the move (a rollout's
     replicas start together) gets the entry back, put back where it was before it can miss it.
+    Any use record counts then, silent ones too: :func:`should_set_aside` saw none, and a pod on a
+    node whose clock is off by more than the in-use window writes one this node reads as silent
+    (on JuiceFS a record's mtime is the writing client's clock).
     """
     from cachemgr.core import safefs
     from cachemgr.volume.store import quarantine
@@ -153,11 +156,11 @@ def set_aside(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, *, after:
     if moved is None:
         return False  # another pod moved it first: look again
     usage = read_usage(root, key.digest)
-    if usage.live:
+    if usage.live or usage.silent:
         safefs.rename(root.path, moved, found.path)
         with contextlib.suppress(OSError):
             safefs.unlink(root.path, moved.with_name(moved.name + ".reason.json"))
-        users = ", ".join(u.pod for u in usage.live)
+        users = ", ".join(u.pod for u in (*usage.live, *usage.silent))
         log.warning(
             "server_failure_not_set_aside",
             key=key.short,

@@ -122,21 +122,38 @@ def read_holder(root: CacheRoot, digest: str) -> Holder | None:
         data = {}
     if not isinstance(data, dict):
         data = {}
-    token = data.get("token")
+    # Anyone who can write the volume writes this record: a field of the wrong type reads as
+    # absent (a "pid": "abc" once made every waiting pod, ls and locks exit 70).
+    token = _text(data.get("token")) or None
     return Holder(
-        pod=str(data.get("pod") or marker.host or "?"),
-        node=str(data.get("node", "")),
-        pid=int(data.get("pid") or marker.pid or 0),
-        host=str(data.get("host") or marker.host or ""),
-        since=float(data.get("since") or time.time() - age),
+        pod=_text(data.get("pod")) or marker.host or "?",
+        node=_text(data.get("node")),
+        pid=_pid(data.get("pid")) or marker.pid or 0,
+        host=_text(data.get("host")) or marker.host or "",
+        since=_when(data.get("since")) or time.time() - age,
         token=token,
         current=token is not None and token == marker.token,
         refreshed_age=age,
         duration=marker.duration,
         confirm=marker.confirm,
         gone=holder_gone(marker),
-        entry=str(data.get("entry") or ""),
+        entry=_text(data.get("entry")),
     )
+
+
+def _text(value: Any) -> str:
+    return value[:253] if isinstance(value, str) else ""  # a pod or node name is at most 253
+
+
+def _pid(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 31 else 0
+
+
+def _when(value: Any) -> float:
+    """A time in seconds since the epoch; 0 for anything else (nan, inf, a string, garbage)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if 0 < value < 1e11 else 0.0
 
 
 WaitOutcome = Literal["acquired", "published"]

@@ -170,7 +170,9 @@ def parse_manifest(raw: bytes, *, path: Path) -> Manifest:
         raise ManifestError(f"{path} is not valid JSON ({error})") from None
     try:
         return _from_json(data)
-    except (KeyError, TypeError, ValueError, OverflowError) as error:
+    # AttributeError: a file record that is not an object ("files": ["x"], planted on the volume
+    # or in the bucket) has no .get; it made every pod that hit the entry exit 70.
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as error:
         raise ManifestError(f"{path} is not a cachemgr manifest ({error!r})") from None
 
 
