@@ -651,3 +651,21 @@ def test_the_last_used_mark_is_never_touched_through_a_swapped_folder(tmp_path: 
     with safefs.open_dir(root, root / "usage" / "d") as fd:  # the real folder: made, then refreshed
         touch_at(fd, "last-used")
     assert (root / "usage" / "d" / "last-used").is_file()
+
+
+def test_a_trashed_folder_swapped_for_a_link_is_not_read_through(tmp_path: Path) -> None:
+    """prune reads a trash leftover's key to keep it for a live user: from its folder reached
+    without a link, so a link swapped in after the listing cannot make it read outside the root."""
+    from cachemgr.ops.prune_plan import _trashed_key
+
+    (tmp_path / "cache").mkdir()
+    root = open_root(tmp_path / "cache", create=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    atomic_write_json(outside / "summary.json", {"key": "f" * 32})
+    real = root.trash / "real"
+    real.mkdir()
+    atomic_write_json(real / "summary.json", {"key": "a" * 32})
+    assert _trashed_key(root, real) == "a" * 32
+    (root.trash / "swapped").symlink_to(outside)
+    assert _trashed_key(root, root.trash / "swapped") is None

@@ -324,7 +324,7 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
         age = now - st.st_ctime
         if age < TRASH_GRACE:
             continue
-        key = _trashed_key(path)
+        key = _trashed_key(root, path)
         if key and has_users(root, key):
             kept.append((f"trash/{path.name}", "a pod uses it: a prune died before renaming it back"))
             continue
@@ -339,12 +339,18 @@ def has_users(root: CacheRoot, key: str) -> bool:
     return bool(usage.live or observe(usage.silent))
 
 
-def _trashed_key(path: Path) -> str | None:
-    for name in ("summary.json", "key.json"):
-        with contextlib.suppress(OSError, ValueError):
-            data = read_json(path / name)
-            if isinstance(data, dict) and isinstance(data.get("key"), str):
-                return str(data["key"])
+def _trashed_key(root: CacheRoot, path: Path) -> str | None:
+    """The key of a trashed entry or attempt, read from its folder reached without a link (one
+    swapped in since the listing is refused, never read through)."""
+    try:
+        with safefs.open_dir(root.path, path) as fd:
+            for name in ("summary.json", "key.json"):
+                with contextlib.suppress(OSError, ValueError):
+                    data = read_json(Path(name), dir_fd=fd)
+                    if isinstance(data, dict) and isinstance(data.get("key"), str):
+                        return str(data["key"])
+    except (OSError, safefs.UnsafePathError):
+        return None
     return None
 
 
