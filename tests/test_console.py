@@ -651,9 +651,15 @@ def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signu
     and leave its four pods compiling and serving on their ports, for good."""
     work = tmp_path / "demo"
     log = tmp_path / "demo.log"
+    # A pytest-xdist worker ignores SIGINT, and an ignored signal stays ignored across exec (Python
+    # then installs no KeyboardInterrupt handler): give the demo the SIGINT a shell's child has.
+    interruptible = (
+        "import signal, sys, runpy; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'cachemgr'; runpy.run_module('cachemgr', run_name='__main__')"
+    )
     with log.open("wb") as out:
         demo = subprocess.Popen(
-            [sys.executable, "-m", "cachemgr", "demo", "--dir", str(work), "--compile-seconds", "60"],
+            [sys.executable, "-c", interruptible, "demo", "--dir", str(work), "--compile-seconds", "60"],
             stdout=out, stderr=out, stdin=subprocess.DEVNULL, cwd=tmp_path,
             env={**{k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")},
                  "CACHEMGR_LOG_FORMAT": "console" if signum == signal.SIGTERM else "json"},
