@@ -95,9 +95,8 @@ class Runner:
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
         self.read_only = False  # the volume cannot be written by this pod (set once it is opened)
-        self.records_use = (
-            True  # it can write use records (usage/ writable: its own mount on a read-only one)
-        )
+        # It can write use records: the volume is writable, or its usage/ is (a mount of its own).
+        self.records_use = True
         self._set_aside = False  # --on-server-failure moved the entry aside: at most once per start
 
     # --- the flow ---------------------------------------------------------------------
