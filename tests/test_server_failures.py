@@ -15,23 +15,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, wait_for
-from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv, vllm_argv
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, served_entry, server_argv, vllm_argv
 
 from cachemgr.volume import serverfail
 
 
 def _env(pods: Cluster, root: Path) -> dict[str, str]:
     return {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}
-
-
-def _published(pods: Cluster, root: Path) -> Path:
-    """One entry, compiled by a pod whose server then serves and stops cleanly."""
-    pod = pods.start("compiler", vllm_argv(free_port()), cache_root=root)
-    pod.wait_phase("serving")
-    pod.signal(signal.SIGTERM)
-    assert pod.wait_exit() == 0
-    (entry,) = entry_dirs(root)
-    return entry
 
 
 def _fail(pods: Cluster, root: Path, name: str, code: str, *, options: tuple[str, ...] = ()) -> int:
@@ -46,7 +36,7 @@ def _key(entry: Path) -> str:
 
 
 def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Cluster, root: Path) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     key = _key(entry)
     assert _fail(pods, root, "bad-1", "3") == 3, "the pod exits with the server's own code"
     term = (pods.work / "pods" / "bad-1" / "termination-log").read_text()
@@ -90,7 +80,7 @@ def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Clus
 
 def test_a_hit_whose_server_starts_never_imports_the_server_failure_code(pods: Cluster, root: Path) -> None:
     """The records are read and written only for a server that failed: a good hit pays nothing."""
-    _published(pods, root)
+    served_entry(pods, root)
     pod = pods.start("hit", vllm_argv(free_port()), cache_root=root, env={"PYTHONPROFILEIMPORTTIME": "1"})
     pod.wait_phase("serving")
     pod.signal(signal.SIGTERM)
@@ -101,7 +91,7 @@ def test_a_hit_whose_server_starts_never_imports_the_server_failure_code(pods: C
 
 
 def test_prune_key_removes_one_local_entry_and_never_one_in_use(pods: Cluster, root: Path) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     key = _key(entry)
     env = _env(pods, root)
     refused = run_cli("prune", "--yes", env=env)
@@ -126,7 +116,7 @@ def test_prune_key_removes_one_local_entry_and_never_one_in_use(pods: Cluster, r
 
 
 def test_set_aside_after_n_exits_from_any_pods_compiles_afresh_once(pods: Cluster, root: Path) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     policy = ("--on-server-failure", "set-aside-after", "2")
     assert _fail(pods, root, "bad-1", "3") == 3
     # One recorded exit: below N, so this pod (with the policy) still uses the entry, and fails.
@@ -178,7 +168,7 @@ def test_a_bad_policy_is_one_line_with_its_code(pods: Cluster, root: Path) -> No
 
 
 def test_records_are_hostile_ground_bounded_escaped_and_skipped(pods: Cluster, root: Path) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     key = _key(entry)
     env = _env(pods, root)
     folder = root / "usage" / key
@@ -237,7 +227,7 @@ def test_writers_bound_lines_records_and_the_count(root: Path) -> None:
 def test_a_read_only_volume_records_nothing_and_says_so(
     pods: Cluster, root: Path, readonly_bind: Callable[[Path], Path]
 ) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     ro = readonly_bind(root)
     pod = pods.start("ro", vllm_argv(free_port()), cache_root=ro, env={"STANDIN_EXIT_ON_LOAD": "3"})
     assert pod.wait_exit() == 3
@@ -247,7 +237,7 @@ def test_a_read_only_volume_records_nothing_and_says_so(
 
 
 def test_the_pods_metrics_count_it_across_a_container_restart(pods: Cluster, root: Path) -> None:
-    _published(pods, root)
+    served_entry(pods, root)
     port = free_port()
     bad = pods.start(
         "pod", vllm_argv(free_port()), cache_root=root, options=("--status-port", str(port)),
@@ -290,7 +280,7 @@ def test_planted_names_claiming_the_future_never_push_out_a_real_record(root: Pa
 
 def test_an_old_failure_of_an_earlier_copy_does_not_block_setting_aside(pods: Cluster, root: Path) -> None:
     """A copy that failed with exit 3 long ago is no evidence against today's copy failing with 3."""
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     key = _key(entry)
     folder = root / "usage" / key
     long_ago = {
@@ -312,7 +302,7 @@ def test_an_old_failure_of_an_earlier_copy_does_not_block_setting_aside(pods: Cl
 def test_a_link_planted_as_the_usage_folder_never_stops_a_hit_under_the_policy(
     pods: Cluster, root: Path, tmp_path: Path
 ) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     folder = root / "usage" / _key(entry)
     for record in folder.iterdir():
         record.unlink()

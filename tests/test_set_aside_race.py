@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from pathlib import Path
 
-from cachemgr_testkit.podlib import Cluster, free_port
-from cachemgr_testkit.scenarios import entry_dirs, vllm_argv
+from cachemgr_testkit.podlib import Cluster
+from cachemgr_testkit.scenarios import served_entry
 
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.key.serving import ServerCommand
@@ -30,15 +29,6 @@ from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 from cachemgr.volume.records import read_usage, register_use
 from cachemgr.volume.store import Lookup
-
-
-def _published(pods: Cluster, root: Path) -> Path:
-    pod = pods.start("compiler", vllm_argv(free_port()), cache_root=root)
-    pod.wait_phase("serving")
-    pod.signal(signal.SIGTERM)
-    assert pod.wait_exit() == 0
-    (entry,) = entry_dirs(root)
-    return entry
 
 
 def _key(entry: Path) -> CacheKey:
@@ -51,7 +41,7 @@ def _key(entry: Path) -> CacheKey:
 def test_a_pod_on_a_skewed_node_that_registers_during_the_set_aside_keeps_its_entry(
     pods: Cluster, root: Path
 ) -> None:
-    entry = _published(pods, root)
+    entry = served_entry(pods, root)
     key = _key(entry)
     cache = open_root(root, create=False)
     assert not read_usage(cache, key.digest).live, "the compiler has stopped: nobody uses it"

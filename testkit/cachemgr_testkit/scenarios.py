@@ -57,6 +57,16 @@ def entry_dirs(root: Path) -> list[Path]:
     return sorted(p for p in entries.iterdir() if p.is_dir()) if entries.is_dir() else []
 
 
+def served_entry(pods: Cluster, root: Path) -> Path:
+    """One entry, compiled by a pod (the stand-in vLLM server) that then serves and stops cleanly."""
+    pod = pods.start("compiler", vllm_argv(free_port()), cache_root=root)
+    pod.wait_phase("serving")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0
+    (entry,) = entry_dirs(root)
+    return entry
+
+
 def compiles(record: Path) -> int:
     return sum(1 for event in read_jsonl(record) if event.get("event") == "compile")
 
