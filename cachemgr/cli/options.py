@@ -341,6 +341,6 @@ def add_remote(parser: argparse.ArgumentParser, *, listing: bool = False) -> Non
         parser,
         "--budget",
         help="the most one entry's transfer may take (a pull's listing included): at it the transfer is "
-        "abandoned, nothing of it published, and the command goes on with the next entry "
+        "abandoned and nothing of it published (push goes on with the next entry) "
         "[default: CACHEMGR_REMOTE_BUDGET, 10m]",
     )
