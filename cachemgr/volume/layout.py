@@ -103,11 +103,10 @@ def is_writable_folder(path: Path) -> bool:
     """``path`` is a real folder (no link) this pod can write: ``usage/`` mounted read-write over a
     read-only volume (the chart's ``trust.recordUse``). Missing or unreadable: False."""
     try:
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            return False
-        return not os.statvfs(path).f_flag & os.ST_RDONLY and os.access(path, os.W_OK)
+        folder = stat.S_ISDIR(os.lstat(path).st_mode)
     except OSError:
         return False
+    return folder and not is_read_only(path)
 
 
 def open_root(path: Path, *, create: bool) -> CacheRoot:
