@@ -30,7 +30,7 @@ from typing import IO, Any, Literal
 from cachemgr.core.errors import ConfigError, Interrupted
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.procs import Flag, StopFlag
-from cachemgr.runtime.output import TAIL_LINES, LineKeeper, Pump, Tail
+from cachemgr.runtime.output import LINE_BYTES, TAIL_LINES, ChildStreams
 
 # What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT),
 # in lower case: the output pump looks for them in the lowered bytes (bytes.find, no regex: it
@@ -151,24 +151,20 @@ class SignalRelay:
                 os.kill(child.pid, signum)
 
 
-class OutputWatch:
+class OutputWatch(ChildStreams):
     """Pumps a child's stdout and stderr to ours in bounded chunks (cachemgr.runtime.output),
     keeps a bounded tail of its lines, and spots disk-full messages."""
 
     def __init__(self, child: subprocess.Popen[bytes], *, tail_lines: int = TAIL_LINES) -> None:
-        self._tail = Tail(lines=tail_lines)
         self.disk_full = threading.Event()
-        self._pumps = [
-            Pump(stream, sink, LineKeeper(self._tail, DISK_FULL_PHRASES), self._tail)
-            for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
-            if stream is not None
-        ]
-        self._threads = [
-            threading.Thread(target=pump.run, args=(self.disk_full,), daemon=True, name="cachemgr-output")
-            for pump in self._pumps
-        ]
-        for thread in self._threads:
-            thread.start()
+        super().__init__(
+            child,
+            lines=tail_lines,
+            line_bytes=LINE_BYTES,
+            phrases=DISK_FULL_PHRASES,
+            name="cachemgr-output",
+            disk_full=self.disk_full,
+        )
 
     @property
     def lines(self) -> int:

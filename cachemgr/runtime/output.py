@@ -299,29 +299,53 @@ SERVER_TAIL_LINES = 20  # a server's last lines kept for the failure it may end 
 SERVER_TAIL_LINE_BYTES = 400  # each cut here: a 60 MB line without a newline stays 400 bytes
 
 
-class ServerOutput:
-    """Passes a server's stdout and stderr on to ours, keeping its last lines: the same
-    :class:`Pump` and :class:`LineKeeper` as a compile's output, with a shorter tail
-    (:data:`SERVER_TAIL_LINES` of :data:`SERVER_TAIL_LINE_BYTES`) and no disk-full phrases.
+class ChildStreams:
+    """A child's stdout and stderr, each read on a thread of its own by a :class:`Pump` (passed on
+    to ours) into one :class:`Tail`: a compile's (:class:`cachemgr.runtime.launcher.OutputWatch`)
+    and a server's (:class:`ServerOutput`), sized by the caller."""
 
-    A thread per stream waits in the kernel, not in Python. A stream that is a terminal is not
-    piped at all (:func:`cachemgr.runtime.launcher.start` with ``capture="tail"``): a person
-    reading it sees the server's own output, and the server still sees its terminal.
-    """
-
-    def __init__(self, child: subprocess.Popen[bytes]) -> None:
-        self._tail = Tail(lines=SERVER_TAIL_LINES)
+    def __init__(
+        self,
+        child: subprocess.Popen[bytes],
+        *,
+        lines: int,
+        line_bytes: int,
+        phrases: Sequence[bytes],
+        name: str,
+        disk_full: threading.Event | None = None,
+    ) -> None:
+        self._tail = Tail(lines=lines)
         self._pumps = [
-            Pump(stream, sink, LineKeeper(self._tail, (), line_bytes=SERVER_TAIL_LINE_BYTES), self._tail)
+            Pump(stream, sink, LineKeeper(self._tail, phrases, line_bytes=line_bytes), self._tail)
             for stream, sink in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))
             if stream is not None
         ]
         self._threads = [
-            threading.Thread(target=pump.run, daemon=True, name="cachemgr-server-output")
+            threading.Thread(target=pump.run, args=(disk_full,), daemon=True, name=name)
             for pump in self._pumps
         ]
         for thread in self._threads:
             thread.start()
+
+
+class ServerOutput(ChildStreams):
+    """Passes a server's stdout and stderr on to ours, keeping its last lines: a shorter tail
+    (:data:`SERVER_TAIL_LINES` of :data:`SERVER_TAIL_LINE_BYTES`) than a compile's, and no
+    disk-full phrases.
+
+    A stream that is a terminal is not piped at all (:func:`cachemgr.runtime.launcher.start`
+    with ``capture="tail"``): a person reading it sees the server's own output, and the server
+    still sees its terminal.
+    """
+
+    def __init__(self, child: subprocess.Popen[bytes]) -> None:
+        super().__init__(
+            child,
+            lines=SERVER_TAIL_LINES,
+            line_bytes=SERVER_TAIL_LINE_BYTES,
+            phrases=(),
+            name="cachemgr-server-output",
+        )
 
     def lines(self) -> list[str]:
         """The last lines, and any line still open (the streams may not have ended: the server's
