@@ -126,11 +126,11 @@ REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "null in the args": ({"decode": {"args": ["vllm", "serve", "m", None]}}, ["/decode/args/3"]),
     "chart-owned env": (
         {"extraEnv": [{"name": "CACHEMGR_ROLE", "value": "x"}]},
-        ["/extraEnv/0/name", "not one the chart sets"],
+        ["/extraEnv/0/name", "a variable the chart does not set itself"],
     ),
     "chart-owned env of a role": (
         {"prefill": {"extraEnv": [{"name": "CACHEMGR_TRUSTED_KEYS", "value": ""}]}},
-        ["/prefill/extraEnv/0/name", "not one the chart sets"],
+        ["/prefill/extraEnv/0/name", "a variable the chart does not set itself"],
     ),
     "a pinned compiler version": (
         {"decode": {"extraEnv": [{"name": "CACHEMGR_COMPILER_VERSION", "value": "0.12"}]}},
