@@ -196,11 +196,11 @@ def test_recompiled_on_hit_ignores_tmp_files_and_modelinfos(tmp_path: Path) -> N
     # the bundle re-saved at its own path with the bytes it was published with: the same graphs
     record = FileRecord(f"artifacts/{bundle}", 1, hash_file(view / bundle))
     manifest = Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm")
-    assert new_artifacts(view, manifest) == []
+    assert new_artifacts(view, manifest).compiled == []
     for rel in ("rbln/m-1/other/rank0/mega_cache.bin", "compiled_models/m_b/rbln_config.json"):
         (view / rel).parent.mkdir(parents=True, exist_ok=True)
         (view / rel).write_bytes(b"x")
-    assert new_artifacts(view, manifest) == [
+    assert new_artifacts(view, manifest).compiled == [
         "compiled_models/m_b/rbln_config.json",
         "rbln/m-1/other/rank0/mega_cache.bin",
     ]
