@@ -623,3 +623,82 @@ def test_key_says_when_a_configuration_cannot_be_cached(
         compute_key(KeyRequest(argv=ARGV, role="prefill", environ=BASE_ENV)).to_json()["cannot_be_cached"]
         == []
     )
+
+
+# --- the weights' identity (cachemgr/key/weights.py) --------------------------------------------
+
+
+@pytest.mark.quick
+def test_weights_are_identified_by_content_cheaply(tmp_path: Path) -> None:
+    """Other weights of the same size (a fine-tune) are another identity; the same bytes elsewhere, or
+    touched, the same; a hub blob is named by the sha256 of its content, so its name is the identity."""
+    from cachemgr.key.weights import BLOCK_BYTES, HEAD_BYTES, content_id, content_ids
+
+    size = HEAD_BYTES + 64 * BLOCK_BYTES
+    data = bytes(range(256)) * (size // 256)
+    a, b, c = tmp_path / "a.safetensors", tmp_path / "b.safetensors", tmp_path / "c.safetensors"
+    a.write_bytes(data)
+    b.write_bytes(data)
+    os.utime(b, (1_000_000_000, 1_000_000_000))
+    assert content_id(str(a)) == content_id(str(b)), "same bytes, another path and time"
+    fine_tune = bytes((x + 1) % 256 for x in data)
+    c.write_bytes(fine_tune)
+    assert content_id(str(c)) != content_id(str(a)), "same size, other bytes"
+    assert content_id(str(c)).startswith(f"xxh3:{size}:")
+    # A hub snapshot's file is a link to blobs/<sha256 of its content>: that name is the identity.
+    blob = tmp_path / "models--o--m" / "blobs" / ("ab" * 32)
+    blob.parent.mkdir(parents=True)
+    blob.write_bytes(b"weights")
+    snap = tmp_path / "models--o--m" / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (snap / "model.safetensors").symlink_to(os.path.relpath(blob, snap))
+    assert content_id(str(snap / "model.safetensors")) == f"sha256:{'ab' * 32}"
+    assert content_ids({"a": str(a), "c": str(c)}) == {"a": content_id(str(a)), "c": content_id(str(c))}
+    with pytest.raises(OSError, match="not a regular file"):
+        content_id(str(tmp_path))  # a directory is no weight file
+
+
+@pytest.mark.quick
+def test_a_local_model_is_keyed_by_what_the_server_reads_of_it(tmp_path: Path) -> None:
+    """The key oracle's findings on a model directory, one by one: a quantization config added, other
+    weights of the same size and --revision (on the vLLM-model path) make another key; a tokenizer or
+    generation config, the transformers_version field and the files' times do not; --hf-config-path is
+    keyed by the configs it holds, not by its path."""
+    from cachemgr_testkit import oracle
+
+    model = tmp_path / "m"
+
+    def key_of(*extra: str, edits: tuple[dict[str, Any], ...] = (), impl: str = "vllm") -> str:
+        oracle.materialize(model, edits)
+        argv = ["vllm", "serve", str(model), "--model-impl", impl, *extra]
+        return compute_key(KeyRequest(argv=argv, role="prefill", environ=BASE_ENV)).digest
+
+    base = key_of()
+    differs = {
+        "hf_quant_config.json": ({"op": "write_json", "file": "hf_quant_config.json", "value": {"q": 1}},),
+        "weights": ({"op": "weights", "file": "model.safetensors"},),
+    }
+    for name, edits in differs.items():
+        assert key_of(edits=edits) != base, name
+    same = {
+        "tokenizer_config": (
+            {"op": "json_set", "file": "tokenizer_config.json", "key": "model_max_length", "value": 9},
+        ),
+        "generation_config": (
+            {"op": "json_set", "file": "generation_config.json", "key": "temperature", "value": 1.0},
+        ),
+        "transformers_version": (
+            {"op": "json_set", "file": "config.json", "key": "transformers_version", "value": "1"},
+        ),
+        "touched": ({"op": "touch", "file": "model.safetensors"},),
+    }
+    for name, edits in same.items():
+        assert key_of(edits=edits) == base, name
+    assert key_of("--revision", "main") != base, "the vLLM-model path's identity hashes the revision"
+    assert key_of("--revision", "main", impl="optimum") == key_of(impl="optimum"), (
+        "the optimum path's does not"
+    )
+    beside = ({"op": "sidecar", "file": "config.json"},)
+    changed = ({"op": "sidecar", "file": "config.json", "set": {"rope_theta": 1.0}},)
+    assert key_of("--hf-config-path", f"{model}.cfg", edits=beside) == base, "the same configs, elsewhere"
+    assert key_of("--hf-config-path", f"{model}.cfg", edits=changed) != base

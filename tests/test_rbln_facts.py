@@ -113,12 +113,12 @@ def test_the_release_table_says_what_the_code_says(release: Release) -> None:
     # the optimum path compiles from what names its directory
     optimum_env = {n for n, v in release.env.items() if "optimum" in v.compiled_on and v.field is None}
     assert optimum_env == set(facts["optimum_name_env"])
-    # the flags left out are fields vLLM's config hashes ignore
+    # the flags left out by reading are fields vLLM's config hashes ignore (those the key oracle found
+    # by running the server are held by tests/test_oracle.py instead)
     ignored = facts["vllm_hash_ignored"]
-    for flag in release.runtime_flags:
+    for flag in releases._VLLM_HASH_IGNORES:
         assert flag.replace("-", "_") in ignored["ModelConfig"] + ignored["ParallelConfig"], flag
-    for flag in release.runtime_flags_vllm_path:
-        assert flag.replace("-", "_") in ignored["CacheConfig"], flag
+    assert "enable_prefix_caching" in ignored["CacheConfig"]
     # the server's defaults
     assert facts["platform_defaults"]["max_num_seqs"] in release.defaults["max_num_seqs"]
     gpu = {
@@ -378,3 +378,24 @@ def test_the_real_vllm_rbln_installed_is_read_as_the_table(tmp_path: Path) -> No
     assert plain.returncode == image.returncode == 0, (plain.stderr, image.stderr)
     assert json.loads(image.stdout)["sources"]["env"].endswith("the checked vllm-rbln 0.12.0 file")
     assert json.loads(image.stdout)["key"] == json.loads(plain.stdout)["key"]
+
+
+@wheels
+def test_auto_takes_the_optimum_path_for_the_architectures_optimum_rbln_implements() -> None:
+    """The table's architectures are the registry's (vllm_rbln/utils/optimum/registry.py), read by
+    the release's own code: every _RBLN_*_MODELS dict merged into _RBLN_SUPPORTED_MODELS."""
+    registry = SRC / "vllm_rbln-0.12.0" / "vllm_rbln" / "utils" / "optimum" / "registry.py"
+    tree = ast.parse(registry.read_text())
+    tables: dict[str, set[str]] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Dict):
+            keys = {k.value for k in value.keys if isinstance(k, ast.Constant)}
+            spread = [
+                v.id
+                for k, v in zip(value.keys, value.values, strict=True)
+                if k is None and isinstance(v, ast.Name)
+            ]
+            tables[target.id] = keys | {a for name in spread for a in tables.get(name, set())}
+    assert tables["_RBLN_SUPPORTED_MODELS"] == set(releases.VLLM_RBLN_0_12_0.optimum_architectures)

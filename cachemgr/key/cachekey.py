@@ -174,7 +174,12 @@ def compute_key(request: KeyRequest) -> CacheKey:
             f"argv, as given (vLLM 0.30 does not know {', '.join('--' + u for u in server.unknown)})"
         )
     # 3. The inputs its model path reads: which weights are compiled (and the draft's).
-    model, model_source, model_details = resolve_model(server, model=model_string, environ=model_environ)
+    model, model_source, model_details = resolve_model(
+        server,
+        model=model_string,
+        environ=model_environ,
+        revision_keyed=strategy == "vllm" and config.revision_keyed,
+    )
     if strategy == "vllm" and model["kind"] == "local":
         # vllm-rbln names its compiled_models/ directory and its mega-cache bundle after the model path
         # string, so an entry made under another path would be found by cachemgr yet missed by the

@@ -1,5 +1,12 @@
 """Which weights the server compiles: a local model directory by its content, a hub model by id and snapshot.
 
+A local directory by what the server reads of it (the key oracle, tools/oracle, watched the real
+server open its files): the configs it loads by content (``config.json`` without the two fields
+transformers rewrites, ``params.json``, the quantization configs, the weight index, an optimum
+``rbln_config.json``), and the weights by a content identity that is cheap to read at every start
+(cachemgr.key.weights). Another tokenizer or generation config is the same compile: the server's
+identity reads neither (and the oracle holds the key to that).
+
 A hub model's snapshot: vLLM hashes the ``hf_config`` it loads (``ModelConfig.compute_hash`` hashes every field, and
 ``normalize_value`` turns a ``PretrainedConfig`` into its JSON, vLLM 0.30 ``config/utils.py``
 318-322), so two pods that load another snapshot of ``org/model`` compile different graphs. Without
@@ -26,8 +33,22 @@ import xxhash
 from cachemgr.core.errors import ConfigError
 from cachemgr.key.digest import digest_of
 from cachemgr.key.serving import ServerCommand
+from cachemgr.key.weights import content_ids
 
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".rbln")
+# The configs the server reads of a model directory, by content. config.json and hf_quant_config.json
+# are read to build the configuration (vLLM 0.30 transformers_utils/config.py 767-840, where params.json
+# stands for config.json in the Mistral format); quantize_config.json and quant_config.json are read at
+# load by some quantization methods where config.json names none (model_loader/weight_utils.py), so
+# they are keyed too (stricter than the configuration's identity, which does not read them).
+CONFIG_FILES = frozenset(
+    {"config.json", "params.json", "hf_quant_config.json", "quantize_config.json", "quant_config.json",
+     "rbln_config.json"}
+)  # fmt: skip
+# Fields of config.json the server does not take from the file: transformers writes its own version
+# into the configuration it saves and hashes (PretrainedConfig.to_dict), and the load path into
+# _name_or_path; the same weights under another path, or saved by another transformers, compile alike.
+_REWRITTEN = ("_name_or_path", "transformers_version")
 
 
 def resolve_model(
@@ -35,11 +56,14 @@ def resolve_model(
     *,
     model: str | None = None,
     environ: Mapping[str, str] | None = None,
+    revision_keyed: bool = False,
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
     """The model input, its source, and details (not hashed) for names and space estimates.
 
     ``model`` is the model string the server will use, if not the argv's (a redirect). With
     ``environ`` (the ``vllm`` strategy), a hub model is keyed with the snapshot the server will load.
+    ``revision_keyed``: the server's identity hashes ``--revision`` even for a local directory (vLLM's
+    ``ModelConfig.compute_hash``, on the vLLM-model path), so the key holds it there too.
     """
     if server.kind != "vllm":
         # Any other server carries its model in its argv, which is keyed whole.
@@ -54,9 +78,20 @@ def resolve_model(
         # The server loads what --compile-cmd produced: the compile command names the model.
         return {"kind": "artifact_dir"}, "--compile-cmd output", {"model_name": "compiled"}
     download_dir = server.options.get("download_dir")
-    return resolve_weights(
-        model, server.revision, environ, download_dir=download_dir if isinstance(download_dir, str) else None
+    config_path = server.options.get("hf_config_path")
+    # --hf-config-path: the server reads the model's configs from there instead (vLLM's get_config is
+    # given it in place of the model), so they are keyed by what they hold there, not by its path.
+    configs = Path(config_path).expanduser() if isinstance(config_path, str) and config_path else None
+    found, source, details = resolve_weights(
+        model,
+        server.revision,
+        environ,
+        download_dir=download_dir if isinstance(download_dir, str) else None,
+        configs=configs,
     )
+    if found["kind"] == "local" and revision_keyed and server.revision is not None:
+        found = {**found, "revision": server.revision}
+    return found, source, details
 
 
 def resolve_weights(
@@ -66,17 +101,23 @@ def resolve_weights(
     *,
     download_dir: str | None = None,
     what: str = "model",
+    configs: Path | None = None,
 ) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """A model string as weights: a local directory by its content, a hub id by id, revision and snapshot."""
+    """A model string as weights: a local directory by its content, a hub id by id, revision and snapshot.
+
+    ``configs``: where the server reads the configs from, if not from the model (``--hf-config-path``).
+    """
     path = Path(model).expanduser()
     if _exists(path):
-        return _local_model(path)
+        return _local_model(path, configs=configs)
     if model.startswith(("/", "./", "../", "~")):
         raise ConfigError(
             f"{what} path {model} does not exist in this pod",
             remedy="mount the model volume at that path, or pass a Hugging Face model id",
         )
     hub: dict[str, Any] = {"kind": "hub", "id": model, "revision": revision}
+    if configs is not None:
+        hub["hf_config"] = digest_of(_configs(configs, what="--hf-config-path"))
     source = "argv (--revision)" if revision else "argv (revision unpinned: the hub may change it)"
     details: dict[str, Any] = {"model_name": model}
     if environ is not None:
@@ -104,33 +145,57 @@ def _exists(path: Path) -> bool:
         ) from None
 
 
-def _local_model(path: Path) -> tuple[dict[str, Any], str, dict[str, Any]]:
-    """Fingerprint a local model by its config, weight index and weight sizes, not its path."""
+def _local_model(path: Path, *, configs: Path | None = None) -> tuple[dict[str, Any], str, dict[str, Any]]:
+    """Fingerprint a local model by its configs and its weights' content, not its path."""
     if not path.is_dir():
         raise ConfigError(
             f"model path {path} is not a directory", remedy="point the server at a model directory"
         )
-    described: dict[str, Any] = {}
-    weights: dict[str, int] = {}
+    described: dict[str, Any] = _configs(configs, what="--hf-config-path") if configs is not None else {}
+    weights: dict[str, str] = {}
     try:
         for item in sorted(_model_files(path)):
             rel = item.relative_to(path).as_posix()
+            if configs is not None and rel in CONFIG_FILES:
+                continue  # the server reads these from --hf-config-path instead
             if item.name.endswith(".json"):
                 described[rel] = _model_json(item)
             else:
-                weights[rel] = item.stat().st_size
+                weights[rel] = str(item)
+        weight_bytes = sum(os.stat(file).st_size for file in weights.values())
+        identities = content_ids(weights)
     except OSError as error:
         raise ConfigError(
-            f"cannot read model directory {path}: {error.strerror}", remedy="check the model volume mount"
+            f"cannot read model directory {path}: {error.strerror or error}",
+            remedy="check the model volume mount",
         ) from error
-    if "config.json" not in described and "rbln_config.json" not in described:
+    if not {"config.json", "params.json", "rbln_config.json"} & set(described):
         raise ConfigError(
             f"model directory {path} has no config.json",
             remedy="point the server at a Hugging Face model directory",
         )
-    fingerprint = digest_of({"json": described, "weights": weights})
-    details = {"model_name": path.name, "model_path": str(path), "weight_bytes": sum(weights.values())}
+    fingerprint = digest_of({"json": described, "weights": identities})
+    details = {"model_name": path.name, "model_path": str(path), "weight_bytes": weight_bytes}
     return {"kind": "local", "fingerprint": fingerprint}, f"local directory {path}", details
+
+
+def _configs(path: Path, *, what: str) -> dict[str, Any]:
+    """A directory's configs by content (``--hf-config-path``): what the server builds its configuration from."""
+    try:
+        described = {
+            item.name: _model_json(item)
+            for item in sorted(path.iterdir())
+            if item.name in CONFIG_FILES and item.is_file()
+        }
+    except OSError as error:
+        raise ConfigError(
+            f"cannot read {what} {path}: {error.strerror or error}", remedy=f"mount it, or drop {what}"
+        ) from error
+    if not described:
+        raise ConfigError(
+            f"{what} {path} holds no config.json", remedy=f"point {what} at a directory with config.json"
+        )
+    return described
 
 
 def _model_files(path: Path) -> list[Path]:
@@ -146,7 +211,7 @@ def _model_files(path: Path) -> list[Path]:
 
 def _is_model_file(item: Path) -> bool:
     name = item.name
-    is_json = name in {"config.json", "rbln_config.json"} or name.endswith(".index.json")
+    is_json = name in CONFIG_FILES or name.endswith(".index.json")
     return item.is_file() and (is_json or name.endswith(_WEIGHT_SUFFIXES))
 
 
@@ -155,9 +220,9 @@ def _model_json(item: Path) -> Any:
         data = json.loads(item.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         return {"unparsable_bytes": item.stat().st_size, "xxh3": xxhash.xxh3_128_hexdigest(item.read_bytes())}
-    if isinstance(data, dict):
-        # transformers writes the load path here; the same weights elsewhere must still hit.
-        data.pop("_name_or_path", None)
+    if isinstance(data, dict) and item.name == "config.json":
+        for field in _REWRITTEN:
+            data.pop(field, None)
     return data
 
 

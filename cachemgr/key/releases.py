@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
+from cachemgr.key import vllm_identity as identity_0_12
+
 Path = Literal["vllm", "optimum"]
 # How envs.py parses a variable (each a lambda or function there): see cachemgr.key.rbln_env.
 Kind = Literal[
@@ -69,7 +71,7 @@ class Release(NamedTuple):
     versions: Mapping[str, str]  # exactly the installed versions these rules were checked against
     env: Mapping[str, EnvVar]  # every variable of envs.environment_variables
     # vLLM flags its config hash ignores and nothing the key holds reads (runtime-only on both paths),
-    # and those runtime-only on the vLLM-model path only.
+    # and those runtime-only on the vLLM-model path only, and on the optimum path only.
     runtime_flags: frozenset[str]
     runtime_flags_vllm_path: frozenset[str]
     # dest -> the values the server treats as its default (as if the flag were not given)
@@ -85,6 +87,9 @@ class Release(NamedTuple):
         ""  # xxh3-128 of the release's vllm_rbln/envs.py: an installed one equal to it is this table
     )
     cite: str = ""
+    runtime_flags_optimum_path: frozenset[str] = frozenset()
+    # The architectures optimum-rbln implements: --model-impl auto takes the optimum path for them
+    optimum_architectures: frozenset[str] = frozenset()
 
     @property
     def strict(self) -> bool:
@@ -212,22 +217,54 @@ _VLLM_HASH_IGNORES = frozenset(
      "disable-custom-all-reduce", "max-parallel-loading-workers"}
 )  # fmt: skip
 
+
+# vllm_rbln/utils/optimum/registry.py 20-117 (_RBLN_SUPPORTED_MODELS): what `auto` sends to the optimum path.
+_OPTIMUM_ARCHITECTURES_0_12 = frozenset(
+    {
+        "LlamaForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM", "PhiForCausalLM", "GPT2LMHeadModel",
+        "MidmLMHeadModel", "MistralForCausalLM", "ExaoneForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM",
+        "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM", "Qwen3ForSequenceClassification",
+        "WhisperForConditionalGeneration", "LlavaNextForConditionalGeneration", "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+        "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration",
+        "Qwen3ASRForConditionalGeneration", "Exaone4_5_ForConditionalGeneration",
+        "Idefics3ForConditionalGeneration", "Blip2ForConditionalGeneration", "Gemma3ForConditionalGeneration",
+        "Gemma4ForConditionalGeneration", "LlavaForConditionalGeneration", "PaliGemmaForConditionalGeneration",
+        "BertModel", "RobertaForSequenceClassification", "XLMRobertaForSequenceClassification",
+        "XLMRobertaModel", "Qwen3Model",
+    }
+)  # fmt: skip
+
+
+def _flags(dests: frozenset[str]) -> frozenset[str]:
+    return frozenset(dest.replace("_", "-") for dest in dests)
+
+
+# What each path's identity reads of the options, as the real server code answered the key oracle
+# (cachemgr.key.vllm_identity, derived by tools/oracle/derive.py): the options none of whose tried
+# values changed the path's identity or what it compiles, and the values it takes as the default.
+_IGNORED_BOTH = _flags(identity_0_12.IGNORED["vllm"] & identity_0_12.IGNORED["optimum"])
 VLLM_RBLN_0_12_0 = Release(
     name="vllm-rbln 0.12.0",
     versions={"vllm_rbln": "0.12.0", "optimum_rbln": "0.12.0", "vllm": "0.30.0+cpu"},
     env=_ENV_0_12,
-    runtime_flags=_VLLM_HASH_IGNORES,
+    # Read off the code before and now held by the oracle as well: vLLM's config hash ignores them.
+    runtime_flags=_VLLM_HASH_IGNORES | _IGNORED_BOTH,
     # CacheConfig.compute_hash ignores it (config/cache.py 266) and the bundle's graph set does not read it
     # (mega_cache.py 79-110); the optimum path reads it when it sizes blocks (converter/common.py 92)
-    runtime_flags_vllm_path=frozenset({"enable-prefix-caching"}),
+    runtime_flags_vllm_path=frozenset({"enable-prefix-caching"})
+    | _flags(identity_0_12.IGNORED["vllm"]) - _IGNORED_BOTH,
+    runtime_flags_optimum_path=_flags(identity_0_12.IGNORED["optimum"]) - _IGNORED_BOTH,
     # platform/__init__.py 49-51, 179-207, 299-321: an unset max_num_seqs is 1; the parser's default
-    # gpu_memory_utilization is 0.93, and vLLM's own default (0.92) is raised to it
-    defaults={"max_num_seqs": (1,), "gpu_memory_utilization": (0.92, 0.93)},
+    # gpu_memory_utilization is 0.93, and vLLM's own default (0.92) is raised to it; and every option
+    # given at the value the server takes as its default (vllm_identity.DEFAULTS)
+    defaults={**identity_0_12.DEFAULTS, "max_num_seqs": (1,), "gpu_memory_utilization": (0.92, 0.93)},
     additional_config="fields",
     model_impl="flag_then_env",
     rbln_fields=_FIELDS_0_12,
     optimum_runtime_keys=frozenset({"create_runtimes", "device", "kvcache_num_blocks"}),  # dispatch.py 41-43
     envs_xxh3="265a9016dfffceb088453ae6c87cd86e",
+    optimum_architectures=_OPTIMUM_ARCHITECTURES_0_12,
     cite="vllm_rbln 0.12.0 envs.py, config.py, platform/__init__.py, v1/worker/mega_cache.py; vLLM 0.30.0 config/",
 )
 

@@ -22,6 +22,7 @@ flag but :data:`cachemgr.key.serving.ALWAYS_RUNTIME`, ``additional_config`` whol
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -60,6 +61,7 @@ class VllmConfig(NamedTuple):
     notes: tuple[str, ...]  # the strict warning: said by key, explain and run
     aside: frozenset[str]  # the flags left out (runtime-only, at their default): of unknown_flags too
     details: dict[str, Any]  # not hashed: the release, the flags left out, the model path, ...
+    revision_keyed: bool  # the path's identity hashes --revision of a local model directory too
 
 
 def vllm_config(
@@ -73,7 +75,7 @@ def vllm_config(
     """What this release of the server compiles from, read as it reads it, once."""
     # vLLM applies VLLM_MODEL_REDIRECT_PATH to the model string before anything reads it.
     model = vllm_rbln.redirected_model(server.model, environ) if server.model else server.model
-    impl, paths = model_path(release, server, environ)
+    impl, paths = model_path(release, server, environ, model=model)
     inputs: dict[str, Any] = {"rules": release.name}
     sources: dict[str, str] = {"rules": release.describe()}
     notes: list[str] = []
@@ -116,11 +118,14 @@ def vllm_config(
     }
     if model != server.model:
         details["model_redirected_to"] = model
-    return VllmConfig(model, inputs, sources, tuple(notes), aside, details)
+    # vLLM's ModelConfig.compute_hash hashes the revision (config/model.py), which the vLLM-model path's
+    # bundle signature holds; the optimum directory name does not (dispatch.py 59-98).
+    revision_keyed = "vllm" in paths
+    return VllmConfig(model, inputs, sources, tuple(notes), aside, details, revision_keyed)
 
 
 def model_path(
-    release: Release, server: ServerCommand, environ: Mapping[str, str]
+    release: Release, server: ServerCommand, environ: Mapping[str, str], *, model: str | None = None
 ) -> tuple[str, frozenset[Path]]:
     """The model path as this release picks it, and the paths whose rules apply (both where not known)."""
     if release.strict:
@@ -130,6 +135,8 @@ def model_path(
         impl = "vllm" if parse(var, environ) is True else "optimum"
     else:
         impl = vllm_rbln.model_impl(server.settings, environ)
+        if impl == "auto" and release.optimum_architectures:
+            impl = vllm_rbln.auto_path(model, server.options, release.optimum_architectures)
     if impl in ("vllm", "optimum"):
         return impl, frozenset({impl})  # type: ignore[arg-type]
     return impl, BOTH
@@ -139,8 +146,14 @@ def runtime_flags(release: Release, paths: frozenset[Path]) -> frozenset[str]:
     """The flags the release's rules leave out of the key, for the model paths in ``paths``."""
     if release.strict:
         return ALWAYS_RUNTIME
-    on_vllm_path = release.runtime_flags_vllm_path if paths == {"vllm"} else frozenset()
-    return RUNTIME_ONLY | release.runtime_flags | on_vllm_path
+    on_path = (
+        release.runtime_flags_vllm_path
+        if paths == {"vllm"}
+        else release.runtime_flags_optimum_path
+        if paths == {"optimum"}
+        else frozenset()  # the path is not known: only what neither path reads is left out
+    )
+    return RUNTIME_ONLY | release.runtime_flags | on_path
 
 
 def _serving(
@@ -154,18 +167,38 @@ def _serving(
     dropped: list[str] = []
     defaulted: list[str] = []
     aside: set[str] = set(runtime)
-    for dest, value in server.options.items():
+    for dest, given in server.options.items():
         flag = dest.replace("_", "-")
+        value = _ALIASES.get(dest, {}).get(given, given) if isinstance(given, str) else given
         if flag in runtime:
             dropped.append(flag)
         elif dest in folded:
             continue
-        elif value in release.defaults.get(dest, ()) and not isinstance(value, bool):
-            defaulted.append(f"{flag} {value}")
+        elif _is_default(value, release.defaults.get(dest, ())):
+            defaulted.append(f"{flag} {_shown(value)}")
             aside.add(flag)
         elif not (dest == "additional_config" and value == {}):  # vLLM hashes an empty one as none
             serving[dest] = value
     return serving, tuple(sorted(dropped)), tuple(defaulted), frozenset(aside)
+
+
+# Values one option reads as another: vLLM maps a dtype name to a torch dtype before anything reads it
+# (vLLM 0.30 config/model.py 2238-2244), so --dtype half is --dtype float16 to the server.
+_ALIASES: dict[str, dict[str, str]] = {"dtype": {"half": "float16", "float": "float32"}}
+
+
+def _is_default(value: Any, defaults: tuple[Any, ...]) -> bool:
+    """``value`` is one the server takes as the default: equal, and of the same type (``True == 1``
+    and ``0 == 0.0`` are not the same option value)."""
+    return any(type(value) is type(default) and value == default for default in defaults)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
 
 
 def vllm_env(

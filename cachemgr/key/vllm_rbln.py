@@ -57,6 +57,7 @@ _MODEL_IMPL_ALIASES: dict[str, ModelImpl] = {
     "optimum": "optimum",
     "vllm": "vllm",
 }
+_CONFIG_LIMIT = 16 << 20  # a config.json is kilobytes; more is not a config
 # vllm_rbln/envs.py 167-173: a parent's resolved path, inherited by the processes it spawns.
 _RESOLVED_MODEL_IMPL_ENV = "_VLLM_RBLN_RESOLVED_MODEL_IMPL"
 
@@ -202,6 +203,34 @@ def model_impl(settings: Mapping[str, Any], environ: Mapping[str, str]) -> str:
     if "VLLM_RBLN_USE_VLLM_MODEL" in environ:
         return "vllm" if environ["VLLM_RBLN_USE_VLLM_MODEL"].lower() in {"true", "1"} else "optimum"
     return "auto"
+
+
+def auto_path(model: str | None, options: Mapping[str, Any], architectures: frozenset[str]) -> str:
+    """``--model-impl auto`` as vllm-rbln 0.12 resolves it (``config.py`` 451-520, ``_model_impl_for``):
+    a compiled optimum-rbln directory takes the optimum path; else the model's architectures
+    (``hf_overrides`` first, as the server passes them to ``get_config``) decide: optimum if optimum-rbln
+    implements one of them (``utils/optimum/registry.py`` 112-117), else the vLLM-model path.
+
+    Only a local directory (or ``--hf-config-path``) is read; a hub model's config is not at hand
+    before the server downloads it, and its path stays ``auto`` (both paths' rules: stricter).
+    """
+    source = options.get("hf_config_path") or model
+    if not isinstance(source, str) or not source or not os.path.isdir(source):
+        return "auto"
+    if model and os.path.isfile(os.path.join(model, "rbln_config.json")):
+        return "optimum"  # utils/optimum/paths.py 19-22: an already compiled directory
+    overrides = options.get("hf_overrides")
+    named = overrides.get("architectures") if isinstance(overrides, dict) else None
+    if named is None:
+        try:
+            with open(os.path.join(source, "config.json"), encoding="utf-8") as file:
+                config = json.loads(file.read(_CONFIG_LIMIT))
+        except (OSError, ValueError, RecursionError):
+            return "auto"  # the server reads it again a moment later and says what is wrong
+        named = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(named, list):
+        named = []
+    return "optimum" if any(isinstance(a, str) and a in architectures for a in named) else "vllm"
 
 
 def never_saved(settings: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:

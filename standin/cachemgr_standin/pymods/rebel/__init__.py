@@ -110,9 +110,11 @@ def __getattr__(name: str) -> Any:  # module attributes not defined above: ``fro
 class _Surface(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Makes ``rebel.<anything>`` and ``torch.rbln`` importable as stand-in modules."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         del path, target
-        if fullname.startswith("rebel.") or fullname == "torch.rbln" or fullname.startswith("torch.rbln."):
+        if fullname.startswith(("rebel.", "torch.rbln.")) or fullname == "torch.rbln":
             return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
         return None
 
