@@ -225,3 +225,17 @@ def test_a_full_volume_names_one_prune_with_every_selector_that_frees_something_
     assert len(remedy) <= MESSAGE_LIMIT // 2, remedy
     assert len(report.what()) <= MESSAGE_LIMIT, report.what()
     assert " ... " not in report.error().one_line()
+
+
+@pytest.mark.parametrize(
+    "planted",
+    ["[" * 100_000, "{" * 5000, '{"generation": [["compiler", 12]], "lineage": []}', '{"generation": 1}', 7, None,
+     '{"generation": [["nonsense", "1"]], "lineage": ["a"]}', "x" * 100_000],
+)  # fmt: skip
+def test_a_planted_hint_of_what_key_json_says_is_refused_never_a_crash(planted: Any) -> None:
+    assert KeyFacts.from_hint(planted) is None
+
+
+def test_what_key_json_says_goes_to_the_hints_and_back() -> None:
+    facts = _facts(gen("0.13", vllm_rbln="0.13.0", transformers="5.15.1"))
+    assert KeyFacts.from_hint(facts.to_hint()) == facts

@@ -495,9 +495,9 @@ def test_a_planted_scan_hint_never_makes_prune_remove_a_newer_entry(rollout: Rol
     summary = json.loads((entry / "summary.json").read_text())
     lineage = ["hub", MODEL, "prefill", "RBLN-CA25", "vllm"]
     st = entry.stat()
-    summary["key_facts"] = {
-        "facts": {"generation": [["compiler", "0.11"], ["schema", "1"]], "lineage": lineage}
-    }
+    claimed = {"generation": [["compiler", "0.11"], ["schema", "1"]], "lineage": lineage}
+    summary["key_facts"] = {"facts": json.dumps(claimed)}  # as a scan for ls writes what key.json says
+    summary["_key_facts"] = "planted"  # the scan's own parsed field: never taken from a row
     hints = {
         "format": 1,
         "entries": {entry.name: {"stamp": [st.st_ino, st.st_mtime_ns, st.st_ctime_ns], "summary": summary}},

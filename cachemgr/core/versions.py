@@ -8,6 +8,7 @@ importing it costs a start about 2 ms (bench/bench_warm.py's import breakdown).
 
 from __future__ import annotations
 
+import functools
 import re
 
 # A release with an optional local label: valid PEP 440 whatever it holds, and read the same.
@@ -32,6 +33,7 @@ def release_numbers(text: str) -> tuple[int, ...]:
         raise ValueError(f"{text!r} is not a version number") from None
 
 
+@functools.lru_cache(maxsize=4096)  # a volume holds a few generations, and ls judges each entry
 def compare_versions(a: str, b: str) -> int | None:
     """-1, 0 or 1 as ``a`` is older than, the same as or newer than ``b``; None when that cannot
     be told, so that nothing is ever judged older on a guess.

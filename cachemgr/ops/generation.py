@@ -17,11 +17,14 @@ and an unknown generation is never judged: nothing is called older that cannot b
 
 from __future__ import annotations
 
+import functools
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from cachemgr.core.coerce import as_dict
+from cachemgr.core.fsutil import loads_json
 from cachemgr.core.versions import compare_versions
 from cachemgr.key.cachekey import SCHEMA_VERSION
 from cachemgr.key.digest import digest_of
@@ -107,25 +110,7 @@ class Generation:
     def compare(self, other: Generation) -> Comparison:
         """This generation against ``other``: older only where no part is newer or unordered and
         one is older; the differences name every part that differs."""
-        theirs = dict(other.parts)
-        shared = [(p, v, theirs[p]) for p, v in self.parts if p in theirs]
-        if not shared:
-            return Comparison(None)
-        differences = tuple(
-            Difference(p, mine, other_v, _order(p, mine, other_v))
-            for p, mine, other_v in shared
-            if _order(p, mine, other_v) != 0
-        )
-        orders = {d.order for d in differences}
-        if not orders:
-            # The same only where every part of this one is known there too: an image that cannot
-            # tell its server's versions does not know whether an entry's are its own.
-            return Comparison("same" if len(shared) == len(self.parts) else None)
-        if orders == {-1}:
-            return Comparison("older", differences)
-        if orders == {1}:
-            return Comparison("newer", differences)
-        return Comparison("unordered", differences)
+        return _compare(self.parts, other.parts)
 
     def label(self, parts: Iterable[str] | None = None) -> str:
         """``compiler 0.12, vllm-rbln 0.12.0``: the parts named (default: compiler and vllm-rbln)."""
@@ -140,6 +125,29 @@ class Generation:
             "compiler": found.get("compiler"),
             "versions": {p: found[p] for p in PARTS if p in VERSION_ENV and p in found},
         }
+
+
+@functools.lru_cache(maxsize=1024)  # a volume holds a few generations: ls compares each entry's
+def _compare(mine: tuple[tuple[str, str], ...], others: tuple[tuple[str, str], ...]) -> Comparison:
+    theirs = dict(others)
+    shared = [(p, v, theirs[p]) for p, v in mine if p in theirs]
+    if not shared:
+        return Comparison(None)
+    differences = tuple(
+        Difference(p, value, other, order)
+        for p, value, other in shared
+        if (order := _order(p, value, other)) != 0
+    )
+    orders = {d.order for d in differences}
+    if not orders:
+        # The same only where every part of this one is known there too: an image that cannot
+        # tell its server's versions does not know whether an entry's are its own.
+        return Comparison("same" if len(shared) == len(mine) else None)
+    if orders == {-1}:
+        return Comparison("older", differences)
+    if orders == {1}:
+        return Comparison("newer", differences)
+    return Comparison("unordered", differences)
 
 
 def _order(part: str, mine: str, theirs: str) -> int | None:
@@ -175,20 +183,38 @@ class KeyFacts:
     def to_json(self) -> dict[str, Any]:
         return {"generation": [list(p) for p in self.generation.parts], "lineage": list(self.lineage)}
 
-    @classmethod
-    def from_json(cls, data: Any) -> KeyFacts | None:
-        """What :meth:`to_json` wrote (the scan's hints), checked; None for anything else."""
-        if not isinstance(data, dict):
-            return None
-        parts, lineage = data.get("generation"), data.get("lineage")
-        if not isinstance(parts, list) or not isinstance(lineage, list):
-            return None
-        if not all(isinstance(x, str) for x in lineage) or not all(
-            isinstance(p, list) and len(p) == 2 and p[0] in PART_NAMES and isinstance(p[1], str)
-            for p in parts
-        ):
-            return None
-        return cls(Generation.of(dict(parts)), tuple(lineage))
+    def to_hint(self) -> str:
+        """One string for the scan's hints: 10,000 rows share a few, parsed once each (from_hint)."""
+        return _to_hint(self)
+
+    @staticmethod
+    def from_hint(text: Any) -> KeyFacts | None:
+        """What :meth:`to_hint` wrote, checked (the hints file is anyone's to write); None else."""
+        return _from_hint(text) if isinstance(text, str) and len(text) < _HINT_MAX else None
+
+
+_HINT_MAX = 1 << 14
+
+
+@functools.lru_cache(maxsize=1024)
+def _to_hint(facts: KeyFacts) -> str:
+    return json.dumps(facts.to_json(), separators=(",", ":"))
+
+
+@functools.lru_cache(maxsize=1024)  # a volume's entries share a few generations and lineages
+def _from_hint(text: str) -> KeyFacts | None:
+    try:
+        data = loads_json(text)  # nesting deep enough to exhaust the parser is damage, not a crash
+    except ValueError:
+        return None
+    parts, lineage = (data.get("generation"), data.get("lineage")) if isinstance(data, dict) else (None, None)
+    if not isinstance(parts, list) or not isinstance(lineage, list):
+        return None
+    if not all(isinstance(x, str) for x in lineage) or not all(
+        isinstance(p, list) and len(p) == 2 and p[0] in PART_NAMES and isinstance(p[1], str) for p in parts
+    ):
+        return None
+    return KeyFacts(Generation.of(dict(parts)), tuple(lineage))
 
 
 def key_facts(doc: Mapping[str, Any], digest: str) -> KeyFacts | str:
@@ -279,7 +305,7 @@ class Compat:
             str(inputs["compiler"]), str(inputs["npu"]), {k: str(v) for k, v in versions.items()} or None
         )
 
-    @property
+    @functools.cached_property  # asked once per entry of a scan
     def generation(self) -> Generation:
         return Generation.of({"schema": self.schema, "compiler": self.compiler, **(self.versions or {})})
 

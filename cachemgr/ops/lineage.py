@@ -33,15 +33,23 @@ def superseded(entries: Iterable[EntryInfo], image: Generation) -> tuple[EntryIn
             groups.setdefault(entry.facts.lineage, []).append(entry)
     marked: dict[str, EntryInfo] = {}
     for group in (g for g in groups.values() if len(g) > 1):
-        successors = [e for e in group if e.generation and e.generation.compare(image).order in _NOT_NEWER]
+        # A lineage holds a few generations and many entries (configurations): compare generations,
+        # each against the newest successor entry of every other generation.
+        newest: dict[Generation, EntryInfo] = {}
+        for other in group:
+            gen = other.generation
+            if gen is None or gen.compare(image).order not in _NOT_NEWER:
+                continue
+            if gen not in newest or (other.created_at or 0.0) > (newest[gen].created_at or 0.0):
+                newest[gen] = other
         for entry in group:
             if entry.status != "published" or entry.vs_image == "same" or entry.generation is None:
                 continue
+            mine = entry.generation
             newer = [
                 (other, found)
-                for other in successors
-                if other.generation is not None
-                and (found := entry.generation.compare(other.generation)).order == "older"
+                for gen, other in newest.items()
+                if (found := mine.compare(gen)).order == "older"
             ]
             if newer:
                 other, found = max(newer, key=lambda pair: pair[0].created_at or 0.0)

@@ -112,7 +112,7 @@ _BY_ORDER: dict[str, Standing] = {"same": "this image", "newer": "newer", "unord
 
 def image_label(image: Generation, entries: Iterable[EntryInfo]) -> str:
     """This image's generation, named as ``shares`` names the entries' (the same parts)."""
-    gens = [e.generation for e in entries if e.generation is not None]
+    gens = {e.generation for e in entries if e.generation is not None}  # a few, of many entries
     return image.label(named_parts([*gens, image]))
 
 

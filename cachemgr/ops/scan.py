@@ -66,6 +66,7 @@ __all__ = [
 _SUMMARY_MAX = 1 << 20
 _KEY_MAX = 1 << 20  # a key.json is a few KiB; one of a MiB is damage
 _FACTS = "key_facts"  # the summary's field this scan adds: what the entry's key.json says
+_PARSED = "_key_facts"  # the same, parsed once (never written: hints learn the summary before it)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
@@ -274,6 +275,7 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
         return _key_json(ctx, name), f"summary.json is unreadable ({_short_error(error)})"
     if isinstance(data, dict):
         data.pop(_FACTS, None)  # only this scan says what key.json holds, never the summary
+        data.pop(_PARSED, None)
     checked = _checked_summary(data, name)
     if isinstance(checked, str):
         return _key_json(ctx, name), checked
@@ -290,9 +292,13 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
         problem = f"manifest.json is {safefs.describe(st)}: damaged (cachemgr verify --fix moves it aside)"
         return checked, problem
     found = _read_key_facts(ctx, name, checked["key"])
-    checked[_FACTS] = {"facts": found.to_json()} if isinstance(found, KeyFacts) else {"unknown": found}
+    facts = found if isinstance(found, KeyFacts) else None
+    checked[_FACTS] = {"unknown": found} if isinstance(found, str) else {}
     if ctx.hints is not None:  # what the next scan for display may take unread
+        if facts is not None:
+            checked[_FACTS] = {"facts": facts.to_hint()}
         ctx.hints.learn(name, checked)
+    checked[_PARSED] = facts
     return checked, None
 
 
@@ -320,7 +326,10 @@ def _read_key_facts(ctx: _Context, name: str, key: str) -> KeyFacts | str:
 
 
 def _facts(summary: Mapping[str, Any]) -> KeyFacts | None:
-    return KeyFacts.from_json(as_dict(summary.get(_FACTS)).get("facts"))
+    if _PARSED in summary:
+        parsed: KeyFacts | None = summary[_PARSED]
+        return parsed
+    return KeyFacts.from_hint(as_dict(summary.get(_FACTS)).get("facts"))
 
 
 def _checked_hint(data: Any, name: str) -> dict[str, Any] | str:
@@ -329,9 +338,12 @@ def _checked_hint(data: Any, name: str) -> dict[str, Any] | str:
     checked = _checked_summary(data, name)
     if isinstance(checked, str):
         return checked
+    checked.pop(_PARSED, None)  # a row says what it likes: only what parses from it counts
     facts = as_dict(checked.get(_FACTS))
-    if _facts(checked) is None and not isinstance(facts.get("unknown"), str):
+    parsed = KeyFacts.from_hint(facts.get("facts"))
+    if parsed is None and not isinstance(facts.get("unknown"), str):
         return "a hint without what key.json says"
+    checked[_PARSED] = parsed
     return checked
 
 
