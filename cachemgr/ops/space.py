@@ -302,7 +302,7 @@ class DiskReport:
                 f"'cachemgr prune {found.older_selectors} --yes' {WHERE_TO_PRUNE}"
             )
         else:
-            steps.append(f"{raise_it} ('cachemgr du' shows what uses the space)")
+            steps += ["nothing can be pruned now ('cachemgr du' shows what uses the space)", f"or {raise_it}"]
         return "; ".join(steps)
 
     def to_json(self) -> dict[str, Any]:
