@@ -211,15 +211,18 @@ def warm_space(runner: Any) -> str:
     """Before anything rolls (a warm Job ahead of the rollout, a pre-upgrade hook): do both
     generations fit, and what is left. A warning, never a failure: the entry is published
     (cachemgr.ops.rollout.RolloutSpace says why)."""
+    from cachemgr.core.errors import CacheMgrError
     from cachemgr.core.log import get_logger
     from cachemgr.core.printable import safe
     from cachemgr.ops.space import warm_space as measure
     from cachemgr.volume.layout import open_root
 
     log = get_logger("cachemgr.warm")
+    if runner.key is None:
+        return ""
     try:
         space = measure(open_root(runner.options.cache_root, create=False), runner.key)
-    except OSError as error:  # the report is advice: a volume that fails it now fails the next start
+    except (OSError, CacheMgrError) as error:  # advice only: the Job's entry is published all the same
         log.warning("rollout_space_unknown", error=str(error))
         return ""
     line = safe(space.line())

@@ -472,9 +472,11 @@ def _tmpdir_preflight(
 
 
 def warm_space(root: CacheRoot, key: CacheKey) -> RolloutSpace:
-    """What a warm Job reports once its key is published: each generation's share, the room left."""
+    """What a warm Job reports once its key is published: each generation's share, the room left.
+    Only shown, never decided on: the scan takes the volume's hints (10,000 entries on JuiceFS in
+    a second, not twelve, at the end of a Job a pre-upgrade hook waits for)."""
     compat = Compat.of_key(key.inputs)
-    entries = scan(root, compat=compat, with_staging=False).entries
+    entries = scan(root, compat=compat, with_staging=False, hints=True).entries
     space = VolumeSpace.measure(root.path)
     entry = next((e for e in entries if e.key == key.digest), None)
     return rollout_space(
