@@ -508,3 +508,16 @@ def test_a_planted_scan_hint_never_makes_prune_remove_a_newer_entry(rollout: Rol
     assert row["status"] == "incompatible", "the planted hint is what ls shows (the hints' own threat model)"
     assert r.json("new", "prune", "--incompatible", "--yes")["plan"]["items"] == []
     assert entry.is_dir()
+
+
+def test_prune_remote_has_no_superseded(tmp_path: Path) -> None:
+    """A bucket keeps no use records, and another cluster may still run the older server: the
+    selector is refused before anything is listed, not ignored."""
+    with cluster(tmp_path / "pods") as pods:
+        done = subprocess.run(
+            [sys.executable, "-m", "cachemgr", "prune", "--remote", "s3://bucket/prefix", "--superseded", "--dry-run"],
+            env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(tmp_path)}, capture_output=True, text=True,
+            timeout=DEADLINE, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert done.returncode == 64, done.stderr
+    assert "prune --remote has no --superseded" in done.stderr

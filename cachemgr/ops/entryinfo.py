@@ -17,9 +17,9 @@ from cachemgr.volume.records import Mark, User
 # record written last, is there), ``damaged`` (summary or manifest missing or unreadable), and by
 # its generation (cachemgr.ops.generation, from its key.json): ``incompatible`` (an older compiler
 # major.minor or key schema than this image's: no pod of this image can ever use it),
-# ``superseded`` (an older server than this image's with the same compiler, or older than another
-# entry of its model, role and NPU that is not newer than this image), ``newer`` (a newer image's:
-# never judged dead here). The files themselves are not checked here: ``show`` checks sizes and
+# ``superseded`` (an older server than this image's with the same compiler; or, where this image
+# cannot order it, older than another entry of its model, role and NPU that is not newer than this
+# image: cachemgr.ops.lineage), ``newer`` (a newer image's: never judged dead here). The files themselves are not checked here: ``show`` checks sizes and
 # mtimes, ``verify`` hashes them.
 EntryStatus = Literal["published", "damaged", "incompatible", "superseded", "newer"]
 # The statuses of an older generation than this image's: what prune --incompatible and
