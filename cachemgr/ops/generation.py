@@ -96,16 +96,12 @@ class Generation:
             {
                 "schema": inputs.get("schema") if isinstance(inputs.get("schema"), int) else None,
                 "compiler": inputs.get("compiler") if isinstance(inputs.get("compiler"), str) else None,
-                **{p: v for p, v in versions.items() if p in PART_NAMES and isinstance(v, str)},
+                **{p: v for p, v in versions.items() if p in VERSION_ENV and isinstance(v, str)},
             }
         )
 
     def get(self, part: str) -> str | None:
         return dict(self.parts).get(part)
-
-    @property
-    def known(self) -> bool:
-        return bool(self.parts)
 
     def compare(self, other: Generation) -> Comparison:
         """This generation against ``other``: older only where no part is newer or unordered and
@@ -261,12 +257,12 @@ def lineage(inputs: Mapping[str, Any], details: Mapping[str, Any]) -> tuple[str,
     )
 
 
-def labels(generations: Iterable[Generation | None], *, among: Iterable[Generation] = ()) -> str:
-    """The distinct generations named, told apart from each other and from ``among`` (this
-    image's, say): ``compiler 0.12, vllm-rbln 0.12.0`` (``; `` between several)."""
+def labels(generations: Iterable[Generation | None]) -> str:
+    """The distinct generations named, told apart from each other: ``compiler 0.12, vllm-rbln
+    0.12.0`` (``; `` between several)."""
     given = list(generations)
     known = [g for g in given if g is not None]
-    parts = named_parts([*known, *among])
+    parts = named_parts(known)
     names = list(dict.fromkeys(g.label(parts) for g in known))
     if len(known) < len(given):
         names.append("unknown generation")
@@ -329,5 +325,5 @@ class Compat:
         return problem if status == "incompatible" else None
 
     def other_npu(self, npu: str) -> bool:
-        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--npu``."""
+        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--for-npu``."""
         return bool(self.npu and npu and npu != self.npu)

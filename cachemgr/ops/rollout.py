@@ -4,7 +4,8 @@ During an image upgrade two generations share a role's volume (cachemgr.ops.gene
 pods serve from the older, the new pods (and a warm Job run ahead of them) from the newer. ``du``
 shows the bytes of each, ``ls`` names them, a warm Job says before anything rolls whether both
 fit, and a full volume's message says which of them holds the space and what frees it
-(cachemgr.ops.space).
+(cachemgr.ops.space, from :class:`Prunable`: what prune could free now, and what an older
+generation's pods still hold).
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ def shares(entries: Iterable[EntryInfo], image: Generation | None = None) -> tup
 
 
 def _standing(group: list[EntryInfo]) -> Standing:
-    """By the entries' own judgement against this image (cachemgr.ops.scan.Compat.judge)."""
+    """By the entries' own judgement against this image (cachemgr.ops.generation.Compat.judge)."""
     first = group[0]
     if first.generation is None:
         return "unknown"
