@@ -12,8 +12,11 @@ when rendered:
   under it; after ``<!-- guide: workstation -->`` it is the operator's own shell instead, in the
   checkout, with the real Helm on PATH (``helm template``, ``helm lint``: what runs without a
   cluster);
-* ``<!-- guide: exit N -->`` before a ``text`` block: a pod failing with exit code N; the block
-  is its termination message;
+* ``<!-- guide: exit N [VARIANT] -->`` before a ``text`` block: a pod failing with exit code N
+  (``failing_pod``: VARIANT picks another cause of the same code); the block is its termination
+  message;
+* ``<!-- guide: log ROLE-warm -->`` before a ``text`` block: the last two lines of the role's
+  latest warm Job, as ``kubectl logs job/... --tail 2`` shows them;
 * ``<!-- guide: refusal NAME -->`` before a ``text`` block: the line the chart refuses an
   install or upgrade with (``REFUSALS`` below: values against an existing PVC, which the same
   template helper gets from ``testing.existingClaims`` where ``lookup`` has no cluster to ask).
@@ -51,6 +54,18 @@ SECTION = "# Operator guide"  # the guide runs from this heading to the next of 
 WRITE = os.environ.get("CACHEMGR_GUIDE_WRITE") == "1"
 PVC_SIZE = 200 << 30  # the chart's default storage.compileCache.size
 OLD_SDK, NEW_SDK = "0.12.3", "0.13.0"  # rebel-compiler of the first image, and of the upgrade
+# The images of the story as they declare themselves to cachemgr (their rebel-compiler and server
+# versions; vLLM and transformers stay the stand-in's), and the template hash of their ReplicaSet:
+# the first install's, the SDK upgrade's, and a server upgrade on the same compiler after it.
+IMAGES: dict[str, dict[str, str]] = {
+    "sdk-0.12": {"CACHEMGR_COMPILER_VERSION": OLD_SDK, "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
+                 "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0"},
+    "sdk-0.13": {"CACHEMGR_COMPILER_VERSION": NEW_SDK, "CACHEMGR_VLLM_RBLN_VERSION": "0.13.0",
+                 "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.13.0"},
+    "sdk-0.13.1": {"CACHEMGR_COMPILER_VERSION": NEW_SDK, "CACHEMGR_VLLM_RBLN_VERSION": "0.13.1",
+                   "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.13.0"},
+}  # fmt: skip
+TEMPLATES = {"sdk-0.12": "7d9c6b5f48", "sdk-0.13": "5b8f7c9d64", "sdk-0.13.1": "6c8d4f7b59"}
 SERVER_PORT = "8000"
 # The guide's install: the image it builds, both warm Jobs on for the upgrade it makes.
 GUIDE_IMAGE = {"image": {"repository": "registry.example.com/modelserver-cachemgr", "tag": "sdk-0.12"}}
@@ -63,13 +78,14 @@ WARM = {"prefill": {"warm": True}, "decode": {"warm": True}}
 class Block:
     """A fenced block the test re-makes: its place in the guide, what runs, what it shows."""
 
-    kind: str  # console | exit | refusal
+    kind: str  # console | exit | refusal | log
     start: int  # first line inside the fence
     end: int  # the closing fence's line
     steps: list[str]  # guide steps to run before it
     text: str
     code: int | None = None
     refusal: str | None = None
+    variant: str = ""  # exit: which cause of the code (failing_pod); log: whose log
 
 
 def guide_section(lines: list[str]) -> tuple[int, int]:
@@ -90,6 +106,7 @@ def parse(lines: list[str]) -> list[Block]:
     pending: list[str] = []
     exit_code: int | None = None
     refused: str | None = None
+    variant: str | None = None  # an exit's cause, or a log's owner
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -97,19 +114,29 @@ def parse(lines: list[str]) -> list[Block]:
         if directive:
             words = directive[1].split()
             if words[0] == "exit":
-                exit_code = int(words[1])
+                exit_code, variant = int(words[1]), " ".join(words[2:])
             elif words[0] == "refusal":
                 refused = words[1]
+            elif words[0] == "log":
+                variant = words[1]
             else:
                 pending.append(directive[1])
         fence = re.fullmatch(r"```(\w*)", line.strip())
         if fence and fence[1] in ("console", "text"):
             end = lines.index("```", i + 1)
-            if fence[1] == "console" or exit_code is not None or refused is not None:
-                kind = "console" if fence[1] == "console" else "exit" if exit_code is not None else "refusal"
+            if fence[1] == "console" or exit_code is not None or refused is not None or variant is not None:
+                kind = (
+                    "console"
+                    if fence[1] == "console"
+                    else "exit"
+                    if exit_code is not None
+                    else "refusal"
+                    if refused is not None
+                    else "log"
+                )
                 text = "\n".join(lines[i + 1 : end])
-                blocks.append(Block(kind, i + 1, end, pending, text, exit_code, refused))
-                pending, exit_code, refused = [], None, None
+                blocks.append(Block(kind, i + 1, end, pending, text, exit_code, refused, variant or ""))
+                pending, exit_code, refused, variant = [], None, None, None
             i = end
         i += 1
     assert not pending, f"steps with no block after them: {pending}"
@@ -138,12 +165,19 @@ class World:
     node: Node
     base: list[dict[str, Any]]
     jobs: list[dict[str, Any]]
-    sdk: str = OLD_SDK
+    image: str = "sdk-0.12"  # the tag the Deployments and Jobs run (IMAGES)
     pods: dict[str, Container] = field(default_factory=dict)
     shell: Container | None = None
     frozen: list[psutil.Process] = field(default_factory=list)
     serial: int = 0
     workstation: bool = False  # the next console block runs in the operator's shell, not a pod
+    warm_logs: dict[str, Path] = field(default_factory=dict)  # each role's latest warm Job's log
+
+    def last_log_lines(self, owner: str) -> str:
+        """``kubectl logs job/...-ROLE-warm-... --tail 2``: its report on the space, what it did."""
+        return "\n".join(
+            self.warm_logs[owner.removesuffix("-warm")].read_text().rstrip("\n").splitlines()[-2:]
+        )
 
     def deployment(self, role: str) -> dict[str, Any]:
         return workload(self.base, "Deployment", role)
@@ -151,13 +185,12 @@ class World:
     def start(self, role: str, *, node: str, env: dict[str, str] | None = None) -> Container:
         """A pod of the role's Deployment, named as a ReplicaSet names them, on the current image."""
         self.serial += 1
-        template = {OLD_SDK: "7d9c6b5f48", NEW_SDK: "5b8f7c9d64"}[self.sdk]
-        name = f"modelserver-{role}-{template}-{POD_SUFFIXES[self.serial]}"
+        name = f"modelserver-{role}-{TEMPLATES[self.image]}-{POD_SUFFIXES[self.serial]}"
         pod = self.node.start(
             self.deployment(role),
             name=name,
             node_name=node,
-            env={"CACHEMGR_COMPILER_VERSION": self.sdk, "STANDIN_COMPILE_SECONDS": "0.5", **(env or {})},
+            env={**IMAGES[self.image], "STANDIN_COMPILE_SECONDS": "0.5", **(env or {})},
         )
         self.pods[name] = pod
         return pod
@@ -166,10 +199,9 @@ class World:
         job = workload(self.jobs, "Job", role)
         self.serial += 1
         name = f"{job['metadata']['name']}-{POD_SUFFIXES[self.serial]}"
-        run = self.node.start(
-            job, name=name, node_name="cpu-node-1", env={"CACHEMGR_COMPILER_VERSION": self.sdk}
-        )
+        run = self.node.start(job, name=name, node_name="cpu-node-1", env=IMAGES[self.image])
         assert run.wait_exit() == 0, run.tail()
+        self.warm_logs[role] = run.pod_dir / "log"
 
     def stop(self, pod: Container) -> None:
         pod.proc.send_signal(signal.SIGTERM)
@@ -224,6 +256,11 @@ POD_SUFFIXES = [
     "j5tzq",
     "l2rkv",
     "y4dgs",
+    "z7mtc",
+    "a5qwn",
+    "e9hvk",
+    "u3bxs",
+    "i6lfp",
 ]
 
 
@@ -305,7 +342,7 @@ def _scale_out(world: World) -> None:
 @step("upgrade-warm")
 def _upgrade_warm(world: World) -> None:
     """The new SDK image: the warm Jobs compile its keys beside the old entries."""
-    world.sdk = NEW_SDK
+    world.image = "sdk-0.13"
     before = world.node.compiles()
     for role in ("prefill", "decode"):
         world.warm(role)
@@ -322,10 +359,38 @@ def _upgrade_rollout(world: World) -> None:
     world.shell = new
 
 
+@step("upgrade-old-shell")
+def _upgrade_old_shell(world: World) -> None:
+    """``kubectl exec deploy/...`` lands in a pod of the old image: it is still one of the Deployment's."""
+    world.shell = next(p for p in world.running("prefill") if TEMPLATES["sdk-0.12"] in p.name)
+
+
+@step("server-upgrade-warm")
+def _server_upgrade_warm(world: World) -> None:
+    """A server upgrade on the same compiler (vllm-rbln 0.13.1): the warm Jobs compile again."""
+    world.image = "sdk-0.13.1"
+    before = world.node.compiles()
+    for role in ("prefill", "decode"):
+        world.warm(role)
+    assert world.node.compiles() == before + 2
+
+
+@step("server-upgrade-done")
+def _server_upgrade_done(world: World) -> None:
+    replace_old_pods(world)
+    world.shell = world.running("prefill")[0]
+
+
 @step("upgrade-done")
 def _upgrade_done(world: World) -> None:
-    """The rollout completes: the old pods are replaced by new ones (3 prefill, 2 decode)."""
-    old = [p for p in world.pods.values() if p.env["CACHEMGR_COMPILER_VERSION"] == OLD_SDK]
+    """The rollout completes: the old pods are replaced by new ones (3 prefill, 2 decode); the
+    shell is a new pod's again."""
+    replace_old_pods(world)
+    world.shell = world.running("prefill")[0]
+
+
+def replace_old_pods(world: World) -> None:
+    old = [p for p in world.pods.values() if TEMPLATES[world.image] not in p.name]
     for pod in old:
         pod.proc.send_signal(signal.SIGTERM)
     for pod in old:
@@ -361,8 +426,11 @@ def _reinstall(world: World) -> None:
 # --- pods failing with each exit code ------------------------------------------------------------
 
 
-def failing_pod(work: Path, world: World, code: int, stack: ExitStack) -> tuple[Node, Container]:
-    """A prefill pod that ends with ``code``, on a volume of its own; the guide shows its message."""
+def failing_pod(
+    work: Path, world: World, code: int, stack: ExitStack, variant: str = ""
+) -> tuple[Node, Container]:
+    """A prefill pod of the new SDK that ends with ``code``, on a volume of its own; the guide
+    shows its message. 73 ``rollout``: the old SDK's pod still serves the entry that fills it."""
     small = code == 73  # a volume too small for a second compile: preflight stops it
     node = Node(
         work,
@@ -374,7 +442,7 @@ def failing_pod(work: Path, world: World, code: int, stack: ExitStack) -> tuple[
     deployment = workload(world.base, "Deployment", "prefill")
     run_args = container(deployment)["env"]
     run_args = next(e["value"] for e in run_args if e["name"] == "CACHEMGR_RUN_ARGS")
-    env: dict[str, str] = {"CACHEMGR_COMPILER_VERSION": NEW_SDK}
+    env: dict[str, str] = dict(IMAGES["sdk-0.13"])
     holder_env = {**env, "STANDIN_COMPILE_SECONDS": "60"}
     holder = {"name": f"modelserver-prefill-5b8f7c9d64-{POD_SUFFIXES[1]}", "node_name": "npu-node-1"}
     if code == 64:
@@ -383,11 +451,14 @@ def failing_pod(work: Path, world: World, code: int, stack: ExitStack) -> tuple[
         env["CACHEMGR_RUN_ARGS"] = f"{run_args} --on-miss fail"
     elif code == 70:
         env["STANDIN_EXIT_BEFORE_HEALTHY"] = "1"
+    elif code == 73 and variant == "rollout":  # the old SDK's pod serves the entry that fills it
+        old = {"name": f"modelserver-prefill-7d9c6b5f48-{POD_SUFFIXES[1]}", "node_name": "npu-node-1"}
+        node.start(
+            deployment, env={**IMAGES["sdk-0.12"], "STANDIN_COMPILE_SECONDS": "0.5"}, **old
+        ).wait_phase("serving")
     elif code == 73:  # the old SDK's entry fills the volume: the new SDK's compile cannot fit
         job = workload(world.jobs, "Job", "prefill")
-        warm = node.start(
-            job, env={"CACHEMGR_COMPILER_VERSION": OLD_SDK}, name=f"{job['metadata']['name']}-6xq2d"
-        )
+        warm = node.start(job, env=IMAGES["sdk-0.12"], name=f"{job['metadata']['name']}-6xq2d")
         assert warm.wait_exit() == 0, warm.tail()
     elif code == 74:
         env["CACHEMGR_CACHE_ROOT"] = "/var/cache/cachemgr"  # the PVC is not mounted there
@@ -408,10 +479,10 @@ def failing_pod(work: Path, world: World, code: int, stack: ExitStack) -> tuple[
     return node, pod
 
 
-def termination_message(work: Path, world: World, code: int) -> str:
+def termination_message(work: Path, world: World, code: int, variant: str = "") -> str:
     """What a pod failing with ``code`` leaves as its termination message, as the guide shows it."""
     with ExitStack() as stack:
-        node, pod = failing_pod(work, world, code, stack)
+        node, pod = failing_pod(work, world, code, stack, variant)
         return presentable(pod.termination_log.read_text(), node)
 
 
@@ -495,6 +566,7 @@ def world(tmp_path: Path, tmpfs_small: Callable[[int], Path]) -> Iterator[World]
         yield story
 
 
+@pytest.mark.timeout(300)  # the story: some 25 pods and Jobs, one step after another
 def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: World, tmp_path: Path) -> None:
     everything = GUIDE.read_text().splitlines()
     first, last = guide_section(everything)
@@ -508,7 +580,7 @@ def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: Wo
     # The failing pods are independent of the story and of each other: they run meanwhile.
     with ThreadPoolExecutor(max_workers=4) as pool:
         messages = {
-            n: pool.submit(termination_message, tmp_path / f"exit{n}", world, block.code)
+            n: pool.submit(termination_message, tmp_path / f"exit{n}", world, block.code, block.variant)
             for n, block in enumerate(blocks)
             if block.code is not None
         }
@@ -522,6 +594,8 @@ def test_every_output_in_the_operator_guide_is_what_the_commands_print(world: Wo
             elif block.kind == "refusal":
                 assert block.refusal is not None
                 actual = refusal_line(tmp_path / "refusals", block.refusal)
+            elif block.kind == "log":
+                actual = presentable(world.last_log_lines(block.variant), world)
             else:
                 actual = messages[n].result()
             made[n] = actual

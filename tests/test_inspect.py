@@ -392,7 +392,7 @@ def test_du_adds_up(cache: Built) -> None:
     text = cli("du", env=cache.env).stdout
     for label in (
         "free",
-        "BY COMPILER VERSION",
+        "BY GENERATION",
         "BY ENTRY",
         "PRUNE COULD FREE NOW",
         "cachemgr prune --incompatible",

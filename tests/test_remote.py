@@ -638,13 +638,25 @@ def test_unsafe_manifest_paths_are_named() -> None:
 
 @pytest.mark.quick
 def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
+    from cachemgr.key.digest import digest_of
     from cachemgr.ops.scan import Compat
     from cachemgr.remote.ops import RemoteEntry, RemoteListing, StaleUpload, plan_remote_prune
 
+    names: dict[str, str] = {}
+
     def entry(name: str, *, compiler: str, uploaded_at: float, size: int) -> RemoteEntry:
+        # Judged by the manifest's inputs, as they hash to the key (cachemgr.ops.generation.key_facts).
+        inputs = {
+            "schema": 1,
+            "compiler": compiler,
+            "npu": "RBLN-CA25",
+            "role": "prefill",
+            "model": {"id": name},
+        }
+        names[digest_of(inputs)] = name
         return RemoteEntry(
-            entry=name, key=name * 4, model="m", role="prefill", compiler=compiler, npu="RBLN-CA25",
-            size_bytes=size, files=1, uploaded_at=uploaded_at, uploaded_by="p", upload_id="u", inputs={},
+            entry=name, key=digest_of(inputs), model="m", role="prefill", compiler=compiler, npu="RBLN-CA25",
+            size_bytes=size, files=1, uploaded_at=uploaded_at, uploaded_by="p", upload_id="u", inputs=inputs,
         )  # fmt: skip
 
     now = 1_000_000.0
@@ -654,6 +666,8 @@ def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
             entry("bbbb", compiler="0.11", uploaded_at=now - 1, size=10),
             entry("cccc", compiler="0.12", uploaded_at=now - 2 * 86400, size=30),
             entry("dddd", compiler="0.12", uploaded_at=now - 86400, size=30),
+            # A newer SDK's, uploaded by another cluster: never this image's to call incompatible.
+            entry("eeee", compiler="0.13", uploaded_at=now - 3600, size=5),
         ),
         uploads=(
             StaleUpload("cccc", "dead", 3, 5, now - 3 * 86400),
@@ -669,9 +683,23 @@ def test_prune_remote_plans_by_age_compat_size_and_dead_uploads() -> None:
     assert plan(compat=Compat(compiler="0.12", npu="RBLN-CA25")) == [
         ("bbbb", "", "compiler 0.11, this image has 0.12")
     ]
-    assert plan(keep_bytes=40) == [("aaaa", "", "over --keep-bytes"), ("cccc", "", "over --keep-bytes")]
+    assert plan(keep_bytes=45) == [("aaaa", "", "over --keep-bytes"), ("cccc", "", "over --keep-bytes")]
     assert plan(stale_uploads=True) == [("cccc", "dead", "upload without a manifest")]
     assert plan(keys=("bbbb",)) == [("bbbb", "", "named")]
+
+
+@pytest.mark.quick
+def test_prune_remote_incompatible_never_judges_inputs_that_are_not_the_keys() -> None:
+    """A manifest whose inputs do not hash to its key says nothing of its generation: kept."""
+    from cachemgr.ops.scan import Compat
+    from cachemgr.remote.ops import RemoteEntry, RemoteListing, plan_remote_prune
+
+    forged = RemoteEntry(
+        entry="ffff", key="f" * 32, model="m", role="prefill", compiler="0.11", npu="RBLN-CA25", size_bytes=1,
+        files=1, uploaded_at=0.0, uploaded_by="p", upload_id="u", inputs={"schema": 1, "compiler": "0.11"},
+    )  # fmt: skip
+    listing = RemoteListing(entries=(forged,), uploads=(), warnings=())
+    assert plan_remote_prune(listing, compat=Compat(compiler="0.12", npu="RBLN-CA25")) == []
 
 
 # --- nothing outside the root is read or written through a planted link ---------------------

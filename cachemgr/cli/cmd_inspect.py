@@ -29,12 +29,15 @@ from cachemgr.core.printable import safe
 from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import compute_key
 from cachemgr.key.describe import keyed_pairs
+from cachemgr.key.vllm_rbln import VERSION_ENV
 from cachemgr.ops.attempts import LEGEND, Attempt, FailureHistory, Quarantined
 from cachemgr.ops.explain import Explanation
 from cachemgr.ops.explain import explain as explain_key
+from cachemgr.ops.generation import PART_NAMES, Generation
 from cachemgr.ops.image import ImageInfo, resolve_image
 from cachemgr.ops.inspection import Listing, list_cache, volume_errors
 from cachemgr.ops.locks import LockInfo, list_locks
+from cachemgr.ops.rollout import image_label, shares
 from cachemgr.ops.scan import EntryInfo
 from cachemgr.volume.layout import MARKER, CacheRoot, open_root
 
@@ -73,6 +76,7 @@ LS_COLUMNS = (
     Column("in use", "in_use"),
     Column("hits", "hits", ">", wide=True),
     Column("status", "status"),
+    Column("generation", "generation", wide=True),
     Column("origin", "origin", wide=True),
     Column("entry", "entry", wide=True),
 )
@@ -134,10 +138,11 @@ def _ls_names(listing: Listing) -> Iterator[str]:
 
 
 def _ls_blocks(listing: Listing, image: ImageInfo, root: str) -> Iterator[Block]:
-    rows = [_entry_row(e) for e in listing.entries]
+    named = generation_names(listing.entries, image.compat.generation)
+    rows = [{**_entry_row(e), "generation": named.get(e.name, "?")} for e in listing.entries]
     columns: tuple[Column, ...] = LS_COLUMNS
     if any(e.signer or e.trust for e in listing.entries):  # the open mode's table stays as it was
-        columns = (*LS_COLUMNS[:-3], Column("signed by", "signer", shrink="head", least=10), *LS_COLUMNS[-3:])
+        columns = (*LS_COLUMNS[:-4], Column("signed by", "signer", shrink="head", least=10), *LS_COLUMNS[-4:])
     yield Table(rows, columns, empty=f"no entries under {safe(root)}")
     yield Text(_ls_summary(listing, image))
     if listing.attempts:
@@ -186,13 +191,7 @@ def _ls_summary(listing: Listing, image: ImageInfo) -> str:
     lines = [
         f"{plural(len(listing.entries), 'entry')}, {total} (files not checked here: 'cachemgr verify' hashes them)"
     ]
-    incompatible = [e for e in listing.entries if e.status == "incompatible"]
-    if incompatible:
-        size = human_bytes(sum(e.size_bytes for e in incompatible if not e.in_use))
-        lines.append(
-            f"{len(incompatible)} incompatible with this image (compiler {safe(image.compat.compiler or '?')}): "
-            f"'cachemgr prune --incompatible' frees {size} of them now"
-        )
+    lines += generation_lines(listing.entries, image.compat.generation)
     lines += _other_npus(listing.entries, image)
     if listing.count("damaged"):
         lines.append(f"{listing.count('damaged')} damaged: 'cachemgr verify --fix' moves them aside")
@@ -222,6 +221,63 @@ def _ls_summary(listing: Listing, image: ImageInfo) -> str:
             "(dead pods, or a node whose clock differs): not counted as in use; prune watches them for a beat"
         )
     return "\n".join(lines)
+
+
+def generation_names(entries: tuple[EntryInfo, ...], image: Generation) -> dict[str, str]:
+    """Each entry's generation, named as the others' and this image's are told apart."""
+    return {e.name: s.label for s in shares(entries, image) for e in s.entries}
+
+
+def generation_lines(entries: tuple[EntryInfo, ...], image: Generation) -> list[str]:
+    """Which generation holds what, when there is more than this image's: the older one's entries
+    and what prunes them (or who still uses them), a newer image's that this one never prunes."""
+    found = shares(entries, image)
+    if all(s.standing == "this image" for s in found):
+        return []
+    lines = []
+    for s in found:
+        held = f"{plural(len(s.entries), 'entry')}, {human_bytes(s.bytes)}"
+        use = f"{human_bytes(s.in_use_bytes)} in use by {plural(len(s.pods), 'pod')}" if s.pods else "unused"
+        if s.standing == "this image":
+            lines.append(f"this image: {safe(s.label)} ({held}, {use})")
+        elif s.standing == "older":
+            going = f"; {use}, kept until those pods stop" if s.pods else ""
+            lines.append(
+                f"older: {safe(s.label)} ({held}, {' and '.join(x.lstrip('-') for x in s.selectors)}): "
+                f"'cachemgr prune {' '.join(s.selectors)}' frees {human_bytes(s.prunable_bytes)} of them now{going}"
+            )
+        elif s.standing == "newer":
+            lines.append(
+                f"newer: {safe(s.label)} ({held}, {use}): a newer image's, never removed by this image's "
+                "'prune --incompatible' or '--superseded'"
+            )
+        elif s.standing == "other":
+            lines.append(
+                f"other: {safe(s.label)} ({held}, {use}): neither older nor newer than this image's, so kept "
+                "by 'prune --incompatible' and '--superseded'"
+            )
+        elif s.generation is not None:
+            lines.append(
+                f"{safe(s.label)} ({held}, {use}): how it stands to this image's cannot be told here "
+                f"({_unknown_parts(s.generation, image)}), so it is judged only against the newer entries of its model"
+            )
+        else:
+            lines.append(f"unknown generation ({held}, {use}): never judged older (the warnings say why)")
+    if image.get("compiler") and not any(s.standing == "this image" for s in found):
+        known = all(image.get(p) for e in entries if e.generation for p, _ in e.generation.parts)
+        what = "no entry of it yet" if known else "its server's versions cannot be told here"
+        lines.insert(0, f"this image: {safe(image_label(image, entries))} ({what})")
+    return lines
+
+
+def _unknown_parts(entry: Generation, image: Generation) -> str:
+    """What this shell does not know of its image, and the variables that tell it."""
+    missing = [p for p, _ in entry.parts if image.get(p) is None]
+    names = {"compiler": "CACHEMGR_COMPILER_VERSION", **{p: env for p, (_, env) in VERSION_ENV.items()}}
+    return (
+        f"this image's {', '.join(PART_NAMES[p] for p in missing)} unknown: set "
+        f"{', '.join(names[p] for p in missing if p in names)}, or run it in a pod of the image"
+    )
 
 
 def _status(e: EntryInfo) -> str:
@@ -315,6 +371,8 @@ def _explain_blocks(x: Explanation) -> Iterator[Block]:
         for rank, near in enumerate(x.nearest, 1):
             e = near.entry
             use = f"in use by {e.users_str}" if e.in_use else f"last used {e.last_used_str}"
+            if e.generation is not None and e.status in {"newer", "incompatible", "superseded"}:
+                use += f"; {e.status}: {e.generation.label()}"
             count = len(near.differences)
             head = f"{rank}. {e.short}  {e.name}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
             blocks.append("\n".join([safe(head), *(f"     {safe(d)}" for d in near.differences)]))

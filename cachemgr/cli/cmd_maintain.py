@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
+from typing import Any
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
@@ -97,10 +98,7 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
             ),
         ]
     )
-    rows = [{"compiler": c.compiler, "entries": c.entries, "size": c.size_str} for c in u.by_compiler]
-    cols = (Column("compiler", "compiler"), Column("entries", "entries", ">"), Column("size", "size", ">"))
-    if rows:
-        yield Table(rows, cols, title="BY COMPILER VERSION")
+    yield from _generation_blocks(u)
     largest = sorted(u.entries, key=lambda e: e.size_bytes, reverse=True)[:_TOP_ENTRIES]
     if largest:
         rows = [
@@ -114,10 +112,10 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
             else ""
         )
         yield Table(rows, DU_ENTRY_COLUMNS, title=f"BY ENTRY{more}")
-    rows = [
+    freeable: list[dict[str, Any]] = [
         {"command": f"cachemgr prune {f.flag}", "items": f.items, "frees": f.bytes_str} for f in u.prunable
     ]
-    rows.append(
+    freeable.append(
         {
             "command": "total",
             "items": sum(f.items for f in u.prunable),
@@ -125,12 +123,29 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
         }
     )
     cols = (Column("command", "command"), Column("items", "items", ">"), Column("frees", "frees", ">"))
-    yield Table(rows, cols, title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)")
+    yield Table(freeable, cols, title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)")
     if not u.compiler_known:
         yield Text(
             "'cachemgr prune --incompatible' needs this image's RBLN Compiler version: set "
             "CACHEMGR_COMPILER_VERSION (or --compiler-version) to see what it frees"
         )
+
+
+def _generation_blocks(u: DiskUsage) -> Iterator[Block]:
+    """What each generation holds: during a rollout, the older one until its pods are gone."""
+    pairs = []
+    for share in u.by_generation:
+        held = f"{safe(share.label)}: {plural(len(share.entries), 'entry')}, {human_bytes(share.bytes)}"
+        if share.pods:
+            held += f", {human_bytes(share.in_use_bytes)} in use by {safe(', '.join(share.pods))}"
+        if share.standing == "older":
+            held += f"; {' '.join(share.selectors)} frees {human_bytes(share.prunable_bytes)} now"
+            held += ", the rest once those pods stop" if share.pods else ""
+        elif share.standing == "newer":
+            held += "; a newer image's: this image's --incompatible and --superseded never remove it"
+        pairs.append((share.standing, held))
+    if pairs:
+        yield Pairs(pairs, title="BY GENERATION")
 
 
 # --- verify ---------------------------------------------------------------------------------
@@ -212,6 +227,7 @@ PLAN_COLUMNS = (
     Column("key", "key"),
     Column("size", "size", ">"),
     Column("reason", "reason", shrink="head", least=20),
+    Column("generation", "generation", wide=True),
     Column("name", "name", wide=True),
 )
 
@@ -282,6 +298,7 @@ def _prune_request(args: argparse.Namespace) -> PruneRequest:
         )
     request = PruneRequest(
         incompatible=args.incompatible,
+        superseded=args.superseded,
         unused_for=args.unused_for,
         keep_bytes=args.keep_bytes,
         stale_staging=args.stale_staging,
@@ -294,7 +311,7 @@ def _prune_request(args: argparse.Namespace) -> PruneRequest:
         raise UsageError("--unused-for must not be negative", remedy="pass e.g. --unused-for 14d")
     if request.empty:
         raise UsageError(
-            "prune needs at least one of --key, --incompatible, --for-npu, --unused-for, --keep-bytes, "
+            "prune needs at least one of --key, --incompatible, --superseded, --for-npu, --unused-for, --keep-bytes, "
             "--stale-staging, --damaged, --failures",
             remedy="say what may go, e.g. 'cachemgr prune --incompatible --dry-run'",
         )
@@ -314,16 +331,36 @@ def _npu_name(name: str) -> str:
 def _plan_blocks(plan: PrunePlan, *, dry_run: bool = False) -> Iterator[Block]:
     rows = [
         {"kind": i.kind, "key": (i.key or _key_of(i.name))[:12] or "-", "size": i.bytes_str, "reason": i.reason,
-         "name": i.name}
+         "generation": f"{i.standing}: {i.generation}" if i.standing else "-", "name": i.name}
         for i in plan.items
     ]  # fmt: skip
     if rows:
         yield Table(rows, PLAN_COLUMNS)
     lines = [f"plan: {plural(len(rows), 'item')}, {plan.bytes_str}"] if rows else ["nothing to prune"]
+    lines += _plan_generations(plan)
     lines += [f"kept: {safe(name)}: {safe(why)}" for name, why in plan.kept]
     if rows and dry_run:
         lines.append("(dry run: nothing removed)")
     yield Text("\n".join(lines))
+
+
+def _plan_generations(plan: PrunePlan) -> list[str]:
+    """Which generation the planned entries are of, when not all of this image's."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for item in plan.items:
+        if item.kind == "entry":
+            groups.setdefault((item.standing, item.generation), []).append(item.bytes)
+    if all(standing == "this image's" for standing, _ in groups):
+        return []
+    return [
+        f"  {safe(standing)} ({safe(label)}): {plural(len(sizes), 'entry')}, {human_bytes(sum(sizes))}"
+        for (standing, label), sizes in sorted(
+            groups.items(), key=lambda g: (_STANDINGS.index(g[0][0]), g[0][1])
+        )
+    ]
+
+
+_STANDINGS = ["this image's", "older", "newer", "other", "unknown"]
 
 
 def _key_of(name: str) -> str:

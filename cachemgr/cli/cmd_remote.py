@@ -375,6 +375,12 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
             "prune --remote has no --damaged: a damaged remote entry is refused by every reader",
             remedy="remove it with 'cachemgr prune --remote --key KEY'",
         )
+    if args.superseded:
+        raise UsageError(
+            "prune --remote has no --superseded: the bucket keeps no use records, and clusters still on the "
+            "older server may download those entries",
+            remedy="remove them by age ('cachemgr prune --remote --unused-for 30d') or by name (--key KEY)",
+        )
     options = _remote_prune_options(args)
     compat = image_of(args, environ).require() if args.incompatible else None
     bounded = _bounded(args, environ)

@@ -200,8 +200,34 @@ def warm(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str,
     if code == 0:
         from cachemgr.cli.render import emit
 
+        space = warm_space(runner)  # before the summary, which stays the Job's last line
+        if space:
+            emit(space)
         emit(warm_summary(runner, seconds=time.monotonic() - started))
     return code
+
+
+def warm_space(runner: Any) -> str:
+    """Before anything rolls (a warm Job ahead of the rollout, a pre-upgrade hook): do both
+    generations fit, and what is left. A warning, never a failure: the entry is published
+    (cachemgr.ops.rollout.RolloutSpace says why)."""
+    from cachemgr.core.errors import CacheMgrError
+    from cachemgr.core.log import get_logger
+    from cachemgr.core.printable import safe
+    from cachemgr.ops.space import warm_space as measure
+    from cachemgr.volume.layout import open_root
+
+    log = get_logger("cachemgr.warm")
+    if runner.key is None:
+        return ""
+    try:
+        space = measure(open_root(runner.options.cache_root, create=False), runner.key)
+    except (OSError, CacheMgrError) as error:  # advice only: the Job's entry is published all the same
+        log.warning("rollout_space_unknown", error=str(error))
+        return ""
+    line = safe(space.line())
+    (log.warning if space.tight else log.info)("rollout_space", message=line, **space.to_json())
+    return line
 
 
 def warm_summary(runner: Any, *, seconds: float) -> str:

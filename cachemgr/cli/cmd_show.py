@@ -27,6 +27,7 @@ from cachemgr.cli.render import (
 from cachemgr.core.coerce import as_dict
 from cachemgr.core.printable import safe
 from cachemgr.core.units import human_age, human_duration
+from cachemgr.ops.generation import PARTS
 from cachemgr.ops.inspection import EntryDetail, volume_errors
 from cachemgr.ops.inspection import show as show_key
 from cachemgr.ops.scan import EntryInfo
@@ -72,14 +73,43 @@ def _status_line(d: EntryDetail) -> str:
     if e.status == "damaged":
         return f"damaged ({e.problem})"
     check = "every file's size and mtime match the manifest ('cachemgr verify' hashes them)"
-    if e.status == "incompatible":
-        return f"incompatible ({e.problem}); {check}"
+    judged = _generation_status(e)
+    if judged:
+        return f"{judged}; {check}"
     if d.server_failed:
         return (
             f"server-failed {len(d.server_failed)}: the server exited before it was ready on this entry "
             f"(below), though {check}"
         )
     return f"ok: {check}"
+
+
+def _generation_status(e: EntryInfo) -> str:
+    """An older or a newer generation's status, with what prunes it (or that nothing here does)."""
+    if e.status in {"incompatible", "superseded"}:
+        use = "kept while a pod uses it" if e.in_use else "no pod uses it"
+        return f"{e.status} ({e.problem}): 'cachemgr prune --{e.status}' removes it ({use})"
+    if e.status == "newer":
+        return (
+            f"newer ({e.problem}): a newer image's entry, never removed by this image's "
+            "'prune --incompatible' or '--superseded'"
+        )
+    return ""
+
+
+def _generation_text(e: EntryInfo) -> str:
+    """Every part of the entry's generation, and how it stands to this image's."""
+    if e.generation is None:
+        return "unknown: its key.json cannot be read (never judged older; the warning says why)"
+    parts = e.generation.label(PARTS)
+    stands = {
+        "same": "this image's",
+        "older": "older than this image's",
+        "newer": "newer than this image's: a newer image's",
+        "unordered": "neither older nor newer than this image's",
+    }.get(e.vs_image or "", "this image's cannot be told")
+    by = f"; superseded by {e.superseded_by[:12]}" if e.superseded_by else ""
+    return f"{parts} ({stands}{by})"
 
 
 def _damaged_remedy(d: EntryDetail) -> str:
@@ -103,6 +133,7 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
             ("created", f"{e.created_str} by pod {created_by.get('pod', '?')} on node {created_by.get('node') or '?'}"),
             ("compiled in", f"{compiled} ({m.get('strategy') or e.strategy or '?'} strategy)"),
             *_origin_pairs(e.origin),
+            ("generation", _generation_text(e)),
             ("last used", e.last_used_str),
             ("in use by", ", ".join(f"{u.pod} (node {u.node or '?'}, since {human_age(u.since)})" for u in e.users) or "no pod"),
             ("starts", _starts_text(e)),

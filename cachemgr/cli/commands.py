@@ -246,7 +246,7 @@ def _add_prune_command(sub: Any, name: str) -> None:
         "At least one selector. Without --yes it asks on a terminal, and without one prints the plan\n"
         "and exits 64; --dry-run only prints the plan.",
         [
-            "cachemgr prune --incompatible --dry-run",
+            "cachemgr prune --incompatible --superseded --dry-run",
             "cachemgr prune --unused-for 14d --yes",
             "cachemgr prune --key 661096f8 --yes",
         ],
@@ -255,7 +255,14 @@ def _add_prune_command(sub: Any, name: str) -> None:
     group.add_argument(
         "--incompatible",
         action="store_true",
-        help="entries no pod of this image can use (another compiler major.minor)",
+        help="entries of an older compiler major.minor (or key schema) than this image's: no pod of it can "
+        "use them; a newer image's entries are never chosen",
+    )
+    group.add_argument(
+        "--superseded",
+        action="store_true",
+        help="entries of an older server (vllm-rbln, vLLM, optimum-rbln, transformers) than this image's with "
+        "the same compiler, or older than another entry of their model, role and NPU; never a newer image's",
     )
     group.add_argument(
         "--for-npu",

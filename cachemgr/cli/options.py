@@ -242,7 +242,8 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         "--auto-prune",
         choices=["off", "incompatible"],
         default="off",
-        help="before compiling, remove unused entries of other compiler versions (default off)",
+        help="before compiling, remove unused entries of an older compiler version than this image's, never a newer "
+        "image's (default off)",
     )
     group.add_argument(
         "--verify",

@@ -8,6 +8,7 @@ importing it costs a start about 2 ms (bench/bench_warm.py's import breakdown).
 
 from __future__ import annotations
 
+import functools
 import re
 
 # A release with an optional local label: valid PEP 440 whatever it holds, and read the same.
@@ -30,3 +31,42 @@ def release_numbers(text: str) -> tuple[int, ...]:
         return Version(text).release
     except InvalidVersion:
         raise ValueError(f"{text!r} is not a version number") from None
+
+
+@functools.lru_cache(maxsize=4096)  # a volume holds a few generations, and ls judges each entry
+def compare_versions(a: str, b: str) -> int | None:
+    """-1, 0 or 1 as ``a`` is older than, the same as or newer than ``b``; None when that cannot
+    be told, so that nothing is ever judged older on a guess.
+
+    PEP 440 orders pre-releases and post-releases around their release (``0.13.0rc1`` <
+    ``0.13.0`` < ``0.13.0.post1``), and that order is a fact of the release process. Two things it
+    orders are not: a local label (``0.30.0+cpu`` and ``0.30.0+gabc``: two builds of one release,
+    neither newer), and two development versions of one release (``0.13.0.dev4+gabc`` and
+    ``0.13.0.dev5+gdef``: setuptools-scm counts commits since the last tag, on whichever branch,
+    so dev5 need not contain dev4). Those are None. Anything not a version is None too.
+    """
+    if a.strip() == b.strip():
+        return 0
+    from packaging.version import InvalidVersion, Version  # inspection only, never the hit path
+
+    try:
+        va, vb = Version(a), Version(b)
+    except InvalidVersion:
+        return None
+    ra, rb = _trimmed(va.release), _trimmed(vb.release)
+    if ra != rb:
+        return -1 if ra < rb else 1
+    if va.dev is not None and vb.dev is not None:
+        return None  # two dev builds of one release: which holds the other is unknown
+    pa, pb = Version(va.public), Version(vb.public)
+    if pa == pb:  # one release: the same spelled two ways, or two local builds (no order)
+        return 0 if va.local == vb.local else None
+    return -1 if pa < pb else 1
+
+
+def _trimmed(release: tuple[int, ...]) -> tuple[int, ...]:
+    """``(0, 12, 0)`` -> ``(0, 12)``: PEP 440 pads releases with zeros, so 0.12 is 0.12.0."""
+    end = len(release)
+    while end > 1 and release[end - 1] == 0:
+        end -= 1
+    return release[:end]

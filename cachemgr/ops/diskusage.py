@@ -1,5 +1,6 @@
 """``du``: the volume (statvfs: a CephFS/JuiceFS directory quota shows here), the cache's share
-of it, and what each ``prune`` selector would free now."""
+of it, what each generation of entries holds (cachemgr.ops.rollout), and what each ``prune``
+selector would free now."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from typing import Any
 
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.ops.attempts import Attempt, Quarantined, attempt_of, quarantined
+from cachemgr.ops.generation import Generation
+from cachemgr.ops.rollout import Share, prunable_now, shares
 from cachemgr.ops.scan import Compat, EntryInfo, scan
-from cachemgr.ops.space import VolumeSpace, prunable_now
+from cachemgr.ops.space import VolumeSpace
 from cachemgr.volume.entries import listdir, tree_usage
 from cachemgr.volume.layout import CacheRoot
 
@@ -67,6 +70,11 @@ class DiskUsage:
     # This image's compiler is known: without it no entry is judged incompatible, and
     # 'prune --incompatible' refuses to run (exit 78), so du does not offer it.
     compiler_known: bool = True
+    image: Generation | None = None  # this image's generation, as far as it is known
+
+    @property
+    def by_generation(self) -> tuple[Share, ...]:
+        return shares(self.entries, self.image)
 
     @property
     def used_bytes(self) -> int:
@@ -123,7 +131,7 @@ class DiskUsage:
         so they add up to what all the selectors together free. The first two are
         ``space.Prunable``, the figures a pod's disk-full report names."""
         found = prunable_now(self.entries, unused_after=self.unused_after)
-        counted = {e.name for e in (*found.incompatible, *found.unused)}
+        counted = {e.name for e in (*found.incompatible, *found.superseded, *found.unused)}
         damaged = [
             e.size_bytes
             for e in self.entries
@@ -136,6 +144,7 @@ class DiskUsage:
         )
         return (
             *incompatible,
+            Freeable.of("superseded", "--superseded", [e.size_bytes for e in found.superseded]),
             Freeable.of(
                 "unused",
                 f"--unused-for {human_duration(self.unused_after)}",
@@ -173,9 +182,12 @@ class DiskUsage:
                     "compiler": e.compiler,
                     "size_bytes": e.size_bytes,
                     "status": e.status,
+                    "generation": e.generation.to_json() if e.generation is not None else None,
                 }
                 for e in self.entries
             ],
+            "image": self.image.to_json() if self.image is not None else None,
+            "by_generation": [s.to_json() for s in self.by_generation],
             "by_compiler": [
                 {"compiler": c.compiler, "entries": c.entries, "size_bytes": c.size_bytes}
                 for c in self.by_compiler
@@ -206,6 +218,7 @@ def disk_usage(root: CacheRoot, *, compat: Compat | None, unused_after: float = 
         reserved_bytes=max(0, (st.f_bfree - st.f_bavail) * st.f_frsize),
         warnings=found.warnings,
         compiler_known=bool(compat is not None and compat.compiler),
+        image=compat.generation if compat is not None else None,
     )
 
 

@@ -25,6 +25,7 @@ from cachemgr.core.units import human_age, human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.ops.attempts import FailureHistory
 from cachemgr.ops.locks import holder_json, read_holder_of
+from cachemgr.ops.rollout import shares
 from cachemgr.ops.scan import Compat, EntryInfo, scan
 from cachemgr.volume import serverfail
 from cachemgr.volume.drift import records as drift_records
@@ -117,7 +118,7 @@ def explain(
 ) -> Explanation:
     """Look the key up (read-only, sizes checked; with ``trusted`` keys, signature and bytes too)
     and, on a miss, rank the entries of its role."""
-    compat = Compat(str(key.inputs["compiler"]), str(key.inputs["npu"]))
+    compat = Compat.of_key(key.inputs)
     found = lookup(root, key, mode="fast", trusted=trusted)
     found_entries = scan(root, compat=compat, with_staging=False).entries
     role = str(key.inputs["role"])
@@ -207,7 +208,28 @@ def _value(value: Any) -> str:
 
 
 def _advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]:
-    return _cache_advice(ex) + _lookup_advice(ex, entries)
+    return _cache_advice(ex) + _lookup_advice(ex, entries) + _generations_advice(ex.key, entries)
+
+
+def _generations_advice(key: CacheKey, entries: tuple[EntryInfo, ...]) -> list[str]:
+    """The other generations on the volume (a rollout): what each holds, and what frees it."""
+    advice = []
+    for share in shares(entries, Compat.of_key(key.inputs).generation):
+        held = f"{len(share.entries)} entries, {human_bytes(share.bytes)}"
+        if share.standing == "older":
+            use = (
+                f", {human_bytes(share.in_use_bytes)} in use by {', '.join(share.pods)}" if share.pods else ""
+            )
+            advice.append(
+                f"the volume holds an older generation ({share.label}: {held}{use}): this image never uses it; "
+                f"'cachemgr prune {' '.join(share.selectors)} --yes' frees it once no pod runs the older image"
+            )
+        elif share.standing == "newer":
+            advice.append(
+                f"the volume holds a newer generation ({share.label}: {held}): a newer image's, which this image "
+                "never uses and never prunes by --incompatible or --superseded"
+            )
+    return advice
 
 
 def _cache_advice(ex: Explanation) -> list[str]:
@@ -284,37 +306,19 @@ def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]
             "compiles once, later pods reuse it"
         )
         return advice
-    return advice + _differences_advice(key, ex.nearest[0].differences, entries)
+    return advice + _differences_advice(key, ex.nearest[0], entries)
 
 
-def _differences_advice(
-    key: CacheKey, diffs: tuple[Difference, ...], entries: tuple[EntryInfo, ...]
-) -> list[str]:
+def _differences_advice(key: CacheKey, nearest: Nearest, entries: tuple[EntryInfo, ...]) -> list[str]:
     by_top: dict[str, list[Difference]] = defaultdict(list)
-    for diff in diffs:
+    for diff in nearest.differences:
         by_top[diff.field.split(".", 1)[0]].append(diff)
-    advice = []
-    if "compiler" in by_top:
-        old = [e for e in entries if e.status == "incompatible" and e.compiler != key.inputs["compiler"]]
-        idle = [e for e in old if not e.in_use]
-        advice.append(
-            f"the nearest entry was compiled by RBLN Compiler {by_top['compiler'][0].entry}, this image has "
-            f"{key.inputs['compiler']}: another SDK image always compiles again (reuse needs the same "
-            f"major.minor). Entries of other versions are never used by this image: once no pod runs the old "
-            f"image, 'cachemgr prune --incompatible' frees them ({human_bytes(sum(e.size_bytes for e in old))} "
-            f"in {len(old)} entries, {len(old) - len(idle)} in use now)"
-        )
-    if "versions" in by_top:
-        changes = ", ".join(map(str, by_top["versions"]))
-        advice.append(
-            f"the nearest entry was made by another server ({changes}): vllm-rbln keys its compile cache on the "
-            "vLLM version, so a server upgrade compiles again; once no pod runs the old image, prune its entries"
-        )
+    advice = _generation_advice(key, nearest.entry, by_top)
     if "npu" in by_top:
         advice.append(
             f"the nearest entry targets {by_top['npu'][0].entry}, this pod {key.inputs['npu']}: each NPU type "
             "compiles its own (pods on that hardware use theirs: 'prune --incompatible' keeps them, "
-            "'prune --npu TYPE' names them); if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME "
+            "'prune --for-npu TYPE' names them); if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME "
             "and the node pool"
         )
     if "model" in by_top:
@@ -336,13 +340,33 @@ def _differences_advice(
         advice.append(
             f"the compile environment differs ({names}): set it as the entry had it to reuse the entry"
         )
-    if "schema" in by_top:
-        advice.append(
-            "the entry was keyed by another cachemgr version's key schema: it is never reused; prune it"
-        )
     if by_top.keys() & {"strategy", "server", "compile_cmd"}:
         advice.append("the compile strategy or command differs (--strategy, --compile-cmd)")
     return advice
+
+
+def _generation_advice(key: CacheKey, near: EntryInfo, by_top: Mapping[str, list[Difference]]) -> list[str]:
+    """The nearest entry is of another generation (compiler, server versions, key schema): what
+    that means (what each generation holds and what frees it follows: _generations_advice)."""
+    if not by_top.keys() & {"compiler", "versions", "schema"}:
+        return []
+    changes = "; ".join(str(d) for top in ("compiler", "versions", "schema") for d in by_top.get(top, ()))
+    if near.status == "newer":
+        return [
+            f"the nearest entry is of a newer generation ({changes}): a newer image's. This image compiles its own "
+            "beside it, and never removes it by 'prune --incompatible' or '--superseded'"
+        ]
+    if "compiler" in by_top:
+        return [
+            f"the nearest entry was compiled by RBLN Compiler {by_top['compiler'][0].entry}, this image has "
+            f"{key.inputs['compiler']}: another SDK image always compiles again (reuse needs the same major.minor)"
+        ]
+    if "versions" in by_top:
+        return [
+            f"the nearest entry was made by another server ({changes}): vllm-rbln keys its compile cache on the "
+            "vLLM version, so a server upgrade compiles again"
+        ]
+    return ["the nearest entry was keyed by another cachemgr key schema: it is never reused"]
 
 
 def _keyed_advice(by_top: Mapping[str, list[Difference]]) -> list[str]:

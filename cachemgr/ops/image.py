@@ -1,8 +1,9 @@
-"""This image's compiler and NPU, as far as they can be told without probing a device.
+"""This image's generation (compiler, server versions) and NPU, as far as they can be told
+without probing a device.
 
-They matter only to mark entries "incompatible": they are resolved best effort (flags,
-environment, package metadata; never by probing a device), and when unknown, nothing is judged on
-them and a note says what to set.
+They matter only to judge entries by generation (cachemgr.ops.generation: incompatible,
+superseded, newer): they are resolved best effort (flags, environment, package metadata; never by
+probing a device), and when unknown, nothing is judged on them and a note says what to set.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from cachemgr.core.errors import ConfigError
 from cachemgr.key.cachekey import resolve_compiler, resolve_npu
+from cachemgr.key.vllm_rbln import VERSION_ENV, installed_version
 from cachemgr.ops.scan import Compat
 
 _NPU_SETTINGS = ("CACHEMGR_NPU_TYPE", "RBLN_FORCE_NPU_NAME", "RBLN_TARGET_SOC")
@@ -66,4 +68,22 @@ def resolve_image(
             if unset
             else f"this pod's NPU type is unusable ({error.what}); entries are not judged by NPU"
         )
-    return ImageInfo(Compat(compiler, npu), compiler_source, npu_source, tuple(notes))
+    versions = server_versions(environ)
+    return ImageInfo(Compat(compiler, npu, versions or None), compiler_source, npu_source, tuple(notes))
+
+
+def server_versions(environ: Mapping[str, str]) -> dict[str, str]:
+    """The server's versions this image has, each as the key reads it (its variable, else the
+    installed package), those that can be told: an image without the server has none, and then
+    entries are judged by compiler and key schema alone."""
+    found: dict[str, str] = {}
+    for part, (dist, env) in VERSION_ENV.items():
+        given = environ.get(env, "").strip()
+        if given:
+            found[part] = given
+            continue
+        try:
+            found[part] = installed_version(dist)
+        except LookupError:
+            continue
+    return found

@@ -120,13 +120,14 @@ class EntryDetail:
     @property
     def status(self) -> str:
         """What ``show`` found, from the check it prints: the files' sizes and mtimes against the
-        manifest (``damaged`` when any differs), then the scan's judgement (``incompatible``,
-        ``damaged``); ``ok`` only when the check passed."""
+        manifest (``damaged`` when any differs), then the scan's judgement (``damaged``, and by
+        generation ``incompatible``, ``superseded``, ``newer``); ``ok`` only when the check passed
+        and the entry is of this image's generation (or one it cannot order)."""
         if self.entry is None:
             return "not published"
         if self.problems or self.entry.status == "damaged":
             return "damaged"
-        return "incompatible" if self.entry.status == "incompatible" else "ok"
+        return self.entry.status if self.entry.status in {"incompatible", "superseded", "newer"} else "ok"
 
     @property
     def inputs(self) -> Mapping[str, Any]:
@@ -165,6 +166,9 @@ class EntryDetail:
             "signer": self.entry.signer if self.entry else None,
             "trust": self.entry.trust if self.entry else None,
             "signature": dict(self.signature) if self.signature is not None else None,
+            "generation": self.entry.to_json()["generation"] if self.entry else None,
+            "vs_image": self.entry.vs_image if self.entry else None,
+            "superseded_by": self.entry.superseded_by if self.entry else None,
         }
 
 

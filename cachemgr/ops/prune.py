@@ -273,7 +273,7 @@ def _forget_usage(root: CacheRoot, item: PruneItem) -> None:
 def prune_incompatible_for_space(root: CacheRoot, key: CacheKey, *, given: int | None) -> PruneResult:
     """``--auto-prune incompatible``: free entries this image can never use, before compiling."""
     del given  # the expectation is checked by the preflight that follows
-    compat = Compat(compiler=str(key.inputs["compiler"]), npu=str(key.inputs["npu"]))
+    compat = Compat.of_key(key.inputs)
     found = scan(root, compat=compat, with_staging=False)
     plan = plan_prune(root, found, PruneRequest(incompatible=True), identity=PodIdentity.current())
     result = execute(root, plan)

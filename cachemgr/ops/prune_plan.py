@@ -44,6 +44,10 @@ class PruneItem:
     # What the plan judged on, by name and mark (records.Mark): an entry's usage folder
     # (records.Usage.seen), an attempt's owner record. Any change since means a pod is there.
     seen: frozenset[tuple[str, Mark]] | None = field(default=None, repr=False, compare=False)
+    # An entry's generation against this image's (cachemgr.ops.generation): "this image's",
+    # "older", "newer", "other" or "unknown", and its name (compiler 0.12, vllm-rbln 0.12.0).
+    standing: str = ""
+    generation: str = ""
 
     @property
     def bytes_str(self) -> str:
@@ -57,6 +61,8 @@ class PruneItem:
             "bytes": self.bytes,
             "reason": self.reason,
             "key": self.key,
+            "generation": self.generation or None,
+            "vs_image": self.standing or None,
         }
 
 
@@ -111,7 +117,10 @@ class PruneResult:
 
 @dataclass(frozen=True, kw_only=True)
 class PruneRequest:
-    incompatible: bool = False
+    incompatible: bool = False  # an older compiler major.minor or key schema than this image's
+    # An older server than this image's (same compiler), or an older generation than another entry
+    # of its model, role and NPU (cachemgr.ops.scan.superseded). Never a newer image's entry.
+    superseded: bool = False
     unused_for: float | None = None
     keep_bytes: int | None = None
     stale_staging: bool = False
@@ -126,9 +135,9 @@ class PruneRequest:
 
     @property
     def empty(self) -> bool:
-        return not (self.incompatible or self.unused_for is not None or self.keep_bytes is not None) and not (
-            self.stale_staging or self.damaged or self.failures or self.npu or self.entries
-        )
+        return not (
+            self.incompatible or self.superseded or self.unused_for is not None or self.keep_bytes is not None
+        ) and not (self.stale_staging or self.damaged or self.failures or self.npu or self.entries)
 
 
 def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity: PodIdentity) -> PrunePlan:
@@ -149,7 +158,7 @@ def plan_prune(root: CacheRoot, found: Scan, request: PruneRequest, *, identity:
         if reason is None:
             continue
         if entry.in_use:
-            kept.append((entry.name, f"in use by {_pods(entry.users)}"))
+            kept.append((entry.name, f"in use by {_pods(entry.users)}{_generation_note(entry)}"))
             continue
         chosen[entry.name] = _entry_item(entry, reason)
     if request.keep_bytes is not None:
@@ -173,7 +182,7 @@ def _notes(
     return (
         f"{len(signed)} of the planned entries are signed: pods serving from a read-only mount record no use "
         "without a writable usage/ (the chart's trust.recordUse), so --unused-for and --keep-bytes count from the builder's last use; run the builder (warm) for every "
-        "configuration in use, or prune by --key, --incompatible or --npu (docs/operator-guide.md, trusted entries)",
+        "configuration in use, or prune by --key, --incompatible, --superseded or --for-npu (docs/operator-guide.md, trusted entries)",
     )
 
 
@@ -208,7 +217,12 @@ def _entry_item(entry: EntryInfo, reason: str) -> PruneItem:
         entry.key or None,
         entry.last_used_at or entry.created_at,
         entry.usage_seen,
+        standing=_STANDING.get(entry.vs_image or "", "unknown") if not entry.older else "older",
+        generation=entry.generation.label() if entry.generation is not None else "unknown generation",
     )
+
+
+_STANDING = {"same": "this image's", "older": "older", "newer": "newer", "unordered": "other"}
 
 
 def _pods(found: Iterable[User]) -> str:
@@ -219,19 +233,32 @@ def _pods(found: Iterable[User]) -> str:
 
 
 def _entry_reason(entry: EntryInfo, request: PruneRequest) -> str | None:
+    by_status = {
+        "damaged": request.damaged,
+        "incompatible": request.incompatible,
+        "superseded": request.superseded,
+    }
+    if by_status.get(entry.status) and entry.name not in request.entries:
+        return f"{entry.status}: {entry.problem}"
     if entry.name in request.entries:
         failed = f"; its server exited before ready {entry.server_failed}x" if entry.server_failed else ""
-        return f"named (--key){failed}"
-    if request.damaged and entry.status == "damaged":
-        return f"damaged: {entry.problem}"
-    if request.incompatible and entry.status == "incompatible":
-        return f"incompatible: {entry.problem}"
+        return f"named (--key){failed}{_generation_note(entry)}"
     if entry.npu.upper() in request.npu:
-        return f"for NPU {entry.npu} (--for-npu)"
+        return f"for NPU {entry.npu} (--for-npu){_generation_note(entry)}"
     if request.unused_for is not None and entry.unused_for() >= request.unused_for:
         # Whatever its status: an entry nobody used for that long goes (space.Prunable agrees).
-        return f"unused for {human_duration(entry.unused_for())}"
+        return f"unused for {human_duration(entry.unused_for())}{_generation_note(entry)}"
     return None
+
+
+def _generation_note(entry: EntryInfo) -> str:
+    """Which generation an entry chosen by another selector than its generation's is: an
+    operator deciding during a rollout must see that a newer image's entry is in the plan."""
+    if entry.generation is None:
+        return ""
+    if entry.status in {"newer", "incompatible", "superseded"}:
+        return f" ({entry.status}: {entry.generation.label()})"
+    return f" (another generation: {entry.generation.label()})" if entry.vs_image == "unordered" else ""
 
 
 def _over_budget(
@@ -248,11 +275,13 @@ def _over_budget(
             kept.append(
                 (
                     entry.name,
-                    f"in use by {_pods(entry.users)} (over --keep-bytes, but never removed while used)",
+                    f"in use by {_pods(entry.users)} (over --keep-bytes, but never removed while used)"
+                    + _generation_note(entry),
                 )
             )
             continue
-        extra[entry.name] = _entry_item(entry, f"least recently used, cache over {human_bytes(keep_bytes)}")
+        reason = f"least recently used, cache over {human_bytes(keep_bytes)}{_generation_note(entry)}"
+        extra[entry.name] = _entry_item(entry, reason)
         total -= entry.size_bytes
     return extra
 

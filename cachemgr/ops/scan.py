@@ -7,9 +7,14 @@ becomes a status and a warning, never an abort. The hit path does not scan; insp
 space reports and ``prune`` do.
 
 Speed notes (a volume may be NFS, where every syscall is a round trip): one directory read
-of ``entries/`` and one of ``usage/``, then per entry one read of ``summary.json`` and one stat
-of ``manifest.json`` (both relative to an open ``entries/``), one directory read and one stat
-of its usage folder. No ``Path`` object is made per file, only per entry.
+of ``entries/`` and one of ``usage/``, then per entry one read of ``summary.json`` and of
+``key.json`` (its generation: cachemgr.ops.generation) and one stat of ``manifest.json`` (all
+relative to an open ``entries/``), one directory read and one stat of its usage folder. No
+``Path`` object is made per file, only per entry.
+
+What an entry is (:class:`~cachemgr.ops.entryinfo.EntryInfo`), how its generation stands to this
+image's (:class:`~cachemgr.ops.generation.Compat`) and to its lineage's
+(:mod:`cachemgr.ops.lineage`) live in their own modules; this one reads the volume.
 
 Attempts in ``staging/``, failure histories and quarantined entries are read by
 :mod:`cachemgr.ops.attempts`.
@@ -26,172 +31,43 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
 from cachemgr.core.coerce import as_dict, number, read_dict, text
-from cachemgr.core.fsutil import tree_bytes
-from cachemgr.core.units import human_age, human_bytes
+from cachemgr.core.fsutil import loads_json, tree_bytes
 from cachemgr.ops import scanhints
+from cachemgr.ops.entryinfo import OLDER, EntryInfo, EntryStatus
+from cachemgr.ops.generation import Compat, KeyFacts, key_facts
+from cachemgr.ops.lineage import kin, superseded
 from cachemgr.volume import serverfail
 from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
-from cachemgr.volume.records import Mark, Usage, User, read_usage
+from cachemgr.volume.records import Usage, read_usage
 from cachemgr.volume.store import StagingInfo, list_staging
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys
 
-# What the scan checked, and no more: ``published`` (its summary reads, its manifest, the commit
-# record written last, is there), ``incompatible`` (another compiler major.minor: this image can
-# never use it), ``damaged`` (summary or manifest missing or unreadable). The files themselves are
-# not checked here: ``show`` checks sizes and mtimes, ``verify`` hashes them.
-EntryStatus = Literal["published", "damaged", "incompatible"]
+# What callers took from here before the split: the entry, its status and this image.
+__all__ = [
+    "OLDER",
+    "Compat",
+    "EntryInfo",
+    "EntryStatus",
+    "Scan",
+    "last_use",
+    "scan",
+    "scan_entry",
+    "total_bytes",
+]
 
 _SUMMARY_MAX = 1 << 20
+_KEY_MAX = 1 << 20  # a key.json is a few KiB; one of a MiB is damage
+_FACTS = "key_facts"  # the summary's field this scan adds: what the entry's key.json says
+_PARSED = "_key_facts"  # the same, parsed once (never written: hints learn the summary before it)
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-@dataclass(frozen=True)
-class Compat:
-    """What this image can use.
-
-    An entry is incompatible when no pod of this image can ever use it: another compiler
-    major.minor (the key's ``compiler``). An entry for another NPU type is not: a role's
-    Deployment may land on nodes of two NPU types sharing one volume, and those pods use it;
-    treating it as dead made each type prune the other's entries and recompile in turn (11
-    minutes each). Such entries go only when named (``prune --npu``) or by age or LRU.
-    ``None`` means unknown: nothing is judged on that input.
-    """
-
-    compiler: str | None
-    npu: str | None
-
-    def why_incompatible(self, compiler: str, npu: str) -> str | None:
-        del npu  # another NPU's entries are another hardware's, not dead (see above)
-        if self.compiler and compiler and compiler != self.compiler:
-            return f"compiler {compiler}, this image has {self.compiler}"
-        return None
-
-    def other_npu(self, npu: str) -> bool:
-        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--npu``."""
-        return bool(self.npu and npu and npu != self.npu)
-
-
-@dataclass(frozen=True)
-class EntryInfo:
-    """One published entry as the scan sees it."""
-
-    name: str
-    path: Path
-    key: str
-    model: str
-    model_id: str
-    role: str
-    compiler: str
-    npu: str
-    strategy: str
-    size_bytes: int
-    files: int
-    pipeline_parallel_size: int
-    created_at: float | None
-    # When a pod last started or stopped using it: the usage folder's mtime changes when a pod
-    # registers and when it leaves (the ``last-used`` mark alone is touched only at start, so an
-    # entry served for a month would look unused for a month the minute its pods stopped).
-    last_used_at: float | None
-    users: tuple[User, ...]  # live: fresh by this node's clock, or seen to beat
-    status: EntryStatus
-    problem: str | None = None
-    compile_seconds: float | None = None  # how long its compile took: what an ETA learns from
-    # Pod starts that hit this entry and saw the server compile anyway (cachemgr.volume.drift).
-    recompiled_on_hit: int = 0
-    # Records silent by this node's clock: a dead pod's, or a live one on a node whose clock
-    # differs from ours. Not "in use" for ``ls``; ``prune`` observes them before removing.
-    silent_users: tuple[User, ...] = ()
-    # The usage folder as this scan read it (None: not read): prune removes the entry only
-    # while the folder still looks exactly like this (records.Usage.seen).
-    usage_seen: frozenset[tuple[str, Mark]] | None = None
-    # Where the entry came from: compiled on this volume, or downloaded from the remote tier
-    # (summary.json's "origin", written by cachemgr.remote.hooks).
-    origin: Mapping[str, Any] = field(default_factory=dict)
-    # The key its publisher signed it with: with trusted keys, the one its signature.json names
-    # (None: unsigned), else as summary.json claims (not checked); and with trusted keys, whether
-    # one of them signed it for this key ("trusted") or why not ("untrusted: ..."); None: not
-    # checked. The bytes are checked by pods and ``verify``.
-    signer: str | None = None
-    trust: str | None = None
-    # Pod starts on this entry by how they got it (records.STARTS): its use records, live and ended.
-    starts: Mapping[str, int] = field(default_factory=dict)
-    # Pre-ready exits of servers launched on this copy of the entry (cachemgr.volume.serverfail).
-    server_failed: int = 0
-
-    @property
-    def hits(self) -> int:
-        """Starts that found the entry published and loaded it without compiling or waiting."""
-        return int(self.starts.get("hit", 0))
-
-    @property
-    def origin_kind(self) -> str:
-        return str(self.origin.get("kind") or "local")
-
-    @property
-    def in_use(self) -> bool:
-        return bool(self.users)
-
-    @property
-    def short(self) -> str:
-        return (self.key or self.name.rsplit("__", 1)[-1])[:12]
-
-    @property
-    def size_str(self) -> str:
-        return human_bytes(self.size_bytes)
-
-    @property
-    def created_str(self) -> str:
-        return human_age(self.created_at)
-
-    @property
-    def last_used_str(self) -> str:
-        return human_age(self.last_used_at)
-
-    @property
-    def users_str(self) -> str:
-        return ", ".join(user.pod for user in self.users) or "-"
-
-    def unused_for(self, now: float | None = None) -> float:
-        # The usage folder may predate a republished entry (same key): count from the later.
-        ref = max(self.last_used_at or 0.0, self.created_at or 0.0)
-        return max(0.0, (time.time() if now is None else now) - ref)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kind": "entry",
-            "key": self.key,
-            "short": self.short,
-            "entry": self.name,
-            "model": self.model,
-            "role": self.role,
-            "compiler": self.compiler,
-            "npu": self.npu,
-            "strategy": self.strategy,
-            "size_bytes": self.size_bytes,
-            "files": self.files,
-            "created_at": self.created_at,
-            "last_used_at": self.last_used_at,
-            "in_use": self.in_use,
-            "users": [user.to_json() for user in self.users],
-            "silent_users": [user.to_json() for user in self.silent_users],
-            "status": self.status,
-            "problem": self.problem,
-            "recompiled_on_hit": self.recompiled_on_hit,
-            "origin": {"kind": self.origin_kind, **self.origin},
-            "signer": self.signer,
-            "trust": self.trust,
-            "hits": self.hits,
-            "starts": dict(self.starts),
-            "server_failed": self.server_failed,
-        }
 
 
 @dataclass(frozen=True)
@@ -218,11 +94,13 @@ def scan(
     with _directory(root, root.entries) as entries_fd, _directory(root, root.usage) as usage_fd:
         names, used = scanhints.names(root, entries_fd, usage_fd, hinted)
         ctx = _Context(root, compat, used, time.time(), [], entries_fd, usage_fd, trusted, hinted)
-        infos = {n: _entry_info(ctx, n, s) for n, s in hinted.summaries(_checked_summary)} if hinted else {}
+        infos = {n: _entry_info(ctx, n, s) for n, s in hinted.summaries(_checked_hint)} if hinted else {}
         fresh = [name for name in names if name not in infos]
         infos.update(zip(fresh, _entry_infos(ctx, fresh), strict=True))
         scanhints.save(root, hinted, read=len(fresh))
         entries = tuple(info for name in names if (info := infos[name]) is not None)
+    if compat is not None:
+        entries = superseded(entries, compat.generation)
     staging = tuple(list_staging(root)) if with_staging and root.staging.is_dir() else ()
     # Sorted: entries read by threads (a slow volume) add theirs in no set order.
     return Scan(entries=entries, staging=staging, warnings=tuple(sorted(ctx.warnings)))
@@ -254,11 +132,19 @@ def _entry_infos(ctx: _Context, names: list[str]) -> list[EntryInfo | None]:
 def scan_entry(
     root: CacheRoot, name: str, *, compat: Compat | None = None, trusted: TrustedKeys | None = None
 ) -> EntryInfo | None:
-    """One entry as ``scan`` sees it (None if it is not there), without scanning the rest."""
+    """One entry as ``scan`` sees it (None if it is not there), without scanning the rest: with
+    ``compat``, only the entries that could supersede it (their names share its model, role and
+    NPU parts) are read too."""
     with _directory(root, root.entries) as entries_fd:
         if entries_fd is None or not _is_dir_at(entries_fd, name):
             return None  # gone, or a link or file in place of an entry: never read through
-        return _entry_info(_Context(root, compat, None, time.time(), [], entries_fd, None, trusted), name)
+        ctx = _Context(root, compat, None, time.time(), [], entries_fd, None, trusted)
+        info = _entry_info(ctx, name)
+        if info is None or compat is None or info.status != "published" or info.vs_image == "same":
+            return info
+        names = [n for n in kin(root, name) if n != name and _is_dir_at(entries_fd, n)]
+        others = [found for n in names if (found := _entry_info(ctx, n)) is not None]
+        return superseded([info, *others], compat.generation)[0]
 
 
 def _is_dir_at(fd: int, name: str) -> bool:
@@ -314,7 +200,14 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
         return _damaged(ctx, path, problem, summary)
     key = summary["key"]
     compiler, npu = text(summary.get("compiler")), text(summary.get("npu"))
-    why = ctx.compat.why_incompatible(compiler, npu) if ctx.compat else None
+    facts = _facts(summary)
+    if facts is None:
+        unknown = text(as_dict(summary.get(_FACTS)).get("unknown")) or "key.json cannot be read"
+        ctx.warnings.append(
+            f"{name}: {unknown}: its generation is unknown, so it is never judged older "
+            "('cachemgr verify' checks it against its manifest)"
+        )
+    status, why, order = ctx.compat.judge(facts) if ctx.compat else ("published", None, None)
     usage = _usage(ctx, key)
     signer, trust = _trust(ctx, name, key) if ctx.trusted else (_claimed_signer(summary), None)
     return EntryInfo(
@@ -333,8 +226,10 @@ def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) 
         created_at=number(summary.get("created_at")),
         last_used_at=usage.last,
         users=usage.live,
-        status="incompatible" if why else "published",
+        status=status,
         problem=why,
+        facts=facts,
+        vs_image=order,
         compile_seconds=number(summary.get("compile_seconds")),
         recompiled_on_hit=usage.recompiled_on_hit,
         silent_users=usage.silent,
@@ -378,6 +273,9 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
         return _key_json(ctx, name), problem
     except (OSError, ValueError) as error:
         return _key_json(ctx, name), f"summary.json is unreadable ({_short_error(error)})"
+    if isinstance(data, dict):
+        data.pop(_FACTS, None)  # only this scan says what key.json holds, never the summary
+        data.pop(_PARSED, None)
     checked = _checked_summary(data, name)
     if isinstance(checked, str):
         return _key_json(ctx, name), checked
@@ -393,9 +291,60 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     if not stat.S_ISREG(st.st_mode):
         problem = f"manifest.json is {safefs.describe(st)}: damaged (cachemgr verify --fix moves it aside)"
         return checked, problem
+    found = _read_key_facts(ctx, name, checked["key"])
+    facts = found if isinstance(found, KeyFacts) else None
+    checked[_FACTS] = {"unknown": found} if isinstance(found, str) else {}
     if ctx.hints is not None:  # what the next scan for display may take unread
+        if facts is not None:
+            checked[_FACTS] = {"facts": facts.to_hint()}
         ctx.hints.learn(name, checked)
+    checked[_PARSED] = facts
     return checked, None
+
+
+def _read_key_facts(ctx: _Context, name: str, key: str) -> KeyFacts | str:
+    """What the entry's key.json says of its generation (cachemgr.ops.generation), or why nothing."""
+    try:
+        fd = os.open(f"{ctx.prefix}{name}/{KEY_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return "key.json is not a regular file"
+            chunks, size = [], 0
+            while chunk := os.read(fd, _KEY_MAX + 1 - size):  # FUSE hands out 128 KiB a read
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > _KEY_MAX:
+                    return "key.json is larger than 1 MiB"
+            data = loads_json(b"".join(chunks))
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return "key.json is missing"
+    except (OSError, ValueError, UnicodeDecodeError) as error:
+        return f"key.json is unreadable ({_short_error(error)})"
+    return key_facts(data, key) if isinstance(data, dict) else "key.json is not a cachemgr key"
+
+
+def _facts(summary: Mapping[str, Any]) -> KeyFacts | None:
+    if _PARSED in summary:
+        parsed: KeyFacts | None = summary[_PARSED]
+        return parsed
+    return KeyFacts.from_hint(as_dict(summary.get(_FACTS)).get("facts"))
+
+
+def _checked_hint(data: Any, name: str) -> dict[str, Any] | str:
+    """A hinted summary: checked as one read now, with what its key.json said (a row of an
+    earlier release lacks it: read afresh)."""
+    checked = _checked_summary(data, name)
+    if isinstance(checked, str):
+        return checked
+    checked.pop(_PARSED, None)  # a row says what it likes: only what parses from it counts
+    facts = as_dict(checked.get(_FACTS))
+    parsed = KeyFacts.from_hint(facts.get("facts"))
+    if parsed is None and not isinstance(facts.get("unknown"), str):
+        return "a hint without what key.json says"
+    checked[_PARSED] = parsed
+    return checked
 
 
 def _checked_summary(data: Any, name: str) -> dict[str, Any] | str:

@@ -22,6 +22,8 @@ from cachemgr.core.errors import DiskFullError
 from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey, digest_of
+from cachemgr.ops.generation import labels
+from cachemgr.ops.rollout import UNUSED_AFTER, Prunable, RolloutSpace, prunable_now, rollout_space
 from cachemgr.ops.scan import Compat, EntryInfo, scan
 from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
@@ -30,9 +32,11 @@ log = get_logger("cachemgr.ops.space")
 
 # Compiled RBLN models carry the weights plus graphs and metadata: a little more than the weights.
 WEIGHTS_FACTOR = 1.1
-UNUSED_AFTER = 14 * 86400.0
 SpaceCheck = Literal["fail", "warn"]
 CHART_KEY = "storage.compileCache.size"
+# Where to type the prune a full volume's message names: not in the pod that says it, which
+# crash-loops (issue 32, item 9). The chart's toolbox mounts the role's claim without an NPU.
+WHERE_TO_PRUNE = "in a pod that mounts this volume (the chart's toolbox: toolbox.enabled=true)"
 
 
 @dataclass(frozen=True)
@@ -166,29 +170,6 @@ def _hub_cache_weights(model_id: str, revision: Any) -> int:
 
 
 @dataclass(frozen=True)
-class Prunable:
-    """What ``cachemgr prune`` could free right now, never counting an entry in use."""
-
-    incompatible: tuple[EntryInfo, ...]
-    unused: tuple[EntryInfo, ...]
-
-    @property
-    def incompatible_bytes(self) -> int:
-        return sum(e.size_bytes for e in self.incompatible)
-
-    @property
-    def unused_bytes(self) -> int:
-        return sum(e.size_bytes for e in self.unused)
-
-
-def prunable_now(entries: tuple[EntryInfo, ...], *, unused_after: float = UNUSED_AFTER) -> Prunable:
-    idle = [e for e in entries if not e.in_use]
-    incompatible = tuple(e for e in idle if e.status == "incompatible")
-    unused = tuple(e for e in idle if e.status != "incompatible" and e.unused_for() >= unused_after)
-    return Prunable(incompatible, unused)
-
-
-@dataclass(frozen=True)
 class DiskReport:
     """The one report for a full volume: the same in the log, termination message and failure record.
 
@@ -237,25 +218,54 @@ class DiskReport:
         return self.expected.source
 
     def what(self) -> str:
-        """One line: the volume, the figures that explain it, what the compile needs."""
+        """One line: the volume, the figures that explain it, what the compile needs, and what
+        holds the space that prune could free (now, or once an older generation's pods are gone)."""
         head = f"compile cache volume {self.volume} is out of space ({self.cause}): "
         if self.free_at_start is None and not self.written_bytes:
-            return (
-                head
-                + f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}; {self._need()}"
+            facts = [f"{human_bytes(self.free_bytes)} free of {human_bytes(self.total_bytes)}"]
+        else:
+            facts = (
+                [
+                    f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile started"
+                ]
+                if self.free_at_start is not None
+                else [f"the volume has {human_bytes(self.total_bytes)}"]
             )
-        facts = (
-            [
-                f"{human_bytes(self.free_at_start)} of {human_bytes(self.total_bytes)} were free when the compile started"
-            ]
-            if self.free_at_start is not None
-            else [f"the volume has {human_bytes(self.total_bytes)}"]
+            if self.written_bytes:
+                facts.append(f"the attempt was seen writing {human_bytes(self.written_bytes)}")
+            if self.free_at_start is None or human_bytes(self.free_bytes) != human_bytes(self.free_at_start):
+                facts.append(f"{human_bytes(self.free_bytes)} free now that it is removed")
+        return head + ", ".join(facts) + f"; {self._need()}" + self._held()
+
+    def _held(self) -> str:
+        """What prune frees now, by what; else an older generation its pods still use (a rollout
+        under way): what it holds, and who. The remedy then names the one command."""
+        found = self.prunable
+        parts = [
+            f"{human_bytes(size)} {status} (an older generation: {labels(e.generation for e in entries)})"
+            for status, entries, size in (
+                ("incompatible", found.incompatible, found.incompatible_bytes),
+                ("superseded", found.superseded, found.superseded_bytes),
+            )
+            if entries
+        ]
+        if found.unused:
+            parts.append(f"{human_bytes(found.unused_bytes)} unused for {human_duration(UNUSED_AFTER)}")
+        if parts:
+            return f"; prune can free {human_bytes(self._freeable)} of entries no pod uses now: {', '.join(parts)}"
+        if not found.kept:
+            return ""
+        pods = found.kept_pods
+        shown = ", ".join(pods[:2]) + (f" and {len(pods) - 2} more" if len(pods) > 2 else "")
+        return (
+            f"; nothing can be pruned now: the older generation ({labels(e.generation for e in found.kept)}) holds "
+            f"{human_bytes(found.kept_bytes)} in {_count(found.kept, 'entry', 'entries')}, in use by {shown}"
         )
-        if self.written_bytes:
-            facts.append(f"the attempt was seen writing {human_bytes(self.written_bytes)}")
-        if self.free_at_start is None or human_bytes(self.free_bytes) != human_bytes(self.free_at_start):
-            facts.append(f"{human_bytes(self.free_bytes)} free now that it is removed")
-        return head + ", ".join(facts) + f"; {self._need()}"
+
+    @property
+    def _freeable(self) -> int:
+        found = self.prunable
+        return found.incompatible_bytes + found.superseded_bytes + found.unused_bytes
 
     def _need(self) -> str:
         needed = self.needed_bytes
@@ -266,24 +276,33 @@ class DiskReport:
         return f"this compile needs about {human_bytes(needed)} ({self.needed_source})"
 
     def remedy(self) -> str:
+        """At most what one line's remedy holds (core.errors.MESSAGE_LIMIT): one prune command
+        with every selector that frees something, where to run it, and the chart key."""
+        found = self.prunable
         steps = []
         if self.filled_bytes and self.needed_bytes is not None:
             steps.append(f"give it more than {human_bytes(self.needed_bytes)} of free space")
-        pruning = []
-        if self.prunable.incompatible:
-            pruning.append(
-                f"free {human_bytes(self.prunable.incompatible_bytes)} now with 'cachemgr prune --incompatible --yes' "
-                f"({_count(self.prunable.incompatible, 'entry', 'entries')} for another compiler version)"
+        selectors = [
+            flag
+            for flag, entries in (
+                ("--incompatible", found.incompatible),
+                ("--superseded", found.superseded),
+                (f"--unused-for {human_duration(UNUSED_AFTER)}", found.unused),
             )
-        if self.prunable.unused:
-            pruning.append(
-                f"free {human_bytes(self.prunable.unused_bytes)} with 'cachemgr prune --unused-for 14d --yes' "
-                f"({_count(self.prunable.unused, 'entry', 'entries')} unused for {human_duration(UNUSED_AFTER)})"
+            if entries
+        ]
+        raise_it = f"raise {CHART_KEY} (only where the StorageClass allows volume expansion)"
+        if selectors:
+            steps.append(f"run 'cachemgr prune {' '.join(selectors)} --yes' {WHERE_TO_PRUNE}")
+            steps.append(f"or {raise_it}")
+        elif found.kept:
+            steps.append(raise_it)
+            steps.append(
+                "or let every old pod go first (rollingUpdate.maxUnavailable: replicas), then run "
+                f"'cachemgr prune {found.older_selectors} --yes' {WHERE_TO_PRUNE}"
             )
-        steps += pruning or ["nothing can be pruned now ('cachemgr du' shows what uses the space)"]
-        steps.append(
-            f"or raise {CHART_KEY} (it can only grow, and only where the StorageClass allows volume expansion)"
-        )
+        else:
+            steps += ["nothing can be pruned now ('cachemgr du' shows what uses the space)", f"or {raise_it}"]
         return "; ".join(steps)
 
     def to_json(self) -> dict[str, Any]:
@@ -304,6 +323,11 @@ class DiskReport:
             "prunable_incompatible": [e.name for e in self.prunable.incompatible],
             "prunable_unused_bytes": self.prunable.unused_bytes,
             "prunable_unused": [e.name for e in self.prunable.unused],
+            "prunable_superseded_bytes": self.prunable.superseded_bytes,
+            "prunable_superseded": [e.name for e in self.prunable.superseded],
+            "older_in_use_bytes": self.prunable.kept_bytes,
+            "older_in_use": [e.name for e in self.prunable.kept],
+            "older_in_use_by": list(self.prunable.kept_pods),
             "chart_key": CHART_KEY,
         }
 
@@ -346,7 +370,7 @@ def disk_report(
 
 
 def _compat(key: CacheKey) -> Compat:
-    return Compat(compiler=str(key.inputs["compiler"]), npu=str(key.inputs["npu"]))
+    return Compat.of_key(key.inputs)
 
 
 @dataclass(frozen=True)
@@ -444,4 +468,21 @@ def _tmpdir_preflight(
         message,
         remedy=remedy,
         report={"tmpdir": str(tmp), "free_bytes": space.free_bytes, "expected_bytes": need},
+    )
+
+
+def warm_space(root: CacheRoot, key: CacheKey) -> RolloutSpace:
+    """What a warm Job reports once its key is published: each generation's share, the room left.
+    Only shown, never decided on: the scan takes the volume's hints (10,000 entries on JuiceFS in
+    a second, not twelve, at the end of a Job a pre-upgrade hook waits for)."""
+    compat = Compat.of_key(key.inputs)
+    entries = scan(root, compat=compat, with_staging=False, hints=True).entries
+    space = VolumeSpace.measure(root.path)
+    entry = next((e for e in entries if e.key == key.digest), None)
+    return rollout_space(
+        entries,
+        compat.generation,
+        entry_bytes=entry.size_bytes if entry is not None else 0,
+        free_bytes=space.free_bytes,
+        total_bytes=space.total_bytes,
     )

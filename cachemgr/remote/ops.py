@@ -24,6 +24,7 @@ from cachemgr.core.errors import NotFoundError, UsageError
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.key.serving import ServerCommand
+from cachemgr.ops.generation import KeyFacts, key_facts
 from cachemgr.ops.scan import Compat
 from cachemgr.remote.client import RemoteDamageError
 from cachemgr.remote.hooks import download_and_publish
@@ -353,7 +354,10 @@ def plan_remote_prune(
         entry = find_remote(listing, query)
         chosen[entry.entry] = RemotePruneItem(entry.entry, "", entry.size_bytes, "named")
     for entry in listing.entries:
-        why = compat.why_incompatible(entry.compiler, entry.npu) if compat is not None else None
+        # Judged by its manifest's inputs, as a local entry by its key.json: only an older
+        # generation is incompatible, never a newer image's (the bucket serves every cluster).
+        facts = key_facts({"inputs": entry.inputs}, entry.key) if compat is not None else None
+        why = compat.why_incompatible(facts) if compat is not None and isinstance(facts, KeyFacts) else None
         if why:
             chosen.setdefault(entry.entry, RemotePruneItem(entry.entry, "", entry.size_bytes, why))
         if older_than is not None and now - entry.uploaded_at > older_than:

@@ -91,6 +91,7 @@ class Runner:
         self.reaper = False
         self.server_exited = threading.Event()
         self.preflight_found: Preflight | None = None
+        self.key: CacheKey | None = None  # once resolved
         self._missed = False
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
@@ -180,7 +181,7 @@ class Runner:
 
     def _resolve(self) -> CacheKey:
         started = time.monotonic()
-        key = compute_key(self.request)
+        key = self.key = compute_key(self.request)
         self.state.update(key=key.digest, entry=key.entry_name)
         log.info(
             "key_resolved",
