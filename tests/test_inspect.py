@@ -440,6 +440,16 @@ def test_verify_by_key_checks_only_those(cache: Built) -> None:
     assert cli("verify", "0000000000000", env=cache.env).returncode == 66
 
 
+def test_verify_of_one_damaged_entry_counts_it_in_the_singular(cache: Built) -> None:
+    """Issue 34: "found damage in 1 of 1 entries checked"."""
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    artifact = next(p for p in sorted((entry / "artifacts").rglob("*.rbln")))
+    writable(artifact).write_bytes(b"")
+    found = cli("verify", read_manifest(entry).key[:8], env=cache.env)
+    assert found.returncode == 74, found.stderr
+    assert "found damage in 1 of 1 entry checked" in found.stderr, found.stderr
+
+
 def test_verify_warns_of_files_written_into_a_published_entry_without_failing(cache: Built) -> None:
     entry = keyed(cache.root)[("prefill", "0.12", 2)]
     nested = entry / "artifacts" / "written-later"

@@ -20,13 +20,12 @@ from cachemgr.cli.render import (
     Pairs,
     Table,
     Text,
-    plural,
     result,
     tell,
 )
 from cachemgr.core.errors import ExitCode
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_age, human_bytes, human_duration
+from cachemgr.core.units import human_age, human_bytes, human_duration, plural
 from cachemgr.key.cachekey import compute_key
 from cachemgr.key.describe import keyed_pairs
 from cachemgr.ops.attempts import LEGEND, Attempt, FailureHistory, Quarantined

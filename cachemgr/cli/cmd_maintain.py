@@ -26,13 +26,12 @@ from cachemgr.cli.render import (
     emit,
     emit_data,
     layout,
-    plural,
     result,
     tell,
 )
 from cachemgr.core.errors import UsageError, VolumeError
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_bytes
+from cachemgr.core.units import human_bytes, plural
 from cachemgr.ops.diskusage import DiskUsage, disk_usage
 from cachemgr.ops.inspection import volume_errors
 from cachemgr.ops.meter import interval_from, open_meter

@@ -32,7 +32,6 @@ from cachemgr.cli.render import (
     emit_data,
     emit_names,
     entry_row,
-    plural,
     result,
     show,
     tell,
@@ -40,7 +39,7 @@ from cachemgr.cli.render import (
 from cachemgr.core.errors import CacheMgrError, ConfigError, Interrupted, NotFoundError, UsageError
 from cachemgr.core.printable import safe
 from cachemgr.core.procs import StopFlag
-from cachemgr.core.units import human_age, human_bytes
+from cachemgr.core.units import human_age, human_bytes, plural
 from cachemgr.remote.config import RemoteConfig, remote_config
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root

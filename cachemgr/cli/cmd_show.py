@@ -20,13 +20,12 @@ from cachemgr.cli.render import (
     Text,
     input_notes,
     input_rows,
-    plural,
     result,
     tell,
 )
 from cachemgr.core.coerce import as_dict
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_age, human_duration
+from cachemgr.core.units import human_age, human_duration, plural
 from cachemgr.ops.inspection import EntryDetail, volume_errors
 from cachemgr.ops.inspection import show as show_key
 from cachemgr.ops.scan import EntryInfo
@@ -205,9 +204,15 @@ def _recompiled_text(record: Mapping[str, Any]) -> str:
     shown = [safe(p) for p in paths] if isinstance(paths, list) else []
     head = (
         f"{human_age(_float(record.get('time')))}  pod {safe(record.get('pod', '?'))} on node "
-        f"{safe(record.get('node') or '?')}: {safe(record.get('count', len(shown)))} new file(s)"
+        f"{safe(record.get('node') or '?')}: {_new_files(record.get('count'), len(shown))}"
     )
     return "\n".join([head, *(f"    {p}" for p in shown)])
+
+
+def _new_files(count: Any, shown: int) -> str:
+    """``1 new file``, ``3 new files``: the record's count where it is a number, else the paths it lists."""
+    number = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else shown
+    return plural(number, "new file")
 
 
 def _server_failed_text(d: EntryDetail) -> str:

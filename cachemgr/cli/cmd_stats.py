@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from cachemgr.cli.cmd_inspect import open_cache
-from cachemgr.cli.render import Block, Column, Table, Text, plural, result, tell
-from cachemgr.core.units import human_duration
+from cachemgr.cli.render import Block, Column, Table, Text, result, tell
+from cachemgr.core.units import human_duration, plural
 from cachemgr.ops.inspection import volume_errors
 
 STATS_COLUMNS = (

@@ -379,14 +379,5 @@ def tell(kind: str, lines: Iterable[str]) -> None:
         print(f"{kind}: {safe(line)}", file=sys.stderr)
 
 
-def plural(count: int, noun: str) -> str:
-    """``1 entry``, ``2 entries``, ``2 keys``."""
-    if count == 1:
-        return f"1 {noun}"
-    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
-        return f"{count} {noun[:-1]}ies"
-    return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch")) else f"{count} {noun}s"
-
-
 def section(title: str, body: str) -> str:
     return f"\n\n{title}\n{body}"

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.core.coerce import as_dict, read_dict
 from cachemgr.core.errors import NotFoundError, UsageError, VolumeError
 from cachemgr.core.printable import safe
+from cachemgr.core.units import plural
 from cachemgr.ops.attempts import (
     Attempt,
     FailureHistory,
@@ -197,7 +198,7 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         )
     listed = ", ".join(sorted(d[:12] for d in matches)[:6])
     raise UsageError(
-        f"{query!r} matches {len(matches)} keys ({listed}{', ...' if len(matches) > 6 else ''})",
+        f"{query!r} matches {plural(len(matches), 'key')} ({listed}{', ...' if len(matches) > 6 else ''})",
         remedy="pass a longer prefix or the entry name",
     )
 

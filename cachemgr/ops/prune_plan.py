@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import read_json, tree_bytes
-from cachemgr.core.units import human_bytes, human_duration
+from cachemgr.core.units import human_bytes, human_duration, plural
 from cachemgr.ops.attempts import STALE_STAGING_AFTER
 from cachemgr.ops.scan import EntryInfo, Scan
 from cachemgr.volume.identity import PodIdentity
@@ -173,7 +173,7 @@ def _notes(
     return (
         f"{len(signed)} of the planned entries are signed: pods serving from a read-only mount record no use "
         "without a writable usage/ (the chart's trust.recordUse), so --unused-for and --keep-bytes count from the builder's last use; run the builder (warm) for every "
-        "configuration in use, or prune by --key, --incompatible or --npu (docs/operator-guide.md, trusted entries)",
+        "configuration in use, or prune by --key, --incompatible or --for-npu (docs/operator-guide.md, trusted entries)",
     )
 
 
@@ -286,7 +286,7 @@ def _failure_records(root: CacheRoot) -> list[PruneItem]:
         path = root.failures / digest
         count = sum(1 for name in safefs.listdir(root.path, path) if name.endswith(".json"))
         size = tree_bytes(path, within=root.path)
-        items.append(PruneItem("failures", path, digest, size, f"{count} failure record(s)", digest))
+        items.append(PruneItem("failures", path, digest, size, plural(count, "failure record"), digest))
     return items
 
 
