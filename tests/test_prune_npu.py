@@ -4,7 +4,7 @@ A role's Deployment may run on nodes of two NPU types sharing one volume. If a C
 ``--auto-prune incompatible`` (or an operator's ``prune --incompatible`` from it) removed the
 CA12 entries, the CA12 pods would recompile and remove the CA25 ones in turn: a ping-pong of
 11-minute compiles. Only entries no pod of this image can use (another compiler major.minor)
-are incompatible; another NPU's go when named (``prune --npu``), or by age or LRU.
+are incompatible; another NPU's go when named (``prune --for-npu``), or by age or LRU.
 """
 
 from __future__ import annotations
@@ -104,3 +104,13 @@ def test_incompatible_no_longer_needs_the_npu(root: Path, pods: Cluster) -> None
     assert [i["reason"] for i in done["result"]["removed"]] == [
         "incompatible: compiler 0.11, this image has 0.12"
     ]
+
+
+def test_explain_names_the_other_npus_entries_by_the_flag_prune_takes_now(root: Path, pods: Cluster) -> None:
+    """Issue 34: explain's advice named ``prune --npu TYPE``, the deprecated spelling, and no type."""
+    warm(pods, root, "ca12", CACHEMGR_NPU_TYPE="RBLN-CA12")
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "compiler.jsonl", seconds=0.1)]
+    done = cachemgr(root, pods.base_env, "explain", *options, "--", *server_argv(8000))
+    assert done.returncode == 1, done.stderr  # a miss: this pod is an RBLN-CA25
+    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in done.stdout, done.stdout
+    assert "--npu " not in done.stdout, done.stdout

@@ -61,7 +61,7 @@ class Compat:
     major.minor (the key's ``compiler``). An entry for another NPU type is not: a role's
     Deployment may land on nodes of two NPU types sharing one volume, and those pods use it;
     treating it as dead made each type prune the other's entries and recompile in turn (11
-    minutes each). Such entries go only when named (``prune --npu``) or by age or LRU.
+    minutes each). Such entries go only when named (``prune --for-npu``) or by age or LRU.
     ``None`` means unknown: nothing is judged on that input.
     """
 
@@ -75,7 +75,7 @@ class Compat:
         return None
 
     def other_npu(self, npu: str) -> bool:
-        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--npu``."""
+        """For another NPU type than this pod's: kept by ``--incompatible``, named by ``--for-npu``."""
         return bool(self.npu and npu and npu != self.npu)
 
 
