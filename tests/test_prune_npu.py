@@ -109,7 +109,12 @@ def test_incompatible_no_longer_needs_the_npu(root: Path, pods: Cluster) -> None
 def test_explain_names_the_other_npus_entries_by_the_flag_prune_takes_now(root: Path, pods: Cluster) -> None:
     """Issue 34: explain's advice named ``prune --npu TYPE``, the deprecated spelling, and no type."""
     warm(pods, root, "ca12", CACHEMGR_NPU_TYPE="RBLN-CA12")
-    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "compiler.jsonl", seconds=0.1)]
+    options = [
+        "--strategy",
+        "command",
+        "--compile-cmd",
+        compile_cmd(pods.work / "compiler.jsonl", seconds=0.1),
+    ]
     done = cachemgr(root, pods.base_env, "explain", *options, "--", *server_argv(8000))
     assert done.returncode == 1, done.stderr  # a miss: this pod is an RBLN-CA25
     assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in done.stdout, done.stdout
