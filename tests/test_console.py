@@ -359,19 +359,20 @@ def test_a_usage_error_names_its_command_once(cache: Built, args: list[str], lin
 
 
 def test_each_stream_gets_an_error_once_in_its_format(cache: Built) -> None:
-    env = {**cache.env, "CACHEMGR_LOG_FORMAT": "json"}
-    # A pod's log (stderr is no terminal): the JSON event alone, its message the one line.
-    done = cli("show", "f" * 20, env=env)
+    env = {**cache.env, "CACHEMGR_LOG_FORMAT": "json"}  # the pod's format: a person's command ignores it
+    # Asked for JSON (-o json): the JSON event alone, its message the one line.
+    done = cli("show", "f" * 20, "-o", "json", env=env)
     assert done.returncode == 66, "not found has its own exit code"
     (line,) = done.stderr.strip().splitlines()
     event = json.loads(line)
     assert (event["event"], event["exit_code"], event["reason"]) == ("failed", 66, "not-found")
     assert event["message"].startswith(f"no entry, compile attempt or failure record under {cache.root}")
-    # A terminal, even in a pod whose CACHEMGR_LOG_FORMAT is json: the plain line alone.
-    code, shown = on_pty("show", "f" * 20, env=env)
-    assert code == 66
-    (line,) = shown.strip().splitlines()
-    assert line.startswith("cachemgr show: no entry, compile attempt or failure record"), line
+    # Not asked, with or without a terminal (kubectl exec -it, or without -t): the plain line alone.
+    piped = cli("show", "f" * 20, env=env)
+    for code, shown in (on_pty("show", "f" * 20, env=env), (piped.returncode, piped.stderr)):
+        assert code == 66
+        (line,) = shown.strip().splitlines()
+        assert line.startswith("cachemgr show: no entry, compile attempt or failure record"), line
     assert cli("verify", "f" * 20, env=env).returncode == 66
 
 
@@ -670,10 +671,10 @@ def test_a_demo_stopped_mid_compile_stops_its_pods_with_it(tmp_path: Path, signu
     )
     with log.open("wb") as out:
         demo = subprocess.Popen(
-            [sys.executable, "-c", interruptible, "demo", "--dir", str(work), "--compile-seconds", "60"],
+            [sys.executable, "-c", interruptible, "demo", "--dir", str(work), "--compile-seconds", "60",
+             "--log-format", "console" if signum == signal.SIGTERM else "json"],
             stdout=out, stderr=out, stdin=subprocess.DEVNULL, cwd=tmp_path,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")},
-                 "CACHEMGR_LOG_FORMAT": "console" if signum == signal.SIGTERM else "json"},
+            env={k: v for k, v in os.environ.items() if not k.startswith("CACHEMGR_")},
         )  # fmt: skip
     try:
         wait_for(lambda: log.read_text().count(" compiling ") >= 2, what="both roles compiling")

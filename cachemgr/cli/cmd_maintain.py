@@ -30,6 +30,7 @@ from cachemgr.cli.render import (
     tell,
 )
 from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.log import configured_format
 from cachemgr.core.printable import safe
 from cachemgr.core.units import human_bytes, plural
 from cachemgr.ops.diskusage import DiskUsage, disk_usage
@@ -260,10 +261,14 @@ def _is_table(args: argparse.Namespace) -> bool:
 def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
     """On a terminal, show the plan and ask; without one, never prompt: print it and stop (64)."""
     what = f"{plural(len(plan.items), 'item')}, freeing {plan.bytes_str}"
-    if not sys.stdin.isatty():
+    json_log = configured_format() == "json"  # a question is no event: JSON stderr never asks
+    if json_log or not sys.stdin.isatty():
         _render_prune(args, plan, None)
+        where = (
+            "its stderr is JSON (-o json), which cannot ask" if json_log else "there is no terminal to ask on"
+        )
         raise UsageError(
-            f"prune would remove {what}, and asks first, but there is no terminal to ask on",
+            f"prune would remove {what}, and asks first, but {where}",
             remedy="pass --yes to remove them, or --dry-run to only print the plan",
         )
     print(_plan_text(args, plan), file=sys.stderr)

@@ -76,7 +76,7 @@ def _add_run_command(sub: Any, name: str) -> None:
     add_key(cmd)
     add_run(cmd)
     add_progress(cmd)
-    add_log(cmd)
+    add_log(cmd, pod=True)
 
 
 def _add_key_command(sub: Any, name: str) -> None:

@@ -97,12 +97,29 @@ def duration_option(parser: Any, flag: str, *, help: str, default: float | str |
 # --- option groups several commands share --------------------------------------------------------
 
 
-def add_log(parser: argparse.ArgumentParser) -> None:
+# The commands a pod runs as itself (its entrypoint, its warm Job, its probes): their stderr is the
+# pod's log, in the pod's format (CACHEMGR_LOG_FORMAT, which the chart sets for the whole pod).
+# Every other command is run by a person (kubectl exec, with or without -t) or a script that says
+# so with -o json: its stderr is for a person unless asked otherwise (docs/reference.md, "What
+# a command writes on stderr").
+POD_COMMANDS = frozenset({"run", "warm", "probe"})
+
+
+def add_log(parser: argparse.ArgumentParser, *, pod: bool = False) -> None:
+    if pod:
+        parser.add_argument(
+            "--log-format",
+            choices=["json", "console"],
+            default=env("CACHEMGR_LOG_FORMAT"),
+            help="log format on stderr [env CACHEMGR_LOG_FORMAT; default: console on a terminal, else json]",
+        )
+        return
     parser.add_argument(
         "--log-format",
         choices=["json", "console"],
-        default=env("CACHEMGR_LOG_FORMAT"),
-        help="log format on stderr [env CACHEMGR_LOG_FORMAT; default: console on a terminal, else json]",
+        default=None,
+        help="format of notes, warnings, errors and log events on stderr (default: console, or json "
+        "with -o json and -o yaml; the pod's CACHEMGR_LOG_FORMAT is for run, warm and probe only)",
     )
 
 

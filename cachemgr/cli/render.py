@@ -373,8 +373,17 @@ def entry_row(
     return {"key": key[:12], **{name: value or "?" for name, value in known.items()}, "size": size, **more}
 
 
-def tell(kind: str, lines: Iterable[str]) -> None:
-    """Notes and warnings: to stderr, so that ``-o json`` output always parses; escaped."""
+def tell(kind: Literal["note", "warning"], lines: Iterable[str]) -> None:
+    """Notes and warnings: to stderr, so that ``-o json`` output always parses. A person's
+    ``note: ...`` line, escaped; where stderr is JSON, an event of that name whose ``message`` is
+    the line (every line on a JSON stderr is one: docs/reference.md)."""
+    from cachemgr.core.log import configured_format, get_logger
+
+    if configured_format() == "json":
+        log = get_logger("cachemgr")
+        for line in lines:
+            (log.warning if kind == "warning" else log.info)(kind, message=line)
+        return
     for line in lines:
         print(f"{kind}: {safe(line)}", file=sys.stderr)
 
