@@ -265,7 +265,7 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     artifact.unlink()
     shown = cli("show", digest[:8], env=cache.env)
     assert shown.returncode == 0, shown.stderr
-    assert "status       damaged: 1 of the manifest's files" in shown.stdout
+    assert "status       damaged: 1 of the manifest's " in shown.stdout
     (todo,) = [line for line in shown.stdout.splitlines() if line.startswith("what to do:")]
     command = todo.split("'")[1]
     assert command == f"cachemgr verify --fix {digest[:12]}"
@@ -273,7 +273,7 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     assert fixed.returncode == 74, fixed.stderr
     assert not entry.exists()
 
-    gone = cli("show", digest[:8], env=cache.env)
+    gone = cli("show", digest[:8], "-o", "json", env=cache.env)
     assert gone.returncode == 66
     (event,) = [json.loads(line) for line in gone.stderr.splitlines()]
     line = event["message"]
@@ -281,10 +281,43 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     assert f"moved aside to quarantine/{moved['entry']}" in line
     assert "missing" in line, "the reason it was moved"
     assert "'cachemgr prune --damaged --yes'" in line
-    by_name = json.loads(cli("show", entry.name, env=cache.env).stderr)["message"]
+    by_name = json.loads(cli("show", entry.name, "-o", "json", env=cache.env).stderr)["message"]
     assert by_name == line.replace(repr(digest[:8]), repr(entry.name))
     assert cli("prune", "--damaged", "--yes", env=cache.env).returncode == 0
     assert "quarantine/" not in cli("show", digest[:8], env=cache.env).stderr
+
+
+def test_show_of_a_half_copied_entry_claims_nothing_it_cannot_know(cache: Built) -> None:
+    """Issue 34: an entry copied in part (no manifest, no summary) was "damaged: 1 of the manifest's
+    files fail", "820.6 KiB in 0 files", "created 0s ago by pod ?": no manifest says any of that."""
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    digest = read_manifest(entry).key
+    os.chmod(entry, 0o755)
+    (entry / "manifest.json").unlink()
+    (entry / "summary.json").unlink()
+    shown = cli("show", digest[:8], env=cache.env)
+    assert shown.returncode == 0, shown.stderr
+    head = shown.stdout.split("\n\n", 1)[0].splitlines()
+    pairs = {line[:12].strip(): line[13:] for line in head}
+    assert (
+        pairs["status"]
+        == "damaged: manifest.json is missing: the entry was never committed; no file of it can be checked"
+    )
+    assert "0 files" not in pairs["size"], pairs["size"]
+    assert pairs["created"].startswith("unknown: its manifest, which records it, cannot be read"), pairs
+    assert "?" not in pairs["created"] + pairs["compiled in"], pairs
+    assert "FILES CHECK" not in shown.stdout, "there is no manifest to check files against"
+    doc = cli_json("show", digest[:8], env=cache.env)
+    assert (doc["status"], doc["created_at"], doc["manifest"]) == ("damaged", None, None)
+    # One file of a committed entry gone: the count is of the manifest's files, in agreement.
+    other = keyed(cache.root)[("prefill", "0.12", 4)]
+    next(p for p in sorted((other / "artifacts").rglob("*.rbln"))).unlink()
+    shown = cli("show", read_manifest(other).key[:8], env=cache.env)
+    total = len(read_manifest(other).files)
+    assert (
+        f"status       damaged: 1 of the manifest's {total} files fails the size and mtime check"
+        in shown.stdout
+    )
 
 
 def test_prune_key_of_a_key_that_only_failed_names_show_with_that_key(cache: Built) -> None:

@@ -67,7 +67,7 @@ def _status_line(d: EntryDetail) -> str:
     if e is None:
         return "not published"
     if d.problems:
-        return f"damaged: {len(d.problems)} of the manifest's files fail the size and mtime check (below)"
+        return _failed_check(d)
     if e.status == "damaged":
         return f"damaged ({e.problem})"
     check = "every file's size and mtime match the manifest ('cachemgr verify' hashes them)"
@@ -90,17 +90,58 @@ def _damaged_remedy(d: EntryDetail) -> str:
     )
 
 
+def _failed_check(d: EntryDetail) -> str:
+    if d.manifest is None:
+        # No manifest, no file check: a half-copied entry, or one whose commit record is gone.
+        return f"damaged: {d.problems[0].rpartition('/')[2]}; no file of it can be checked"
+    failing = len(d.problems)
+    return (
+        f"damaged: {failing} of the manifest's {plural(_manifest_files(d), 'file')} "
+        f"{'fails' if failing == 1 else 'fail'} the size and mtime check (below)"
+    )
+
+
+def _manifest_files(d: EntryDetail) -> int:
+    files = (d.manifest or {}).get("files")
+    return files if isinstance(files, int) else d.entry.files if d.entry is not None else 0
+
+
+def _size_text(d: EntryDetail, e: EntryInfo) -> str:
+    if e.files or d.manifest is not None:
+        return f"{e.size_str} in {plural(e.files or _manifest_files(d), 'file')}"
+    return f"{e.size_str} on the volume (how many files it should have, only a manifest says)"
+
+
+def _created_text(d: EntryDetail, e: EntryInfo) -> str:
+    """When and by whom, from the manifest (or the summary of an entry that is not damaged); a
+    damaged entry without a manifest says so rather than guess from its folder's mtime."""
+    m = d.manifest or {}
+    when = _float(m.get("created_at")) or (e.created_at if e.status != "damaged" else None)
+    if when is None:
+        return f"unknown: its manifest, which records it, cannot be read (the folder last changed {human_age(e.created_at)})"
+    by = as_dict(m.get("created_by"))
+    pod, node = by.get("pod"), by.get("node")
+    who = f" by pod {pod}" if pod else ""
+    return f"{human_age(when)}{who}{f' on node {node}' if node else ''}"
+
+
+def _compiled_text(d: EntryDetail, e: EntryInfo) -> str:
+    m = d.manifest or {}
+    seconds, strategy = _float(m.get("compile_seconds")), m.get("strategy") or e.strategy
+    if seconds is None and not strategy:
+        return "unknown: its manifest, which records it, cannot be read"
+    return f"{human_duration(seconds)} ({strategy or '?'} strategy)"
+
+
 def _show_blocks(d: EntryDetail) -> Iterator[Block]:
-    e, m = d.entry, d.manifest or {}
+    e = d.entry
     pairs: list[tuple[str, Any]] = [("key", d.digest), ("entry", d.name or "?"), ("status", _status_line(d))]
     if e is not None:
-        created_by = as_dict(m.get("created_by"))
-        compiled = human_duration(_float(m.get("compile_seconds")))
         pairs += [
             ("path", str(e.path)),
-            ("size", f"{e.size_str} in {plural(e.files, 'file')}"),
-            ("created", f"{e.created_str} by pod {created_by.get('pod', '?')} on node {created_by.get('node') or '?'}"),
-            ("compiled in", f"{compiled} ({m.get('strategy') or e.strategy or '?'} strategy)"),
+            ("size", _size_text(d, e)),
+            ("created", _created_text(d, e)),
+            ("compiled in", _compiled_text(d, e)),
             *_origin_pairs(e.origin),
             ("last used", e.last_used_str),
             ("in use by", ", ".join(f"{u.pod} (node {u.node or '?'}, since {human_age(u.since)})" for u in e.users) or "no pod"),
@@ -116,7 +157,7 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
                 )
             )
     yield Pairs(pairs)
-    if d.problems:
+    if d.problems and d.manifest is not None:
         yield Text(
             "FILES CHECK (size and mtime against the manifest)\n"
             + "\n".join(f"- {safe(p)}" for p in d.problems)

@@ -130,6 +130,17 @@ class EntryDetail:
         return "incompatible" if self.entry.status == "incompatible" else "ok"
 
     @property
+    def created_at(self) -> float | None:
+        """When it was published, as its manifest (or summary) says; None for a damaged entry
+        that has neither (its folder's mtime is no publication time)."""
+        made = (self.manifest or {}).get("created_at")
+        if isinstance(made, int | float) and not isinstance(made, bool):
+            return float(made)
+        if self.entry is None or self.entry.status == "damaged":
+            return None
+        return self.entry.created_at
+
+    @property
     def inputs(self) -> Mapping[str, Any]:
         return as_dict(self.key_doc.get("inputs")) or as_dict((self.manifest or {}).get("inputs"))
 
@@ -144,7 +155,7 @@ class EntryDetail:
             "origin": self.entry.to_json()["origin"] if self.entry else None,
             "problem": self.entry.problem if self.entry else None,
             "size_bytes": self.entry.size_bytes if self.entry else None,
-            "created_at": self.entry.created_at if self.entry else None,
+            "created_at": self.created_at,
             "last_used_at": self.entry.last_used_at if self.entry else None,
             "in_use": self.entry.in_use if self.entry else False,
             "users": [u.to_json() for u in self.entry.users] if self.entry else [],
