@@ -413,6 +413,49 @@ def test_warm_ends_with_a_summary_of_what_it_did(cache: Built, tmp_path: Path) -
     assert tp16["starts"] == {"compiled": 1, "hit": 1}, "both Jobs' use records, kept when they ended"
 
 
+def test_stats_counts_a_start_that_waited_for_its_peer_apart_from_hits_and_compiles(
+    cache: Built, tmp_path: Path
+) -> None:
+    """Issue 34: a pod that waited for its peer's compile and loaded the entry was a "miss", so
+    "50% hits" read as half the starts compiled. Hits, waits and compiles are counted apart."""
+    with cluster(tmp_path / "pods", STANDIN_COMPILE_SECONDS="0.1") as pods:
+        record = pods.work / "compiler.jsonl"
+        options = ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=2)]
+        first = pods.start(
+            "modelserver-prefill-a", server_argv(free_port()), cache_root=cache.root, options=options
+        )
+        first.wait_phase("compiling")
+        second = pods.start(
+            "modelserver-prefill-b", server_argv(free_port()), cache_root=cache.root, options=options
+        )
+        second.wait_phase("waiting")
+        for pod in (first, second):
+            pod.wait_phase("serving")
+        third = pods.start(
+            "modelserver-prefill-c", server_argv(free_port()), cache_root=cache.root, options=options
+        )
+        third.wait_phase("serving")
+        digest = json.loads((first.state_dir / "state.json").read_text())["key"]
+        stats = json.loads(cli("stats", "-o", "json", env=cache.env).stdout)
+        (key,) = [k for k in stats["keys"] if k["key"].startswith(digest)]
+        assert (key["pod_starts"], key["hits"], key["waits"], key["compiles"], key["misses"]) == (
+            3,
+            1,
+            1,
+            1,
+            2,
+        ), key
+        shown = cli("stats", env=cache.env).stdout
+        (row,) = [line for line in shown.splitlines() if line.startswith(digest[:12])]
+        assert row.split()[2:5] == ["1", "1", "1"], f"HITS WAITS COMPILES: {row}"
+        assert "WAITS" in shown
+        volume = " ".join(
+            line for line in shown.splitlines() if line.startswith("volume:") or line.startswith(" ")
+        )
+        assert "% hits" not in shown, "no ratio that reads a wait as a compile"
+        assert re.search(r"\d+ pod starts: \d+ hits?, \d+ waits?, \d+ compiles?", volume), volume
+
+
 # --- ls and show say only what they checked ------------------------------------------------------------
 
 
