@@ -547,13 +547,58 @@ def test_a_killed_holder_is_dead_for_locks_ls_and_prune_at_once(cache: Built, tm
         (attempt,) = [
             r for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout) if r["kind"] == "staging"
         ]
-        assert attempt["status"] == "stale"
+        # One rule (cachemgr.volume.liveness), one word: locks, ls and prune all say "dead" (issue
+        # 34: ls said "stale" and prune "attempt silent for 2s" of a process gone a second ago).
+        assert attempt["status"] == "dead", attempt
+        assert "gone from this host" in attempt["problem"], attempt
+        shown = cli("ls", env=cache.env).stdout
+        assert re.search(r"\bdead\n", shown), shown
+        assert "dead: its pod's process is gone from this host" in shown, shown
+        planned = cli("prune", "--stale-staging", "--dry-run", env=cache.env).stdout
+        assert "dead: its pod's process is gone from this host" in planned, planned
+        assert "silent" not in planned, planned
         done = cli("prune", "--stale-staging", "--yes", "-o", "json", env=cache.env)
         assert [i["kind"] for i in json.loads(done.stdout)["result"]["removed"]] == ["staging"]
         assert list((cache.root / "leases").iterdir()) == [], (
             "its marker, holder and progress records went too"
         )
         assert json.loads(cli("locks", "-o", "json", env=cache.env).stdout) == []
+
+
+def test_an_owner_in_another_pid_namespace_of_this_host_is_not_judged_by_its_pid(
+    cache: Built, tmp_path: Path
+) -> None:
+    """A sidecar or a debug container has the pod's host name but its own pid namespace: a pid
+    there says nothing here. The owner record names its namespace, as a lease marker does, so
+    ls and prune go by silence (one rule for both records, cachemgr.volume.liveness)."""
+    with cluster(tmp_path / "pods", STANDIN_COMPILE_SECONDS="0.1") as pods:
+        pod = _holder(pods, cache.root)
+        (owner,) = (cache.root / "staging").glob("*/*.json")
+        record = json.loads(owner.read_text())
+        assert {"started", "boot", "pidns"} <= set(record), record
+        pod.signal_pod(signal.SIGKILL)
+        pod.wait_exit()
+        beat = owner.stat().st_mtime  # its last heartbeat, kept: the rewrite is no beat
+        owner.write_text(json.dumps({**record, "pidns": "pid:[1]"}))  # another namespace
+        os.utime(owner, (beat, beat))
+        wait_for(
+            lambda: [r for r in cli_json_rows(cache) if r["status"] == "silent"],
+            what="the attempt to fall silent (its pid says nothing here)",
+            timeout=60,
+        )
+        (attempt,) = [r for r in cli_json_rows(cache) if r["kind"] == "staging"]
+        assert attempt["status"] == "silent", attempt
+        owner.write_text(json.dumps(record))  # its own again: known dead here
+        os.utime(owner, (beat, beat))
+        (attempt,) = [r for r in cli_json_rows(cache) if r["kind"] == "staging"]
+        assert attempt["status"] == "dead", attempt
+
+
+def cli_json_rows(cache: Built) -> list[dict[str, Any]]:
+    done = cli("ls", "-o", "json", env=cache.env)
+    assert done.returncode == 0, done.stderr
+    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    return rows
 
 
 def test_a_hung_compile_is_shown_stalled_by_locks_and_ls(cache: Built, tmp_path: Path) -> None:

@@ -38,8 +38,9 @@ class Here:
     def knows(self, *, host: str | None, boot: str | None, pidns: str | None) -> bool:
         """The record's writer ran in this host's pid namespace, so its pid can be probed from here.
 
-        A record that names its boot and pid namespace must match both; one that names neither
-        (an attempt's owner record) is probed on a matching host name alone.
+        A record that names its boot and pid namespace must match both (lease markers, and
+        attempts' owner records since they name them); one that names neither (an owner record of
+        an older cachemgr) is probed on a matching host name alone.
         """
         if host != self.host:
             return False
