@@ -100,3 +100,16 @@ def test_the_module_map_names_every_module_and_only_modules_that_exist() -> None
     modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if p.name != "__init__.py"}
     modules.discard("__main__.py")
     assert named == modules, f"not in the map: {sorted(modules - named)}; gone: {sorted(named - modules)}"
+
+
+def test_the_readme_names_each_fact_of_the_chart_page_that_cachemgr_takes_over() -> None:
+    """Issue 34: the README said every fact of the compile cache page holds, while the page's start
+    budget ("longer than the first compile") is what cachemgr's probes replace. Each sentence it
+    quotes as taken over must be the page's own, word for word, so the list cannot drift from it."""
+    readme = (ROOT / "README.md").read_text()
+    page = " ".join((ROOT / "docs" / "compile-cache.en.md").read_text().split())
+    quoted = [" ".join(q.split()) for q in re.findall(r'^- "(.+?)":', readme.replace("\n  ", " "), flags=re.M)]
+    assert quoted, "the README lists what cachemgr takes over from the page"
+    for sentence in quoted:
+        assert sentence in page, f"not the page's words: {sentence!r}"
+    assert "The modelserver Pod's start budget must be longer than the first compile." in quoted
