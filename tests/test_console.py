@@ -463,13 +463,23 @@ def test_ls_claims_no_check_it_did_not_make_and_show_says_what_its_check_found(c
     victim = entries_by_tp(cache.root)[("0.12", 8)]
     artifact = next(p for p in sorted((victim / "artifacts").rglob("*")) if p.is_file())
     artifact.parent.chmod(0o755)
-    artifact.unlink()
+    artifact.chmod(0o644)
+    with artifact.open("r+b") as handle:  # its size no longer matches the manifest
+        handle.truncate(1)
     key = json.loads((victim / "summary.json").read_text())["key"]
     (row,) = [r for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout) if r.get("key") == key]
     assert row["status"] == "published", "ls reads the summary and sees the manifest: it says no more"
+    # ... and says so where STATUS is read (issue 34: "published" read as "its files are fine").
+    listed = cli("ls", env=cache.env).stdout
+    (line,) = [line for line in listed.splitlines() if line.startswith(key[:12])]
+    assert line.split()[-1] == "published", line
+    said = " ".join(listed.split())
+    assert "STATUS is what each entry's summary and manifest say: ls reads none of their files" in said
+    assert "'cachemgr show KEY' checks their sizes" in said
     shown = cli("show", key[:12], env=cache.env).stdout
     status = next(line for line in shown.splitlines() if line.startswith("status"))
-    assert "damaged: 1 of the manifest's files fail the size and mtime check" in status, status
+    assert "damaged: 1 of the manifest's " in status, status
+    assert "files fails the size and mtime check" in status, status
     assert "ok" not in status
     detail = json.loads(cli("show", key[:12], "-o", "json", env=cache.env).stdout)
     assert detail["status"] == "damaged"
