@@ -43,7 +43,8 @@ from cachemgr.volume.records import register_use, release_use
 from cachemgr.volume.store import create_staging, publish
 
 TARGET_SECONDS = {"local": 1.0, "juicefs": 2.0, "juicefs-cached": 2.0}  # issue 25: JuiceFS under 2 s
-COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"])
+# completion --keys: what a shell runs on each TAB after `cachemgr show ` (the listing alone).
+COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"], ["completion", "--keys", "0"])
 COMPILERS = ("0.11.2", "0.12.0", "0.12.3", "0.13.0")
 ROLES = ("prefill", "decode")
 TP = ("2", "4", "8", "16")

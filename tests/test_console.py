@@ -279,6 +279,9 @@ def test_what_the_volume_holds_reaches_every_human_output_escaped(cache: Built) 
         "prune wide": ["prune", "--damaged", "--unused-for", "0s", "--dry-run", "-o", "wide"],
         "stats": ["stats"], "stats wide": ["stats", "-o", "wide"],
         "explain": ["explain", "--", *vllm(4)], "explain miss": ["explain", "--", *vllm(16)],
+        "ls jsonpath": ["ls", "-o", "jsonpath={.items[*].model}{.items[*].users[*].pod}"],
+        "ls custom-columns": ["ls", "-o", "custom-columns=MODEL:.model,POD:.users[*].pod,NPU:.npu"],
+        "show jsonpath": ["show", keys["victim"][:12], "-o", "jsonpath={.users[*].pod} {.users}"],
     }  # fmt: skip
     shown = set()
     for what, args in outputs.items():
@@ -408,7 +411,7 @@ def test_warm_ends_with_a_summary_of_what_it_did(cache: Built, tmp_path: Path) -
     assert names[0] == names[1]
     assert names[0].startswith("MiniMaxAI--MiniMax-M2.7__prefill__c0.12__RBLN-CA25__")
     stats = json.loads(cli("stats", "-o", "json", env=cache.env).stdout)
-    (tp16,) = [k for k in stats["keys"] if k["entry"] == names[0]]
+    (tp16,) = [k for k in stats["items"] if k["entry"] == names[0]]
     assert (tp16["compiles"], tp16["hits"], tp16["misses"]) == (1, 1, 1), tp16
     assert tp16["starts"] == {"compiled": 1, "hit": 1}, "both Jobs' use records, kept when they ended"
 
@@ -437,7 +440,7 @@ def test_stats_counts_a_start_that_waited_for_its_peer_apart_from_hits_and_compi
         third.wait_phase("serving")
         digest = json.loads((first.state_dir / "state.json").read_text())["key"]
         stats = json.loads(cli("stats", "-o", "json", env=cache.env).stdout)
-        (key,) = [k for k in stats["keys"] if k["key"].startswith(digest)]
+        (key,) = [k for k in stats["items"] if k["key"].startswith(digest)]
         assert (key["pod_starts"], key["hits"], key["waits"], key["compiles"], key["misses"]) == (
             3,
             1,
@@ -449,9 +452,7 @@ def test_stats_counts_a_start_that_waited_for_its_peer_apart_from_hits_and_compi
         (row,) = [line for line in shown.splitlines() if line.startswith(digest[:12])]
         assert row.split()[2:5] == ["1", "1", "1"], f"HITS WAITS COMPILES: {row}"
         assert "WAITS" in shown
-        volume = " ".join(
-            line for line in shown.splitlines() if line.startswith("volume:") or line.startswith(" ")
-        )
+        volume = " ".join(line for line in shown.splitlines() if line.startswith(("volume:", " ")))
         assert "% hits" not in shown, "no ratio that reads a wait as a compile"
         assert re.search(r"\d+ pod starts: \d+ hits?, \d+ waits?, \d+ compiles?", volume), volume
 
@@ -467,7 +468,9 @@ def test_ls_claims_no_check_it_did_not_make_and_show_says_what_its_check_found(c
     with artifact.open("r+b") as handle:  # its size no longer matches the manifest
         handle.truncate(1)
     key = json.loads((victim / "summary.json").read_text())["key"]
-    (row,) = [r for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout) if r.get("key") == key]
+    (row,) = [
+        r for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout)["items"] if r.get("key") == key
+    ]
     assert row["status"] == "published", "ls reads the summary and sees the manifest: it says no more"
     # ... and says so where STATUS is read (issue 34: "published" read as "its files are fine").
     listed = cli("ls", env=cache.env).stdout
@@ -514,7 +517,7 @@ def test_du_reports_the_volume_as_df_and_the_pod_see_it(cache: Built) -> None:
     assert usage["used_bytes"] == pytest.approx(used, abs=256 << 20)
     assert usage["used_percent"] == pytest.approx(100 * used / (used + avail), abs=0.5), "as df's Use%"
     assert usage["usable_bytes"] == pytest.approx(used + avail, abs=256 << 20)
-    text = cli("du", env=cache.env).stdout
+    text = " ".join(cli("du", env=cache.env).stdout.split())  # a long value goes on under itself
     assert "for root only" not in text
     if st.f_bfree > st.f_bavail:
         assert "usable by the pod (of " in text, text
@@ -523,7 +526,9 @@ def test_du_reports_the_volume_as_df_and_the_pod_see_it(cache: Built) -> None:
     env = {k: v for k, v in cache.env.items() if k != "CACHEMGR_COMPILER_VERSION"}
     text = cli("du", env=env).stdout
     assert "cachemgr prune --incompatible  " not in text
-    assert "'cachemgr prune --incompatible' needs this image's RBLN Compiler version" in text
+    assert "'cachemgr prune --incompatible' needs this image's RBLN Compiler version" in " ".join(
+        text.split()
+    )
     assert "incompatible" not in json.loads(cli("du", "-o", "json", env=env).stdout)["prunable"]
 
 
@@ -551,11 +556,13 @@ def test_a_killed_holder_is_dead_for_locks_ls_and_prune_at_once(cache: Built, tm
         )
         pod.signal_pod(signal.SIGKILL)
         pod.wait_exit()
-        (lock,) = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)
+        (lock,) = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)["items"]
         assert (lock["state"], lock["stale"]) == ("dead", True), lock
         assert " dead" in cli("locks", env=cache.env).stdout
         (attempt,) = [
-            r for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout) if r["kind"] == "staging"
+            r
+            for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout)["items"]
+            if r["kind"] == "staging"
         ]
         # One rule (cachemgr.volume.liveness), one word: locks, ls and prune all say "dead" (issue
         # 34: ls said "stale" and prune "attempt silent for 2s" of a process gone a second ago).
@@ -572,7 +579,7 @@ def test_a_killed_holder_is_dead_for_locks_ls_and_prune_at_once(cache: Built, tm
         assert list((cache.root / "leases").iterdir()) == [], (
             "its marker, holder and progress records went too"
         )
-        assert json.loads(cli("locks", "-o", "json", env=cache.env).stdout) == []
+        assert json.loads(cli("locks", "-o", "json", env=cache.env).stdout)["items"] == []
 
 
 def test_an_owner_in_another_pid_namespace_of_this_host_is_not_judged_by_its_pid(
@@ -607,7 +614,7 @@ def test_an_owner_in_another_pid_namespace_of_this_host_is_not_judged_by_its_pid
 def cli_json_rows(cache: Built) -> list[dict[str, Any]]:
     done = cli("ls", "-o", "json", env=cache.env)
     assert done.returncode == 0, done.stderr
-    rows: list[dict[str, Any]] = json.loads(done.stdout)
+    rows: list[dict[str, Any]] = json.loads(done.stdout)["items"]
     return rows
 
 
@@ -616,14 +623,16 @@ def test_a_hung_compile_is_shown_stalled_by_locks_and_ls(cache: Built, tmp_path:
         _holder(pods, cache.root, stall="2s", node=NODE)
 
         def stalled() -> Any:
-            locks = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)
+            locks = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)["items"]
             return locks if locks and locks[0]["state"] == "stalled" else None
 
         (lock,) = wait_for(stalled, what="locks to say stalled")
         assert lock["progress"]["stalled"] is True
-        assert "STALLED: no CPU, writes or output for" in cli("locks", env=cache.env).stdout
+        assert "STALLED: no CPU, writes or output for" in " ".join(cli("locks", env=cache.env).stdout.split())
         (attempt,) = [
-            r for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout) if r["kind"] == "staging"
+            r
+            for r in json.loads(cli("ls", "-o", "json", env=cache.env).stdout)["items"]
+            if r["kind"] == "staging"
         ]
         assert attempt["status"] == "stalled"
 
@@ -829,10 +838,10 @@ def test_a_killed_holder_on_another_node_is_silent_for_locks_and_ls_alike(
         pod.wait_exit()
 
         def silent() -> Any:
-            rows = json.loads(cli("ls", "-o", "json", env=cache.env).stdout)
+            rows = json.loads(cli("ls", "-o", "json", env=cache.env).stdout)["items"]
             staging = [r for r in rows if r["kind"] == "staging"]
             return staging if staging and staging[0]["status"] == "silent" else None
 
         wait_for(silent, what="ls to call the attempt silent", timeout=30)
-        (lock,) = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)
+        (lock,) = json.loads(cli("locks", "-o", "json", env=cache.env).stdout)["items"]
         assert (lock["state"], lock["stale"]) == ("silent", False), lock

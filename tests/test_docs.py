@@ -108,7 +108,9 @@ def test_the_readme_names_each_fact_of_the_chart_page_that_cachemgr_takes_over()
     quotes as taken over must be the page's own, word for word, so the list cannot drift from it."""
     readme = (ROOT / "README.md").read_text()
     page = " ".join((ROOT / "docs" / "compile-cache.en.md").read_text().split())
-    quoted = [" ".join(q.split()) for q in re.findall(r'^- "(.+?)":', readme.replace("\n  ", " "), flags=re.M)]
+    quoted = [
+        " ".join(q.split()) for q in re.findall(r'^- "(.+?)":', readme.replace("\n  ", " "), flags=re.M)
+    ]
     assert quoted, "the README lists what cachemgr takes over from the page"
     for sentence in quoted:
         assert sentence in page, f"not the page's words: {sentence!r}"

@@ -9,10 +9,12 @@ no command crashes and that damage shows.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
 import pty
+import re
 import shutil
 import signal
 import subprocess
@@ -120,6 +122,11 @@ def cli_json(*args: str, env: dict[str, str], code: int = 0) -> Any:
     return json.loads(done.stdout)
 
 
+def epoch(text: str) -> float:
+    """An RFC 3339 time of -o json (``2026-12-01T18:08:52.299151Z``) in seconds since the epoch."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def keyed(root: Path) -> dict[tuple[str, str, int], Path]:
     """Entry directories keyed by (role, compiler, tensor_parallel_size), from their key.json."""
     found = {}
@@ -149,14 +156,19 @@ def writable(path: Path) -> Path:
 def test_ls_lists_entries_with_the_contract_fields_and_marks_other_compilers_incompatible(
     cache: Built,
 ) -> None:
-    rows = cli_json("ls", env=cache.env)
+    listing = cli_json("ls", env=cache.env)
+    # kubectl's envelope (docs/design.md, the interface contract): a list's items under "items".
+    assert (listing["apiVersion"], listing["kind"]) == ("cachemgr/v1", "EntryList"), listing.keys()
+    rows = listing["items"]
     entries = [r for r in rows if r["kind"] == "entry"]
     assert len(entries) == 7
     for row in entries:
         assert row.keys() >= LIST_FIELDS
         assert row["size_bytes"] > 0
         assert row["model"] == MODEL
-        assert isinstance(row["created_at"], float)
+        # RFC 3339 in UTC, as kubectl prints times, not epoch floats
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", row["created_at"]), row["created_at"]
+        assert abs(epoch(row["created_at"]) - time.time()) < 3600
         assert row["in_use"] is False
     by_status = {(r["role"], r["compiler"]): r["status"] for r in entries}
     assert by_status[("prefill", "0.11")] == "incompatible"
@@ -183,7 +195,7 @@ def test_ls_without_this_images_compiler_or_npu_judges_nothing_and_says_what_to_
     env.pop("RBLN_FORCE_NPU_NAME", None)
     done = cli("ls", "-o", "json", env=env)
     assert done.returncode == 0
-    assert {r["status"] for r in json.loads(done.stdout) if r["kind"] == "entry"} == {"published"}
+    assert {r["status"] for r in json.loads(done.stdout)["items"] if r["kind"] == "entry"} == {"published"}
     assert "CACHEMGR_COMPILER_VERSION" in done.stderr
     assert "CACHEMGR_NPU_TYPE" in done.stderr
 
@@ -277,7 +289,7 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     assert gone.returncode == 66
     (event,) = [json.loads(line) for line in gone.stderr.splitlines()]
     line = event["message"]
-    (moved,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "quarantine"]
+    (moved,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "quarantine"]
     assert f"moved aside to quarantine/{moved['entry']}" in line
     assert "missing" in line, "the reason it was moved"
     assert "'cachemgr prune --damaged --yes'" in line
@@ -297,8 +309,14 @@ def test_show_of_a_half_copied_entry_claims_nothing_it_cannot_know(cache: Built)
     (entry / "summary.json").unlink()
     shown = cli("show", digest[:8], env=cache.env)
     assert shown.returncode == 0, shown.stderr
-    head = shown.stdout.split("\n\n", 1)[0].splitlines()
-    pairs = {line[:12].strip(): line[13:] for line in head}
+    pairs: dict[str, str] = {}
+    name = ""
+    for line in shown.stdout.split("\n\n", 1)[0].splitlines():  # a long value goes on under itself
+        if line[:1] == " ":
+            pairs[name] += " " + line.strip()
+        else:
+            name = line[:12].strip()
+            pairs[name] = line[13:]
     assert (
         pairs["status"]
         == "damaged: manifest.json is missing: the entry was never committed; no file of it can be checked"
@@ -405,7 +423,7 @@ def test_explain_a_role_never_compiled_here_and_an_environment_change(cache: Bui
 
 def test_du_adds_up(cache: Built) -> None:
     usage = cli_json("du", env=cache.env)
-    rows = cli_json("ls", env=cache.env)
+    rows = cli_json("ls", env=cache.env)["items"]
     sizes = [r["size_bytes"] for r in rows if r["kind"] == "entry"]
     assert usage["entries_bytes"] == sum(sizes)
     assert (
@@ -445,7 +463,7 @@ def test_verify_finds_flipped_bytes_that_ls_cannot_see_and_fix_moves_only_that_e
     data[len(data) // 2] ^= 0xFF
     writable(artifact).write_bytes(bytes(data))
 
-    assert {r["status"] for r in cli_json("ls", env=cache.env) if r["kind"] == "entry"} <= {
+    assert {r["status"] for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "entry"} <= {
         "published",
         "incompatible",
     }
@@ -462,7 +480,7 @@ def test_verify_finds_flipped_bytes_that_ls_cannot_see_and_fix_moves_only_that_e
     assert not victim.exists()
     assert {e.name: tree_bytes(e) for e in entry_dirs(cache.root)} == healthy
     assert cli("verify", env=cache.env).returncode == 0
-    (moved,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "quarantine"]
+    (moved,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "quarantine"]
     assert moved["entry"].startswith(victim.name)
 
 
@@ -592,14 +610,14 @@ def test_mayhem_no_command_crashes_and_damage_shows(cache: Built) -> None:
 
     rows = cli("ls", "-o", "json", env=env)
     assert rows.returncode == 0
-    status = {r["entry"]: r["status"] for r in json.loads(rows.stdout) if r["kind"] == "entry"}
+    status = {r["entry"]: r["status"] for r in json.loads(rows.stdout)["items"] if r["kind"] == "entry"}
     by_what = {what: status[name] for name, what in damaged.items()}
     assert by_what["no-manifest"] == "damaged"
     assert by_what["junk-summary"] == "damaged"
     assert by_what["healthy"] == "published"
     assert "summary.json" in rows.stderr
     assert "manifest.json" in rows.stderr
-    staging = [r for r in json.loads(rows.stdout) if r["kind"] == "staging"]
+    staging = [r for r in json.loads(rows.stdout)["items"] if r["kind"] == "staging"]
     assert {r["status"] for r in staging} == {"stale"}
 
     for args in (["ls"], ["du"], ["du", "-o", "json"], ["locks"], ["locks", "-o", "json"]):
@@ -611,7 +629,7 @@ def test_mayhem_no_command_crashes_and_damage_shows(cache: Built) -> None:
     assert cli("show", "e" * 12, env=env).returncode == 0
     assert cli("explain", "--", *vllm(4), env=env).returncode in {0, 1}
     assert cli("explain", "--", *vllm(32), env=env).returncode == 1
-    locks = cli_json("locks", env=env)
+    locks = cli_json("locks", env=env)["items"]
     assert [(lock["key"], lock["stale"]) for lock in locks] == [("c" * 32, True)]
 
     report = cli("verify", "-o", "json", env=env)
@@ -629,7 +647,7 @@ def test_mayhem_no_command_crashes_and_damage_shows(cache: Built) -> None:
     assert sorted(p.name for p in entry_dirs(cache.root)) == [healthy]
     assert tree_bytes(cache.root / "entries" / healthy) == before
     assert cli("verify", env=env).returncode == 0
-    moved = {r["entry"].split(".")[0] for r in cli_json("ls", env=env) if r["kind"] == "quarantine"}
+    moved = {r["entry"].split(".")[0] for r in cli_json("ls", env=env)["items"] if r["kind"] == "quarantine"}
     assert moved >= {name.split(".")[0] for name in damaged if name != healthy}
 
 
@@ -669,16 +687,18 @@ def test_prune_never_removes_an_entry_in_use(cache: Built, pods: Cluster) -> Non
     result = cli_json("prune", "--unused-for", "0s", "--keep-bytes", "0", "--yes", env=cache.env)
     assert [p.name for p in entry_dirs(cache.root)] == [entry.name]
     assert any(k["name"] == entry.name and "serving" in k["reason"] for k in result["plan"]["kept"])
-    rows = cli_json("ls", env=cache.env)
+    rows = cli_json("ls", env=cache.env)["items"]
     (row,) = [r for r in rows if r["kind"] == "entry"]
     assert row["in_use"] is True
     assert [u["pod"] for u in row["users"]] == ["serving"]
     stopping = time.time()
     pod.signal(signal.SIGTERM)
     assert pod.wait_exit() == 0
-    (row,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "entry"]
+    (row,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "entry"]
     assert row["in_use"] is False
-    assert row["last_used_at"] >= stopping - 1, "last used is when its last pod stopped, not when it started"
+    assert epoch(row["last_used_at"]) >= stopping - 1, (
+        "last used is when its last pod stopped, not when it started"
+    )
 
 
 def test_prune_asks_on_a_terminal(cache: Built) -> None:
@@ -716,11 +736,11 @@ def test_a_compile_in_progress_shows_in_ls_locks_show_and_explain_then_goes_stal
     pod.wait_phase("compiling")
     wait_for(record.exists, what="the compiler to start")
 
-    (attempt,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "staging"]
+    (attempt,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "staging"]
     assert attempt["status"] == "compiling"
     assert attempt["pod"] == "compiler-pod"
     assert attempt["in_use"] is True
-    (lock,) = cli_json("locks", env=cache.env)
+    (lock,) = cli_json("locks", env=cache.env)["items"]
     assert (lock["key"], lock["pod"], lock["node"], lock["stale"]) == (
         attempt["key"],
         "compiler-pod",
@@ -742,16 +762,16 @@ def test_a_compile_in_progress_shows_in_ls_locks_show_and_explain_then_goes_stal
     os.utime(marker, (old, old))  # as a pod on another node that died ten minutes ago
     for owner in (cache.root / "staging").glob("*/*.json"):
         os.utime(owner, (old, old))
-    (lock,) = cli_json("locks", env=cache.env)
+    (lock,) = cli_json("locks", env=cache.env)["items"]
     assert lock["stale"] is True
     assert "expired" in cli("locks", env=cache.env).stdout
-    (attempt,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "staging"]
+    (attempt,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "staging"]
     assert attempt["status"] == "stale", "another node's pid says nothing here: silent for 10m"
     pruned = cli_json("prune", "--stale-staging", "--yes", env=cache.env)
     assert [i["kind"] for i in pruned["result"]["removed"]] == ["staging"]
     leftovers = sorted(p.name for p in (cache.root / "leases").iterdir())
     assert leftovers == [], "the dead attempt's lease (marker, holder, progress records) goes with it"
-    assert cli_json("locks", env=cache.env) == []
+    assert cli_json("locks", env=cache.env)["items"] == []
     assert not list((cache.root / "staging").rglob("*.rbln"))
 
 
@@ -762,7 +782,7 @@ def test_an_attempt_of_a_pod_that_died_on_this_host_is_dead_at_once(cache: Built
     pod.wait_phase("compiling")
     pod.signal_pod(signal.SIGKILL)
     pod.wait_exit()
-    (attempt,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "staging"]
+    (attempt,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "staging"]
     assert attempt["status"] == "dead", "same host, pid gone: dead, whatever its heartbeat says"
     pruned = cli_json("prune", "--stale-staging", "--yes", env=cache.env)
     assert [i["kind"] for i in pruned["result"]["removed"]] == ["staging"], pruned
@@ -771,7 +791,7 @@ def test_an_attempt_of_a_pod_that_died_on_this_host_is_dead_at_once(cache: Built
 
 def test_locks_with_no_lease(cache: Built) -> None:
     assert cli("locks", env=cache.env).stdout.strip() == "no leases held"
-    assert cli_json("locks", env=cache.env) == []
+    assert cli_json("locks", env=cache.env)["items"] == []
 
 
 def test_a_missing_volume_is_a_clear_error(cache: Built, tmp_path: Path) -> None:

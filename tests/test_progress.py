@@ -234,7 +234,7 @@ def test_a_waiter_never_breaks_on_a_missing_or_bad_record(
 
     locks = run_cli("locks", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(cache.path)})
     assert locks.returncode == 0, locks.stderr
-    (lock,) = json.loads(locks.stdout)
+    (lock,) = json.loads(locks.stdout)["items"]
     assert lock["progress"]["eta_source"] == line["holder_eta_source"]
     text = run_cli("locks", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(cache.path)}).stdout
     assert f"{digest[:12]}  1m05s in, 1m01s CPU, 3.0 MiB staged of ~8.0 MiB, ETA ~10m" in text

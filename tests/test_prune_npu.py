@@ -68,9 +68,11 @@ def test_incompatible_keeps_another_npus_entries_and_npu_names_them(pods: Cluste
 
     listing = cachemgr(root, env, "ls")
     assert listing.returncode == 0, listing.stderr
-    assert "1 entry for other NPU types (RBLN-CA12; this pod has RBLN-CA25)" in listing.stdout
-    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in listing.stdout
-    rows = json.loads(cachemgr(root, env, "ls", "-o", "json").stdout)
+    assert "1 entry for other NPU types (RBLN-CA12; this pod has RBLN-CA25)" in " ".join(
+        listing.stdout.split()
+    )
+    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in " ".join(listing.stdout.split())
+    rows = json.loads(cachemgr(root, env, "ls", "-o", "json").stdout)["items"]
     assert {r["npu"]: r["status"] for r in rows if r["kind"] == "entry"} == {
         "RBLN-CA12": "published",
         "RBLN-CA25": "published",
@@ -117,5 +119,5 @@ def test_explain_names_the_other_npus_entries_by_the_flag_prune_takes_now(root: 
     ]
     done = cachemgr(root, pods.base_env, "explain", *options, "--", *server_argv(8000))
     assert done.returncode == 1, done.stderr  # a miss: this pod is an RBLN-CA25
-    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in done.stdout, done.stdout
+    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in " ".join(done.stdout.split()), done.stdout
     assert "--npu " not in done.stdout, done.stdout

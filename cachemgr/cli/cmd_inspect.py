@@ -102,7 +102,7 @@ QUARANTINE_COLUMNS = (
     Column("key", "key"),
     Column("size", "size", ">"),
     Column("moved", "moved"),
-    Column("reason", "reason", shrink="head", least=20),
+    Column("reason", "reason", shrink="cause", least=20),
     Column("name", "name", wide=True),
 )
 
@@ -115,6 +115,7 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
         listing = list_cache(root, compat=image.compat, trusted=trusted)
     result(
         args,
+        kind="EntryList",
         data=listing.to_json,
         blocks=lambda: _ls_blocks(listing, image, str(root.path)),
         names=lambda: _ls_names(listing),
@@ -137,13 +138,23 @@ def _ls_blocks(listing: Listing, image: ImageInfo, root: str) -> Iterator[Block]
     columns: tuple[Column, ...] = LS_COLUMNS
     if any(e.signer or e.trust for e in listing.entries):  # the open mode's table stays as it was
         columns = (*LS_COLUMNS[:-3], Column("signed by", "signer", shrink="head", least=10), *LS_COLUMNS[-3:])
-    yield Table(rows, columns, empty=f"no entries under {safe(root)}")
+    yield Table(
+        rows,
+        columns,
+        empty=f"no entries under {safe(root)}",
+        kind="entry",
+        items=lambda: [e.to_json() for e in listing.entries],
+    )
     yield Text(_ls_summary(listing, image))
     if listing.attempts:
         statuses = list(dict.fromkeys(a.status for a in listing.attempts))
         legend = "\n".join(f"{status}: {LEGEND[status]}" for status in statuses)
         yield Table(
-            [attempt_row(a) for a in listing.attempts], STAGING_COLUMNS, title="STAGING (compile attempts)"
+            [attempt_row(a) for a in listing.attempts],
+            STAGING_COLUMNS,
+            title="STAGING (compile attempts)",
+            kind="staging",
+            items=lambda: [a.to_json() for a in listing.attempts],
         )
         yield Text(legend)
     if listing.failures:
@@ -152,12 +163,16 @@ def _ls_blocks(listing: Listing, image: ImageInfo, root: str) -> Iterator[Block]
             [_failure_row(f, published) for f in listing.failures],
             FAILED_COLUMNS,
             title="FAILED COMPILES ('cachemgr show KEY' has the output)",
+            kind="failure",
+            items=lambda: [f.to_json() for f in listing.failures],
         )
     if listing.quarantined:
         yield Table(
             [_quarantine_row(q) for q in listing.quarantined],
             QUARANTINE_COLUMNS,
             title="QUARANTINE ('cachemgr prune --damaged' removes them)",
+            kind="quarantine",
+            items=lambda: [q.to_json() for q in listing.quarantined],
         )
 
 
@@ -296,7 +311,7 @@ def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[s
     root = open_cache(args)
     with volume_errors(root):
         found = explain_key(root, key, trusted=trusted)
-    result(args, data=found.to_json, blocks=lambda: _explain_blocks(found))
+    result(args, kind="Explanation", data=found.to_json, blocks=lambda: _explain_blocks(found))
     tell("warning", [*key.notes, *found.warnings])
     # Like `diff` and `terraform plan -detailed-exitcode`: 0 a hit, 1 not (docs/reference.md).
     return int(ExitCode.OK if found.result == "hit" else ExitCode.NOT_A_HIT)
@@ -320,8 +335,9 @@ def _explain_blocks(x: Explanation) -> Iterator[Block]:
             e = near.entry
             use = f"in use by {e.users_str}" if e.in_use else f"last used {e.last_used_str}"
             count = len(near.differences)
-            head = f"{rank}. {e.short}  {e.name}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
-            blocks.append("\n".join([safe(head), *(f"     {safe(d)}" for d in near.differences)]))
+            head = f"{rank}. {e.short}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
+            lines = [safe(head), f"   {safe(e.name)}", *(f"     {safe(d)}" for d in near.differences)]
+            blocks.append("\n".join(lines))
         yield Text("NEAREST ENTRIES (entry value -> this argv)\n" + "\n".join(blocks))
     yield Text("WHAT TO DO\n" + "\n".join(f"- {safe(line)}" for line in x.advice))
 
@@ -348,6 +364,7 @@ def locks(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[s
         found = list_locks(root)
     result(
         args,
+        kind="LeaseList",
         data=lambda: [lock.to_json() for lock in found],
         blocks=lambda: _locks_blocks(found),
         names=lambda: (f"lease/{x.key}" for x in found),
@@ -362,7 +379,7 @@ def _locks_blocks(found: list[LockInfo]) -> Iterator[Block]:
          "lease": human_duration(x.holder.duration), "state": x.state, "pid": x.holder.pid, "host": x.holder.host}
         for x in found
     ]  # fmt: skip
-    yield Table(rows, LOCK_COLUMNS, empty="no leases held")
+    yield Table(rows, LOCK_COLUMNS, empty="no leases held", items=lambda: [x.to_json() for x in found])
     if not found:
         return
     progress = [

@@ -65,7 +65,7 @@ def du(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
     root = open_cache(args)
     with volume_errors(root):
         usage = disk_usage(root, compat=image.compat)
-    result(args, data=usage.to_json, blocks=lambda: _du_blocks(usage), long=True)
+    result(args, kind="DiskUsage", data=usage.to_json, blocks=lambda: _du_blocks(usage), long=True)
     tell("warning", usage.warnings)
     tell("note", image.notes)
     return 0
@@ -100,7 +100,7 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
     rows = [{"compiler": c.compiler, "entries": c.entries, "size": c.size_str} for c in u.by_compiler]
     cols = (Column("compiler", "compiler"), Column("entries", "entries", ">"), Column("size", "size", ">"))
     if rows:
-        yield Table(rows, cols, title="BY COMPILER VERSION")
+        yield Table(rows, cols, title="BY COMPILER VERSION", kind="compiler")
     largest = sorted(u.entries, key=lambda e: e.size_bytes, reverse=True)[:_TOP_ENTRIES]
     if largest:
         rows = [
@@ -113,7 +113,7 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
             if len(u.entries) > len(largest)
             else ""
         )
-        yield Table(rows, DU_ENTRY_COLUMNS, title=f"BY ENTRY{more}")
+        yield Table(rows, DU_ENTRY_COLUMNS, title=f"BY ENTRY{more}", kind="entry")
     rows = [
         {"command": f"cachemgr prune {f.flag}", "items": f.items, "frees": f.bytes_str} for f in u.prunable
     ]
@@ -125,7 +125,9 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
         }
     )
     cols = (Column("command", "command"), Column("items", "items", ">"), Column("frees", "frees", ">"))
-    yield Table(rows, cols, title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)")
+    yield Table(
+        rows, cols, title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)", kind="prune"
+    )
     if not u.compiler_known:
         yield Text(
             "'cachemgr prune --incompatible' needs this image's RBLN Compiler version: set "
@@ -159,6 +161,7 @@ def verify(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[s
         meter.close()
     result(
         args,
+        kind="VerifyReport",
         data=report.to_json,
         blocks=lambda: _verify_blocks(report),
         names=lambda: (f"entry/{i.name}" for i in report.items),
@@ -183,7 +186,7 @@ def _verify_blocks(r: VerifyReport) -> Iterator[Block]:
             Column("signed by", "signer", shrink="head", least=10),
             *VERIFY_COLUMNS[3:],
         )
-    yield Table(rows, columns, empty="no entries to verify")
+    yield Table(rows, columns, empty="no entries to verify", items=lambda: [i.to_json() for i in r.items])
     problems = [
         f"{safe(i.name)}:\n" + "\n".join(f"  - {safe(p)}" for p in i.problems) for i in r.items if i.problems
     ]
@@ -211,7 +214,7 @@ PLAN_COLUMNS = (
     Column("kind", "kind"),
     Column("key", "key"),
     Column("size", "size", ">"),
-    Column("reason", "reason", shrink="head", least=20),
+    Column("reason", "reason", shrink="cause", least=20),
     Column("name", "name", wide=True),
 )
 
@@ -242,7 +245,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
     finally:
         meter.close()
     if _is_table(args):
-        emit(_done_text(plan, done))
+        emit(layout([Text(_done_text(plan, done))], Style.of(args)))
     else:
         _render_prune(args, plan, done)
     if done.failed:
@@ -255,7 +258,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
 
 
 def _is_table(args: argparse.Namespace) -> bool:
-    return args.output in ("table", "wide")
+    return Style.of(args).output in ("table", "wide")
 
 
 def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
@@ -349,13 +352,15 @@ def _done_text(plan: PrunePlan, done: PruneResult) -> str:
 
 
 def _render_prune(args: argparse.Namespace, plan: PrunePlan, done: PruneResult | None) -> None:
-    if args.output in ("json", "yaml"):
+    style = Style.of(args)
+    if style.data:
         emit_data(
             {"plan": plan.to_json(), "executed": done is not None, "result": done and done.to_json()},
-            args.output,
+            style,
+            kind="Prune",
         )
         return
-    if args.output == "name":
+    if style.output == "name":
         names = [f"{i.kind}/{i.name}" for i in plan.items]
         if names:
             emit("\n".join(safe(n) for n in names))
@@ -363,4 +368,4 @@ def _render_prune(args: argparse.Namespace, plan: PrunePlan, done: PruneResult |
     blocks: list[Block] = list(_plan_blocks(plan, dry_run=args.dry_run and done is None))
     if done is not None:
         blocks.append(Text(_done_text(plan, done)))
-    emit(layout(blocks, Style.of(args)))
+    emit(layout(blocks, style))

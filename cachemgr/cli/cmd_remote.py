@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
+from cachemgr.cli.documents import emit_names
 from cachemgr.cli.render import (
     Block,
     Column,
@@ -30,7 +31,6 @@ from cachemgr.cli.render import (
     Table,
     Text,
     emit_data,
-    emit_names,
     entry_row,
     result,
     show,
@@ -176,7 +176,11 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
         yield Text(text)
 
     result(
-        args, data=listing.to_json, blocks=blocks, names=lambda: (f"entry/{e.entry}" for e in listing.entries)
+        args,
+        kind="RemoteEntryList",
+        data=listing.to_json,
+        blocks=blocks,
+        names=lambda: (f"entry/{e.entry}" for e in listing.entries),
     )
     tell("warning", listing.warnings)
     return 0
@@ -318,7 +322,8 @@ def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
 
 
 def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | None]], *, verb: str) -> None:
-    if args.output in ("json", "yaml"):
+    style = Style.of(args)
+    if style.data:
         emit_data(
             [
                 {
@@ -333,10 +338,11 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
                 }
                 for name, moved, error in rows_in
             ],
-            args.output,
+            style,
+            kind="TransferList",
         )
         return
-    if args.output == "name":
+    if style.output == "name":
         emit_names(f"entry/{name}" for name, _, _ in rows_in)
         return
     rows = [
@@ -416,10 +422,11 @@ def _remote_prune_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *, executed: bool) -> None:
-    if args.output in ("json", "yaml"):
-        emit_data({"plan": rows, "executed": executed}, args.output)
+    style = Style.of(args)
+    if style.data:
+        emit_data({"plan": rows, "executed": executed}, style, kind="RemotePrune")
         return
-    if args.output == "name":
+    if style.output == "name":
         emit_names(f"entry/{row['entry']}" for row in rows)
         return
     cols = [
@@ -432,4 +439,4 @@ def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *,
     blocks: list[Block] = [Table(rows, cols, empty="nothing to prune")]
     if rows:
         blocks.append(Text(f"plan: {plural(len(rows), 'item')}\n{done}"))
-    show(blocks, Style.of(args))
+    show(blocks, style)

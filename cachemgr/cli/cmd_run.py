@@ -255,7 +255,7 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
         if pairs:
             yield Pairs(pairs)
 
-    result(args, data=computed.to_json, blocks=blocks)
+    result(args, kind="Key", data=computed.to_json, blocks=blocks)
     return 0
 
 

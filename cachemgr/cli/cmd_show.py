@@ -42,7 +42,7 @@ def show(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     root = open_cache(args)
     with volume_errors(root):
         detail = show_key(root, args.key, compat=image.compat, trusted=trusted)
-    result(args, data=detail.to_json, blocks=lambda: _show_blocks(detail))
+    result(args, kind="KeyDetail", data=detail.to_json, blocks=lambda: _show_blocks(detail))
     tell("warning", detail.warnings)
     return 0
 
@@ -166,7 +166,10 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
         yield Text(_damaged_remedy(d))
     if d.inputs:
         yield Table(
-            input_rows(d.inputs, as_dict(d.key_doc.get("sources"))), INPUT_COLUMNS, title="KEY INPUTS"
+            input_rows(d.inputs, as_dict(d.key_doc.get("sources"))),
+            INPUT_COLUMNS,
+            title="KEY INPUTS",
+            kind="input",
         )
         notes = [safe(n) for n in input_notes(as_dict(d.key_doc.get("sources")))]
         dropped = d.key_doc.get("dropped_runtime_flags")
@@ -179,7 +182,9 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
         refreshed = f"refreshed {human_duration(h.refreshed_age)} ago, lease {human_duration(h.duration)}"
         yield Text(f"LEASE\nheld by {safe(h.describe())}; {refreshed}: {_lease_state(h.state)}")
     if d.attempts:
-        yield Table([attempt_row(a) for a in d.attempts], ATTEMPT_COLUMNS, title="COMPILE ATTEMPTS")
+        yield Table(
+            [attempt_row(a) for a in d.attempts], ATTEMPT_COLUMNS, title="COMPILE ATTEMPTS", kind="attempt"
+        )
     if d.history is not None:
         yield Text(
             f"FAILED COMPILES ({d.history.count})\n" + "\n".join(_failure_text(r) for r in d.history.records)

@@ -37,6 +37,7 @@ def stats(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[s
         found = volume_stats(root)
     result(
         args,
+        kind="Stats",
         data=found.to_json,
         blocks=lambda: _stats_blocks(found),
         names=lambda: (f"entry/{s.entry}" if s.entry else f"failure/{s.key}" for s in found.keys),
@@ -54,7 +55,10 @@ def _stats_blocks(found: Any) -> Iterator[Block]:
         for s in found.keys
     ]  # fmt: skip
     yield Table(
-        rows, STATS_COLUMNS, empty="no entries, pod starts or failed compiles recorded on this volume"
+        rows,
+        STATS_COLUMNS,
+        empty="no entries, pod starts or failed compiles recorded on this volume",
+        items=lambda: [s.to_json() for s in found.keys],
     )
     yield Text(_volume_line(found.total))
     yield Text(

@@ -147,7 +147,7 @@ def _add_ls_command(sub: Any, name: str) -> None:
         ["cachemgr ls", "cachemgr ls -o wide", "cachemgr ls -o json | jq '.[] | select(.kind == \"entry\")'"],
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_compat(cmd)
     add_remote(cmd, listing=True)
     add_trusted(cmd)
@@ -178,7 +178,7 @@ def _add_locks_command(sub: Any, name: str) -> None:
         ["cachemgr locks", "cachemgr locks -o wide", "cachemgr locks -o json"],
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_log(cmd)
 
 
@@ -192,7 +192,7 @@ def _add_stats_command(sub: Any, name: str) -> None:
         ["cachemgr stats", "cachemgr stats -o json | jq .volume"],
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_log(cmd)
 
 
@@ -232,7 +232,7 @@ def _add_verify_command(sub: Any, name: str) -> None:
         help="move damaged (and with --trusted-keys, untrusted) entries to quarantine/ (the next start compiles them)",
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_trusted(cmd)
     add_progress(cmd)
     add_log(cmd)

@@ -147,22 +147,53 @@ _OUTPUT_HELP = {
     "json": "the result as JSON",
     "yaml": "the result as YAML",
     "name": "KIND/NAME lines",
+    "jsonpath=TEMPLATE": "kubectl's JSONPath template, e.g. jsonpath='{.items[*].key}'",
+    "custom-columns=SPEC": "kubectl's columns, e.g. custom-columns=KEY:.key,STATUS:.status",
 }
 
 
-def add_output(parser: argparse.ArgumentParser, *forms: str) -> None:
-    """``-o`` with the forms this command has; tables also take ``--no-headers``."""
+def output_form(forms: tuple[str, ...]) -> Any:
+    """``-o``'s value: one of ``forms``, or ``jsonpath=``/``custom-columns=`` with their text (a
+    usage error names the forms); the template is checked when it is used."""
+
+    def parse(text: str) -> str:
+        form, eq, template = text.partition("=")
+        if form in forms and not eq:
+            return text
+        if eq and f"{form}=" in {f.partition("=")[0] + "=" for f in forms if "=" in f}:
+            if not template.strip():
+                raise argparse.ArgumentTypeError(f"-o {form}= needs its {form} after the '='")
+            return text
+        shown = ", ".join(f.partition("=")[0] + ("=..." if "=" in f else "") for f in forms)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an output format ({shown})")
+
+    return parse
+
+
+def add_output(parser: argparse.ArgumentParser, *forms: str, sort: bool = False) -> None:
+    """``-o`` with the forms this command has (a command with ``json`` takes ``jsonpath=`` and
+    ``custom-columns=`` too); tables also take ``--no-headers``; lists with ``sort`` ``--sort-by``."""
     forms = forms or ("table", "wide", "json", "yaml", "name")
+    if "json" in forms:
+        forms = (*forms, "jsonpath=TEMPLATE", "custom-columns=SPEC")
     parser.add_argument(
         "-o",
         "--output",
-        choices=list(forms),
+        type=output_form(forms),
         default="table",
+        metavar="FORMAT",
         help="output format: " + "; ".join(f"{f}: {_OUTPUT_HELP[f]}" for f in forms),
     )
     parser.add_argument(
         "--no-headers", action="store_true", help="table rows only: no headers, titles or notes (for scripts)"
     )
+    if sort:
+        parser.add_argument(
+            "--sort-by",
+            default=None,
+            metavar="JSONPATH",
+            help="rows (and -o json items) in the order of this field of each item, e.g. --sort-by .size_bytes",
+        )
 
 
 def add_identity(group: Any) -> None:

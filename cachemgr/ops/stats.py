@@ -121,7 +121,7 @@ class VolumeStats:
     def to_json(self) -> dict[str, Any]:
         return {
             "volume": self.total.to_json(),
-            "keys": [k.to_json() for k in self.keys],
+            "items": [k.to_json() for k in self.keys],  # one per key (-o json's envelope: items)
             "warnings": list(self.warnings),
         }
 
