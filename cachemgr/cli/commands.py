@@ -408,14 +408,26 @@ def _add_completion_command(sub: Any, name: str) -> None:
     cmd = _command(
         sub,
         name,
-        "print a shell completion script for bash or zsh",
-        "Generated from this parser (shtab), so every command and option completes as it is today.",
+        "print a shell completion script for bash, zsh or fish",
+        "Generated from this parser (shtab), so every command and option completes as it is today;\n"
+        "a KEY (show, verify, prune --key, push) completes to the keys and entry names of the volume\n"
+        "in CACHEMGR_CACHE_ROOT, read from its directory listings alone.",
         [
             "source <(cachemgr completion bash)",
             'cachemgr completion zsh > "${fpath[1]}/_cachemgr"',
+            "cachemgr completion fish > ~/.config/fish/completions/cachemgr.fish",
         ],
     )
-    cmd.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    cmd.add_argument("shell", nargs="?", choices=["bash", "zsh", "fish"], help="the shell to complete in")
+    cmd.add_argument(
+        "--keys",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PREFIX",
+        help="print the volume's keys and entry names that start with PREFIX, one a line (what the "
+        "scripts call while completing a KEY)",
+    )
 
 
 # Each command's arguments, in the order `cachemgr --help` lists them.
