@@ -396,8 +396,8 @@ def metrics(port: int) -> dict[str, float]:
 
 
 def error_lines(stderr: str) -> list[str]:
-    """How a failure was said on stderr, once per stream (docs/reference.md, "What a failure
-    prints"): the ``message`` of a JSON log's ``failed`` event, or the plain ``cachemgr CMD:`` line."""
+    """How a failure was said on stderr, once (docs/reference.md, "What a command writes on
+    stderr"): the ``message`` of a JSON log's ``failed`` event, or the plain ``cachemgr CMD:`` line."""
     found = []
     for line in stderr.splitlines():
         if line.startswith(("cachemgr ", "cachemgr:")):
