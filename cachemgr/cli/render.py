@@ -192,13 +192,13 @@ def fit_text(text: str, width: int, *, hang: int = 2) -> str:
             continue
         indent = line[: len(line) - len(line.lstrip())]
         bullet = re.match(r"(- |\d+\. )", line[len(indent) :])
-        under = indent + " " * (len(bullet[0]) if bullet else hang)
+        mark = bullet[0] if bullet else ""  # a bullet keeps its first word beside it
         out.append(
             textwrap.fill(
-                line.strip(),
+                line.strip()[len(mark) :],
                 width,
-                initial_indent=indent,
-                subsequent_indent=under,
+                initial_indent=indent + mark,
+                subsequent_indent=indent + " " * (len(mark) if mark else hang),
                 break_long_words=False,
                 break_on_hyphens=False,
             )

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import math
 import os
 import stat
 import time
@@ -229,7 +228,10 @@ def _rmdir(path: Path, *, within: Path | None) -> None:
 
 
 def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
-    """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
+    """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``; its owner record
+    names this process as the liveness rule needs it (cachemgr.volume.liveness.process_marks)."""
+    from cachemgr.volume.liveness import process_marks  # psutil: a miss only
+
     attempt = f"{identity.file_stem}.{random_suffix(4)}"
     parent = root.staging / key.digest
     safefs.make_dirs(root.path, parent)  # refuses staging/<digest> planted as a symlink
@@ -238,7 +240,7 @@ def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Sta
     )
     atomic_write_json(
         staging.owner_file,
-        {**identity.to_json(), "entry": key.entry_name, "since": time.time(), **_process_marks()},
+        {**identity.to_json(), "entry": key.entry_name, "since": time.time(), **process_marks()},
         within=root.path,
     )
     safefs.make_dirs(root.path, staging.artifacts)
@@ -404,25 +406,6 @@ def stale_staging_after(lease_duration: float | None = None) -> float:
     return max(_STAGING_SILENCE_FLOOR, 10 * (lease_duration or 0.0))
 
 
-def _when(value: Any) -> float | None:
-    """A start time from an owner record: a finite, positive number, else unknown."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return None
-    return float(value) if value > 0 else None
-
-
-def _process_marks() -> dict[str, Any]:
-    """What the liveness rule needs to tell this process gone, as a lease marker names it: its
-    start time, boot and pid namespace (a reader in another pid namespace on the same host name,
-    a sidecar or a debug container, cannot probe the pid; a reused pid is not the owner)."""
-    from cachemgr.volume.liveness import Here  # psutil: a miss only
-
-    me = Here.current()
-    marks: dict[str, Any] = {"started": me.started}
-    marks.update({name: value for name, value in (("boot", me.boot), ("pidns", me.pidns)) if value})
-    return marks
-
-
 @dataclass(frozen=True)
 class StagingInfo:
     """An attempt directory found on the volume, with what is known of its owner."""
@@ -441,20 +424,10 @@ class StagingInfo:
 
     def died_here(self, identity: PodIdentity) -> bool:
         """Its owner ran on this host, and that process is gone (cachemgr.volume.liveness)."""
-        from cachemgr.volume.liveness import gone_here  # psutil: not on the hit path
+        from cachemgr.volume.liveness import owner_gone  # psutil: not on the hit path
 
         del identity  # this process, as the liveness rule knows it
-        owner = self.owner
-        pid, host = owner.get("pid"), owner.get("host")
-        if not (isinstance(pid, int) and isinstance(host, str)):
-            return False
-        return gone_here(
-            host=host,
-            pid=pid,
-            boot=owner.get("boot") if isinstance(owner.get("boot"), str) else None,
-            pidns=owner.get("pidns") if isinstance(owner.get("pidns"), str) else None,
-            started=_when(owner.get("started")),
-        )
+        return owner_gone(self.owner)
 
 
 def dead_attempts(
