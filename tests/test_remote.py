@@ -380,7 +380,7 @@ def test_push_pull_ls_and_prune_remote_from_the_cli(
     wide = _cli("ls", "-o", "wide", env=env_b).stdout.splitlines()
     assert wide[0].split()[-2] == "ORIGIN"
     assert wide[1].split()[-2] == "remote", wide
-    shown = _cli("show", key[:10], env=env_b).stdout
+    shown = " ".join(_cli("show", key[:10], env=env_b).stdout.split())  # a long value wraps
     assert f"from {remote['CACHEMGR_REMOTE']}" in shown
     assert_entries_valid(root_b)
     # The pulled entry is a hit for a pod of cluster B that knows nothing of the remote.

@@ -45,7 +45,10 @@ def completion(args: argparse.Namespace, _server_argv: list[str], environ: Mappi
             sys.stdout.write(name + "\n")
         return 0
     if args.shell is None:
-        raise UsageError("which shell?", remedy="e.g. source <(cachemgr completion bash); or zsh, fish")
+        raise UsageError(
+            "name the shell to complete in: bash, zsh or fish",
+            remedy="e.g. source <(cachemgr completion bash)",
+        )
     import shtab  # the completion command only
 
     parser = _parser_with_completers(shtab.DIRECTORY)

@@ -76,13 +76,15 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
     shared = sum(a.shared_bytes for a in u.attempts)
     if shared:
         staged += f" (+{human_bytes(shared)} hard-linked with a published or quarantined copy, counted there)"
+    # The path alone on its line: a long one is never wrapped (its length moves no other word).
     size = human_bytes(u.usable_bytes)
     if u.reserved_bytes:
         size += f" usable by the pod (of {human_bytes(u.total_bytes)}: {human_bytes(u.reserved_bytes)} reserved for root)"
+    size += " by statvfs (a CephFS/JuiceFS directory quota shows here)"
     share = f" ({u.used_percent:.0f}%)" if u.used_percent is not None else ""
     yield Pairs(
         [
-            ("volume", f"{u.volume}  (statvfs: a CephFS/JuiceFS directory quota shows here)"),
+            ("volume", u.volume),
             ("size", size),
             ("used", human_bytes(u.used_bytes) + share),
             ("free", human_bytes(u.free_bytes)),

@@ -162,7 +162,12 @@ def output_form(forms: tuple[str, ...]) -> Any:
             return text
         if eq and f"{form}=" in {f.partition("=")[0] + "=" for f in forms if "=" in f}:
             if not template.strip():
-                raise argparse.ArgumentTypeError(f"-o {form}= needs its {form} after the '='")
+                what = (
+                    "a template, e.g. jsonpath='{.items[*].key}'"
+                    if form == "jsonpath"
+                    else ("columns, e.g. custom-columns=KEY:.key,STATUS:.status")
+                )
+                raise argparse.ArgumentTypeError(f"-o {form}= needs {what}")
             return text
         shown = ", ".join(f.partition("=")[0] + ("=..." if "=" in f else "") for f in forms)
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an output format ({shown})")
