@@ -51,19 +51,25 @@ def rfc3339(seconds: float) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{micros:06d}Z"
 
 
-def with_times(value: Any, name: str = "") -> Any:
-    """``value`` with every epoch-seconds field (``*_at``, ``since``, ``time``) as RFC 3339."""
-    if isinstance(value, dict):
-        return {k: with_times(v, str(k)) for k, v in value.items()}
+def with_times(value: Any) -> Any:
+    """``value`` with every epoch-seconds field (``*_at``, ``since``, ``time``) as RFC 3339.
+
+    Written for ``ls -o json`` of 10,000 entries (bench/bench_inspect.py): a call per container,
+    not per value, and the name checked only for a number (a generic walk cost a quarter second)."""
     if isinstance(value, list | tuple):
         return [with_times(v) for v in value]
-    if (
-        (name.endswith("_at") or name in _TIME_KEYS)
-        and isinstance(value, int | float)
-        and not isinstance(value, bool)
-    ):
-        return rfc3339(float(value))
-    return value
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for name, item in value.items():
+        kind = type(item)
+        if kind is dict or kind is list or kind is tuple:
+            out[name] = with_times(item)
+        elif (kind is float or kind is int) and (name in _TIME_KEYS or str(name).endswith("_at")):
+            out[name] = rfc3339(float(item))
+        else:
+            out[name] = item
+    return out
 
 
 def document(kind: str, data: Any, *, sort_by: str | None = None) -> dict[str, Any]:
