@@ -12,6 +12,11 @@ use records and last-use times like a long-lived volume. By default the build sk
 (``--fsync`` keeps it): fsync makes the build minutes slower and changes nothing that is read.
 Then each command runs as a subprocess (``python -m cachemgr ...``, imports included), as an
 operator's ``kubectl exec`` would.
+
+Last, what ``ls`` would pay to check file sizes (issue 34: an entry whose sizes no longer match is
+listed ``published``): the check ``show`` makes of one entry (its manifest read, every file's
+size and mtime against it: ``check_files(mode="fast")``), timed on every entry here, and on one
+entry of ``--files-per-entry`` files, as many as a large compiled model has.
 """
 
 from __future__ import annotations
@@ -28,24 +33,24 @@ import tempfile
 import time
 from pathlib import Path
 
+from cachemgr_standin import DECLARED_VERSIONS
+
 from cachemgr.key.cachekey import KeyRequest, compute_key
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
+from cachemgr.volume.manifest import check_files, read_manifest
 from cachemgr.volume.records import register_use, release_use
 from cachemgr.volume.store import create_staging, publish
 
 TARGET_SECONDS = {"local": 1.0, "juicefs": 2.0, "juicefs-cached": 2.0}  # issue 25: JuiceFS under 2 s
-COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"])
+# completion --keys: what a shell runs on each TAB after `cachemgr show ` (the listing alone).
+COMMANDS = (["ls"], ["ls", "-o", "json"], ["du"], ["du", "-o", "json"], ["completion", "--keys", "0"])
 COMPILERS = ("0.11.2", "0.12.0", "0.12.3", "0.13.0")
 ROLES = ("prefill", "decode")
 TP = ("2", "4", "8", "16")
-# The vllm strategy keys on the server's versions; this machine has no vLLM: declare them.
-SERVER_VERSIONS = {
-    "CACHEMGR_VLLM_VERSION": "0.30.0+cpu",
-    "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
-    "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
-    "CACHEMGR_TRANSFORMERS_VERSION": "5.15.1",
-}
+# The vllm strategy keys on the server's versions; this machine has no vLLM: declare them, as the
+# stand-in does (transformers too, since the key took it in).
+SERVER_VERSIONS = dict(DECLARED_VERSIONS)
 
 
 def _build_chunk(args: tuple[str, int, int, bool]) -> int:
@@ -131,6 +136,12 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the cache (and reuse it if --dir has one)")
     parser.add_argument("--fsync", action="store_true", help="fsync while building, as pods do")
     parser.add_argument(
+        "--files-per-entry",
+        type=int,
+        default=2000,
+        help="the size check's large entry: this many files (a large compiled model's)",
+    )
+    parser.add_argument(
         "--fs",
         choices=("local", "juicefs", "juicefs-cached"),
         default="local",
@@ -192,6 +203,7 @@ def _bench(root_dir: Path, args: argparse.Namespace) -> int:
             runs=args.runs,
             target=TARGET_SECONDS[args.fs],
         )
+        _print_size_check(root_dir, args.files_per_entry)
         return 0 if all(row[1] < TARGET_SECONDS[args.fs] for row in rows) else 1
     finally:
         if not args.keep:
@@ -213,6 +225,56 @@ def _print_table(
         print(f"{name:<14}  {median:>7.3f}s  {low:>7.3f}s  {high:>7.3f}s  {cpu:>7.3f}s  {verdict}")
     print(f"{'--version':<14}  {baseline:>7.3f}s  (interpreter start and CLI parse, included above)")
     print("CPU: median user+sys of the process; wall beyond it is I/O wait or a busy machine")
+
+
+def size_check_seconds(entries: list[Path]) -> tuple[float, int]:
+    """The check ``show`` makes of an entry, on each of ``entries``: seconds, and files checked."""
+    started, files = time.monotonic(), 0
+    for entry in entries:
+        manifest = read_manifest(entry)
+        check_files(entry, manifest, mode="fast")
+        files += len(manifest.files)
+    return time.monotonic() - started, files
+
+
+def _large_entry(volume: Path, files: int) -> Path:
+    """One entry of ``files`` small files, published through the real path on a volume of its own."""
+    volume.mkdir(parents=True, exist_ok=True)
+    root = open_root(volume, create=True)
+    key = _key(10_000_019)
+    found = root.entries / key.entry_name  # type: ignore[attr-defined]
+    identity = PodIdentity(pod="bench-large", node="node-0", host="bench", pid=os.getpid())
+    staging = create_staging(root, key, identity)
+    for n in range(files):
+        folder = staging.artifacts / f"rank{n % 16}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"graph_{n}.rbln").write_bytes(b"x" * 512)
+    publish(root, staging, key, identity=identity, compile_seconds=600.0, strategy="vllm")
+    return found
+
+
+def _print_size_check(root_dir: Path, files_per_entry: int) -> None:
+    entries = sorted(p for p in (root_dir / "entries").iterdir() if p.is_dir())
+    subprocess.run(["sync"], check=False)
+    size_check_seconds(entries)  # the page cache warm, as for the commands above
+    every, files = size_check_seconds(entries)
+    beside = root_dir.with_name(root_dir.name + "-large")
+    try:
+        large = _large_entry(beside, files_per_entry)
+        subprocess.run(["sync"], check=False)
+        size_check_seconds([large])
+        one, big = size_check_seconds([large])
+    finally:
+        shutil.rmtree(beside, ignore_errors=True)
+    print(
+        f"size check (what show does for one entry: its manifest read, each file's size and mtime), in "
+        f"process: all {len(entries)} entries here ({files // max(1, len(entries))} files each in their "
+        f"manifests): {every:.3f}s; one entry of {big} files: {1000 * one:.1f} ms"
+    )
+    print(
+        f"ls with that check on {len(entries)} entries of {big} files each: about {one * len(entries):.0f}s "
+        "more (every file stat'ed each time: no hint can skip it, a truncation changes no folder's mtime)"
+    )
 
 
 if __name__ == "__main__":

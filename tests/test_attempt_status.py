@@ -27,7 +27,7 @@ def ls(root: Path, env: dict[str, str], *args: str) -> str:
 
 
 def attempt_row(root: Path, env: dict[str, str]) -> dict[str, Any]:
-    (row,) = [r for r in json.loads(ls(root, env, "-o", "json")) if r["kind"] == "staging"]
+    (row,) = [r for r in json.loads(ls(root, env, "-o", "json"))["items"] if r["kind"] == "staging"]
     result: dict[str, Any] = row
     return result
 

@@ -135,7 +135,7 @@ def test_prune_with_a_skewed_clock_never_removes_an_entry_in_use(
     assert entry.exists()
 
     # ls never waits: from a node 10 minutes ahead, the record is shown as silent, not in use.
-    rows = cachemgr_at("+10m", faketime, prune_root, env, "ls")
+    rows = cachemgr_at("+10m", faketime, prune_root, env, "ls")["items"]
     (row,) = [r for r in rows if r["kind"] == "entry"]
     assert [u["pod"] for u in row["silent_users"]] == ["serving"]
 

@@ -107,7 +107,7 @@ def test_the_toolbox_runs_cachemgr_on_the_roles_volume_and_stops_at_sigterm(
     listed = run_cli("ls", "-o", "json", env=box.env)
     assert listed.returncode == 0, listed.stderr
     assert box.proc.poll() is None, box.tail()
-    (entry,) = yaml.safe_load(listed.stdout)
+    (entry,) = yaml.safe_load(listed.stdout)["items"]
     assert entry["role"] == "decode"
     assert entry["status"] == "published", entry  # trusted: the toolbox has the release's keys
     assert run_cli("du", env=box.env).returncode == 0

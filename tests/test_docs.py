@@ -100,3 +100,36 @@ def test_the_module_map_names_every_module_and_only_modules_that_exist() -> None
     modules = {str(p.relative_to(package)) for p in package.rglob("*.py") if p.name != "__init__.py"}
     modules.discard("__main__.py")
     assert named == modules, f"not in the map: {sorted(modules - named)}; gone: {sorted(named - modules)}"
+
+
+def test_the_readme_names_each_fact_of_the_chart_page_that_cachemgr_takes_over() -> None:
+    """Issue 34: the README said every fact of the compile cache page holds, while the page's start
+    budget ("longer than the first compile") is what cachemgr's probes replace. Each sentence it
+    quotes as taken over must be the page's own, word for word, so the list cannot drift from it."""
+    readme = (ROOT / "README.md").read_text()
+    page = " ".join((ROOT / "docs" / "compile-cache.en.md").read_text().split())
+    quoted = [
+        " ".join(q.split()) for q in re.findall(r'^- "(.+?)":', readme.replace("\n  ", " "), flags=re.M)
+    ]
+    assert quoted, "the README lists what cachemgr takes over from the page"
+    for sentence in quoted:
+        assert sentence in page, f"not the page's words: {sentence!r}"
+    assert "The modelserver Pod's start budget must be longer than the first compile." in quoted
+
+
+def test_the_readme_and_the_guide_say_where_helm_comes_from_and_which_one_is_tested() -> None:
+    """Issue 34: neither said where the ``helm`` the guide runs comes from; the test set-up's is
+    read out of a registry wheel, which an operator should not copy. Both name the official install
+    and the version the tests use (testkit's, so a Helm upgrade there shows here)."""
+    from cachemgr_testkit.helm import HELM_VERSION
+
+    guide = (ROOT / "docs" / "operator-guide.md").read_text()
+    first_helm = guide.index("\nhelm install ")  # the first one an operator types (a command line)
+    for page, text in (
+        ("README.md", (ROOT / "README.md").read_text()),
+        ("operator guide", guide[:first_helm]),
+    ):
+        said = " ".join(text.split())
+        assert "https://helm.sh/docs/intro/install/" in said, page
+        assert f"tested with Helm {HELM_VERSION.removeprefix('v')}" in said, page
+        assert ".venv/bin/helm" in said, f"{page}: what the project's scripts do"

@@ -549,6 +549,9 @@ def blur(text: str) -> str:
     text = re.sub(r"\bpid \d+", "pid <pid>", text)
     text = re.sub(r"\d+ ms\b", "<ms>", text)
     text = re.sub(r"[ \t]+", " ", text)
+    # Prose wraps at 80 columns: a value of another length (an age, a pid, the harness's path of
+    # the volume) moves a word across a line break. A wrapped line goes on indented: joined back.
+    text = re.sub(r" *\n(?=[ \t])[ \t]*", " ", text)
     return "\n".join(line.rstrip() for line in text.splitlines()).strip()
 
 

@@ -516,7 +516,7 @@ def test_a_manifest_that_is_a_directory_is_fixed_by_verify_fix_as_ls_advises(vol
     _manifest_as_directory(volume.entry)
     rows = run_cli("ls", "-o", "json", env=volume.env)
     assert rows.returncode == 0, rows.stderr
-    (row,) = [r for r in json.loads(rows.stdout) if r["kind"] == "entry"]
+    (row,) = [r for r in json.loads(rows.stdout)["items"] if r["kind"] == "entry"]
     assert row["status"] == "damaged"
     assert "verify --fix" in row["problem"]
     fixed = run_cli("verify", "--fix", env=volume.env)

@@ -9,10 +9,12 @@ no command crashes and that damage shows.
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import json
 import os
 import pty
+import re
 import shutil
 import signal
 import subprocess
@@ -120,6 +122,11 @@ def cli_json(*args: str, env: dict[str, str], code: int = 0) -> Any:
     return json.loads(done.stdout)
 
 
+def epoch(text: str) -> float:
+    """An RFC 3339 time of -o json (``2026-12-01T18:08:52.299151Z``) in seconds since the epoch."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def keyed(root: Path) -> dict[tuple[str, str, int], Path]:
     """Entry directories keyed by (role, compiler, tensor_parallel_size), from their key.json."""
     found = {}
@@ -149,14 +156,19 @@ def writable(path: Path) -> Path:
 def test_ls_lists_entries_with_the_contract_fields_and_marks_other_compilers_incompatible(
     cache: Built,
 ) -> None:
-    rows = cli_json("ls", env=cache.env)
+    listing = cli_json("ls", env=cache.env)
+    # kubectl's envelope (docs/design.md, the interface contract): a list's items under "items".
+    assert (listing["apiVersion"], listing["kind"]) == ("cachemgr/v1", "EntryList"), listing.keys()
+    rows = listing["items"]
     entries = [r for r in rows if r["kind"] == "entry"]
     assert len(entries) == 7
     for row in entries:
         assert row.keys() >= LIST_FIELDS
         assert row["size_bytes"] > 0
         assert row["model"] == MODEL
-        assert isinstance(row["created_at"], float)
+        # RFC 3339 in UTC, as kubectl prints times, not epoch floats
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", row["created_at"]), row["created_at"]
+        assert abs(epoch(row["created_at"]) - time.time()) < 3600
         assert row["in_use"] is False
     by_status = {(r["role"], r["compiler"]): r["status"] for r in entries}
     assert by_status[("prefill", "0.11")] == "incompatible"
@@ -183,7 +195,7 @@ def test_ls_without_this_images_compiler_or_npu_judges_nothing_and_says_what_to_
     env.pop("RBLN_FORCE_NPU_NAME", None)
     done = cli("ls", "-o", "json", env=env)
     assert done.returncode == 0
-    assert {r["status"] for r in json.loads(done.stdout) if r["kind"] == "entry"} == {"published"}
+    assert {r["status"] for r in json.loads(done.stdout)["items"] if r["kind"] == "entry"} == {"published"}
     assert "CACHEMGR_COMPILER_VERSION" in done.stderr
     assert "CACHEMGR_NPU_TYPE" in done.stderr
 
@@ -265,7 +277,7 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     artifact.unlink()
     shown = cli("show", digest[:8], env=cache.env)
     assert shown.returncode == 0, shown.stderr
-    assert "status       damaged: 1 of the manifest's files" in shown.stdout
+    assert "status       damaged: 1 of the manifest's " in shown.stdout
     (todo,) = [line for line in shown.stdout.splitlines() if line.startswith("what to do:")]
     command = todo.split("'")[1]
     assert command == f"cachemgr verify --fix {digest[:12]}"
@@ -273,18 +285,57 @@ def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(c
     assert fixed.returncode == 74, fixed.stderr
     assert not entry.exists()
 
-    gone = cli("show", digest[:8], env=cache.env)
+    gone = cli("show", digest[:8], "-o", "json", env=cache.env)
     assert gone.returncode == 66
     (event,) = [json.loads(line) for line in gone.stderr.splitlines()]
     line = event["message"]
-    (moved,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "quarantine"]
+    (moved,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "quarantine"]
     assert f"moved aside to quarantine/{moved['entry']}" in line
     assert "missing" in line, "the reason it was moved"
     assert "'cachemgr prune --damaged --yes'" in line
-    by_name = json.loads(cli("show", entry.name, env=cache.env).stderr)["message"]
+    by_name = json.loads(cli("show", entry.name, "-o", "json", env=cache.env).stderr)["message"]
     assert by_name == line.replace(repr(digest[:8]), repr(entry.name))
     assert cli("prune", "--damaged", "--yes", env=cache.env).returncode == 0
     assert "quarantine/" not in cli("show", digest[:8], env=cache.env).stderr
+
+
+def test_show_of_a_half_copied_entry_claims_nothing_it_cannot_know(cache: Built) -> None:
+    """Issue 34: an entry copied in part (no manifest, no summary) was "damaged: 1 of the manifest's
+    files fail", "820.6 KiB in 0 files", "created 0s ago by pod ?": no manifest says any of that."""
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    digest = read_manifest(entry).key
+    os.chmod(entry, 0o755)
+    (entry / "manifest.json").unlink()
+    (entry / "summary.json").unlink()
+    shown = cli("show", digest[:8], env=cache.env)
+    assert shown.returncode == 0, shown.stderr
+    pairs: dict[str, str] = {}
+    name = ""
+    for line in shown.stdout.split("\n\n", 1)[0].splitlines():  # a long value goes on under itself
+        if line[:1] == " ":
+            pairs[name] += " " + line.strip()
+        else:
+            name = line[:12].strip()
+            pairs[name] = line[13:]
+    assert (
+        pairs["status"]
+        == "damaged: manifest.json is missing: the entry was never committed; no file of it can be checked"
+    )
+    assert "0 files" not in pairs["size"], pairs["size"]
+    assert pairs["created"].startswith("unknown: its manifest, which records it, cannot be read"), pairs
+    assert "?" not in pairs["created"] + pairs["compiled in"], pairs
+    assert "FILES CHECK" not in shown.stdout, "there is no manifest to check files against"
+    doc = cli_json("show", digest[:8], env=cache.env)
+    assert (doc["status"], doc["created_at"], doc["manifest"]) == ("damaged", None, None)
+    # One file of a committed entry gone: the count is of the manifest's files, in agreement.
+    other = keyed(cache.root)[("prefill", "0.12", 4)]
+    next(p for p in sorted((other / "artifacts").rglob("*.rbln"))).unlink()
+    shown = cli("show", read_manifest(other).key[:8], env=cache.env)
+    total = len(read_manifest(other).files)
+    assert (
+        f"status       damaged: 1 of the manifest's {total} files fails the size and mtime check"
+        in shown.stdout
+    )
 
 
 def test_prune_key_of_a_key_that_only_failed_names_show_with_that_key(cache: Built) -> None:
@@ -372,7 +423,7 @@ def test_explain_a_role_never_compiled_here_and_an_environment_change(cache: Bui
 
 def test_du_adds_up(cache: Built) -> None:
     usage = cli_json("du", env=cache.env)
-    rows = cli_json("ls", env=cache.env)
+    rows = cli_json("ls", env=cache.env)["items"]
     sizes = [r["size_bytes"] for r in rows if r["kind"] == "entry"]
     assert usage["entries_bytes"] == sum(sizes)
     assert (
@@ -412,7 +463,7 @@ def test_verify_finds_flipped_bytes_that_ls_cannot_see_and_fix_moves_only_that_e
     data[len(data) // 2] ^= 0xFF
     writable(artifact).write_bytes(bytes(data))
 
-    assert {r["status"] for r in cli_json("ls", env=cache.env) if r["kind"] == "entry"} <= {
+    assert {r["status"] for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "entry"} <= {
         "published",
         "incompatible",
     }
@@ -429,7 +480,7 @@ def test_verify_finds_flipped_bytes_that_ls_cannot_see_and_fix_moves_only_that_e
     assert not victim.exists()
     assert {e.name: tree_bytes(e) for e in entry_dirs(cache.root)} == healthy
     assert cli("verify", env=cache.env).returncode == 0
-    (moved,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "quarantine"]
+    (moved,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "quarantine"]
     assert moved["entry"].startswith(victim.name)
 
 
@@ -438,6 +489,16 @@ def test_verify_by_key_checks_only_those(cache: Built) -> None:
     report = cli_json("verify", read_manifest(entry).key[:8], env=cache.env)
     assert [i["entry"] for i in report["items"]] == [entry.name]
     assert cli("verify", "0000000000000", env=cache.env).returncode == 66
+
+
+def test_verify_of_one_damaged_entry_counts_it_in_the_singular(cache: Built) -> None:
+    """Issue 34: "found damage in 1 of 1 entries checked"."""
+    entry = keyed(cache.root)[("prefill", "0.12", 2)]
+    artifact = next(p for p in sorted((entry / "artifacts").rglob("*.rbln")))
+    writable(artifact).write_bytes(b"")
+    found = cli("verify", read_manifest(entry).key[:8], env=cache.env)
+    assert found.returncode == 74, found.stderr
+    assert "found damage in 1 of 1 entry checked" in found.stderr, found.stderr
 
 
 def test_verify_warns_of_files_written_into_a_published_entry_without_failing(cache: Built) -> None:
@@ -549,14 +610,14 @@ def test_mayhem_no_command_crashes_and_damage_shows(cache: Built) -> None:
 
     rows = cli("ls", "-o", "json", env=env)
     assert rows.returncode == 0
-    status = {r["entry"]: r["status"] for r in json.loads(rows.stdout) if r["kind"] == "entry"}
+    status = {r["entry"]: r["status"] for r in json.loads(rows.stdout)["items"] if r["kind"] == "entry"}
     by_what = {what: status[name] for name, what in damaged.items()}
     assert by_what["no-manifest"] == "damaged"
     assert by_what["junk-summary"] == "damaged"
     assert by_what["healthy"] == "published"
     assert "summary.json" in rows.stderr
     assert "manifest.json" in rows.stderr
-    staging = [r for r in json.loads(rows.stdout) if r["kind"] == "staging"]
+    staging = [r for r in json.loads(rows.stdout)["items"] if r["kind"] == "staging"]
     assert {r["status"] for r in staging} == {"stale"}
 
     for args in (["ls"], ["du"], ["du", "-o", "json"], ["locks"], ["locks", "-o", "json"]):
@@ -568,7 +629,7 @@ def test_mayhem_no_command_crashes_and_damage_shows(cache: Built) -> None:
     assert cli("show", "e" * 12, env=env).returncode == 0
     assert cli("explain", "--", *vllm(4), env=env).returncode in {0, 1}
     assert cli("explain", "--", *vllm(32), env=env).returncode == 1
-    locks = cli_json("locks", env=env)
+    locks = cli_json("locks", env=env)["items"]
     assert [(lock["key"], lock["stale"]) for lock in locks] == [("c" * 32, True)]
 
     report = cli("verify", "-o", "json", env=env)
@@ -586,7 +647,7 @@ def test_mayhem_no_command_crashes_and_damage_shows(cache: Built) -> None:
     assert sorted(p.name for p in entry_dirs(cache.root)) == [healthy]
     assert tree_bytes(cache.root / "entries" / healthy) == before
     assert cli("verify", env=env).returncode == 0
-    moved = {r["entry"].split(".")[0] for r in cli_json("ls", env=env) if r["kind"] == "quarantine"}
+    moved = {r["entry"].split(".")[0] for r in cli_json("ls", env=env)["items"] if r["kind"] == "quarantine"}
     assert moved >= {name.split(".")[0] for name in damaged if name != healthy}
 
 
@@ -626,16 +687,18 @@ def test_prune_never_removes_an_entry_in_use(cache: Built, pods: Cluster) -> Non
     result = cli_json("prune", "--unused-for", "0s", "--keep-bytes", "0", "--yes", env=cache.env)
     assert [p.name for p in entry_dirs(cache.root)] == [entry.name]
     assert any(k["name"] == entry.name and "serving" in k["reason"] for k in result["plan"]["kept"])
-    rows = cli_json("ls", env=cache.env)
+    rows = cli_json("ls", env=cache.env)["items"]
     (row,) = [r for r in rows if r["kind"] == "entry"]
     assert row["in_use"] is True
     assert [u["pod"] for u in row["users"]] == ["serving"]
     stopping = time.time()
     pod.signal(signal.SIGTERM)
     assert pod.wait_exit() == 0
-    (row,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "entry"]
+    (row,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "entry"]
     assert row["in_use"] is False
-    assert row["last_used_at"] >= stopping - 1, "last used is when its last pod stopped, not when it started"
+    assert epoch(row["last_used_at"]) >= stopping - 1, (
+        "last used is when its last pod stopped, not when it started"
+    )
 
 
 def test_prune_asks_on_a_terminal(cache: Built) -> None:
@@ -673,11 +736,11 @@ def test_a_compile_in_progress_shows_in_ls_locks_show_and_explain_then_goes_stal
     pod.wait_phase("compiling")
     wait_for(record.exists, what="the compiler to start")
 
-    (attempt,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "staging"]
+    (attempt,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "staging"]
     assert attempt["status"] == "compiling"
     assert attempt["pod"] == "compiler-pod"
     assert attempt["in_use"] is True
-    (lock,) = cli_json("locks", env=cache.env)
+    (lock,) = cli_json("locks", env=cache.env)["items"]
     assert (lock["key"], lock["pod"], lock["node"], lock["stale"]) == (
         attempt["key"],
         "compiler-pod",
@@ -699,28 +762,28 @@ def test_a_compile_in_progress_shows_in_ls_locks_show_and_explain_then_goes_stal
     os.utime(marker, (old, old))  # as a pod on another node that died ten minutes ago
     for owner in (cache.root / "staging").glob("*/*.json"):
         os.utime(owner, (old, old))
-    (lock,) = cli_json("locks", env=cache.env)
+    (lock,) = cli_json("locks", env=cache.env)["items"]
     assert lock["stale"] is True
     assert "expired" in cli("locks", env=cache.env).stdout
-    (attempt,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "staging"]
-    assert attempt["status"] == "stale"
+    (attempt,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "staging"]
+    assert attempt["status"] == "stale", "another node's pid says nothing here: silent for 10m"
     pruned = cli_json("prune", "--stale-staging", "--yes", env=cache.env)
     assert [i["kind"] for i in pruned["result"]["removed"]] == ["staging"]
     leftovers = sorted(p.name for p in (cache.root / "leases").iterdir())
     assert leftovers == [], "the dead attempt's lease (marker, holder, progress records) goes with it"
-    assert cli_json("locks", env=cache.env) == []
+    assert cli_json("locks", env=cache.env)["items"] == []
     assert not list((cache.root / "staging").rglob("*.rbln"))
 
 
-def test_an_attempt_of_a_pod_that_died_on_this_host_is_stale_at_once(cache: Built, pods: Cluster) -> None:
+def test_an_attempt_of_a_pod_that_died_on_this_host_is_dead_at_once(cache: Built, pods: Cluster) -> None:
     record = pods.work / "compiler.jsonl"
     options = ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=60)]
     pod = pods.start("local-pod", server_argv(free_port()), cache_root=cache.root, options=options)
     pod.wait_phase("compiling")
     pod.signal_pod(signal.SIGKILL)
     pod.wait_exit()
-    (attempt,) = [r for r in cli_json("ls", env=cache.env) if r["kind"] == "staging"]
-    assert attempt["status"] == "stale", "same host, pid gone: dead, whatever its heartbeat says"
+    (attempt,) = [r for r in cli_json("ls", env=cache.env)["items"] if r["kind"] == "staging"]
+    assert attempt["status"] == "dead", "same host, pid gone: dead, whatever its heartbeat says"
     pruned = cli_json("prune", "--stale-staging", "--yes", env=cache.env)
     assert [i["kind"] for i in pruned["result"]["removed"]] == ["staging"], pruned
     assert not any((cache.root / "staging").glob("*/*"))
@@ -728,7 +791,7 @@ def test_an_attempt_of_a_pod_that_died_on_this_host_is_stale_at_once(cache: Buil
 
 def test_locks_with_no_lease(cache: Built) -> None:
     assert cli("locks", env=cache.env).stdout.strip() == "no leases held"
-    assert cli_json("locks", env=cache.env) == []
+    assert cli_json("locks", env=cache.env)["items"] == []
 
 
 def test_a_missing_volume_is_a_clear_error(cache: Built, tmp_path: Path) -> None:

@@ -202,7 +202,7 @@ def test_an_odd_pod_name_serves_and_its_files_stay_where_they_belong(
     assert json.loads(mine.read_text())["pod"] == name, "the record holds the whole name"
     listed = run_cli("ls", "-o", "json", "--cache-root", str(root), env=pod.env)
     assert listed.returncode == 0, listed.stderr
-    [entry] = json.loads(listed.stdout)
+    [entry] = json.loads(listed.stdout)["items"]
     assert [u["pod"] for u in entry["users"]] == [name], "prune and ls see the pod"
     pod.signal(signal.SIGTERM)
     pod.wait_exit()
@@ -246,7 +246,7 @@ def test_empty_and_oversized_use_records_count_as_users_without_being_read(pods:
         [*limited, "ls", *base], env=warm.env, capture_output=True, text=True, check=False
     )
     assert listed.returncode == 0, listed.stderr
-    [shown] = json.loads(listed.stdout)
+    [shown] = json.loads(listed.stdout)["items"]
     assert sorted(u["pod"] for u in shown["users"]) == ["late.2", "planted.3"]
     pruned = subprocess.run(
         [*limited, "prune", "--keep-bytes", "0", "--yes", *base],

@@ -239,11 +239,11 @@ def test_explain_names_a_difference_in_unknown_flags_as_such(pods: Cluster, root
     assert "--unrecognized-argv" not in done.stdout
     assert "--unknown-flags" not in done.stdout
     assert re.search(r"^runtime-only +--port \(not in the key\)$", done.stdout, re.MULTILINE), done.stdout
+    said = " ".join(done.stdout.split())  # prose wraps at 80 columns
     assert (
-        "the server argv, keyed as given because vLLM 0.30 does not know some of its flags, differs"
-        in done.stdout
+        "the server argv, keyed as given because vLLM 0.30 does not know some of its flags, differs" in said
     )
-    assert '"--future-flag", "3"] -> [' in done.stdout, done.stdout
+    assert '"--future-flag", "3"] -> [' in said, done.stdout
     hit = run_cli(
         "explain", "--", *vllm_argv(free_port(), "--model-impl", "vllm", "--future-flag", "3"), env=env
     )

@@ -417,12 +417,12 @@ def test_metrics_parse_and_count_what_happened(pods: Cluster, root: Path) -> Non
         "misses": 1,
         "compiles": 1,
     }
-    (key,) = stats["keys"]
+    (key,) = stats["items"]
     assert key["saved_seconds"] == pytest.approx(samples["cachemgr_saved_seconds_total"], abs=0.01)
     assert key["compile_seconds"] == pytest.approx(cold_compile, abs=0.5)
     listing = json.loads(
         run_cli("ls", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}).stdout
-    )
+    )["items"]
     assert [(r["kind"], r["hits"]) for r in listing if r["kind"] == "entry"] == [("entry", 1)]
 
     openmetrics = LOOPBACK.open(

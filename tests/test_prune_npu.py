@@ -4,7 +4,7 @@ A role's Deployment may run on nodes of two NPU types sharing one volume. If a C
 ``--auto-prune incompatible`` (or an operator's ``prune --incompatible`` from it) removed the
 CA12 entries, the CA12 pods would recompile and remove the CA25 ones in turn: a ping-pong of
 11-minute compiles. Only entries no pod of this image can use (another compiler major.minor)
-are incompatible; another NPU's go when named (``prune --npu``), or by age or LRU.
+are incompatible; another NPU's go when named (``prune --for-npu``), or by age or LRU.
 """
 
 from __future__ import annotations
@@ -68,9 +68,11 @@ def test_incompatible_keeps_another_npus_entries_and_npu_names_them(pods: Cluste
 
     listing = cachemgr(root, env, "ls")
     assert listing.returncode == 0, listing.stderr
-    assert "1 entry for other NPU types (RBLN-CA12; this pod has RBLN-CA25)" in listing.stdout
-    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in listing.stdout
-    rows = json.loads(cachemgr(root, env, "ls", "-o", "json").stdout)
+    assert "1 entry for other NPU types (RBLN-CA12; this pod has RBLN-CA25)" in " ".join(
+        listing.stdout.split()
+    )
+    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in " ".join(listing.stdout.split())
+    rows = json.loads(cachemgr(root, env, "ls", "-o", "json").stdout)["items"]
     assert {r["npu"]: r["status"] for r in rows if r["kind"] == "entry"} == {
         "RBLN-CA12": "published",
         "RBLN-CA25": "published",
@@ -104,3 +106,18 @@ def test_incompatible_no_longer_needs_the_npu(root: Path, pods: Cluster) -> None
     assert [i["reason"] for i in done["result"]["removed"]] == [
         "incompatible: compiler 0.11, this image has 0.12"
     ]
+
+
+def test_explain_names_the_other_npus_entries_by_the_flag_prune_takes_now(root: Path, pods: Cluster) -> None:
+    """Issue 34: explain's advice named ``prune --npu TYPE``, the deprecated spelling, and no type."""
+    warm(pods, root, "ca12", CACHEMGR_NPU_TYPE="RBLN-CA12")
+    options = [
+        "--strategy",
+        "command",
+        "--compile-cmd",
+        compile_cmd(pods.work / "compiler.jsonl", seconds=0.1),
+    ]
+    done = cachemgr(root, pods.base_env, "explain", *options, "--", *server_argv(8000))
+    assert done.returncode == 1, done.stderr  # a miss: this pod is an RBLN-CA25
+    assert "'cachemgr prune --for-npu RBLN-CA12' removes them" in " ".join(done.stdout.split()), done.stdout
+    assert "--npu " not in done.stdout, done.stdout

@@ -367,18 +367,20 @@ def test_push_pull_ls_and_prune_remote_from_the_cli(
     pushed = _cli("push", env=env_a).stdout
     assert "uploaded" in pushed, pushed
     assert "already in the remote" in _cli("push", env=env_a).stdout
-    (listed,) = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)
+    (listed,) = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]
     key = listed["key"]
     assert listed["files"] > 0
     assert listed["size_bytes"] == read_manifest(entry_dirs(root_a)[0]).total_bytes
 
     assert "downloaded" in _cli("pull", key[:10], env=env_b).stdout
-    (entry,) = [e for e in json.loads(_cli("ls", "-o", "json", env=env_b).stdout) if e["kind"] == "entry"]
+    (entry,) = [
+        e for e in json.loads(_cli("ls", "-o", "json", env=env_b).stdout)["items"] if e["kind"] == "entry"
+    ]
     assert entry["origin"]["kind"] == "remote"
     wide = _cli("ls", "-o", "wide", env=env_b).stdout.splitlines()
     assert wide[0].split()[-2] == "ORIGIN"
     assert wide[1].split()[-2] == "remote", wide
-    shown = _cli("show", key[:10], env=env_b).stdout
+    shown = " ".join(_cli("show", key[:10], env=env_b).stdout.split())  # a long value wraps
     assert f"from {remote['CACHEMGR_REMOTE']}" in shown
     assert_entries_valid(root_b)
     # The pulled entry is a hit for a pod of cluster B that knows nothing of the remote.
@@ -417,7 +419,7 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
     env = {**pods.base_env, **remote, "CACHEMGR_CACHE_ROOT": str(root)}
     for entry in entry_dirs(root):  # one at a time: the upload order is the age order
         _cli("push", entry.name, env=env)
-    listed = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)
+    listed = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]
     oldest = min(listed, key=lambda e: e["uploaded_at"])
     plan = json.loads(
         _cli(

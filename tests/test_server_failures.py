@@ -53,7 +53,7 @@ def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Clus
     assert all(any("cannot load the compiled model" in line for line in d["last_lines"]) for d in docs)
 
     env = _env(pods, root)
-    listed = json.loads(run_cli("ls", "-o", "json", env=env).stdout)
+    listed = json.loads(run_cli("ls", "-o", "json", env=env).stdout)["items"]
     (row,) = [r for r in listed if r.get("kind") == "entry"]
     assert row["server_failed"] == 2
     assert row["status"] == "published"
@@ -67,7 +67,7 @@ def test_each_pre_ready_exit_on_a_hit_is_recorded_and_seen_everywhere(pods: Clus
     assert "exit code 3" in shown
     assert "RuntimeError: [standin] cannot load the compiled model" in shown
     explained = run_cli("explain", "--", *vllm_argv(free_port()), env=env)
-    assert "exited before it was ready 2 time(s)" in explained.stdout
+    assert "exited before it was ready 2 times" in " ".join(explained.stdout.split())
     assert f"cachemgr prune --key {key[:12]} --yes" in explained.stdout
     # Both commands it names work as printed: the key, not a placeholder.
     assert f"'cachemgr show {key[:12]}' has the last lines" in explained.stdout, explained.stdout
@@ -103,7 +103,7 @@ def test_prune_key_removes_one_local_entry_and_never_one_in_use(pods: Cluster, r
     live.wait_phase("serving")
     kept = run_cli("prune", "--key", key[:8], "--yes", env=env)
     assert kept.returncode == 0, kept.stderr
-    assert "in use by live" in kept.stdout
+    assert "in use by live" in " ".join(kept.stdout.split())
     assert entry.is_dir()
     live.signal(signal.SIGTERM)
     assert live.wait_exit() == 0
@@ -129,7 +129,7 @@ def test_set_aside_after_n_exits_from_any_pods_compiles_afresh_once(pods: Cluste
     events = [e for e in fresh.log_events() if e["event"] == "entry_set_aside"]
     assert len(events) == 1
     assert "set-aside-after 2" in events[0]["reason"]
-    listed = json.loads(run_cli("ls", "-o", "json", env=_env(pods, root)).stdout)
+    listed = json.loads(run_cli("ls", "-o", "json", env=_env(pods, root)).stdout)["items"]
     (row,) = [r for r in listed if r.get("kind") == "entry"]
     assert row["server_failed"] == 0, "the fresh copy starts with no recorded exits"
 
@@ -193,7 +193,7 @@ def test_records_are_hostile_ground_bounded_escaped_and_skipped(pods: Cluster, r
     assert "SERVER EXITED BEFORE READY (1)" in shown.stdout, "only the well-formed record counts as one"
     for reason in ("larger than", "not JSON", "not a regular file"):
         assert reason in shown.stderr, (reason, shown.stderr)
-    listed = json.loads(run_cli("ls", "-o", "json", env=env, timeout=30).stdout)
+    listed = json.loads(run_cli("ls", "-o", "json", env=env, timeout=30).stdout)["items"]
     (row,) = [r for r in listed if r.get("kind") == "entry"]
     assert row["server_failed"] == 1, "planted names are not records: ls counts what show lists"
 

@@ -229,3 +229,32 @@ def test_juicefs_quota_gives_disk_quota_exceeded_like_the_chart_page_says(
     result = run_cli("du", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["total_bytes"] == 16 * MiB, "du shows the quota as the volume size"
+
+
+def test_a_start_that_set_its_damaged_entry_aside_learns_the_size_from_it(pods: Cluster, root: Path) -> None:
+    """Issue 34: right after moving its key's damaged entry to quarantine/, the space check said
+    "nothing compiled for this model yet": it had just held one, and its size is still there."""
+    options = _command(pods.work / "compiler.jsonl", size="2M")
+    warm = pods.start("warm-a", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert warm.wait_exit() == 0, warm.tail()
+    (entry,) = entry_dirs(root)
+    published = json.loads((entry / "summary.json").read_text())["size_bytes"]
+    artifact = next(p for p in sorted((entry / "artifacts").rglob("*")) if p.is_file())
+    os.chmod(artifact.parent, 0o755)
+    artifact.unlink()
+    again = pods.start(
+        "warm-b",
+        server_argv(free_port()),
+        cache_root=root,
+        command="warm",
+        options=[*options, "--verify", "full"],
+    )
+    assert again.wait_exit() == 0, again.tail()
+    events = again.log_events()
+    assert [e for e in events if e["event"] == "entry_damaged"], "the entry was set aside first"
+    (preflight,) = [e for e in events if e["event"] == "space_preflight"]
+    assert preflight["expected_bytes"] == published, preflight
+    assert preflight["expected_source"].startswith("learned from this key's entry set aside as damaged"), (
+        preflight
+    )
+    assert "nothing compiled" not in preflight["expected_source"]

@@ -543,7 +543,7 @@ def test_a_signing_pod_sets_an_untrusted_entry_aside_and_publishes_its_own(
     (entry,) = entry_dirs(root)
     assert json.loads((entry / "summary.json").read_text())["signer"] == "builder-1"
     listed = run_cli("ls", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
-    rows = json.loads(listed.stdout)
+    rows = json.loads(listed.stdout)["items"]
     (aside,) = [r for r in rows if r["kind"] == "quarantine"]
     assert aside["problem"] == "untrusted: key other-1", "ls says why it was set aside"
     text = run_cli("ls", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}).stdout
@@ -738,7 +738,7 @@ def test_a_read_only_pod_with_usage_mounted_writable_records_its_use_and_prune_k
         pruned = run_cli("prune", "--unused-for", "1s", "--yes", "--cache-root", str(root), env=pods.base_env)
         assert pruned.returncode == 0, pruned.stderr
         assert entry.is_dir(), f"the entry in use was removed:\n{pruned.stdout}"
-        assert "in use by ro-1" in pruned.stdout, pruned.stdout
+        assert "in use by ro-1" in " ".join(pruned.stdout.split()), pruned.stdout
         pod.signal(signal.SIGTERM)
         assert pod.wait_exit() == 0
     assert {k: v for k, v in _tree(root).items() if not k.startswith("usage")} == outside_usage

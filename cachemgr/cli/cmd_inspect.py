@@ -20,13 +20,12 @@ from cachemgr.cli.render import (
     Pairs,
     Table,
     Text,
-    plural,
     result,
     tell,
 )
 from cachemgr.core.errors import ExitCode
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_age, human_bytes, human_duration
+from cachemgr.core.units import human_age, human_bytes, human_duration, plural
 from cachemgr.key.cachekey import compute_key
 from cachemgr.key.describe import keyed_pairs
 from cachemgr.key.vllm_rbln import VERSION_ENV
@@ -107,7 +106,7 @@ QUARANTINE_COLUMNS = (
     Column("key", "key"),
     Column("size", "size", ">"),
     Column("moved", "moved"),
-    Column("reason", "reason", shrink="head", least=20),
+    Column("reason", "reason", shrink="cause", least=20),
     Column("name", "name", wide=True),
 )
 
@@ -120,6 +119,7 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
         listing = list_cache(root, compat=image.compat, trusted=trusted)
     result(
         args,
+        kind="EntryList",
         data=listing.to_json,
         blocks=lambda: _ls_blocks(listing, image, str(root.path)),
         names=lambda: _ls_names(listing),
@@ -143,13 +143,23 @@ def _ls_blocks(listing: Listing, image: ImageInfo, root: str) -> Iterator[Block]
     columns: tuple[Column, ...] = LS_COLUMNS
     if any(e.signer or e.trust for e in listing.entries):  # the open mode's table stays as it was
         columns = (*LS_COLUMNS[:-4], Column("signed by", "signer", shrink="head", least=10), *LS_COLUMNS[-4:])
-    yield Table(rows, columns, empty=f"no entries under {safe(root)}")
+    yield Table(
+        rows,
+        columns,
+        empty=f"no entries under {safe(root)}",
+        kind="entry",
+        items=lambda: [e.to_json() for e in listing.entries],
+    )
     yield Text(_ls_summary(listing, image))
     if listing.attempts:
         statuses = list(dict.fromkeys(a.status for a in listing.attempts))
         legend = "\n".join(f"{status}: {LEGEND[status]}" for status in statuses)
         yield Table(
-            [attempt_row(a) for a in listing.attempts], STAGING_COLUMNS, title="STAGING (compile attempts)"
+            [attempt_row(a) for a in listing.attempts],
+            STAGING_COLUMNS,
+            title="STAGING (compile attempts)",
+            kind="staging",
+            items=lambda: [a.to_json() for a in listing.attempts],
         )
         yield Text(legend)
     if listing.failures:
@@ -158,12 +168,16 @@ def _ls_blocks(listing: Listing, image: ImageInfo, root: str) -> Iterator[Block]
             [_failure_row(f, published) for f in listing.failures],
             FAILED_COLUMNS,
             title="FAILED COMPILES ('cachemgr show KEY' has the output)",
+            kind="failure",
+            items=lambda: [f.to_json() for f in listing.failures],
         )
     if listing.quarantined:
         yield Table(
             [_quarantine_row(q) for q in listing.quarantined],
             QUARANTINE_COLUMNS,
             title="QUARANTINE ('cachemgr prune --damaged' removes them)",
+            kind="quarantine",
+            items=lambda: [q.to_json() for q in listing.quarantined],
         )
 
 
@@ -188,9 +202,14 @@ def _entry_row(e: EntryInfo) -> dict[str, Any]:
 
 def _ls_summary(listing: Listing, image: ImageInfo) -> str:
     total = human_bytes(sum(e.size_bytes for e in listing.entries))
-    lines = [
-        f"{plural(len(listing.entries), 'entry')}, {total} (files not checked here: 'cachemgr verify' hashes them)"
-    ]
+    lines = [f"{plural(len(listing.entries), 'entry')}, {total}"]
+    if listing.entries:
+        # A size check of every file would cost more than the listing itself, many times over on a
+        # network filesystem (bench/bench_inspect.py; docs/benchmarks.md): ls says what it read.
+        lines.append(
+            "STATUS is what each entry's summary and manifest say: ls reads none of their files "
+            "('cachemgr show KEY' checks their sizes, 'cachemgr verify' hashes them)"
+        )
     lines += generation_lines(listing.entries, image.compat.generation)
     lines += _other_npus(listing.entries, image)
     if listing.count("damaged"):
@@ -348,7 +367,7 @@ def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[s
     root = open_cache(args)
     with volume_errors(root):
         found = explain_key(root, key, trusted=trusted)
-    result(args, data=found.to_json, blocks=lambda: _explain_blocks(found))
+    result(args, kind="Explanation", data=found.to_json, blocks=lambda: _explain_blocks(found))
     tell("warning", [*key.notes, *found.warnings])
     # Like `diff` and `terraform plan -detailed-exitcode`: 0 a hit, 1 not (docs/reference.md).
     return int(ExitCode.OK if found.result == "hit" else ExitCode.NOT_A_HIT)
@@ -374,8 +393,9 @@ def _explain_blocks(x: Explanation) -> Iterator[Block]:
             if e.generation is not None and e.status in {"newer", "incompatible", "superseded"}:
                 use += f"; {e.status}: {e.generation.label()}"
             count = len(near.differences)
-            head = f"{rank}. {e.short}  {e.name}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
-            blocks.append("\n".join([safe(head), *(f"     {safe(d)}" for d in near.differences)]))
+            head = f"{rank}. {e.short}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
+            lines = [safe(head), f"   {safe(e.name)}", *(f"     {safe(d)}" for d in near.differences)]
+            blocks.append("\n".join(lines))
         yield Text("NEAREST ENTRIES (entry value -> this argv)\n" + "\n".join(blocks))
     yield Text("WHAT TO DO\n" + "\n".join(f"- {safe(line)}" for line in x.advice))
 
@@ -402,6 +422,7 @@ def locks(args: argparse.Namespace, _server_argv: list[str], _environ: Mapping[s
         found = list_locks(root)
     result(
         args,
+        kind="LeaseList",
         data=lambda: [lock.to_json() for lock in found],
         blocks=lambda: _locks_blocks(found),
         names=lambda: (f"lease/{x.key}" for x in found),
@@ -416,7 +437,7 @@ def _locks_blocks(found: list[LockInfo]) -> Iterator[Block]:
          "lease": human_duration(x.holder.duration), "state": x.state, "pid": x.holder.pid, "host": x.holder.host}
         for x in found
     ]  # fmt: skip
-    yield Table(rows, LOCK_COLUMNS, empty="no leases held")
+    yield Table(rows, LOCK_COLUMNS, empty="no leases held", items=lambda: [x.to_json() for x in found])
     if not found:
         return
     progress = [

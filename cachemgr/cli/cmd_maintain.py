@@ -27,13 +27,13 @@ from cachemgr.cli.render import (
     emit,
     emit_data,
     layout,
-    plural,
     result,
     tell,
 )
 from cachemgr.core.errors import UsageError, VolumeError
+from cachemgr.core.log import configured_format
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_bytes
+from cachemgr.core.units import human_bytes, plural
 from cachemgr.ops.diskusage import DiskUsage, disk_usage
 from cachemgr.ops.inspection import volume_errors
 from cachemgr.ops.meter import interval_from, open_meter
@@ -66,7 +66,7 @@ def du(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
     root = open_cache(args)
     with volume_errors(root):
         usage = disk_usage(root, compat=image.compat)
-    result(args, data=usage.to_json, blocks=lambda: _du_blocks(usage), long=True)
+    result(args, kind="DiskUsage", data=usage.to_json, blocks=lambda: _du_blocks(usage), long=True)
     tell("warning", usage.warnings)
     tell("note", image.notes)
     return 0
@@ -77,13 +77,15 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
     shared = sum(a.shared_bytes for a in u.attempts)
     if shared:
         staged += f" (+{human_bytes(shared)} hard-linked with a published or quarantined copy, counted there)"
+    # The path alone on its line: a long one is never wrapped (its length moves no other word).
     size = human_bytes(u.usable_bytes)
     if u.reserved_bytes:
         size += f" usable by the pod (of {human_bytes(u.total_bytes)}: {human_bytes(u.reserved_bytes)} reserved for root)"
+    size += " by statvfs (a CephFS/JuiceFS directory quota shows here)"
     share = f" ({u.used_percent:.0f}%)" if u.used_percent is not None else ""
     yield Pairs(
         [
-            ("volume", f"{u.volume}  (statvfs: a CephFS/JuiceFS directory quota shows here)"),
+            ("volume", u.volume),
             ("size", size),
             ("used", human_bytes(u.used_bytes) + share),
             ("free", human_bytes(u.free_bytes)),
@@ -111,7 +113,7 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
             if len(u.entries) > len(largest)
             else ""
         )
-        yield Table(rows, DU_ENTRY_COLUMNS, title=f"BY ENTRY{more}")
+        yield Table(rows, DU_ENTRY_COLUMNS, title=f"BY ENTRY{more}", kind="entry")
     freeable: list[dict[str, Any]] = [
         {"command": f"cachemgr prune {f.flag}", "items": f.items, "frees": f.bytes_str} for f in u.prunable
     ]
@@ -123,7 +125,12 @@ def _du_blocks(u: DiskUsage) -> Iterator[Block]:
         }
     )
     cols = (Column("command", "command"), Column("items", "items", ">"), Column("frees", "frees", ">"))
-    yield Table(freeable, cols, title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)")
+    yield Table(
+        freeable,
+        cols,
+        title="PRUNE COULD FREE NOW (never an entry in use; rows do not overlap)",
+        kind="prune",
+    )
     if not u.compiler_known:
         yield Text(
             "'cachemgr prune --incompatible' needs this image's RBLN Compiler version: set "
@@ -174,6 +181,7 @@ def verify(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[s
         meter.close()
     result(
         args,
+        kind="VerifyReport",
         data=report.to_json,
         blocks=lambda: _verify_blocks(report),
         names=lambda: (f"entry/{i.name}" for i in report.items),
@@ -198,7 +206,7 @@ def _verify_blocks(r: VerifyReport) -> Iterator[Block]:
             Column("signed by", "signer", shrink="head", least=10),
             *VERIFY_COLUMNS[3:],
         )
-    yield Table(rows, columns, empty="no entries to verify")
+    yield Table(rows, columns, empty="no entries to verify", items=lambda: [i.to_json() for i in r.items])
     problems = [
         f"{safe(i.name)}:\n" + "\n".join(f"  - {safe(p)}" for p in i.problems) for i in r.items if i.problems
     ]
@@ -226,7 +234,7 @@ PLAN_COLUMNS = (
     Column("kind", "kind"),
     Column("key", "key"),
     Column("size", "size", ">"),
-    Column("reason", "reason", shrink="head", least=20),
+    Column("reason", "reason", shrink="cause", least=20),
     Column("generation", "generation", wide=True),
     Column("name", "name", wide=True),
 )
@@ -258,7 +266,7 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
     finally:
         meter.close()
     if _is_table(args):
-        emit(_done_text(plan, done))
+        emit(layout([Text(_done_text(plan, done))], Style.of(args)))
     else:
         _render_prune(args, plan, done)
     if done.failed:
@@ -271,16 +279,20 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
 
 
 def _is_table(args: argparse.Namespace) -> bool:
-    return args.output in ("table", "wide")
+    return Style.of(args).output in ("table", "wide")
 
 
 def _asked_yes(args: argparse.Namespace, plan: PrunePlan) -> bool:
     """On a terminal, show the plan and ask; without one, never prompt: print it and stop (64)."""
     what = f"{plural(len(plan.items), 'item')}, freeing {plan.bytes_str}"
-    if not sys.stdin.isatty():
+    json_log = configured_format() == "json"  # a question is no event: JSON stderr never asks
+    if json_log or not sys.stdin.isatty():
         _render_prune(args, plan, None)
+        where = (
+            "its stderr is JSON (-o json), which cannot ask" if json_log else "there is no terminal to ask on"
+        )
         raise UsageError(
-            f"prune would remove {what}, and asks first, but there is no terminal to ask on",
+            f"prune would remove {what}, and asks first, but {where}",
             remedy="pass --yes to remove them, or --dry-run to only print the plan",
         )
     print(_plan_text(args, plan), file=sys.stderr)
@@ -382,13 +394,15 @@ def _done_text(plan: PrunePlan, done: PruneResult) -> str:
 
 
 def _render_prune(args: argparse.Namespace, plan: PrunePlan, done: PruneResult | None) -> None:
-    if args.output in ("json", "yaml"):
+    style = Style.of(args)
+    if style.data:
         emit_data(
             {"plan": plan.to_json(), "executed": done is not None, "result": done and done.to_json()},
-            args.output,
+            style,
+            kind="Prune",
         )
         return
-    if args.output == "name":
+    if style.output == "name":
         names = [f"{i.kind}/{i.name}" for i in plan.items]
         if names:
             emit("\n".join(safe(n) for n in names))
@@ -396,4 +410,4 @@ def _render_prune(args: argparse.Namespace, plan: PrunePlan, done: PruneResult |
     blocks: list[Block] = list(_plan_blocks(plan, dry_run=args.dry_run and done is None))
     if done is not None:
         blocks.append(Text(_done_text(plan, done)))
-    emit(layout(blocks, Style.of(args)))
+    emit(layout(blocks, style))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from cachemgr.cli.cmd_inspect import image_of, open_cache
 from cachemgr.cli.cmd_run import trusted_keys
+from cachemgr.cli.documents import emit_names
 from cachemgr.cli.render import (
     Block,
     Column,
@@ -30,9 +31,7 @@ from cachemgr.cli.render import (
     Table,
     Text,
     emit_data,
-    emit_names,
     entry_row,
-    plural,
     result,
     show,
     tell,
@@ -40,7 +39,7 @@ from cachemgr.cli.render import (
 from cachemgr.core.errors import CacheMgrError, ConfigError, Interrupted, NotFoundError, UsageError
 from cachemgr.core.printable import safe
 from cachemgr.core.procs import StopFlag
-from cachemgr.core.units import human_age, human_bytes
+from cachemgr.core.units import human_age, human_bytes, plural
 from cachemgr.remote.config import RemoteConfig, remote_config
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
@@ -177,7 +176,11 @@ def ls(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str, 
         yield Text(text)
 
     result(
-        args, data=listing.to_json, blocks=blocks, names=lambda: (f"entry/{e.entry}" for e in listing.entries)
+        args,
+        kind="RemoteEntryList",
+        data=listing.to_json,
+        blocks=blocks,
+        names=lambda: (f"entry/{e.entry}" for e in listing.entries),
     )
     tell("warning", listing.warnings)
     return 0
@@ -319,7 +322,8 @@ def pull(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
 
 
 def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | None]], *, verb: str) -> None:
-    if args.output in ("json", "yaml"):
+    style = Style.of(args)
+    if style.data:
         emit_data(
             [
                 {
@@ -334,10 +338,11 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
                 }
                 for name, moved, error in rows_in
             ],
-            args.output,
+            style,
+            kind="TransferList",
         )
         return
-    if args.output == "name":
+    if style.output == "name":
         emit_names(f"entry/{name}" for name, _, _ in rows_in)
         return
     rows = [
@@ -423,10 +428,11 @@ def _remote_prune_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *, executed: bool) -> None:
-    if args.output in ("json", "yaml"):
-        emit_data({"plan": rows, "executed": executed}, args.output)
+    style = Style.of(args)
+    if style.data:
+        emit_data({"plan": rows, "executed": executed}, style, kind="RemotePrune")
         return
-    if args.output == "name":
+    if style.output == "name":
         emit_names(f"entry/{row['entry']}" for row in rows)
         return
     cols = [
@@ -439,4 +445,4 @@ def _render_remote_plan(args: argparse.Namespace, rows: list[dict[str, Any]], *,
     blocks: list[Block] = [Table(rows, cols, empty="nothing to prune")]
     if rows:
         blocks.append(Text(f"plan: {plural(len(rows), 'item')}\n{done}"))
-    show(blocks, Style.of(args))
+    show(blocks, style)

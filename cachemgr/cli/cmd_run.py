@@ -232,9 +232,8 @@ def warm_space(runner: Any) -> str:
 
 def warm_summary(runner: Any, *, seconds: float) -> str:
     """``warm: compiled entry NAME (1.0 MiB in 5 files) in 3.1s; published``, or what it found."""
-    from cachemgr.cli.render import plural
     from cachemgr.core.printable import safe
-    from cachemgr.core.units import human_bytes
+    from cachemgr.core.units import human_bytes, plural
     from cachemgr.ops.scan import scan_entry
     from cachemgr.volume.layout import open_root
 
@@ -282,7 +281,7 @@ def key(args: argparse.Namespace, server_argv: list[str], environ: Mapping[str, 
         if pairs:
             yield Pairs(pairs)
 
-    result(args, data=computed.to_json, blocks=blocks)
+    result(args, kind="Key", data=computed.to_json, blocks=blocks)
     return 0
 
 

@@ -20,13 +20,12 @@ from cachemgr.cli.render import (
     Text,
     input_notes,
     input_rows,
-    plural,
     result,
     tell,
 )
 from cachemgr.core.coerce import as_dict
 from cachemgr.core.printable import safe
-from cachemgr.core.units import human_age, human_duration
+from cachemgr.core.units import human_age, human_duration, plural
 from cachemgr.ops.generation import PARTS
 from cachemgr.ops.inspection import EntryDetail, volume_errors
 from cachemgr.ops.inspection import show as show_key
@@ -44,7 +43,7 @@ def show(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
     root = open_cache(args)
     with volume_errors(root):
         detail = show_key(root, args.key, compat=image.compat, trusted=trusted)
-    result(args, data=detail.to_json, blocks=lambda: _show_blocks(detail))
+    result(args, kind="KeyDetail", data=detail.to_json, blocks=lambda: _show_blocks(detail))
     tell("warning", detail.warnings)
     return 0
 
@@ -69,7 +68,7 @@ def _status_line(d: EntryDetail) -> str:
     if e is None:
         return "not published"
     if d.problems:
-        return f"damaged: {len(d.problems)} of the manifest's files fail the size and mtime check (below)"
+        return _failed_check(d)
     if e.status == "damaged":
         return f"damaged ({e.problem})"
     check = "every file's size and mtime match the manifest ('cachemgr verify' hashes them)"
@@ -121,17 +120,58 @@ def _damaged_remedy(d: EntryDetail) -> str:
     )
 
 
+def _failed_check(d: EntryDetail) -> str:
+    if d.manifest is None:
+        # No manifest, no file check: a half-copied entry, or one whose commit record is gone.
+        return f"damaged: {d.problems[0].rpartition('/')[2]}; no file of it can be checked"
+    failing = len(d.problems)
+    return (
+        f"damaged: {failing} of the manifest's {plural(_manifest_files(d), 'file')} "
+        f"{'fails' if failing == 1 else 'fail'} the size and mtime check (below)"
+    )
+
+
+def _manifest_files(d: EntryDetail) -> int:
+    files = (d.manifest or {}).get("files")
+    return files if isinstance(files, int) else d.entry.files if d.entry is not None else 0
+
+
+def _size_text(d: EntryDetail, e: EntryInfo) -> str:
+    if e.files or d.manifest is not None:
+        return f"{e.size_str} in {plural(e.files or _manifest_files(d), 'file')}"
+    return f"{e.size_str} on the volume (how many files it should have, only a manifest says)"
+
+
+def _created_text(d: EntryDetail, e: EntryInfo) -> str:
+    """When and by whom, from the manifest (or the summary of an entry that is not damaged); a
+    damaged entry without a manifest says so rather than guess from its folder's mtime."""
+    m = d.manifest or {}
+    when = _float(m.get("created_at")) or (e.created_at if e.status != "damaged" else None)
+    if when is None:
+        return f"unknown: its manifest, which records it, cannot be read (the folder last changed {human_age(e.created_at)})"
+    by = as_dict(m.get("created_by"))
+    pod, node = by.get("pod"), by.get("node")
+    who = f" by pod {pod}" if pod else ""
+    return f"{human_age(when)}{who}{f' on node {node}' if node else ''}"
+
+
+def _compiled_text(d: EntryDetail, e: EntryInfo) -> str:
+    m = d.manifest or {}
+    seconds, strategy = _float(m.get("compile_seconds")), m.get("strategy") or e.strategy
+    if seconds is None and not strategy:
+        return "unknown: its manifest, which records it, cannot be read"
+    return f"{human_duration(seconds)} ({strategy or '?'} strategy)"
+
+
 def _show_blocks(d: EntryDetail) -> Iterator[Block]:
-    e, m = d.entry, d.manifest or {}
+    e = d.entry
     pairs: list[tuple[str, Any]] = [("key", d.digest), ("entry", d.name or "?"), ("status", _status_line(d))]
     if e is not None:
-        created_by = as_dict(m.get("created_by"))
-        compiled = human_duration(_float(m.get("compile_seconds")))
         pairs += [
             ("path", str(e.path)),
-            ("size", f"{e.size_str} in {plural(e.files, 'file')}"),
-            ("created", f"{e.created_str} by pod {created_by.get('pod', '?')} on node {created_by.get('node') or '?'}"),
-            ("compiled in", f"{compiled} ({m.get('strategy') or e.strategy or '?'} strategy)"),
+            ("size", _size_text(d, e)),
+            ("created", _created_text(d, e)),
+            ("compiled in", _compiled_text(d, e)),
             *_origin_pairs(e.origin),
             ("generation", _generation_text(e)),
             ("last used", e.last_used_str),
@@ -148,7 +188,7 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
                 )
             )
     yield Pairs(pairs)
-    if d.problems:
+    if d.problems and d.manifest is not None:
         yield Text(
             "FILES CHECK (size and mtime against the manifest)\n"
             + "\n".join(f"- {safe(p)}" for p in d.problems)
@@ -157,7 +197,10 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
         yield Text(_damaged_remedy(d))
     if d.inputs:
         yield Table(
-            input_rows(d.inputs, as_dict(d.key_doc.get("sources"))), INPUT_COLUMNS, title="KEY INPUTS"
+            input_rows(d.inputs, as_dict(d.key_doc.get("sources"))),
+            INPUT_COLUMNS,
+            title="KEY INPUTS",
+            kind="input",
         )
         notes = [safe(n) for n in input_notes(as_dict(d.key_doc.get("sources")))]
         dropped = d.key_doc.get("dropped_runtime_flags")
@@ -170,7 +213,9 @@ def _show_blocks(d: EntryDetail) -> Iterator[Block]:
         refreshed = f"refreshed {human_duration(h.refreshed_age)} ago, lease {human_duration(h.duration)}"
         yield Text(f"LEASE\nheld by {safe(h.describe())}; {refreshed}: {_lease_state(h.state)}")
     if d.attempts:
-        yield Table([attempt_row(a) for a in d.attempts], ATTEMPT_COLUMNS, title="COMPILE ATTEMPTS")
+        yield Table(
+            [attempt_row(a) for a in d.attempts], ATTEMPT_COLUMNS, title="COMPILE ATTEMPTS", kind="attempt"
+        )
     if d.history is not None:
         yield Text(
             f"FAILED COMPILES ({d.history.count})\n" + "\n".join(_failure_text(r) for r in d.history.records)
@@ -236,9 +281,15 @@ def _recompiled_text(record: Mapping[str, Any]) -> str:
     shown = [safe(p) for p in paths] if isinstance(paths, list) else []
     head = (
         f"{human_age(_float(record.get('time')))}  pod {safe(record.get('pod', '?'))} on node "
-        f"{safe(record.get('node') or '?')}: {safe(record.get('count', len(shown)))} new file(s)"
+        f"{safe(record.get('node') or '?')}: {_new_files(record.get('count'), len(shown))}"
     )
     return "\n".join([head, *(f"    {p}" for p in shown)])
+
+
+def _new_files(count: Any, shown: int) -> str:
+    """``1 new file``, ``3 new files``: the record's count where it is a number, else the paths it lists."""
+    number = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else shown
+    return plural(number, "new file")
 
 
 def _server_failed_text(d: EntryDetail) -> str:

@@ -76,7 +76,7 @@ def _add_run_command(sub: Any, name: str) -> None:
     add_key(cmd)
     add_run(cmd)
     add_progress(cmd)
-    add_log(cmd)
+    add_log(cmd, pod=True)
 
 
 def _add_key_command(sub: Any, name: str) -> None:
@@ -147,7 +147,7 @@ def _add_ls_command(sub: Any, name: str) -> None:
         ["cachemgr ls", "cachemgr ls -o wide", "cachemgr ls -o json | jq '.[] | select(.kind == \"entry\")'"],
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_compat(cmd)
     add_remote(cmd, listing=True)
     add_trusted(cmd)
@@ -178,7 +178,7 @@ def _add_locks_command(sub: Any, name: str) -> None:
         ["cachemgr locks", "cachemgr locks -o wide", "cachemgr locks -o json"],
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_log(cmd)
 
 
@@ -192,7 +192,7 @@ def _add_stats_command(sub: Any, name: str) -> None:
         ["cachemgr stats", "cachemgr stats -o json | jq .volume"],
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_log(cmd)
 
 
@@ -232,7 +232,7 @@ def _add_verify_command(sub: Any, name: str) -> None:
         help="move damaged (and with --trusted-keys, untrusted) entries to quarantine/ (the next start compiles them)",
     )
     add_root(cmd)
-    add_output(cmd)
+    add_output(cmd, sort=True)
     add_trusted(cmd)
     add_progress(cmd)
     add_log(cmd)
@@ -415,14 +415,26 @@ def _add_completion_command(sub: Any, name: str) -> None:
     cmd = _command(
         sub,
         name,
-        "print a shell completion script for bash or zsh",
-        "Generated from this parser (shtab), so every command and option completes as it is today.",
+        "print a shell completion script for bash, zsh or fish",
+        "Generated from this parser (shtab), so every command and option completes as it is today;\n"
+        "a KEY (show, verify, prune --key, push) completes to the keys and entry names of the volume\n"
+        "in CACHEMGR_CACHE_ROOT, read from its directory listings alone.",
         [
             "source <(cachemgr completion bash)",
             'cachemgr completion zsh > "${fpath[1]}/_cachemgr"',
+            "cachemgr completion fish > ~/.config/fish/completions/cachemgr.fish",
         ],
     )
-    cmd.add_argument("shell", choices=["bash", "zsh"], help="the shell to complete in")
+    cmd.add_argument("shell", nargs="?", choices=["bash", "zsh", "fish"], help="the shell to complete in")
+    cmd.add_argument(
+        "--keys",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PREFIX",
+        help="print the volume's keys and entry names that start with PREFIX, one a line (what the "
+        "scripts call while completing a KEY)",
+    )
 
 
 # Each command's arguments, in the order `cachemgr --help` lists them.

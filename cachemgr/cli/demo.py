@@ -30,6 +30,7 @@ from cachemgr_standin.shim import write_vllm_shim
 from cachemgr.core.errors import CacheMgrError
 
 MODEL = "rebellions/Demo-LLM-8B"
+_COMPILER, _NPU = "0.12.0", "RBLN-CA25"  # the demo image's compiler and its pods' NPU
 _DEADLINE = 120.0
 _SETTLE = 1.5  # seconds a phase event may arrive late (held until the pod launches or misses)
 
@@ -73,9 +74,9 @@ def _env(
         "CACHEMGR_ROLE": pod.role,
         "CACHEMGR_CACHE_ROOT": str(work / f"{pod.role}-volume"),
         "CACHEMGR_STATE_DIR": str(pod.state_dir),
-        "CACHEMGR_COMPILER_VERSION": "0.12.0",
+        "CACHEMGR_COMPILER_VERSION": _COMPILER,
         **DECLARED_VERSIONS,
-        "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+        "CACHEMGR_NPU_TYPE": _NPU,
         "CACHEMGR_LOG_FORMAT": "json",
         "CACHEMGR_TERMINATION_LOG": str(pod.state_dir / "termination-log"),
         "POD_NAME": pod.name,
@@ -326,6 +327,16 @@ def cachemgr_command() -> list[str]:
     return [sys.executable, "-m", "cachemgr"]
 
 
+def inspect_command(work: Path) -> list[str]:
+    """``cachemgr ls`` of the prefill volume, as a shell without the demo pods' environment needs
+    it: their volume, and this image's compiler and NPU as the pods were told them (without those,
+    ``ls`` judges no entry by compiler or NPU and says so in two notes)."""
+    return [
+        *cachemgr_command(), "ls", "--cache-root", str(work / "prefill-volume"),
+        "--compiler-version", _COMPILER, "--npu-type", _NPU,
+    ]  # fmt: skip
+
+
 def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) -> int:
     """Cold start, then warm restart; 0 when each role compiled exactly once and then never."""
     work = work.resolve()
@@ -348,9 +359,7 @@ def run_demo(work: Path, *, compile_seconds: float, environ: Mapping[str, str]) 
     warm = {role: total - cold[role] for role, total in compiles(work).items()}
     print(f"\ncompiles: cold prefill={cold['prefill']} decode={cold['decode']}; "
           f"warm prefill={warm['prefill']} decode={warm['decode']}")  # fmt: skip
-    print(
-        f"inspect:  {shlex.join([*cachemgr_command(), 'ls', '--cache-root', str(work / 'prefill-volume')])}"
-    )
+    print(f"inspect:  {shlex.join(inspect_command(work))}")
     passed = (
         cold_ok and warm_ok and cold == {"prefill": 1, "decode": 1} and warm == {"prefill": 0, "decode": 0}
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 from cachemgr.core.errors import (
     MESSAGE_LIMIT,
     CacheMgrError,
+    ConfigError,
     ExitCode,
     StateDirInUseError,
     shorten,
@@ -45,19 +46,29 @@ def message_for(error: BaseException) -> str:
     )
 
 
-def report(error: BaseException, *, command: str, environ: Mapping[str, str], entrypoint: bool) -> int:
+def report(
+    error: BaseException,
+    *,
+    command: str,
+    environ: Mapping[str, str],
+    entrypoint: bool,
+    fmt: str | None = None,
+) -> int:
     """Say it once on stderr, write the termination message; return the exit code.
 
-    Once per stream, in that stream's format: where stderr is a terminal, or the logs are in the
-    console format, the plain line ``cachemgr COMMAND: what happened. What to do.``; in a pod's
-    log (JSON, stderr not a terminal) the ``failed`` event alone, whose ``message`` is that line.
-    The termination message (run, warm) gets the line either way.
+    Once, in the format of everything else the command writes on stderr (``fmt``, decided by
+    :func:`cachemgr.cli.main.stderr_format`; None: the pod's default, JSON unless stderr is a
+    terminal): in the console format the plain line ``cachemgr COMMAND: what happened. What to
+    do.`` (after the traceback of an internal error); in JSON the ``failed`` event alone, whose
+    ``message`` is that line (and ``exception`` the traceback). The termination message (run,
+    warm) gets the line either way.
     """
     code = exit_code_for(error)
     line = message_for(error)
-    if not isinstance(error, CacheMgrError | KeyboardInterrupt):
-        traceback.print_exception(error, file=sys.stderr)
-    if not _log(error, command=command, code=code, line=line):
+    internal = not isinstance(error, CacheMgrError | KeyboardInterrupt)
+    if not _log(error, command=command, code=code, line=line, fmt=fmt):
+        if internal:
+            traceback.print_exception(error, file=sys.stderr)
         prefix = f"cachemgr {command}" if command else "cachemgr"
         print(f"{prefix}: {safe(line)}", file=sys.stderr, flush=True)
     # Not for a second run refused in a live pod: the termination message is the live one's.
@@ -80,16 +91,22 @@ def _termination_text(error: BaseException, line: str) -> str:
     return "\n".join([*head, *shown])
 
 
-def _log(error: BaseException, *, command: str, code: int, line: str) -> bool:
+def _log(error: BaseException, *, command: str, code: int, line: str, fmt: str | None) -> bool:
     """Log the ``failed`` event where stderr is a JSON log; True if that said it."""
-    if "cachemgr.core.log" not in sys.modules:
-        return False
-    from cachemgr.core.log import configured_format, get_logger, release
+    from cachemgr.core.log import configure, configured_format, get_logger, release, resolve_format
 
+    try:
+        wanted = resolve_format(fmt)
+    except ConfigError:  # a CACHEMGR_LOG_FORMAT no format has: its own error, said plainly
+        wanted = "console"
+    if configured_format() is None:
+        configure(wanted)  # the command failed before it chose (a usage error, a probe)
     release()  # events held by a run that failed early come first
-    if configured_format() != "json" or _isatty(sys.stderr):
+    if configured_format() != "json":
         return False  # a person reads this stream: the plain line says it all
     fields = dict(error.fields) if isinstance(error, CacheMgrError) else {}
+    if not isinstance(error, CacheMgrError | KeyboardInterrupt):
+        fields["exception"] = "".join(traceback.format_exception(error))
     reason = (
         error.reason
         if isinstance(error, CacheMgrError)
@@ -106,13 +123,6 @@ def _log(error: BaseException, *, command: str, code: int, line: str) -> bool:
         **{k: v for k, v in fields.items() if k not in {"command", "exit_code", "reason", "message"}},
     )
     return True
-
-
-def _isatty(stream: object) -> bool:
-    try:
-        return bool(stream.isatty())  # type: ignore[attr-defined]
-    except (AttributeError, ValueError):
-        return False
 
 
 def write_termination_message(line: str, *, environ: Mapping[str, str]) -> None:

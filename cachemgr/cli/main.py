@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cachemgr import __version__
 from cachemgr.cli.commands import COMMANDS as _COMMANDS
-from cachemgr.cli.options import FORMATTER, Parser
+from cachemgr.cli.options import FORMATTER, POD_COMMANDS, Parser
 from cachemgr.core.errors import ExitCode, UsageError
 
 # command -> (handler "module:function", entrypoint?): entrypoints write the termination message.
@@ -126,19 +126,59 @@ def _handler(
     return handler
 
 
+def stderr_format(
+    command: str, *, log_format: str | None, output: str | None, environ: Mapping[str, str]
+) -> str | None:
+    """What cachemgr writes on stderr, ``json`` or ``console`` (None: the pod's default, decided
+    by :func:`cachemgr.core.log.resolve_format`: console on a terminal, JSON otherwise).
+
+    ``run``, ``warm`` and ``probe`` write the pod's log: ``--log-format``, else
+    ``CACHEMGR_LOG_FORMAT``. Every other command is a person's (``kubectl exec`` with or without
+    ``-t``) unless asked: ``--log-format``, else JSON when its result is (``-o json``, ``-o
+    yaml``: a script reads both streams), else console, whatever the pod's format.
+    """
+    if command in POD_COMMANDS or not command:
+        return log_format or environ.get("CACHEMGR_LOG_FORMAT") or None
+    if log_format:
+        return log_format
+    return "json" if output in ("json", "yaml") else "console"
+
+
+def _words_format(command: str, own: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """The stderr format of a command whose arguments did not parse, from its words as given:
+    ``--log-format X`` and ``-o json`` in their plain spellings (an error must still come out in
+    the form a script asked for)."""
+    log_format = output = None
+    for word, after in zip(own, [*own[1:], ""], strict=True):
+        name, eq, value = word.partition("=")
+        value = value if eq else after
+        if name == "--log-format" and value in ("json", "console"):
+            log_format = value
+        elif name in ("-o", "--output") or (word.startswith("-o") and len(word) > 2 and not eq):
+            output = word[2:] if name not in ("-o", "--output") else value
+    return stderr_format(command, log_format=log_format, output=output, environ=environ)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     own, server_argv = split_server_argv(sys.argv[1:] if argv is None else argv)
     environ = dict(os.environ)
     command = own[0] if own and own[0] in _HANDLERS else ""
+    fmt: str | None = None
     try:
         _check_text(own, server_argv, environ)
         args = parse(own)
         command = args.command
+        fmt = stderr_format(
+            command,
+            log_format=getattr(args, "log_format", None),
+            output=getattr(args, "output", None),
+            environ=environ,
+        )
         _check_server_argv(command, server_argv)
         if hasattr(args, "log_format"):
             from cachemgr.core.log import configure, resolve_format  # not for probes
 
-            configure(resolve_format(args.log_format))
+            configure(resolve_format(fmt))
         return _handler(command, args)(args, server_argv, environ)
     except BaseException as error:  # noqa: BLE001  # the one error boundary: every failure gets a line and a code
         if isinstance(error, SystemExit):
@@ -146,4 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cachemgr.cli.errors import report
 
         entrypoint = _HANDLERS.get(command, ("", False))[1]
-        return report(error, command=command, environ=environ, entrypoint=entrypoint)
+        if fmt is None:
+            fmt = _words_format(command, own, environ)
+        return report(error, command=command, environ=environ, entrypoint=entrypoint, fmt=fmt)

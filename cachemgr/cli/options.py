@@ -97,12 +97,29 @@ def duration_option(parser: Any, flag: str, *, help: str, default: float | str |
 # --- option groups several commands share --------------------------------------------------------
 
 
-def add_log(parser: argparse.ArgumentParser) -> None:
+# The commands a pod runs as itself (its entrypoint, its warm Job, its probes): their stderr is the
+# pod's log, in the pod's format (CACHEMGR_LOG_FORMAT, which the chart sets for the whole pod).
+# Every other command is run by a person (kubectl exec, with or without -t) or a script that says
+# so with -o json: its stderr is for a person unless asked otherwise (docs/reference.md, "What
+# a command writes on stderr").
+POD_COMMANDS = frozenset({"run", "warm", "probe"})
+
+
+def add_log(parser: argparse.ArgumentParser, *, pod: bool = False) -> None:
+    if pod:
+        parser.add_argument(
+            "--log-format",
+            choices=["json", "console"],
+            default=env("CACHEMGR_LOG_FORMAT"),
+            help="log format on stderr [env CACHEMGR_LOG_FORMAT; default: console on a terminal, else json]",
+        )
+        return
     parser.add_argument(
         "--log-format",
         choices=["json", "console"],
-        default=env("CACHEMGR_LOG_FORMAT"),
-        help="log format on stderr [env CACHEMGR_LOG_FORMAT; default: console on a terminal, else json]",
+        default=None,
+        help="format of notes, warnings, errors and log events on stderr (default: console, or json "
+        "with -o json and -o yaml; the pod's CACHEMGR_LOG_FORMAT is for run, warm and probe only)",
     )
 
 
@@ -130,22 +147,58 @@ _OUTPUT_HELP = {
     "json": "the result as JSON",
     "yaml": "the result as YAML",
     "name": "KIND/NAME lines",
+    "jsonpath=TEMPLATE": "kubectl's JSONPath template, e.g. jsonpath='{.items[*].key}'",
+    "custom-columns=SPEC": "kubectl's columns, e.g. custom-columns=KEY:.key,STATUS:.status",
 }
 
 
-def add_output(parser: argparse.ArgumentParser, *forms: str) -> None:
-    """``-o`` with the forms this command has; tables also take ``--no-headers``."""
+def output_form(forms: tuple[str, ...]) -> Any:
+    """``-o``'s value: one of ``forms``, or ``jsonpath=``/``custom-columns=`` with their text (a
+    usage error names the forms); the template is checked when it is used."""
+
+    def parse(text: str) -> str:
+        form, eq, template = text.partition("=")
+        if form in forms and not eq:
+            return text
+        if eq and f"{form}=" in {f.partition("=")[0] + "=" for f in forms if "=" in f}:
+            if not template.strip():
+                what = (
+                    "a template, e.g. jsonpath='{.items[*].key}'"
+                    if form == "jsonpath"
+                    else ("columns, e.g. custom-columns=KEY:.key,STATUS:.status")
+                )
+                raise argparse.ArgumentTypeError(f"-o {form}= needs {what}")
+            return text
+        shown = ", ".join(f.partition("=")[0] + ("=..." if "=" in f else "") for f in forms)
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an output format ({shown})")
+
+    return parse
+
+
+def add_output(parser: argparse.ArgumentParser, *forms: str, sort: bool = False) -> None:
+    """``-o`` with the forms this command has (a command with ``json`` takes ``jsonpath=`` and
+    ``custom-columns=`` too); tables also take ``--no-headers``; lists with ``sort`` ``--sort-by``."""
     forms = forms or ("table", "wide", "json", "yaml", "name")
+    if "json" in forms:
+        forms = (*forms, "jsonpath=TEMPLATE", "custom-columns=SPEC")
     parser.add_argument(
         "-o",
         "--output",
-        choices=list(forms),
+        type=output_form(forms),
         default="table",
+        metavar="FORMAT",
         help="output format: " + "; ".join(f"{f}: {_OUTPUT_HELP[f]}" for f in forms),
     )
     parser.add_argument(
         "--no-headers", action="store_true", help="table rows only: no headers, titles or notes (for scripts)"
     )
+    if sort:
+        parser.add_argument(
+            "--sort-by",
+            default=None,
+            metavar="JSONPATH",
+            help="rows (and -o json items) in the order of this field of each item, e.g. --sort-by .size_bytes",
+        )
 
 
 def add_identity(group: Any) -> None:

@@ -8,7 +8,15 @@ Every command builds its result as blocks (:class:`Table`, :class:`Pairs`, :clas
   them (a model to its name without the organisation, a pod name to its tail), with ``…``;
 * ``wide``: every column, nothing shortened;
 * ``--no-headers``: the rows alone, without headers, titles or prose;
-* ``json`` / ``yaml``: the command's result document; ``name``: ``KIND/NAME`` lines.
+* ``json`` / ``yaml``, ``jsonpath=TEMPLATE``, ``custom-columns=SPEC``: the command's result
+  document, in kubectl's envelope (cachemgr.cli.documents); ``name``: ``KIND/NAME`` lines;
+* ``--sort-by JSONPATH``: a list's rows (and items) in that order.
+
+Prose and ``name  value`` lines are wrapped to the width too (a word longer than the room, a
+path, is never cut; a quoted line of a program's output, ``| ...``, is shown as it was);
+``-o wide`` wraps nothing. With ``--no-headers`` the rows of a command that prints several kinds
+of table (``ls``: entries, attempts, failures, quarantine; ``du``) start with their kind, so that
+a script tells them apart.
 
 What the volume holds is written by every pod, Job and person with access to it (docs/design.md
 principle 6), so no byte of it reaches a terminal as it is: :func:`safe` escapes every
@@ -26,10 +34,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from cachemgr.cli.documents import document, emit_document, emit_names, with_times
 from cachemgr.core.printable import safe
 
-Output = Literal["table", "wide", "json", "yaml", "name"]
-Shrink = Literal["head", "tail", "model"]
+Output = Literal["table", "wide", "json", "yaml", "name", "jsonpath", "custom-columns"]
+Shrink = Literal["head", "tail", "model", "cause"]
 ELLIPSIS = "…"
 DEFAULT_WIDTH = 80
 
@@ -48,7 +57,8 @@ class Column:
 
     ``wide``: shown only with ``-o wide``. ``shrink``: how its cells are shortened when the table
     is wider than the terminal (``head`` keeps the start, ``tail`` the end, ``model`` drops the
-    organisation first); ``least`` is the narrowest it gets.
+    organisation first, ``cause`` shortens the path before ``PATH: cause`` and keeps the cause);
+    ``least`` is the narrowest it gets.
     """
 
     header: str
@@ -66,6 +76,11 @@ class Table:
     columns: Sequence[Column]
     title: str | None = None  # a section heading above the table (dropped with --no-headers)
     empty: str | None = None  # prose shown instead of a table without rows
+    # What its rows are, where a command prints several kinds of table (ls, du): with
+    # --no-headers each row starts with it, so that the rows of one table are told from another's.
+    kind: str | None = None
+    # The -o json item of each row, in the rows' order (built only for --sort-by).
+    items: Callable[[], Sequence[Mapping[str, Any]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -91,11 +106,24 @@ class Style:
     output: Output = "table"
     headers: bool = True
     width: int = DEFAULT_WIDTH
+    template: str | None = None  # jsonpath=TEMPLATE, custom-columns=SPEC
+    sort_by: str | None = None
 
     @classmethod
     def of(cls, args: Any) -> Style:
-        output = cast(Output, getattr(args, "output", "table") or "table")
-        return cls(output=output, headers=not getattr(args, "no_headers", False), width=terminal_width())
+        form, _, template = str(getattr(args, "output", "table") or "table").partition("=")
+        return cls(
+            output=cast(Output, form),
+            headers=not getattr(args, "no_headers", False),
+            width=terminal_width(),
+            template=template or None,
+            sort_by=getattr(args, "sort_by", None) or None,
+        )
+
+    @property
+    def data(self) -> bool:
+        """The result document is printed (json, yaml, jsonpath, custom-columns), not blocks."""
+        return self.output in ("json", "yaml", "jsonpath", "custom-columns")
 
 
 def terminal_width() -> int:
@@ -115,27 +143,75 @@ def layout(blocks: Iterable[Block], style: Style) -> str:
         text = _layout_block(block, style)
         if text:
             parts.append(text)
-    return "\n\n".join(parts)
+    return ("\n\n" if style.headers else "\n").join(parts)  # --no-headers: rows, no blank lines
 
 
 def _layout_block(block: Block, style: Style) -> str:
+    wrap = style.output != "wide"
     if isinstance(block, Text):
-        return block.text if style.headers else ""
+        if not style.headers:
+            return ""
+        return fit_text(block.text, style.width) if wrap else block.text
     if isinstance(block, Pairs):
         if not style.headers:
             return ""  # --no-headers: table rows only
-        body = pairs_text(block.pairs)
+        body = pairs_text(block.pairs, width=style.width if wrap else None)
         return body if not block.title else f"{block.title}\n{body}"
     if not block.rows:
-        return (block.empty or "") if style.headers else ""
-    body = table(
-        block.rows, block.columns, wide=style.output == "wide", headers=style.headers, width=style.width
-    )
+        return fit_text(block.empty or "", style.width) if style.headers else ""
+    rows, columns = _sorted_rows(block, style), list(block.columns)
+    if block.kind is not None and not style.headers:
+        rows = [{**row, "\0kind": block.kind} for row in rows]
+        columns.insert(0, Column("kind", "\0kind"))
+    body = table(rows, columns, wide=style.output == "wide", headers=style.headers, width=style.width)
     return body if not block.title or not style.headers else f"{block.title}\n{body}"
+
+
+def _sorted_rows(block: Table, style: Style) -> Sequence[Mapping[str, Any]]:
+    """``--sort-by``: the rows in the order of their items' values (cachemgr.cli.jsonpath)."""
+    if not style.sort_by or block.items is None:
+        return block.rows
+    from cachemgr.cli.jsonpath import parse_path, sort_key
+
+    key = sort_key(parse_path(style.sort_by))
+    items = [with_times(item) for item in block.items()]
+    order = sorted(range(len(block.rows)), key=lambda i: key(items[i]))
+    return [block.rows[i] for i in order]
+
+
+def fit_text(text: str, width: int, *, hang: int = 2) -> str:
+    """Prose wrapped to ``width``: each line on its own, continued under itself indented by two
+    (under the text of a ``- `` item); a word longer than the room is never cut, and a quoted line
+    of a program's output (``| ...``) is left as it was written."""
+    import textwrap  # only where a line is too long
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width or line.lstrip().startswith("| "):
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        bullet = re.match(r"(- |\d+\. )", line[len(indent) :])
+        mark = bullet[0] if bullet else ""  # a bullet keeps its first word beside it
+        out.append(
+            textwrap.fill(
+                line.strip()[len(mark) :],
+                width,
+                initial_indent=indent + mark,
+                subsequent_indent=indent + " " * (len(mark) if mark else hang),
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out)
 
 
 def show(blocks: Iterable[Block], style: Style) -> None:
     emit(layout(blocks, style))
+
+
+def emit(text: str) -> None:
+    sys.stdout.write(_guard(text.rstrip("\n")) + "\n")
 
 
 def table(
@@ -149,7 +225,8 @@ def table(
     """Rows under upper-case headers, columns padded to their widest cell, fitted to ``width``."""
     shown = [c for c in columns if wide or not c.wide]
     cells = [[safe(_cell(row.get(c.key))) for c in shown] for row in rows]
-    heads = [c.header.upper() for c in shown]
+    # Without headers a column is as wide as its cells: a header no one sees takes no room.
+    heads = [c.header.upper() if headers else "" for c in shown]
     widths = [max([len(heads[i])] + [len(line[i]) for line in cells]) for i in range(len(shown))]
     if not wide:
         fitted = _fit(shown, heads, widths, width or terminal_width())
@@ -187,6 +264,16 @@ def _fit(columns: Sequence[Column], heads: list[str], widths: list[int], width: 
 def _shorten(text: str, width: int, how: Shrink | None) -> str:
     if len(text) <= width or how is None:
         return text
+    if how == "cause":
+        # "artifacts/.../graph_000.rbln: content differs ...": the cause says what is wrong, the
+        # path where; the path gives way first, from its start (its end names the file).
+        where, colon, cause = text.partition(": ")
+        room = width - len(colon) - len(cause) - 1
+        if colon and "/" in where and room >= 8:
+            return ELLIPSIS + where[len(where) - room :] + colon + cause
+        if colon and "/" in where:
+            text = ELLIPSIS + colon + cause
+            return text if len(text) <= width else text[: width - 1] + ELLIPSIS
     if how == "model" and "/" in text:
         text = text.rsplit("/", 1)[-1]  # the organisation goes first: the name identifies the model
         if len(text) <= width:
@@ -209,94 +296,51 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def pairs_text(pairs: Sequence[tuple[str, Any]]) -> str:
-    width = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k:<{width}}  {'-' if v is None else safe(v)}" for k, v in pairs)
+def pairs_text(pairs: Sequence[tuple[str, Any]], *, width: int | None = None) -> str:
+    """``name  value`` lines; with ``width``, a long value continues under itself."""
+    names = max(len(k) for k, _ in pairs)
+    lines = []
+    for name, value in pairs:
+        text = "-" if value is None else safe(value)
+        line = f"{name:<{names}}  {text}"
+        if width is not None and len(line) > width:
+            line = fit_text(" " * (names + 2) + text, width, hang=0)
+            line = f"{name:<{names}}  " + line[names + 2 :]
+        lines.append(line)
+    return "\n".join(lines)
 
 
 # Kept for the callers that lay out one block by hand.
 kv = pairs_text
 
 
-# --- machine forms ---------------------------------------------------------------------------------
-
-
-def emit_data(obj: Any, output: Output, *, long: bool = False) -> None:
-    """``-o json`` (one line per item of a long list when ``long``) or ``-o yaml``."""
-    if output == "yaml":
-        emit_yaml(obj)
-    elif long and isinstance(obj, list | dict):
-        emit_long_json(obj)
-    else:
-        emit_json(obj)
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
-
-
-def emit_yaml(obj: Any) -> None:
-    import yaml  # only for -o yaml
-
-    # Through JSON first: the same document as -o json (numbers, nulls, strings), nothing Python-only.
-    data = json.loads(json.dumps(obj, default=str))
-    sys.stdout.write(yaml.safe_dump(data, sort_keys=False, allow_unicode=False, width=1 << 16))
-
-
-def emit_names(names: Iterable[str]) -> None:
-    """``-o name``: one ``KIND/NAME`` per line, escaped (names come from the volume)."""
-    lines = [safe(name) for name in names]
-    if lines:
-        sys.stdout.write("\n".join(lines) + "\n")
-
-
-def emit(text: str) -> None:
-    sys.stdout.write(_guard(text.rstrip("\n")) + "\n")
-
-
-def emit_long_json(obj: list[Any] | dict[str, Any]) -> None:
-    """JSON with each item of a long list on one line: ``ls``/``du`` on 10,000 entries.
-
-    The same document ``emit_json`` writes, laid out so that json's C encoder does the work
-    (it runs only without ``indent``: ten times faster), and each entry stays one grep-able line.
-    """
-    if isinstance(obj, list):
-        sys.stdout.write(
-            (
-                "[\n" + ",\n".join("  " + json.dumps(item, default=str) for item in obj) + "\n]"
-                if obj
-                else "[]"
-            )
-            + "\n"
-        )
-        return
-    lines = []
-    for name, value in obj.items():
-        if isinstance(value, list) and value:
-            inner = ",\n".join("    " + json.dumps(item, default=str) for item in value)
-            text = f"[\n{inner}\n  ]"
-        else:
-            text = json.dumps(value, default=str)
-        lines.append(f"  {json.dumps(name)}: {text}")
-    sys.stdout.write("{\n" + ",\n".join(lines) + "\n}\n")
+# --- the result, in the form asked for ----------------------------------------------------------
 
 
 def result(
     args: Any,
     *,
+    kind: str,
     data: Callable[[], Any],
     blocks: Callable[[], Iterable[Block]],
     names: Callable[[], Iterable[str]] | None = None,
     long: bool = False,
 ) -> None:
-    """Print a command's result in the form ``-o`` asks for (each form is built only when asked)."""
+    """Print a command's result in the form ``-o`` asks for (each form is built only when asked):
+    its document of kind ``kind`` (cachemgr.cli.documents), ``KIND/NAME`` lines, or its blocks."""
     style = Style.of(args)
-    if style.output in ("json", "yaml"):
-        emit_data(data(), style.output, long=long)
+    if style.data:
+        emit_data(data(), style, kind=kind, long=long)
     elif style.output == "name":
         emit_names(names() if names is not None else ())
     else:
         show(blocks(), style)
+
+
+def emit_data(obj: Any, style: Style, *, kind: str, long: bool = False) -> None:
+    """``obj`` as the document of kind ``kind``, in the data form ``style`` asks for."""
+    doc = document(kind, obj, sort_by=style.sort_by)
+    emit_document(doc, style.output, style.template, long=long, headers=style.headers)
 
 
 # --- small helpers ---------------------------------------------------------------------------------
@@ -309,16 +353,15 @@ INPUT_COLUMNS = (
 
 
 def input_rows(inputs: Mapping[str, Any], sources: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A key's inputs as rows, each with where it came from: said once per input group, and for
-    an input read from one of several variables (``versions``), that one's variable only. A note
-    on a source (``argv (revision unpinned: ...)``) is left for :func:`input_notes`."""
+    """A key's inputs as rows, each with where it came from: every row its own (a row stands on its
+    own under grep and --sort-by, as kubectl's do), and for an input read from one of several
+    variables (``versions``), that one's variable only. A note on a source (``argv (revision
+    unpinned: ...)``) is left for :func:`input_notes`; no source at all is ``-``."""
     rows: list[dict[str, Any]] = []
     for top, value_ in inputs.items():
-        said = ""
         for name, value in flatten(top, value_):
             source = _source_of(name, _plain(str(sources.get(top, ""))), value)
-            rows.append({"input": name, "value": value, "source": "" if source == said else source})
-            said = source
+            rows.append({"input": name, "value": value, "source": source or None})
     return rows
 
 
@@ -373,19 +416,19 @@ def entry_row(
     return {"key": key[:12], **{name: value or "?" for name, value in known.items()}, "size": size, **more}
 
 
-def tell(kind: str, lines: Iterable[str]) -> None:
-    """Notes and warnings: to stderr, so that ``-o json`` output always parses; escaped."""
+def tell(kind: Literal["note", "warning"], lines: Iterable[str]) -> None:
+    """Notes and warnings: to stderr, so that ``-o json`` output always parses. A person's
+    ``note: ...`` line, escaped; where stderr is JSON, an event of that name whose ``message`` is
+    the line (every line on a JSON stderr is one: docs/reference.md)."""
+    from cachemgr.core.log import configured_format, get_logger
+
+    if configured_format() == "json":
+        log = get_logger("cachemgr")
+        for line in lines:
+            (log.warning if kind == "warning" else log.info)(kind, message=line)
+        return
     for line in lines:
         print(f"{kind}: {safe(line)}", file=sys.stderr)
-
-
-def plural(count: int, noun: str) -> str:
-    """``1 entry``, ``2 entries``, ``2 keys``."""
-    if count == 1:
-        return f"1 {noun}"
-    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
-        return f"{count} {noun[:-1]}ies"
-    return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch")) else f"{count} {noun}s"
 
 
 def section(title: str, body: str) -> str:

@@ -123,6 +123,16 @@ def configured_format() -> LogFormat | None:
     return _SINK.format
 
 
+def person_at_terminal() -> bool:
+    """stderr is a terminal and the log is for a person: where a progress bar may be drawn and a
+    question asked. In JSON mode every line on stderr is an event, so neither is (issue 34)."""
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return tty and _SINK.format != "json"
+
+
 def hold() -> None:
     """Keep events in memory (with their timestamps) until :func:`release`."""
     with _SINK.lock:

@@ -1,4 +1,5 @@
-"""Human renderings and parsing of sizes and durations (``200Gi``, ``14d``)."""
+"""Human renderings and parsing of sizes and durations (``200Gi``, ``14d``), and counts of things
+(``1 entry``, ``2 entries``)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,12 @@ def human_age(timestamp: float | None, *, now: float | None = None) -> str:
     if not timestamp:
         return "never"
     return f"{human_duration((time.time() if now is None else now) - timestamp)} ago"
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``, ``2 keys``, ``0 matches``: a count and its noun, agreed."""
+    if count == 1:
+        return f"1 {noun}"
+    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "i", "o", "u"):
+        return f"{count} {noun[:-1]}ies"
+    return f"{count} {noun}es" if noun.endswith(("s", "sh", "ch", "x")) else f"{count} {noun}s"

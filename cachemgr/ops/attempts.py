@@ -28,7 +28,7 @@ from cachemgr.volume.store import StagingInfo, stale_staging_after
 if TYPE_CHECKING:
     from cachemgr.volume.lease import Holder
 
-AttemptStatus = Literal["compiling", "stalled", "published", "active", "silent", "stale"]
+AttemptStatus = Literal["compiling", "stalled", "published", "active", "silent", "stale", "dead"]
 
 # An attempt whose owner record has not been refreshed for this long (by this node's clock) is
 # a candidate for --stale-staging; prune then watches it for a beat before removing it (skew).
@@ -83,17 +83,13 @@ class Attempt:
             return "entry published; the pod's server still runs from its own copy"
         if self.status == "active":
             return "owner alive, lease not held (publishing, or its lease lapsed)"
-        silent = (
-            "no owner record"
-            if self.heartbeat_age is None
-            else f"silent for {human_duration(self.heartbeat_age)}"
-        )
         if self.status == "silent":
             return (
-                f"owner {silent}: its pod is gone (or its node's clock is off) and runs nothing here; "
-                f"'cachemgr prune --stale-staging' removes it once silent for {human_duration(STALE_STAGING_AFTER)}"
+                f"owner silent for {human_duration(self.heartbeat_age)}: its pod is gone (or its node's clock "
+                "is off) and runs nothing here; 'cachemgr prune --stale-staging' removes it once silent "
+                f"for {human_duration(STALE_STAGING_AFTER)}"
             )
-        return f"{silent}: 'cachemgr prune --stale-staging' removes it"
+        return f"{gone_reason(self.status, self.heartbeat_age)}: 'cachemgr prune --stale-staging' removes it"
 
     def to_json(self) -> dict[str, Any]:
         return row(
@@ -109,12 +105,12 @@ class Attempt:
             size_bytes=self.size_bytes,
             shared_bytes=self.shared_bytes,
             created_at=self.started_at,
-            in_use=self.status not in ("silent", "stale"),
+            in_use=self.status not in ("silent", "stale", "dead"),
             pod=self.pod,
             node=self.node,
             heartbeat_age_seconds=self.heartbeat_age,
             status=self.status,
-            problem=self.detail if self.status in ("silent", "stale") else None,
+            problem=self.detail if self.status in ("silent", "stale", "dead") else None,
         )
 
 
@@ -127,8 +123,27 @@ LEGEND: dict[str, str] = {
     "active": "its pod is alive without the lease (publishing, or its lease lapsed)",
     "silent": "its pod stopped beating (gone, or its node's clock is off); "
     f"'cachemgr prune --stale-staging' removes it once silent for {human_duration(STALE_STAGING_AFTER)}",
-    "stale": "its pod is gone: 'cachemgr prune --stale-staging' removes it, and its lease",
+    "stale": f"its pod stopped beating {human_duration(STALE_STAGING_AFTER)} ago or more: "
+    "'cachemgr prune --stale-staging' removes it, and its lease",
+    "dead": "its pod's process is gone from this host: 'cachemgr prune --stale-staging' removes it, and "
+    "its lease",
 }
+
+
+def gone_reason(status: str, heartbeat_age: float | None) -> str:
+    """Why an attempt may go, in the words ``ls`` and ``prune`` share: its pod's process is gone
+    from this host (``dead``, by cachemgr.volume.liveness, the rule ``locks`` uses too), or it
+    has been silent past the window (``stale``), or it has no owner record at all."""
+    if status == "dead":
+        return "dead: its pod's process is gone from this host"
+    if heartbeat_age is None:
+        return "stale: no owner record"
+    return f"stale: its pod silent for {human_duration(heartbeat_age)}"
+
+
+def gone_status(info: StagingInfo) -> AttemptStatus:
+    """``dead`` or ``stale`` for an attempt that may go (:meth:`StagingInfo.is_stale`)."""
+    return "dead" if info.died_here(PodIdentity.current()) else "stale"
 
 
 @dataclass(frozen=True)
@@ -202,7 +217,7 @@ def attempt_of(root: CacheRoot, info: StagingInfo, *, published: set[str]) -> At
     owner = info.owner
     status: AttemptStatus
     if info.is_stale(stale_after=STALE_STAGING_AFTER, identity=PodIdentity.current()):
-        status = "stale"
+        status = gone_status(info)
     elif info.heartbeat_age is None or info.heartbeat_age > SILENT_ATTEMPT_AFTER:
         # Checked before the lease and the entry: a killed pod's lease stays fresh for its
         # duration, and its key may be published (by it, or by the pod that took over), but a

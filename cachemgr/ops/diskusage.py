@@ -153,7 +153,7 @@ class DiskUsage:
             Freeable.of(
                 "stale_staging",
                 "--stale-staging",
-                [a.size_bytes for a in self.attempts if a.status == "stale"],
+                [a.size_bytes for a in self.attempts if a.status in ("stale", "dead")],
             ),
             Freeable.of("damaged", "--damaged", damaged + [q.size_bytes for q in self.quarantined]),
             Freeable.of("failures", "--failures", list(self.failures)),

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from cachemgr.core.coerce import as_dict, number, read_dict
-from cachemgr.core.units import human_age, human_bytes, human_duration
+from cachemgr.core.units import human_age, human_bytes, human_duration, plural
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.ops.attempts import FailureHistory
 from cachemgr.ops.locks import holder_json, read_holder_of
@@ -240,7 +240,7 @@ def _cache_advice(ex: Explanation) -> list[str]:
     if ex.recompiled:
         last = ex.recompiled[-1]
         advice.append(
-            f"recompiled_on_hit: {len(ex.recompiled)} pod start(s) found this entry and the server compiled anyway, "
+            f"recompiled_on_hit: {plural(len(ex.recompiled), 'pod start')} found this entry and the server compiled anyway, "
             f"the last {human_age(number(last.get('time')))} (pod {last.get('pod', '?')}, new files: "
             f"{', '.join([str(p) for p in last.get('paths') or []][:3])}): the server keys on something cachemgr does not. "
             f"Report it with 'cachemgr show {ex.key.short} -o json'; meanwhile such pods compile at every start"
@@ -249,7 +249,7 @@ def _cache_advice(ex: Explanation) -> list[str]:
         newest = ex.server_failed[0]
         line = f"; its last line: {newest.last_lines[-1]}" if newest.last_lines else ""
         advice.append(
-            f"the server exited before it was ready {len(ex.server_failed)} time(s) on this entry, the last "
+            f"the server exited before it was ready {plural(len(ex.server_failed), 'time')} on this entry, the last "
             f"{human_age(newest.time)} (pod {newest.pod or '?'}, {newest.how}{line}): if the entry is what it cannot "
             f"load, 'cachemgr prune --key {ex.key.short} --yes' removes it and the next start compiles afresh "
             f"(or run pods with --on-server-failure set-aside-after N); 'cachemgr show {ex.key.short}' has the last lines"
@@ -289,7 +289,7 @@ def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]
     if ex.history is not None:
         last = ex.history.last
         advice.append(
-            f"{ex.history.count} earlier compile(s) of this key failed, the last {human_age(number(last.get('time')))} "
+            f"{plural(ex.history.count, 'earlier compile')} of this key failed, the last {human_age(number(last.get('time')))} "
             f"({last.get('reason')}): {last.get('message')} 'cachemgr show {key.short}' has the last output lines"
         )
     if not ex.nearest and ex.result == "untrusted":
@@ -317,9 +317,9 @@ def _differences_advice(key: CacheKey, nearest: Nearest, entries: tuple[EntryInf
     if "npu" in by_top:
         advice.append(
             f"the nearest entry targets {by_top['npu'][0].entry}, this pod {key.inputs['npu']}: each NPU type "
-            "compiles its own (pods on that hardware use theirs: 'prune --incompatible' keeps them, "
-            "'prune --for-npu TYPE' names them); if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME "
-            "and the node pool"
+            "compiles its own (pods on that hardware use theirs: 'cachemgr prune --incompatible' keeps them; "
+            f"once that hardware is gone, 'cachemgr prune --for-npu {by_top['npu'][0].entry}' removes them); "
+            "if they should match, check CACHEMGR_NPU_TYPE / RBLN_FORCE_NPU_NAME and the node pool"
         )
     if "model" in by_top:
         advice.append(

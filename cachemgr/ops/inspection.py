@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.core.coerce import as_dict, read_dict
 from cachemgr.core.errors import NotFoundError, UsageError, VolumeError
 from cachemgr.core.printable import safe
+from cachemgr.core.units import plural
 from cachemgr.ops.attempts import (
     Attempt,
     FailureHistory,
@@ -130,6 +131,17 @@ class EntryDetail:
         return self.entry.status if self.entry.status in {"incompatible", "superseded", "newer"} else "ok"
 
     @property
+    def created_at(self) -> float | None:
+        """When it was published, as its manifest (or summary) says; None for a damaged entry
+        that has neither (its folder's mtime is no publication time)."""
+        made = (self.manifest or {}).get("created_at")
+        if isinstance(made, int | float) and not isinstance(made, bool):
+            return float(made)
+        if self.entry is None or self.entry.status == "damaged":
+            return None
+        return self.entry.created_at
+
+    @property
     def inputs(self) -> Mapping[str, Any]:
         return as_dict(self.key_doc.get("inputs")) or as_dict((self.manifest or {}).get("inputs"))
 
@@ -144,7 +156,7 @@ class EntryDetail:
             "origin": self.entry.to_json()["origin"] if self.entry else None,
             "problem": self.entry.problem if self.entry else None,
             "size_bytes": self.entry.size_bytes if self.entry else None,
-            "created_at": self.entry.created_at if self.entry else None,
+            "created_at": self.created_at,
             "last_used_at": self.entry.last_used_at if self.entry else None,
             "in_use": self.entry.in_use if self.entry else False,
             "users": [u.to_json() for u in self.entry.users] if self.entry else [],
@@ -201,7 +213,7 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
         )
     listed = ", ".join(sorted(d[:12] for d in matches)[:6])
     raise UsageError(
-        f"{query!r} matches {len(matches)} keys ({listed}{', ...' if len(matches) > 6 else ''})",
+        f"{query!r} matches {plural(len(matches), 'key')} ({listed}{', ...' if len(matches) > 6 else ''})",
         remedy="pass a longer prefix or the entry name",
     )
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from cachemgr.core.errors import ConfigError, UsageError
-from cachemgr.core.log import get_logger, set_write_guard
+from cachemgr.core.log import get_logger, person_at_terminal, set_write_guard
 from cachemgr.core.units import parse_duration
 
 log = get_logger("cachemgr.ops.meter")
@@ -98,8 +98,8 @@ def interval_from(value: float | None, environ: Mapping[str, str] | None = None)
 
 
 def open_meter(*, what: str, event: str, interval: float = DEFAULT_INTERVAL, total: int = 0) -> Meter:
-    """A bar when stderr is a terminal, else a meter that logs ``event`` every ``interval``."""
-    if _isatty(sys.stderr):
+    """A bar when stderr is a person's terminal, else a meter that logs ``event`` every ``interval``."""
+    if person_at_terminal():
         return _Bar(what, total)
     return _LogMeter(event, interval, total)
 

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import stat
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -31,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import atomic_write_json, tree_bytes
-from cachemgr.core.log import get_logger
+from cachemgr.core.log import get_logger, person_at_terminal
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.ops.meter import DEFAULT_INTERVAL, Every, about, clock
@@ -397,7 +396,7 @@ def start_compile_progress(
     """The reporter of one compile, with what the preflight learned; a bar only on a terminal."""
     expectation = preflight.expectation if preflight is not None else None
     meter = None
-    if bar and sys.stderr.isatty():
+    if bar and person_at_terminal():
         from cachemgr.ops.meter import open_meter  # tqdm: a terminal only
 
         meter = open_meter(

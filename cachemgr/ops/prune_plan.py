@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from cachemgr.core import safefs
 from cachemgr.core.fsutil import read_json, tree_bytes
-from cachemgr.core.units import human_bytes, human_duration
-from cachemgr.ops.attempts import STALE_STAGING_AFTER
+from cachemgr.core.units import human_bytes, human_duration, plural
+from cachemgr.ops.attempts import STALE_STAGING_AFTER, gone_reason, gone_status
 from cachemgr.ops.scan import EntryInfo, Scan
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -315,7 +315,7 @@ def _failure_records(root: CacheRoot) -> list[PruneItem]:
         path = root.failures / digest
         count = sum(1 for name in safefs.listdir(root.path, path) if name.endswith(".json"))
         size = tree_bytes(path, within=root.path)
-        items.append(PruneItem("failures", path, digest, size, f"{count} failure record(s)", digest))
+        items.append(PruneItem("failures", path, digest, size, plural(count, "failure record"), digest))
     return items
 
 
@@ -329,7 +329,7 @@ def _stale_attempts(
             info.path,
             f"{info.path.parent.name[:12]}/{info.path.name}",
             tree_bytes(info.path, within=root.path),
-            _stale_reason(info.heartbeat_age),
+            gone_reason(gone_status(info), info.heartbeat_age),
             info.path.parent.name,
             seen=owner_seen(info, mark),
         )
@@ -381,14 +381,6 @@ def _trashed_key(root: CacheRoot, path: Path) -> str | None:
     except (OSError, safefs.UnsafePathError):
         return None
     return None
-
-
-def _stale_reason(age: float | None) -> str:
-    return (
-        "attempt of a dead pod (no owner record)"
-        if age is None
-        else f"attempt silent for {human_duration(age)}"
-    )
 
 
 def named_entries(root: CacheRoot, queries: Iterable[str]) -> list[str]:

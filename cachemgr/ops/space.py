@@ -12,13 +12,17 @@ and the chart key to raise.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from cachemgr.core import safefs
+from cachemgr.core.coerce import number
 from cachemgr.core.errors import DiskFullError
+from cachemgr.core.fsutil import read_json, tree_bytes
 from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey, digest_of
@@ -27,6 +31,7 @@ from cachemgr.ops.rollout import UNUSED_AFTER, Prunable, RolloutSpace, prunable_
 from cachemgr.ops.scan import Compat, EntryInfo, scan
 from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
+from cachemgr.volume.manifest import SUMMARY_NAME
 
 log = get_logger("cachemgr.ops.space")
 
@@ -88,9 +93,40 @@ def expected_size(
         return Expectation(
             estimate, f"estimated from the weights ({human_bytes(weights)} x {WEIGHTS_FACTOR} x PP {pp})"
         )
+    aside = _set_aside(root, key)
+    if aside is not None:
+        return aside
     return Expectation(
-        None, "unknown: nothing compiled for this model yet and no local weights; pass --expected-size"
+        None,
+        "unknown: no entry of this model on this volume to learn from, and no local weights; "
+        "pass --expected-size",
     )
+
+
+def _set_aside(root: CacheRoot, key: CacheKey) -> Expectation | None:
+    """This key's own entry, moved to quarantine/ as damaged (a moment ago, by this very start,
+    as often as not): the size it was published with, else what is left of it."""
+    copies = [n for n in safefs.listdir(root.path, root.quarantine) if n.startswith(key.entry_name + ".")]
+    for name in sorted(copies, reverse=True):  # NAME.<UTC stamp>.<random>: the newest first
+        path = root.quarantine / name
+        published = 0
+        with (
+            contextlib.suppress(OSError, ValueError, safefs.UnsafePathError),
+            safefs.open_dir(root.path, path) as fd,
+        ):
+            summary = read_json(Path(SUMMARY_NAME), dir_fd=fd, limit=1 << 20)
+            published = int(number(summary.get("size_bytes")) or 0) if isinstance(summary, dict) else 0
+        try:
+            found = published or tree_bytes(path, within=root.path)
+        except (OSError, safefs.UnsafePathError):
+            continue
+        if found > 0:
+            how = "as published" if published else "what is left of it"
+            return Expectation(
+                found,
+                f"learned from this key's entry set aside as damaged (quarantine/{name}: {human_bytes(found)}, {how})",
+            )
+    return None
 
 
 def _learned(root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...]) -> Expectation | None:

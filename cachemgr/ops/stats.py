@@ -9,9 +9,14 @@ time) and from the failure records of its key. What this counts, precisely:
 
 * ``hits``: starts that found the entry published; ``saved_seconds`` counts the entry's compile
   time for each, and for a start that waited for a peer's compile, that time less its wait;
-* ``misses``: starts that did not (they waited, compiled or downloaded), and failed compiles;
+* ``waits``: starts that waited for a peer's compile and then loaded its entry (no compile of their
+  own: a "miss" that cost a wait, not a compile);
+* ``downloads``: starts that downloaded the entry from the remote tier;
 * ``compiles`` and ``compile_seconds``: the entry's own compile (none for a download) and the
-  failed ones.
+  failed ones;
+* ``pod_starts``: every start counted (hits, waits, downloads, starts that compiled, failed
+  compiles; ``starts`` breaks a key's down by kind); ``misses``: those that were not hits (kept for
+  scripts that read it: waits are in it).
 
 Counts cover the entries and failure records on the volume now: pruning an entry drops its
 history with it, a key keeps its newest 20 failure records (cachemgr.volume.failure_records), and
@@ -42,10 +47,25 @@ class Counts:
     compile_seconds: float = 0.0
     saved_seconds: float = 0.0
     failed: int = 0
+    waits: int = 0
+    downloads: int = 0
+
+    @property
+    def started(self) -> int:
+        """Starts counted: the hits and the misses (waits, downloads, compiles, failed ones)."""
+        return self.hits + self.misses
+
+    @property
+    def no_compile(self) -> int:
+        """Starts that loaded an entry without compiling it themselves: hits, waits, downloads."""
+        return self.hits + self.waits + self.downloads
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "pod_starts": self.started,
             "hits": self.hits,
+            "waits": self.waits,
+            "downloads": self.downloads,
             "misses": self.misses,
             "compiles": self.compiles,
             "compile_seconds": round(self.compile_seconds, 3),
@@ -94,12 +114,14 @@ class VolumeStats:
             compile_seconds=sum(k.compile_seconds for k in self.keys),
             saved_seconds=sum(k.saved_seconds for k in self.keys),
             failed=sum(k.failed for k in self.keys),
+            waits=sum(k.waits for k in self.keys),
+            downloads=sum(k.downloads for k in self.keys),
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "volume": self.total.to_json(),
-            "keys": [k.to_json() for k in self.keys],
+            "items": [k.to_json() for k in self.keys],  # one per key (-o json's envelope: items)
             "warnings": list(self.warnings),
         }
 
@@ -147,6 +169,8 @@ def _entry_stats(root: CacheRoot, entry: EntryInfo, history: Any) -> KeyStats:
         status=entry.status,
         starts=starts,
         hits=entry.hits,
+        waits=starts.get("waited", 0),
+        downloads=starts.get("fetched", 0),
         misses=misses + failures,
         compiles=compiled_here + failures,
         compile_seconds=compiled_here * compile_s + failed_s,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from cachemgr.core import safefs
 from cachemgr.core.errors import NotFoundError, VolumeError
 from cachemgr.core.fsutil import walk_names
-from cachemgr.core.units import human_bytes
+from cachemgr.core.units import human_bytes, plural
 from cachemgr.key.cachekey import digest_of
 from cachemgr.ops.inspection import strip_kind
 from cachemgr.ops.scan import scan_entry
@@ -105,7 +105,7 @@ class VerifyReport:
             if not untrusted
             else ("untrusted entries" if untrusted == len(self.damaged) else "damaged or untrusted entries")
         )
-        found = f"found {what} in {len(self.damaged)} of {len(self.items)} entries checked ({names})"
+        found = f"found {what} in {len(self.damaged)} of {plural(len(self.items), 'entry')} checked ({names})"
         # Who makes them again, and what to look for: an untrusted entry is no accident of the
         # storage, and only a pod with the signing key replaces it (pods that trust keys wait).
         again = (

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core.units import human_bytes
+from cachemgr.core.units import human_bytes, plural
 from cachemgr.remote import client
 from cachemgr.remote.config import ENV_BUDGET, RemoteConfig
 
@@ -242,7 +242,7 @@ class _Child:
             done = "arrived" if op == "download" else "gone up"
             left = (
                 f"{human_bytes(self.moved)} of the {human_bytes(self.planned['bytes'])} of its "
-                f"{self.planned['files']} files had {done}"
+                f"{plural(int(self.planned['files']), 'file')} had {done}"
             )
         budget = f"{self.budget_name}={self.config.budget:g}s"
         return client.RemoteError(

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
 from cachemgr.core.fsutil import hash_fd
+from cachemgr.core.units import plural
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.remote.layout import (
@@ -265,7 +266,7 @@ class Remote:
         if problems:
             shown = "; ".join(str(p) for p in problems[:3]) + (" ..." if len(problems) > 3 else "")
             raise RemoteDamageError(
-                f"remote entry {key.entry_name} does not match its manifest ({len(problems)} files: {shown})",
+                f"remote entry {key.entry_name} does not match its manifest ({plural(len(problems), 'file')}: {shown})",
                 remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles",
             )
         moved = Moved(key.entry_name, len(manifest.files), manifest.total_bytes, time.monotonic() - started)

@@ -24,6 +24,7 @@ from cachemgr.core.errors import (
     WaitTimeoutError,
 )
 from cachemgr.core.fsutil import is_disk_full
+from cachemgr.core.units import plural
 from cachemgr.runtime.state import StateDirBusy, claim_state_dir
 from cachemgr.volume.failure_records import record_failure
 
@@ -215,7 +216,7 @@ def view_failed(error: OSError, views: Path, *, files: int) -> CacheMgrError:
     if is_disk_full(error):
         return DiskFullError(
             f"the pod's state dir is full ({error.strerror}): the view of the entry under {views} "
-            f"takes a link, so an inode, per file ({files} files); the cache volume is unharmed",
+            f"takes a link, so an inode, per file ({plural(files, 'file')}); the cache volume is unharmed",
             remedy="give the state dir's emptyDir more room (or inodes), or point --state-dir "
             "(CACHEMGR_STATE_DIR) at a larger pod-local directory",
         )

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from cachemgr.core.errors import ServerFailedError
 from cachemgr.core.log import get_logger
+from cachemgr.core.units import plural
 from cachemgr.volume import serverfail
 from cachemgr.volume.records import read_usage
 
@@ -50,7 +51,7 @@ def recorded(
     _record(pod, root, key, found, instance=instance, code=code, signame=signame, last_lines=last_lines)
     records = serverfail.read(root, key.digest)
     now = records.of(instance)
-    count = f"; {len(now)} such exit(s) recorded on it" if now else ""
+    count = f"; {plural(len(now), 'such exit')} recorded on it" if now else ""
     if pod.metrics.compiles > 0 and _same_as_before(records, instance, code):
         remedy = (
             "the entry is not the cause: this pod compiled it afresh and its server fails the same way as on "
@@ -151,7 +152,7 @@ def set_aside(root: CacheRoot, key: CacheKey, found: Lookup, *, after: int) -> b
     from cachemgr.core import safefs
     from cachemgr.volume.store import quarantine
 
-    reason = f"its server exited before ready {after}+ time(s) (--on-server-failure set-aside-after {after})"
+    reason = f"its server exited before ready {after}+ {'time' if after == 1 else 'times'} (--on-server-failure set-aside-after {after})"
     moved = quarantine(root, found.path, reason=reason)
     if moved is None:
         return False  # another pod moved it first: look again

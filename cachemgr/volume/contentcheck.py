@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+from cachemgr.core.units import plural
 from cachemgr.volume.manifest import Problem
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def first_problem(
     if problems:
         return problems[min(problems)]
     if not found_wrong.is_set() and len(result.files_done) < len(files):
-        raise OSError(f"{entry}: {len(files) - len(result.files_done)} files were not read whole")
+        raise OSError(f"{entry}: {plural(len(files) - len(result.files_done), 'file')} not read whole")
     return None
 
 

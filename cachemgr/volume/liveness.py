@@ -11,10 +11,13 @@ once), ``locks`` and ``show``, ``ls``'s attempt status, and ``prune --stale-stag
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -38,8 +41,9 @@ class Here:
     def knows(self, *, host: str | None, boot: str | None, pidns: str | None) -> bool:
         """The record's writer ran in this host's pid namespace, so its pid can be probed from here.
 
-        A record that names its boot and pid namespace must match both; one that names neither
-        (an attempt's owner record) is probed on a matching host name alone.
+        A record that names its boot and pid namespace must match both (lease markers, and
+        attempts' owner records since they name them); one that names neither (an owner record of
+        an older cachemgr) is probed on a matching host name alone.
         """
         if host != self.host:
             return False
@@ -99,3 +103,38 @@ def gone_here(
     if started is not None:
         return process_gone(pid, started)
     return not pid_alive(pid)
+
+
+def process_marks() -> dict[str, Any]:
+    """What a record must name for this rule to tell this process gone, as a lease marker names it:
+    its start time (a reused pid is not the writer), boot and pid namespace (a reader in another
+    pid namespace with the same host name, a sidecar or a debug container, cannot probe the pid).
+    Written into a staging attempt's owner record."""
+    me = Here.current()
+    marks: dict[str, Any] = {"started": me.started}
+    marks.update({name: value for name, value in (("boot", me.boot), ("pidns", me.pidns)) if value})
+    return marks
+
+
+def owner_gone(owner: Mapping[str, Any]) -> bool:
+    """An attempt's owner record (``host``, ``pid``, and where it names them ``started``, ``boot``,
+    ``pidns``: :func:`process_marks`) names a process known gone here. Fields of the wrong type
+    read as absent: anyone can write the record."""
+    pid, host = owner.get("pid"), owner.get("host")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not isinstance(host, str):
+        return False
+    boot, pidns = owner.get("boot"), owner.get("pidns")
+    return gone_here(
+        host=host,
+        pid=pid,
+        boot=boot if isinstance(boot, str) else None,
+        pidns=pidns if isinstance(pidns, str) else None,
+        started=_when(owner.get("started")),
+    )
+
+
+def _when(value: Any) -> float | None:
+    """A start time from a record: a finite, positive number, else unknown."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value) if value > 0 else None

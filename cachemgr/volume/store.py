@@ -228,7 +228,10 @@ def _rmdir(path: Path, *, within: Path | None) -> None:
 
 
 def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Staging:
-    """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``."""
+    """A fresh attempt directory with ``key.json`` and an empty ``artifacts/``; its owner record
+    names this process as the liveness rule needs it (cachemgr.volume.liveness.process_marks)."""
+    from cachemgr.volume.liveness import process_marks  # psutil: a miss only
+
     attempt = f"{identity.file_stem}.{random_suffix(4)}"
     parent = root.staging / key.digest
     safefs.make_dirs(root.path, parent)  # refuses staging/<digest> planted as a symlink
@@ -237,7 +240,7 @@ def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Sta
     )
     atomic_write_json(
         staging.owner_file,
-        {**identity.to_json(), "entry": key.entry_name, "since": time.time()},
+        {**identity.to_json(), "entry": key.entry_name, "since": time.time(), **process_marks()},
         within=root.path,
     )
     safefs.make_dirs(root.path, staging.artifacts)
@@ -421,11 +424,10 @@ class StagingInfo:
 
     def died_here(self, identity: PodIdentity) -> bool:
         """Its owner ran on this host, and that process is gone (cachemgr.volume.liveness)."""
-        from cachemgr.volume.liveness import gone_here  # psutil: not on the hit path
+        from cachemgr.volume.liveness import owner_gone  # psutil: not on the hit path
 
         del identity  # this process, as the liveness rule knows it
-        pid, host = self.owner.get("pid"), self.owner.get("host")
-        return isinstance(pid, int) and isinstance(host, str) and gone_here(host=host, pid=pid)
+        return owner_gone(self.owner)
 
 
 def dead_attempts(

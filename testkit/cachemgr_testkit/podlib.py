@@ -396,12 +396,15 @@ def metrics(port: int) -> dict[str, float]:
 
 
 def error_lines(stderr: str) -> list[str]:
-    """How a failure was said on stderr, once per stream (docs/reference.md, "What a failure
-    prints"): the ``message`` of a JSON log's ``failed`` event, or the plain ``cachemgr CMD:`` line."""
+    """How a failure was said on stderr, once (docs/reference.md, "What a command writes on
+    stderr"): the ``message`` of a JSON log's ``failed`` event, or of the plain ``cachemgr CMD:
+    MESSAGE`` line, the same line either way (a person's command prints the plain one even in a
+    pod whose log is JSON)."""
     found = []
     for line in stderr.splitlines():
-        if line.startswith(("cachemgr ", "cachemgr:")):
-            found.append(line)
+        plain = re.match(r"cachemgr(?: [a-z]+)?: ", line)
+        if plain:
+            found.append(line[plain.end() :])
         elif line.startswith("{") and '"event": "failed"' in line:
             found.append(str(json.loads(line)["message"]))
     return found
