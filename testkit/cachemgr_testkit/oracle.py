@@ -119,8 +119,9 @@ def safetensors_bytes(tensors: Sequence[tuple[str, tuple[int, ...]]], *, seed: i
 
 def materialize(path: Path, edits: Sequence[Mapping[str, Any]] = ()) -> Path:
     """Lay out the base model directory at ``path`` (replacing what is there), then apply ``edits``."""
-    if path.exists():
-        shutil.rmtree(path)
+    for folder in (path, sidecar(path)):
+        if folder.exists():
+            shutil.rmtree(folder)
     path.mkdir(parents=True)
     files: dict[str, Any] = {
         "config.json": _CONFIG,
@@ -134,6 +135,11 @@ def materialize(path: Path, edits: Sequence[Mapping[str, Any]] = ()) -> Path:
     for edit in edits:
         _apply(path, edit)
     return path
+
+
+def sidecar(path: Path) -> Path:
+    """A configs-only directory beside the model (``--hf-config-path {model}.cfg``)."""
+    return path.with_name(path.name + ".cfg")
 
 
 def _write_json(file: Path, content: Any) -> None:
@@ -171,6 +177,9 @@ def _apply(root: Path, edit: Mapping[str, Any]) -> None:
         file.write_text(json.dumps(dict(reversed(list(data.items()))), indent=4) + "\n", encoding="utf-8")
     elif op == "touch":
         os.utime(file, (1_000_000_000, 1_000_000_000))
+    elif op == "sidecar":
+        # The model's config.json, with ``set`` applied, in the directory beside it.
+        _write_json(sidecar(root) / edit["file"], {**_CONFIG, **edit.get("set", {})})
     else:
         raise ValueError(f"unknown model edit {op!r}")
 
@@ -266,7 +275,9 @@ def differences(committed: Mapping[str, Any], fresh: Mapping[str, Any]) -> list[
     new = {v["id"]: v for v in fresh["variants"]}
     found += [f"only in the committed table: {vid}" for vid in sorted(set(old) - set(new))]
     found += [f"only in the fresh run: {vid}" for vid in sorted(set(new) - set(old))]
-    found += [f"{vid}: {old[vid]} -> {new[vid]}" for vid in sorted(set(old) & set(new)) if old[vid] != new[vid]]
+    found += [
+        f"{vid}: {old[vid]} -> {new[vid]}" for vid in sorted(set(old) & set(new)) if old[vid] != new[vid]
+    ]
     return found
 
 
@@ -284,7 +295,9 @@ def main(argv: Sequence[str]) -> int:
         if found:
             print(f"{len(found)} differences: the committed table is not current; rerun scripts/oracle")
         return 1 if found else 0
-    print("usage: python -m cachemgr_testkit.oracle table RELEASE CORPUS ANSWERS OUT | compare COMMITTED FRESH")
+    print(
+        "usage: python -m cachemgr_testkit.oracle table RELEASE CORPUS ANSWERS OUT | compare COMMITTED FRESH"
+    )
     return 64
 
 

@@ -62,11 +62,19 @@ def replay(table: Mapping[str, Any], workdir: Path) -> list[dict[str, Any]]:
             ref_key = keys[ref_id]
             mine = _key(variant, base_model, release, workdir, empty)
         equal = None if mine is None or ref_key is None else mine == ref_key
-        rows.append({"id": vid, "verdict": oracle.verdict(variant["answer"], equal), "differs": variant["answer"].get("differs", [])})
+        rows.append(
+            {
+                "id": vid,
+                "verdict": oracle.verdict(variant["answer"], equal),
+                "differs": variant["answer"].get("differs", []),
+            }
+        )
     return rows
 
 
-def _key(variant: Mapping[str, Any], model: Path, release: str, workdir: Path, no_devices: Path) -> str | None:
+def _key(
+    variant: Mapping[str, Any], model: Path, release: str, workdir: Path, no_devices: Path
+) -> str | None:
     image = oracle.image_of(variant)
     environ = {
         "HOME": str(workdir / "home"),

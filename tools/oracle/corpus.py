@@ -48,7 +48,10 @@ _HINTS: dict[str, list[str]] = {
     "override_generation_config": ['{"temperature": 0.5}'],
     "model_loader_extra_config": ['{"enable_multithread_load": true}'],
     "pt_load_map_location": ["cuda:0"],
-    "additional_config": ['{"enforce_model_fp32": true}', '{"optimum_overrides": {"tensor_parallel_size": 1}}'],
+    "additional_config": [
+        '{"enforce_model_fp32": true}',
+        '{"optimum_overrides": {"tensor_parallel_size": 1}}',
+    ],
     "compilation_config": ['{"mode": 0}', '{"level": 3}'],
     "speculative_config": ['{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}'],
     "kv_transfer_config": ['{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'],
@@ -125,7 +128,10 @@ _IMAGES: list[tuple[str, dict[str, Any]]] = [
     ("compiler 0.12.5 (same major.minor)", {"image": {"compiler": "0.12.5"}}),
     ("compiler 0.13.0", {"image": {"compiler": "0.13.0"}}),
 ]
-_NPUS = {"vllm": ["RBLN-CR03", " RBLN-CR13", "rbln-cr13"], "optimum": ["RBLN-CA12", " RBLN-CA25", "rbln-ca25"]}
+_NPUS = {
+    "vllm": ["RBLN-CR03", " RBLN-CR13", "rbln-cr13"],
+    "optimum": ["RBLN-CA12", " RBLN-CA25", "rbln-ca25"],
+}
 _PAIRS_PER_BASE = 60
 
 
@@ -142,7 +148,9 @@ def main() -> int:
     variants = list(corpus(serve, random.Random(args.seed)))
     ids = [v["id"] for v in variants]
     if len(ids) != len(set(ids)):
-        raise SystemExit(f"corpus: two variants share an id: {sorted({i for i in ids if ids.count(i) > 1})[:5]}")
+        raise SystemExit(
+            f"corpus: two variants share an id: {sorted({i for i in ids if ids.count(i) > 1})[:5]}"
+        )
     args.out.write_text(json.dumps({"seed": args.seed, "variants": variants}, indent=1) + "\n")
     print(f"corpus: {len(variants)} variants", file=sys.stderr)
     return 0
@@ -235,7 +243,13 @@ def _spellings(base: str) -> Iterator[dict[str, Any]]:
     for label, reference, spelled in _SPELLINGS:
         ref_id = f"{base}/spelling-ref/{label}"
         yield {"id": ref_id, "base": base, "argv": reference, "kind": "spelling-ref"}
-        yield {"id": f"{base}/spelling/{label}", "base": base, "argv": spelled, "ref": ref_id, "kind": "spelling"}
+        yield {
+            "id": f"{base}/spelling/{label}",
+            "base": base,
+            "argv": spelled,
+            "ref": ref_id,
+            "kind": "spelling",
+        }
     for label, argv in _WHOLE_SPELLINGS:
         full = [*argv, *oracle.BASES[base]["argv"][3:]]
         yield {"id": f"{base}/spelling/{label}", "base": base, "argv_full": full, "kind": "spelling"}
@@ -260,7 +274,12 @@ def _environment(base: str) -> Iterator[dict[str, Any]]:
                     os.environ[name] = saved
     for name, default in sorted(names.items()):
         for label, value in _env_values(name, default):
-            yield {"id": f"{base}/env/{name}={value}{label}", "base": base, "env": {name: value}, "kind": "env"}
+            yield {
+                "id": f"{base}/env/{name}={value}{label}",
+                "base": base,
+                "env": {name: value},
+                "kind": "env",
+            }
 
 
 # Set by the oracle itself for every run (identity.py _fixed): not varied.
@@ -282,6 +301,15 @@ def _env_values(name: str, default: Any) -> list[tuple[str, str]]:
 def _models(base: str) -> Iterator[dict[str, Any]]:
     for label, edits in _MODEL_EDITS:
         yield {"id": f"{base}/model/{label}", "base": base, "model": edits, "kind": "model"}
+    # --hf-config-path: the configs read from a directory beside the model, edited there in place.
+    ref = f"{base}/model/--hf-config-path beside, the same config"
+    argv = ["--hf-config-path", "{model}.cfg"]
+    yield {"id": ref, "base": base, "argv": argv, "model": [{"op": "sidecar", "file": "config.json"}],
+           "kind": "model"}  # fmt: skip
+    for key, value in (("rope_theta", 20000.0), ("num_hidden_layers", 3)):
+        yield {"id": f"{base}/model/--hf-config-path beside, {key} changed there", "base": base, "argv": argv,
+               "model": [{"op": "sidecar", "file": "config.json", "set": {key: value}}], "ref": ref,
+               "kind": "model"}  # fmt: skip
 
 
 def _images(base: str) -> Iterator[dict[str, Any]]:

@@ -113,7 +113,10 @@ def _refs(variants: Mapping[str, Any], vid: str) -> set[str]:
 def _versions() -> dict[str, str]:
     import importlib.metadata
 
-    return {d: importlib.metadata.version(d) for d in ("vllm", "vllm-rbln", "optimum-rbln", "transformers", "torch")}
+    return {
+        d: importlib.metadata.version(d)
+        for d in ("vllm", "vllm-rbln", "optimum-rbln", "transformers", "torch")
+    }
 
 
 # --- scheduling ---------------------------------------------------------------------------------
@@ -253,7 +256,9 @@ class Oracle:
 
     def _warm_child(self, server: Server, variant: Mapping[str, Any]) -> dict[str, Any]:
         _set_environment(variant, self.base_model, self.home, self.cache_root)
-        return server.identity(oracle.argv_of(variant, str(self.base_model)), self.base_model, self.cache_root)
+        return server.identity(
+            oracle.argv_of(variant, str(self.base_model)), self.base_model, self.cache_root
+        )
 
 
 _REAPED: dict[int, int] = {}  # children reaped while waiting for others: pid -> status
@@ -280,7 +285,11 @@ _STARTED = time.monotonic()
 
 def _progress(what: str, done: int, total: int) -> None:
     if done == total or done % 25 == 0:
-        print(f"oracle: {what} {done}/{total} after {time.monotonic() - _STARTED:.0f} s", file=sys.stderr, flush=True)
+        print(
+            f"oracle: {what} {done}/{total} after {time.monotonic() - _STARTED:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _base(variant: Mapping[str, Any]) -> dict[str, Any]:
@@ -409,7 +418,16 @@ def _set_environment(variant: Mapping[str, Any], model: Path, home: Path, cache_
 
 
 # The server's own packages: imported by each run, never before the run's environment is set.
-_SERVER_PACKAGES = ("vllm", "vllm_rbln", "optimum", "rebel", "torch.rbln", "identity", "cachemgr_testkit", "__main__")
+_SERVER_PACKAGES = (
+    "vllm",
+    "vllm_rbln",
+    "optimum",
+    "rebel",
+    "torch.rbln",
+    "identity",
+    "cachemgr_testkit",
+    "__main__",
+)
 
 
 def _import_third_party(model: Path, home: Path, cache_root: Path) -> None:
@@ -555,8 +573,10 @@ def _optimum_path(config: Any, cache_root: Path, model: Path) -> tuple[dict[str,
     folder = Path(rbln_config.cached_model_path).relative_to(cache_root).as_posix()
     spec = _compile_spec(config)
     hf_config = config.model_config.hf_config.to_dict()
-    # PretrainedConfig.to_dict writes the running transformers' version, whatever the file said.
+    # PretrainedConfig.to_dict writes the running transformers' version, whatever the file said, and
+    # the folder the config was read from (--hf-config-path moves it): neither reaches the compile.
     hf_config.pop("transformers_version", None)
+    hf_config.pop("_name_or_path", None)
     record = {
         "dir": folder,
         "model_cls": f"{spec.model_cls.__module__}.{spec.model_cls.__name__}",
