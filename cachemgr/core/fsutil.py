@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import math
 import os
 import stat
 import time
@@ -113,70 +112,6 @@ def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-# Every JSON document cachemgr writes on a volume is far below this (a manifest of 100,000 files
-# is ~20 MiB); a larger one is damage, and reading it whole would cost the reader its memory.
-JSON_LIMIT = 64 << 20
-
-
-def human_limit(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 and not size % (1 << 20) else f"{size} bytes"
-
-
-def read_json(path: Path, *, dir_fd: int | None = None, limit: int | None = None) -> Any:
-    """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
-
-    Everything read this way lives on the shared volume, where anyone can plant a symlink (it
-    is not followed) or a FIFO (it would block the reader forever): both are damage. With
-    ``dir_fd`` (its folder, reached safely) the file is opened by name from there. With
-    ``limit``, a file larger than that many bytes is damage too, and no more than that is read.
-    """
-    name: str | Path = path if dir_fd is None else path.name
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-            raise ValueError(f"{path} is not a regular file") from None
-        raise
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        bound = JSON_LIMIT if limit is None else limit  # planted, or grown without bound: never read whole
-        data = handle.read(bound + 1)
-        if len(data) > bound:
-            raise ValueError(f"larger than {human_limit(bound)}, not read")
-        return loads_json(data)
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number {text[:20]} is out of range")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 20:  # cachemgr writes none past 2**64 (sizes, ns times, pids)
-        raise ValueError(f"number {text[:20]}... is out of range")
-    return int(text)
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def loads_json(data: bytes | str) -> Any:
-    """``json.loads`` for what others wrote on the volume: damage is a ``ValueError``, never a crash.
-
-    Records are written by cachemgr (finite numbers below 2**64, a few levels deep); ``1e400`` (an
-    infinity that ``int()`` refuses), a 400-digit integer (which ``float()`` refuses) and nesting
-    deep enough to exhaust the parser's recursion are damage.
-    """
-    try:
-        return json.loads(data, parse_float=_finite, parse_int=_bounded_int, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("JSON nested too deep") from None
 
 
 class Hasher(Protocol):

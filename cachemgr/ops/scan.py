@@ -18,7 +18,6 @@ Attempts in ``staging/``, failure histories and quarantined entries are read by
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import time
@@ -28,7 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs
 from cachemgr.core.coerce import as_dict, number, read_dict, text
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_age, human_bytes
@@ -50,7 +49,6 @@ if TYPE_CHECKING:
 EntryStatus = Literal["published", "damaged", "incompatible"]
 
 _SUMMARY_MAX = 1 << 20
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -366,13 +364,9 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     """The entry's summary, checked for shape, or what can be told of it and the problem."""
     where = f"{ctx.prefix}{name}/"
     try:
-        # O_NONBLOCK: a FIFO planted as summary.json must not hang ls; O_NOFOLLOW: nor a link lead out.
-        fd = os.open(where + SUMMARY_NAME, _READ_FLAGS, dir_fd=ctx.entries_fd)
-        try:
-            # One read: a summary is a few hundred bytes; one of a MiB is damage, and fails to parse.
-            data = json.loads(os.read(fd, _SUMMARY_MAX).decode())
-        finally:
-            os.close(fd)
+        # The one bounded reader: a FIFO does not hang ls, a link does not lead out, a summary of
+        # more than a MiB or nested 200,000 deep is damage (a few hundred bytes are written).
+        data = jsonread.read(where + SUMMARY_NAME, dir_fd=ctx.entries_fd, limit=_SUMMARY_MAX)
     except FileNotFoundError:
         problem = "summary.json is missing (cachemgr verify tells whether the files are intact)"
         return _key_json(ctx, name), problem
@@ -424,10 +418,10 @@ def _key_json(ctx: _Context, name: str) -> dict[str, Any]:
     key = data.get("key")
     return {
         "key": key if isinstance(key, str) and DIGEST.fullmatch(key) else "",
-        "role": inputs.get("role", ""),
-        "compiler": inputs.get("compiler", ""),
-        "npu": inputs.get("npu", ""),
-        "model": details.get("model_name", "") if isinstance(details, dict) else "",
+        "role": text(inputs.get("role")),
+        "compiler": text(inputs.get("compiler")),
+        "npu": text(inputs.get("npu")),
+        "model": text(details.get("model_name")) if isinstance(details, dict) else "",
     }
 
 

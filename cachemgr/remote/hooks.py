@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from cachemgr.core.fsutil import atomic_write_json, hash_fd, is_disk_full, loads_json, walk_files
+from cachemgr.core import jsonread
+from cachemgr.core.fsutil import atomic_write_json, hash_fd, is_disk_full, walk_files
 from cachemgr.core.log import get_logger
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.volume.layout import CacheRoot
@@ -264,7 +265,7 @@ def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any], *, w
     with LocalDir.open(within, staging) as local:
         try:
             summary = (
-                loads_json(local.read_bytes(SUMMARY_NAME, limit=1 << 20))
+                jsonread.parse(local.read_bytes(SUMMARY_NAME, limit=1 << 20), limit=1 << 20)
                 if {SUMMARY_NAME, KEY_NAME} <= listed
                 else None
             )

@@ -20,10 +20,11 @@ compile command must have written at least one non-empty file into ``{output_dir
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+from cachemgr.core import jsonread
 
 BUNDLE = "mega_cache.bin"
 RBLN_CONFIG = "rbln_config.json"
@@ -93,10 +94,8 @@ def _plain(name: str) -> bool:
 
 def _read_config(path: Path) -> dict[str, Any] | None:
     try:
-        if path.is_symlink() or path.stat().st_size > _CONFIG_LIMIT:
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = jsonread.read(path, limit=_CONFIG_LIMIT)  # on the volume: bounded, no link followed
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
