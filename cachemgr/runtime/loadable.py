@@ -20,11 +20,10 @@ compile command must have written at least one non-empty file into ``{output_dir
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core import jsonread
+from cachemgr.core import jsonread, safefs
 
 BUNDLE = "mega_cache.bin"
 RBLN_CONFIG = "rbln_config.json"
@@ -112,7 +111,13 @@ def _nonempty(path: Path) -> bool:
 
 
 def _any_file(artifacts: Path) -> bool:
-    for dirpath, _dirnames, filenames in os.walk(artifacts):
-        if any(_nonempty(Path(dirpath) / name) for name in filenames):
-            return True
+    """A non-empty regular file anywhere below ``artifacts`` (the one walk: however deep, no link
+    followed; os.walk recursed once per level, and a planted chain of 1,100 folders ended it)."""
+    try:
+        with safefs.open_tree(artifacts, within=None) as top:
+            for _, item, _ in safefs.walk(top):
+                if item.is_file(follow_symlinks=False) and item.stat(follow_symlinks=False).st_size > 0:
+                    return True
+    except (OSError, safefs.UnsafePathError):
+        return False
     return False

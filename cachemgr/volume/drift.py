@@ -65,18 +65,15 @@ def new_artifacts(
         record.path[cut:]: record for record in manifest.files if record.path.startswith(ARTIFACTS + "/")
     }
     found = []
-    for dirpath, dirnames, filenames in os.walk(view):
-        rel_dir = os.path.relpath(dirpath, view)
-        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == "." and d == "modelinfos"))
-        for name in filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if not _is_compiled(rel):
+    # The one walk (a few descriptors however deep the server's tree, never a link followed);
+    # vLLM's modelinfos/ is not the compile's.
+    with safefs.open_tree(view, within=None) as top:
+        for rel, item, _ in safefs.walk(top, enter=lambda rel: rel != "modelinfos"):
+            if item.is_dir(follow_symlinks=False) or not _is_compiled(rel):
                 continue
             if rel not in known:
                 found.append(rel)
-            elif (
-                change := _resaved(Path(dirpath) / name, known[rel], {} if memo is None else memo, deep=deep)
-            ) is not None:
+            elif (change := _resaved(view / rel, known[rel], {} if memo is None else memo, deep=deep)) is not None:
                 found.append(f"{rel} ({change})")
     return sorted(found)
 

@@ -303,7 +303,7 @@ def _survey(
     return found, problems
 
 
-def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:  # only while its directory is open
+def _lstat(entry: safefs.Found) -> os.stat_result | None:  # only while its directory is open
     try:
         return entry.stat(follow_symlinks=False)
     except FileNotFoundError:  # listed, then removed: a peer moved the entry away meanwhile
