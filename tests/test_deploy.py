@@ -33,6 +33,7 @@ from cachemgr_testkit.kube import (
     Node,
     by_kind,
     container,
+    merge,
     pod_spec,
     render,
     role_of,
@@ -364,6 +365,39 @@ def test_entrypoint_takes_options_from_the_environment_and_from_args(
     nothing = node.start(deployment, args=[])
     assert nothing.wait_exit() == 64
     assert node.compiles() == 1
+
+
+# A real public key, as `cachemgr keys generate --name builder-1` printed it (32 bytes).
+TRUSTED = ["builder-1:7Hy+1Hr7O+3xKVnKafnKcp/iKblqbVBadtH1dbt3xnY="]
+
+
+@pytest.mark.parametrize(
+    "extra", [["--trusted-keys="], ["--trusted=other-1:7Hy+1Hr7O+3xKVnKafnKcp/iKblqbVBadtH1dbt3xnY="]]
+)
+def test_extra_args_cannot_override_the_trust_the_chart_renders(
+    node: Node, tmp_path: Path, extra: list[str]
+) -> None:
+    """The chart renders trust as CACHEMGR_TRUSTED_KEYS and cachemgr.extraArgs as options in
+    CACHEMGR_RUN_ARGS: an option that empties or changes the keys (spelled as argparse lets it be
+    abbreviated) stops the pod with 78 naming the setting, where it used to turn trust off."""
+    values = merge(
+        WARM,
+        {
+            "trust": {
+                "trustedKeys": TRUSTED,
+                "signingKeySecret": {"name": "modelserver-signing-key", "key": "signing.key"},
+            },
+            "cachemgr": {"extraArgs": extra},
+        },
+    )
+    docs = render(tmp_path / "chart", values)
+    deployment = workload(docs, "Deployment", "prefill")
+    assert extra[0] in env_values(container(deployment))["CACHEMGR_RUN_ARGS"]
+    pod = node.start(deployment)
+    assert pod.wait_exit() == 78, pod.tail()
+    said = pod.termination_log.read_text()
+    assert "CACHEMGR_TRUSTED_KEYS" in said
+    assert node.compiles() == 0, "nothing compiled, nothing served"
 
 
 # --- the image recipe ------------------------------------------------------------------------------

@@ -73,7 +73,9 @@ def new_artifacts(
                 continue
             if rel not in known:
                 found.append(rel)
-            elif (change := _resaved(view / rel, known[rel], {} if memo is None else memo, deep=deep)) is not None:
+            elif (
+                change := _resaved(view / rel, known[rel], {} if memo is None else memo, deep=deep)
+            ) is not None:
                 found.append(f"{rel} ({change})")
     return sorted(found)
 
