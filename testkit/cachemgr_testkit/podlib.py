@@ -305,9 +305,11 @@ class Cluster:
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
         open_files: int | None = None,
+        python: str = sys.executable,
     ) -> Pod:
         """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name`` (in ``cwd``);
-        ``open_files``: its limit of open files (``ulimit -n``, as a container's runtime sets it)."""
+        ``open_files``: its limit of open files (``ulimit -n``, as a container's runtime sets it);
+        ``python``: the interpreter of another install of cachemgr (a venv without an extra)."""
         state_dir = self.work / "pods" / name
         shutil.rmtree(state_dir, ignore_errors=True)
         state_dir.mkdir(parents=True)
@@ -322,7 +324,7 @@ class Cluster:
             "NODE_NAME": node or "node-a",
             **(env or {}),
         }
-        argv = [sys.executable, "-m", "cachemgr", command, *options, "--", *server_argv]
+        argv = [python, "-m", "cachemgr", command, *options, "--", *server_argv]
         if node is not None:
             # Another node: its own hostname, so the lease sees a peer it cannot probe by pid.
             argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node, *argv]
@@ -359,11 +361,19 @@ def cluster(work: Path, **env: str) -> Iterator[Cluster]:
 
 
 def run_cli(
-    *args: str, env: Mapping[str, str], timeout: float = DEADLINE, open_files: int | None = None
+    *args: str,
+    env: Mapping[str, str],
+    timeout: float = DEADLINE,
+    open_files: int | None = None,
+    python: str = sys.executable,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``cachemgr ARGS`` to completion, output captured (``open_files``: its ``ulimit -n``)."""
+    """``cachemgr ARGS`` to completion, output captured (``open_files``: its ``ulimit -n``;
+    ``python``: another install's interpreter, run in ``cwd``: ``-m`` imports from the current
+    directory first, and a checkout's would shadow the install's own copy)."""
     return subprocess.run(
-        with_open_files([sys.executable, "-m", "cachemgr", *args], open_files),
+        with_open_files([python, "-m", "cachemgr", *args], open_files),
+        cwd=cwd,
         env=dict(env),
         capture_output=True,
         text=True,
