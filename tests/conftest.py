@@ -12,6 +12,8 @@ Real filesystems
                             subscription (the O_EXCL race of issue 12).
     tmpfs_small             tmpfs_small(size_bytes) -> a fresh tmpfs of that size (fills up: ENOSPC).
     readonly_bind           readonly_bind(source) -> a read-only bind mount of it (a PVC mounted readOnly).
+    bind_mounts             bind_mounts(source, target, read_only) -> target: the kubelet's mounts of a
+                            pod's PVC (readOnly, subPath), for cachemgr_testkit.kube.Node(bind=...).
 Tests using them are marked `juicefs` / `seaweedfs` / `tmpfs` / `bind` automatically (select with -m, e.g. -m "not juicefs").
 Where mounting is impossible (not root, no /dev/fuse, no juicefs or weed binary) they skip with the reason;
 with CACHEMGR_REQUIRE_MOUNTS=1 (CI sets it) they fail instead, so CI never skips them silently.
@@ -38,6 +40,7 @@ from cachemgr_testkit.mounts import (
     readonly_bind,
     seaweedfs_volume,
     tmpfs_volume,
+    writable_bind,
 )
 from cachemgr_testkit.podlib import Cluster, cluster, sweep_faketime_shm
 from cachemgr_testkit.s3server import S3Server, require_s3, s3_server
@@ -52,6 +55,7 @@ _MOUNT_FIXTURE_MARKERS = {
     "seaweedfs_mounts": "seaweedfs",
     "tmpfs_small": "tmpfs",
     "readonly_bind": "bind",
+    "bind_mounts": "bind",
 }
 
 
@@ -159,6 +163,22 @@ def tmpfs_small(tmp_path: Path) -> Iterator[Callable[[int], Path]]:
             return stack.enter_context(tmpfs_volume(path, size_bytes=size_bytes, inodes=inodes))
 
         yield make
+
+
+@pytest.fixture
+def bind_mounts(tmp_path: Path) -> Iterator[Callable[[Path, Path, bool], Path]]:
+    """bind_mounts(source, target, read_only) -> target, bind-mounted until the test ends: how
+    cachemgr_testkit.kube.Node mounts a pod's PVC mounts as the kubelet does (readOnly, subPath)."""
+    require_mount("bind")
+    with ExitStack() as stack:
+
+        def bind(source: Path, target: Path, read_only: bool) -> Path:
+            if read_only:
+                return stack.enter_context(readonly_bind(source, target))
+            target.mkdir(parents=True, exist_ok=True)
+            return stack.enter_context(writable_bind(source, target))
+
+        yield bind
 
 
 @pytest.fixture(name="readonly_bind")

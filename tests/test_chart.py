@@ -25,7 +25,6 @@ from cachemgr_testkit.helm import CHART, TEST_IMAGE, helm, refusal, template_tex
 from cachemgr_testkit.kube import by_kind, container, merge, pod_spec, render, role_of, venv_tool, workload
 
 from cachemgr.cli.main import build_parser, split_server_argv
-from cachemgr.core.signing import parse_trusted_keys
 from cachemgr.core.units import parse_size
 
 ROLES = ("prefill", "decode")
@@ -83,6 +82,14 @@ MATRIX: dict[str, dict[str, Any]] = {
         "podAnnotations": {"example.com/team": "inference"},
         "metrics": {"prometheusAnnotations": False},
     },
+    "signed": merge(TRUST, {"trust": {"readOnlyServing": False}}),
+    "toolbox-and-monitor": merge(
+        WARM,
+        {
+            "toolbox": {"enabled": True},
+            "metrics": {"podMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kps"}}},
+        },
+    ),
 }
 
 
@@ -413,116 +420,6 @@ def test_the_lookup_stand_in_can_only_add_a_refusal() -> None:
     assert helper.index("lookup") < helper.index("if not $found") < helper.index("testing.existingClaims")
 
 
-# --- bad values: one refusal naming the key -------------------------------------------------------------
-
-REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
-    "negative replicas": ({"prefill": {"replicas": -1}}, ["/prefill/replicas", "minimum: got -1, want 0"]),
-    "fractional replicas": ({"decode": {"replicas": 1.5}}, ["/decode/replicas", "want integer"]),
-    "replicas not a number": (
-        {"decode": {"replicas": "two"}},
-        ["/decode/replicas", "got string, want integer"],
-    ),
-    "size not a quantity": (
-        {"storage": {"compileCache": {"size": "200 Gi"}}},
-        ['storage.compileCache.size "200 Gi" is not a Kubernetes quantity'],
-    ),
-    "size in millibytes": (
-        {"storage": {"compileCache": {"size": "500m"}}},
-        ['storage.compileCache.size "500m" is not a Kubernetes quantity'],
-    ),
-    "size zero": (
-        {"storage": {"compileCache": {"size": "0Gi"}}},
-        ['storage.compileCache.size "0Gi" is no room at all'],
-    ),
-    "unknown access mode": (
-        {"storage": {"compileCache": {"accessModes": ["ReadWriteAll"]}}},
-        ["/storage/compileCache/accessModes/0", "must be one of"],
-    ),
-    "read-only access mode": (
-        {"storage": {"compileCache": {"accessModes": ["ReadOnlyMany"]}}},
-        ["storage.compileCache.accessModes", "must be writable"],
-    ),
-    "RWO with two pods": (
-        {"storage": {"compileCache": {"accessModes": ["ReadWriteOnce"]}}, "prefill": {"replicas": 1}},
-        [
-            'storage.compileCache.accessModes ["ReadWriteOnce"] with decode.replicas 2',
-            "set decode.replicas to 1",
-        ],
-    ),
-    "RWO with a warm Job": (
-        merge(RWO, {"decode": {"warm": True}}),
-        ["decode.warm with storage.compileCache.accessModes"],
-    ),
-    "empty image": ({"image": {"repository": ""}}, ["image.repository is empty"]),
-    "unknown key": (
-        {"storage": {"compileCache": {"sizes": "300Gi"}}},
-        ["/storage/compileCache", "'sizes' not allowed"],
-    ),
-    "--port in the args": (
-        {"prefill": {"args": ["vllm", "serve", "m", "--port=8001"]}},
-        ['prefill.args[3] "--port=8001": leave --host and --port out'],
-    ),
-    "chart-owned env": (
-        {"extraEnv": [{"name": "CACHEMGR_ROLE", "value": "x"}]},
-        ["extraEnv sets CACHEMGR_ROLE"],
-    ),
-    "a pinned compiler version": (
-        {"decode": {"extraEnv": [{"name": "CACHEMGR_COMPILER_VERSION", "value": "0.12"}]}},
-        ["extraEnv sets CACHEMGR_COMPILER_VERSION: the cache key must take the image's own version"],
-    ),
-    "a run option with a space": (
-        {"cachemgr": {"extraArgs": ["--wait-timeout 2h"]}},
-        ["/cachemgr/extraArgs/0"],
-    ),
-    "read-only serving with no builder": (
-        {"trust": {"readOnlyServing": True}, "prefill": {"warm": True}},
-        ["trust.readOnlyServing with decode.warm false", "set decode.warm to true"],
-    ),
-    "a signing key with no builder": (
-        {"trust": {"signingKeySecret": {"name": "k"}}},
-        ["trust.signingKeySecret.name is set but no warm Job runs"],
-    ),
-    "a class name that is YAML": (
-        {"storage": {"compileCache": {"storageClassName": "fast\nkind: Secret"}}},
-        ["/storage/compileCache/storageClassName", "does not match pattern"],
-    ),
-    "a signing key path out of its directory": (
-        merge(WARM, {"trust": {"signingKeySecret": {"name": "k", "key": "../../etc/passwd"}}}),
-        ["/trust/signingKeySecret/key"],
-    ),
-    "a malformed trusted key": ({"trust": {"trustedKeys": ["no-colon"]}}, ["/trust/trustedKeys/0"]),
-    "a trusted key that is not 32 bytes": (
-        {
-            "trust": {
-                "trustedKeys": ["builder-1:MCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE="]
-            }
-        },
-        ["/trust/trustedKeys/0"],
-    ),
-    "trusted keys with nobody to sign": (
-        {"trust": {"trustedKeys": TRUSTED}},
-        ["trust.trustedKeys is set but nothing in this release signs the prefill cache"],
-    ),
-    "health timeout above the probe's": (
-        {"probes": {"readiness": {"healthTimeout": 5}}},
-        ["probes.readiness.healthTimeout 5 must be below probes.readiness.timeoutSeconds 5"],
-    ),
-}
-
-
-@pytest.mark.parametrize("case", list(REFUSALS))
-def test_bad_values_are_refused_naming_the_key(case: str, work: Path) -> None:
-    values, expected = REFUSALS[case]
-    message = refusal(merge(TEST_IMAGE, values), work=work)
-    assert message.startswith("Error: "), message
-    for part in expected:
-        assert part in message, message
-    if "execution error" in message:  # a template `fail`: one line, after Helm's location prefix
-        assert len([line for line in message.splitlines() if line.strip() and "--debug" not in line]) == 1, (
-            message
-        )
-
-
 # --- the matrix: lint, schemas, selectors, names, parsers -------------------------------------------------
 
 
@@ -543,12 +440,19 @@ def test_helm_lint_strict_passes_on_the_defaults_and_the_matrix(work: Path) -> N
 
 
 def test_every_render_of_the_matrix_passes_kubernetes_validate_strict(work: Path) -> None:
+    """Every object but the PodMonitor, whose CRD kubernetes-validate does not know: test_chart_ops
+    checks its selector and port against the pods instead."""
     paths = []
+    custom = 0
     for name, values in MATRIX.items():
         result = template_text(merge(TEST_IMAGE, values), work=work)
         assert result.returncode == 0, result.stderr
+        docs = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        known = [doc for doc in docs if not doc["apiVersion"].startswith("monitoring.coreos.com/")]
+        custom += len(docs) - len(known)
         paths.append(work / f"render-{name}.yaml")
-        paths[-1].write_text(result.stdout)
+        paths[-1].write_text(yaml.safe_dump_all(known))
+    assert custom == 1, "the matrix's one PodMonitor"
     result = subprocess.run(
         [venv_tool("kubernetes-validate"), "--strict", "--kubernetes-version", "1.33.0", *map(str, paths)],
         capture_output=True,
@@ -565,22 +469,31 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in selector.items())
 
 
-def test_no_job_pod_matches_a_deployment_or_service_selector(renders: dict[str, Docs]) -> None:
-    jobs_seen = 0
+def serving(docs: Docs) -> Docs:
+    """The serving Deployments (component ROLE), not the toolboxes (ROLE-toolbox)."""
+    return [d for d in by_kind(docs, "Deployment") if role_of(d) in ROLES]
+
+
+def test_no_job_or_toolbox_pod_matches_a_serving_selector(renders: dict[str, Docs]) -> None:
+    """kubectl exec deploy/RELEASE-ROLE, kubectl logs and the Service reach serving pods only."""
+    jobs_seen = toolboxes_seen = 0
     for name, docs in renders.items():
-        selectors = [d["spec"]["selector"]["matchLabels"] for d in by_kind(docs, "Deployment")]
+        selectors = [d["spec"]["selector"]["matchLabels"] for d in serving(docs)]
         selectors += [d["spec"]["selector"] for d in by_kind(docs, "Service")]
-        for job in by_kind(docs, "Job"):
-            jobs_seen += 1
-            labels = job["spec"]["template"]["metadata"]["labels"]
+        toolboxes = [d for d in by_kind(docs, "Deployment") if d not in serving(docs)]
+        jobs_seen += len(by_kind(docs, "Job"))
+        toolboxes_seen += len(toolboxes)
+        for other in [*by_kind(docs, "Job"), *toolboxes]:
+            labels = other["spec"]["template"]["metadata"]["labels"]
             for selector in selectors:
-                assert not matches(selector, labels), (name, job["metadata"]["name"], selector)
+                assert not matches(selector, labels), (name, other["metadata"]["name"], selector)
         for deployment in by_kind(docs, "Deployment"):
             labels = deployment["spec"]["template"]["metadata"]["labels"]
             assert matches(deployment["spec"]["selector"]["matchLabels"], labels)
             others = [d for d in by_kind(docs, "Deployment") if d is not deployment]
             assert not [d for d in others if matches(d["spec"]["selector"]["matchLabels"], labels)]
     assert jobs_seen >= 8
+    assert toolboxes_seen == 2
 
 
 def test_names_fit_kubernetes_limits_for_the_longest_release(work: Path) -> None:
@@ -612,7 +525,7 @@ def test_the_argv_and_env_the_chart_gives_cachemgr_parse_with_its_own_parser(
 ) -> None:
     parser = build_parser()
     for name, docs in renders.items():
-        for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job")]:
+        for doc in [*serving(docs), *by_kind(docs, "Job")]:
             spec = container(doc)
             (script,) = spec["command"]
             server = spec["args"]
@@ -664,65 +577,6 @@ def test_a_roles_warm_job_carries_its_deployments_args_env_and_image(renders: di
             assert env_of(job)["RBLN_FORCE_NPU_NAME"] == env_of(job)["CACHEMGR_NPU_TYPE"]
 
 
-def test_only_read_only_serving_pods_get_the_usage_mount_and_record_use_false_removes_it(
-    work: Path, renders: dict[str, Docs]
-) -> None:
-    for name in ("defaults", "warm-on", "remote", "options"):
-        for doc in [*by_kind(renders[name], "Deployment"), *by_kind(renders[name], "Job")]:
-            assert "compile-cache-usage" not in {v["name"] for v in pod_spec(doc)["volumes"]}, name
-    docs = render(work, merge(TRUST, {"trust": {"recordUse": False}}))
-    for doc in [*by_kind(docs, "Deployment"), *by_kind(docs, "Job")]:
-        assert "compile-cache-usage" not in {m["name"] for m in container(doc)["volumeMounts"]}
-        assert "compile-cache-usage" not in {v["name"] for v in pod_spec(doc)["volumes"]}
-
-
-def test_the_trust_modes_are_wired_off_by_default(renders: dict[str, Docs]) -> None:
-    """Issue 22's stable names: CACHEMGR_TRUSTED_KEYS (serving pods and builders),
-    CACHEMGR_SIGNING_KEY_FILE (the builder, from a Secret), read-only serving mounts."""
-    for name in ("defaults", "warm-on", "remote", "options"):
-        for doc in [*by_kind(renders[name], "Deployment"), *by_kind(renders[name], "Job")]:
-            assert not {"CACHEMGR_TRUSTED_KEYS", "CACHEMGR_SIGNING_KEY_FILE"} & set(env_of(doc)), name
-            assert not [
-                m
-                for m in container(doc)["volumeMounts"]
-                if m.get("readOnly") and m["name"] == "compile-cache"
-            ]
-    docs = renders["trust"]
-    for deployment in by_kind(docs, "Deployment"):
-        env = env_of(deployment)
-        assert env["CACHEMGR_TRUSTED_KEYS"] == " ".join(TRUSTED)
-        # What the pods get parses as cachemgr parses it at their start.
-        assert parse_trusted_keys(env["CACHEMGR_TRUSTED_KEYS"]).names == ("builder-1",)
-        assert "CACHEMGR_SIGNING_KEY_FILE" not in env, "serving pods never hold the signing key"
-        mounts = {m["name"]: m for m in container(deployment)["volumeMounts"]}
-        assert mounts["compile-cache"]["readOnly"] is True
-        volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
-        assert volumes["compile-cache"]["persistentVolumeClaim"]["readOnly"] is True
-        # trust.recordUse: the same claim's usage/ read-write over it, and only that folder.
-        usage = mounts["compile-cache-usage"]
-        assert usage == {
-            "name": "compile-cache-usage", "mountPath": "/var/cache/cachemgr/usage", "subPath": "usage"
-        }  # fmt: skip
-        claim = volumes["compile-cache"]["persistentVolumeClaim"]["claimName"]
-        assert volumes["compile-cache-usage"] == {
-            "name": "compile-cache-usage", "persistentVolumeClaim": {"claimName": claim}
-        }  # fmt: skip
-        assert "signing-key" not in volumes
-    for job in by_kind(docs, "Job"):
-        env = env_of(job)
-        assert env["CACHEMGR_TRUSTED_KEYS"] == " ".join(TRUSTED)
-        mounts = {m["name"]: m for m in container(job)["volumeMounts"]}
-        assert not mounts["compile-cache"].get("readOnly"), "the builder writes the cache"
-        assert "compile-cache-usage" not in mounts, "the builder's whole mount is writable"
-        volumes = {v["name"]: v for v in pod_spec(job)["volumes"]}
-        secret = volumes["signing-key"]["secret"]
-        assert secret["secretName"] == "modelserver-signing-key"
-        path = Path(mounts["signing-key"]["mountPath"]) / secret["items"][0]["path"]
-        assert env["CACHEMGR_SIGNING_KEY_FILE"] == str(path)
-        assert mounts["signing-key"]["readOnly"] is True
-        assert secret["defaultMode"] == 0o400
-
-
 def test_the_remote_tier_and_its_credentials(renders: dict[str, Docs]) -> None:
     docs = renders["remote"]
     (account,) = by_kind(docs, "ServiceAccount")
@@ -764,28 +618,6 @@ def test_prometheus_annotations_name_the_status_port(renders: dict[str, Docs]) -
         }
     for deployment in by_kind(renders["options"], "Deployment"):
         assert deployment["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "inference"}
-
-
-def test_notes_name_the_pvcs_the_usage_command_and_mark_rwo_unverified(work: Path) -> None:
-    def notes(values: dict[str, Any]) -> str:
-        result = helm(
-            "install",
-            "modelserver",
-            str(CHART),
-            "--dry-run=client",
-            "-f",
-            str(values_file(work, merge(TEST_IMAGE, values))),
-        )
-        return result.stdout[result.stdout.index("NOTES:") :]
-
-    default = notes({})
-    assert "compile cache PVC modelserver-prefill-compile-cache (200Gi, ReadWriteMany)" in default
-    assert "kubectl exec deploy/modelserver-prefill -- cachemgr du" in default
-    assert "helm.sh/resource-policy: keep" in default
-    assert "Unverified" not in default
-    rwo = notes(merge(RWO, {"prefill": {"replicas": 0}}))
-    assert 'storage.compileCache.accessModes ["ReadWriteOnce"]: Unverified' in rwo
-    assert "prefill: 0 replicas: no Deployment and no compile cache PVC" in rwo
 
 
 # --- the chart's README and the docs agree with the chart ---------------------------------------------------

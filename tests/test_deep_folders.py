@@ -5,7 +5,7 @@ A walk that holds a descriptor per level ran out of them on one planted chain: t
 the builder exited 74 "Too many open files", ``verify --fix`` reported it and moved nothing,
 ``prune --damaged`` found nothing, and ``prune --key`` moved the entry to ``trash/`` and then
 failed to delete it. The walk now holds a few descriptors whatever the depth
-(``cachemgr.core.safefs``), so every command gets through such a chain, and what a pod refuses
+(``cachemgr.core.safewalk``), so every command gets through such a chain, and what a pod refuses
 ``verify --fix``, ``prune --damaged`` and ``prune --key`` remove, wherever it went.
 
 Real pods and the real CLI, each with a real ``ulimit -n 1024`` (``setrlimit`` in the child), a

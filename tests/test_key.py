@@ -138,15 +138,44 @@ def test_npu_type_is_keyed_as_the_server_names_it() -> None:
     )
     assert key.digest == digest()
     assert key.sources["npu"] == "RBLN_FORCE_NPU_NAME"
-    # The server's setting wins over cachemgr's own when they agree (in any case)...
-    both = digest(env={"CACHEMGR_NPU_TYPE": "rbln-ca25", "RBLN_FORCE_NPU_NAME": "RBLN-CA25"})
+    both = digest(env={"CACHEMGR_NPU_TYPE": "RBLN-CA25", "RBLN_FORCE_NPU_NAME": "RBLN-CA25"})
     assert both == digest()
-    # ...and the raw string is keyed: vllm-rbln's bundle signature does not upper-case it.
-    assert digest(env={"CACHEMGR_NPU_TYPE": "rbln-ca25"}) != digest()
     legacy = {**only_force, "RBLN_TARGET_SOC": "RBLN-CA25"}
     assert (
         compute_key(KeyRequest(argv=ARGV, role="prefill", environ=legacy)).sources["npu"] == "RBLN_TARGET_SOC"
     )
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize(
+    ("setting", "value", "said"),
+    [
+        (
+            "CACHEMGR_NPU_TYPE",
+            "rbln-ca25",
+            r"CACHEMGR_NPU_TYPE='rbln-ca25' is not written as RBLN names the NPU \(RBLN-CA25\)",
+        ),
+        (
+            "RBLN_FORCE_NPU_NAME",
+            " RBLN-CA25",
+            r"RBLN_FORCE_NPU_NAME=' RBLN-CA25' is not written as RBLN names",
+        ),
+        ("CACHEMGR_NPU_TYPE", "CA25", r"CACHEMGR_NPU_TYPE='CA25' is not an NPU name"),
+        ("RBLN_FORCE_NPU_NAME", "RBLN-CA25\x1b[2J", r"'RBLN-CA25\\x1b\[2J' is not an NPU name"),
+    ],
+)
+def test_an_npu_name_written_otherwise_than_rbln_writes_it_is_refused(
+    setting: str, value: str, said: str
+) -> None:
+    """vllm-rbln hashes the name as written (mega_cache.py 143-146) but picks the NPU family from it
+    upper-cased and stripped (platform/__init__.py 155-161): " RBLN-CA25" or "rbln-ca25" would compile
+    for a CA25 under a signature no pod that writes RBLN-CA25 has. Refused (78), naming the setting,
+    the chart value, and the right name; nothing from the setting reaches the terminal raw."""
+    env = {k: v for k, v in BASE_ENV.items() if k != "CACHEMGR_NPU_TYPE"} | {setting: value}
+    with pytest.raises(ConfigError, match=said) as refused:
+        compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env))
+    assert "npu.type" in refused.value.remedy
+    assert "\x1b" not in str(refused.value)
 
 
 @pytest.mark.quick
@@ -185,9 +214,13 @@ def test_the_device_decides_the_npu_type(tmp_path: Path) -> None:
     env = _device_env(tmp_path, answers="RBLN-CA25", RBLN_FORCE_NPU_NAME="RBLN-CA12")
     with pytest.raises(ConfigError, match=r"RBLN_FORCE_NPU_NAME=RBLN-CA12 disagrees.*\(RBLN-CA25\)"):
         compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env))
-    # The device's raw name is keyed, even where a setting agrees with it in another case.
-    env = _device_env(tmp_path, answers="rbln-ca25", RBLN_FORCE_NPU_NAME="RBLN-CA25")
+    # The device's name is keyed as it answers (the server hashes it so); a setting written otherwise
+    # disagrees with it, even in case only.
+    env = _device_env(tmp_path, answers="rbln-ca25")
     assert compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env)).inputs["npu"] == "rbln-ca25"
+    env = _device_env(tmp_path, answers="rbln-ca25", RBLN_FORCE_NPU_NAME="RBLN-CA25")
+    with pytest.raises(ConfigError, match=r"RBLN_FORCE_NPU_NAME=RBLN-CA25 disagrees.*\(rbln-ca25\)"):
+        compute_key(KeyRequest(argv=ARGV, role="prefill", environ=env))
 
 
 @pytest.mark.quick

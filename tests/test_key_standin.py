@@ -159,9 +159,10 @@ def test_a_compiled_directory_is_loadable_only_with_every_graph_it_names(tmp_pat
 
 
 @pytest.mark.quick
-def test_a_bundle_re_saved_grown_or_changed_at_its_own_path_is_new(tmp_path: Path) -> None:
+def test_a_bundle_re_saved_grown_is_the_alarm_and_changed_is_said_apart(tmp_path: Path) -> None:
     """mega_cache.save replaces the view's link by a file of its own: the same bytes are the same
-    graphs; larger, or other bytes of the same size, mean the server compiled."""
+    graphs; larger means the server compiled more (the alarm); other bytes of the same size, or
+    smaller, mean it only if rebel's bundle is byte-stable, which nothing here shows (said apart)."""
     from cachemgr.core.fsutil import hash_file
     from cachemgr.volume.drift import new_artifacts
     from cachemgr.volume.manifest import FileRecord, Manifest
@@ -175,18 +176,18 @@ def test_a_bundle_re_saved_grown_or_changed_at_its_own_path_is_new(tmp_path: Pat
     in_view.symlink_to(published)
     record = FileRecord(f"artifacts/{bundle}", 100, hash_file(published))
     manifest = Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm")
-    assert new_artifacts(tmp_path / "view", manifest) == [], "the view's link: untouched"
-    for data, change in (
-        (b"g" * 100, None),
-        (b"g" * 120, "re-saved larger than published: 100 -> 120 bytes"),
-        (b"h" * 100, "re-saved with other content, same size (100 bytes)"),
-        (b"g" * 80, "re-saved smaller than published: 100 -> 80 bytes"),
+    assert new_artifacts(tmp_path / "view", manifest) == ([], []), "the view's link: untouched"
+    for data, alarm, said in (
+        (b"g" * 100, None, None),
+        (b"g" * 120, "re-saved larger than published: 100 -> 120 bytes", None),
+        (b"h" * 100, None, "re-saved with other content, same size (100 bytes)"),
+        (b"g" * 80, None, "re-saved smaller than published: 100 -> 80 bytes"),
     ):
         in_view.unlink()
         in_view.write_bytes(data)
-        assert new_artifacts(tmp_path / "view", manifest) == ([f"{bundle} ({change})"] if change else []), (
-            change
-        )
+        found = new_artifacts(tmp_path / "view", manifest)
+        assert found.compiled == ([f"{bundle} ({alarm})"] if alarm else []), alarm
+        assert found.resaved == ([f"{bundle} ({said})"] if said else []), said
 
 
 @pytest.mark.quick
@@ -206,15 +207,24 @@ def test_the_last_look_at_exit_does_not_read_gigabytes(tmp_path: Path) -> None:
     record = FileRecord(f"artifacts/{bundle}", 100, hash_file(in_view))
     in_view.write_bytes(b"h" * 100)  # other bytes, same size
     reported: list[list[str]] = []
+    noted: list[list[str]] = []
     watch = DriftWatch(
-        tmp_path / "view", Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm"), report=reported.append
+        tmp_path / "view",
+        Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm"),
+        report=reported.append,
+        note=noted.append,
     )
     exited = threading.Event()
     exited.set()
     watch.start(serving=lambda: False, exited=exited)
-    assert watch.check() == [], "at exit: sizes only"
+    watch.check()
+    assert noted == [], "at exit: sizes only"
     exited.clear()
-    assert watch.check() == [f"{bundle} (re-saved with other content, same size (100 bytes))"]
+    assert watch.check() == [], "not the alarm"
+    assert noted == [[f"{bundle} (re-saved with other content, same size (100 bytes))"]], "said apart, once"
+    watch.check()
+    assert len(noted) == 1
+    assert reported == []
 
 
 def test_explain_names_a_difference_in_unknown_flags_as_such(pods: Cluster, root: Path) -> None:

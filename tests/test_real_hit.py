@@ -40,14 +40,14 @@ def _inspect(pods: Cluster, root: Path, *args: str) -> str:
     return done.stdout
 
 
-def _recompiled_total(port: int) -> float:
+def _recompiled_total(port: int, name: str = "cachemgr_recompiled_on_hit_total") -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:  # loopback
         text = reply.read().decode()
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == "cachemgr_recompiled_on_hit_total":
+            if sample.name == name:
                 return float(sample.value)
-    raise AssertionError("no cachemgr_recompiled_on_hit_total in /metrics")
+    raise AssertionError(f"no {name} in /metrics")
 
 
 # --- warm on a CPU node -------------------------------------------------------------------------
@@ -135,6 +135,33 @@ def test_a_compile_command_that_writes_nothing_publishes_nothing(pods: Cluster, 
 # --- recompiled_on_hit ----------------------------------------------------------------------------
 
 
+def test_a_bundle_re_saved_as_other_bytes_of_its_size_is_said_apart_not_the_alarm(
+    pods: Cluster, root: Path
+) -> None:
+    """A server whose bundle is not byte-stable (each save stamped) re-saves the same graphs as other
+    bytes of the same size on every hit: an info event counted apart, never recompiled_on_hit."""
+    stamped = {"STANDIN_BUNDLE_STAMP": "1"}
+    argv = vllm_argv(free_port(), "--model-impl", "vllm")
+    first = pods.start("first", argv, cache_root=root, env=stamped)
+    first.wait_phase("serving")
+    first.signal(signal.SIGTERM)
+    assert first.wait_exit() == 0
+    status = free_port()
+    argv = vllm_argv(free_port(), "--model-impl", "vllm")
+    again = pods.start("again", argv, cache_root=root, options=["--status-port", str(status)], env=stamped)
+    (event,) = wait_for(lambda: _events(pods, "again", "resaved_on_hit"), what="the resaved_on_hit event")
+    assert event["level"] == "info", event
+    assert len(event["paths"]) == 4, "one bundle per rank of -tp 4"
+    assert all("re-saved with other content, same size" in p for p in event["paths"]), event["paths"]
+    assert _recompiled_total(status, "cachemgr_resaved_on_hit_total") == 1.0
+    assert _recompiled_total(status) == 0.0
+    again.signal(signal.SIGTERM)
+    assert again.wait_exit() == 0
+    assert _events(pods, "again", "recompiled_on_hit") == [], "not the alarm"
+    assert _compiles(pods) == 1, "it compiled nothing"
+    assert "RECOMPILED ON HIT" not in _inspect(pods, root, "ls")
+
+
 def test_recompiled_on_hit_fires_on_drift_and_never_on_a_true_hit(pods: Cluster, root: Path) -> None:
     def start(name: str, **env: str) -> tuple[Pod, int]:
         status = free_port()
@@ -196,11 +223,11 @@ def test_recompiled_on_hit_ignores_tmp_files_and_modelinfos(tmp_path: Path) -> N
     # the bundle re-saved at its own path with the bytes it was published with: the same graphs
     record = FileRecord(f"artifacts/{bundle}", 1, hash_file(view / bundle))
     manifest = Manifest("0" * 32, {}, (record,), 0.0, {}, 0.0, "vllm")
-    assert new_artifacts(view, manifest) == []
+    assert new_artifacts(view, manifest).compiled == []
     for rel in ("rbln/m-1/other/rank0/mega_cache.bin", "compiled_models/m_b/rbln_config.json"):
         (view / rel).parent.mkdir(parents=True, exist_ok=True)
         (view / rel).write_bytes(b"x")
-    assert new_artifacts(view, manifest) == [
+    assert new_artifacts(view, manifest).compiled == [
         "compiled_models/m_b/rbln_config.json",
         "rbln/m-1/other/rank0/mega_cache.bin",
     ]

@@ -1,5 +1,5 @@
 """The walk and the removal under the cache root hold a few descriptors whatever the depth, and never
-follow a folder out of the tree (cachemgr.core.safefs, issue 33).
+follow a folder out of the tree (cachemgr.core.safewalk, issue 33).
 
 A descriptor per level ran out of them on a chain of 1,100 folders under a limit of 1,024 open
 files. Now the walk goes back up through ``..``, checked to be the folder it left (device and
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from cachemgr_testkit.hostile import deep_folder, file_leaf, remove_deep
 
-from cachemgr.core import safefs
+from cachemgr.core import safefs, safewalk
 
 pytestmark = pytest.mark.quick
 
@@ -30,7 +30,7 @@ def _open_descriptors() -> int:
 
 def _walk(top: Path) -> list[str]:
     with safefs.open_tree(top, within=None) as fd:
-        return [rel for rel, _, _ in safefs.walk(fd)]
+        return [rel for rel, _, _ in safewalk.walk(fd)]
 
 
 def test_a_walk_1100_deep_holds_a_few_descriptors_and_sees_everything(tmp_path: Path) -> None:
@@ -43,7 +43,7 @@ def test_a_walk_1100_deep_holds_a_few_descriptors_and_sees_everything(tmp_path: 
         most = 0
         found = []
         with safefs.open_tree(top, within=None) as fd:
-            for rel, entry, parent in safefs.walk(fd):
+            for rel, entry, parent in safewalk.walk(fd):
                 most = max(most, _open_descriptors() - before)
                 if entry.is_file(follow_symlinks=False):
                     found.append((rel, entry.stat(follow_symlinks=False).st_size, os.fstat(parent).st_ino))
@@ -52,7 +52,7 @@ def test_a_walk_1100_deep_holds_a_few_descriptors_and_sees_everything(tmp_path: 
         assert sorted(rel for rel, _, _ in found) == ["beside.txt", deepest]
         assert {size for _, size, _ in found} == {1}
         assert _open_descriptors() == before, "every descriptor closed"
-        safefs.remove(tmp_path, top)
+        safewalk.remove(tmp_path, top)
         assert not top.exists()
         assert _open_descriptors() == before
     finally:
@@ -75,7 +75,7 @@ def test_removal_of_1100_levels_of_read_only_folders_holds_a_few_descriptors(tmp
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(os, "rmdir", counting_rmdir)
-            safefs.remove(tmp_path, top)
+            safewalk.remove(tmp_path, top)
         assert len(seen) == DEPTH + 1
         assert max(seen) <= 3, "the parent remove opened, the top, the folder emptied"
         assert not top.exists()
@@ -119,7 +119,7 @@ def test_a_folder_moved_under_the_walk_is_not_followed_to_its_new_parent(tmp_pat
     (outside / "keep.txt").write_text("not the walk's")
     seen = []
     with safefs.open_tree(top, within=None) as fd:
-        for rel, _, _ in safefs.walk(fd):
+        for rel, _, _ in safewalk.walk(fd):
             seen.append(rel)
             if rel == "a/b/c/d/file-d":
                 os.rename(top / "a" / "b" / "c", top / "moved-c")
@@ -139,7 +139,7 @@ def test_a_folder_replaced_under_the_walk_stops_it_with_an_unsafe_path_error(tmp
 
     def walk_and_replace() -> None:
         with safefs.open_tree(top, within=None) as fd:
-            for rel, _, _ in safefs.walk(fd, shown=top):
+            for rel, _, _ in safewalk.walk(fd, shown=top):
                 seen.append(rel)
                 if rel == "a/b/c/file-c":
                     os.rename(top / "a" / "b", outside)  # b and c leave the tree
@@ -173,6 +173,6 @@ def test_a_removal_never_empties_a_folder_moved_out_of_the_tree(tmp_path: Path) 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(os, "unlink", unlink_then_move)
         with contextlib.suppress(OSError):  # b gone from under a: the removal may stop there
-            safefs.remove(tmp_path, top)
+            safewalk.remove(tmp_path, top)
     assert (outside / "keep.txt").read_text() == "not the removal's"
     assert moved

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from cachemgr.core import safefs
+from cachemgr.core import safefs, safewalk
 
 # 256 KiB reads: the buffer stays in the CPU cache between the read and the hash, which is what
 # keeps a full check near `cat`'s speed (bench/bench_verify.py: 8 MiB reads ran at 37-72% of cat).
@@ -152,7 +152,7 @@ def walk_files(root: Path, *, within: Path | None = None) -> Iterator[tuple[str,
     """
     found: list[tuple[str, os.stat_result]] = []
     with safefs.open_tree(root, within=within) as fd:
-        for rel, entry, _ in safefs.walk(fd):
+        for rel, entry, _ in safewalk.walk(fd):
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISREG(st.st_mode):
                 found.append((rel, st))
@@ -166,7 +166,7 @@ def walk_names(root: Path, *, within: Path | None = None) -> list[str]:
     filesystem it costs one round trip per directory rather than one per file.
     """
     with safefs.open_tree(root, within=within) as fd:
-        return sorted(rel for rel, entry, _ in safefs.walk(fd) if not entry.is_dir(follow_symlinks=False))
+        return sorted(rel for rel, entry, _ in safewalk.walk(fd) if not entry.is_dir(follow_symlinks=False))
 
 
 def tree_bytes(root: Path, *, within: Path | None = None) -> int:
@@ -174,7 +174,7 @@ def tree_bytes(root: Path, *, within: Path | None = None) -> int:
     total = 0
     try:
         with safefs.open_tree(root, within=within) as fd:
-            for _, entry, _ in safefs.walk(fd):
+            for _, entry, _ in safewalk.walk(fd):
                 st = entry.stat(follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode):
                     total += st.st_size
@@ -186,7 +186,7 @@ def tree_bytes(root: Path, *, within: Path | None = None) -> int:
 def fsync_tree(root: Path, *, within: Path | None = None) -> None:
     """fsync every file and directory under ``root``, so a rename publishes durable data."""
     with safefs.open_tree(root, within=within) as top:
-        for _, entry, parent in safefs.walk(top):
+        for _, entry, parent in safewalk.walk(top):
             if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
                 # Never a symlink or a FIFO (it would block): nothing of ours to make durable.
                 with _opened(parent, entry.name) as fd:
@@ -225,7 +225,7 @@ def make_read_only(root: Path, *, within: Path | None = None) -> None:
     """
     try:
         with safefs.open_tree(root, within=within) as top:
-            for _, entry, parent in safefs.walk(top):
+            for _, entry, parent in safewalk.walk(top):
                 mode = 0o444 if entry.is_file(follow_symlinks=False) else 0o555
                 if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
                     # A directory is entered after it is yielded: 0555 still lets the walk read it.
@@ -240,18 +240,18 @@ def remove_tree(path: Path, *, within: Path | None = None) -> None:
     """Remove a directory tree (or a file or symlink), even one with read-only files; missing is fine.
 
     Never follows a symlink below ``path``; with ``within`` (the cache root) none above it
-    either (:func:`cachemgr.core.safefs.remove`). Without it, ``path``'s parents are a pod-local
+    either (:func:`cachemgr.core.safewalk.remove`). Without it, ``path``'s parents are a pod-local
     path and trusted as given.
     """
     if within is not None:
-        safefs.remove(within, path)
+        safewalk.remove(within, path)
         return
     try:
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     try:
-        safefs.remove_at(parent, path.name, shown=path)
+        safewalk.remove_at(parent, path.name, shown=path)
     finally:
         os.close(parent)
 

@@ -23,9 +23,10 @@ from cachemgr.key import npu as npu_type
 from cachemgr.key import vllm_rbln
 from cachemgr.key.digest import canonical_json, digest_of
 from cachemgr.key.models import resolve_model
+from cachemgr.key.npu import Npu
 from cachemgr.key.releases import release_for
 from cachemgr.key.serving import RUNTIME_ONLY, ServerCommand, parse_server_argv
-from cachemgr.key.vllm_key import vllm_inputs
+from cachemgr.key.vllm_key import draft_model, vllm_config
 
 __all__ = ["CacheKey", "KeyRequest", "canonical_json", "compute_key", "digest_of", "major_minor"]
 
@@ -134,12 +135,77 @@ class KeyRequest:
 
 
 def compute_key(request: KeyRequest) -> CacheKey:
-    """Resolve every input (failing closed when one cannot be known) and digest them."""
+    """The key in one pass: the argv, the server's configuration, the inputs its model path reads, the digest.
+
+    Every input is resolved once, failing closed when one cannot be known; each step reads only what
+    the steps before it produced.
+    """
+    environ = request.environ
+    # 1. The argv, read as the server reads it.
     server = parse_server_argv(request.argv)
     strategy = resolve_strategy(request.strategy, server, request.compile_cmd)
-    sources: dict[str, str] = {}
+    inputs, sources, npu = _pod(request, server, strategy)
+    details: dict[str, Any] = {
+        "npu_from_device": npu.from_device,
+        "npu_query_seconds": round(npu.query_seconds, 3),
+    }
+    # 2. The server's configuration: what it compiles from, as its release reads it.
+    if strategy == "vllm":
+        config = vllm_config(
+            server, release_for(inputs["versions"]), environ, npu=npu.name, versions=inputs["versions"]
+        )
+        inputs |= config.inputs
+        sources |= config.sources
+        inputs["env"] |= _key_env(environ, request.key_env)
+        model_string, model_environ = config.model, environ  # hub snapshots: the vllm strategy
+        details |= config.details
+    else:
+        # serving: the server's own settings that change what is compiled.
+        inputs["serving"], sources["serving"] = dict(server.settings), "argv"
+        # env: the compile-relevant environment vllm-rbln reads, and what the operator names.
+        inputs["env"], sources["env"] = resolve_env(environ, request.key_env), "environment"
+        model_string, model_environ = server.model, None
+    if server.unknown_argv:
+        # Flags vLLM 0.30 does not know: a newer server may compile from them, and which token it
+        # reads as whose value cannot be known, so the argv is keyed as given, minus runtime-only flags.
+        runtime = config.aside if strategy == "vllm" else RUNTIME_ONLY
+        inputs["unknown_flags"] = server.argv_without(runtime)
+        sources["unknown_flags"] = (
+            f"argv, as given (vLLM 0.30 does not know {', '.join('--' + u for u in server.unknown)})"
+        )
+    # 3. The inputs its model path reads: which weights are compiled (and the draft's).
+    model, model_source, model_details = resolve_model(server, model=model_string, environ=model_environ)
+    if strategy == "vllm" and model["kind"] == "local":
+        # vllm-rbln names its compiled_models/ directory and its mega-cache bundle after the model path
+        # string, so an entry made under another path would be found by cachemgr yet missed by the
+        # server, which would compile again.
+        model = {**model, "path": model_string}
+    inputs["model"], sources["model"] = model, model_source
+    snapshot_note = model_details.pop("unresolved_snapshot", None)
+    details = {**model_details, **details}
+    if strategy == "vllm":
+        notes = list(config.notes)
+        draft = draft_model(server, environ)
+        if draft is not None:
+            inputs["draft_model"], sources["draft_model"], note = draft
+            notes += [note] if note else []
+        details["notes"] = [*notes, *([snapshot_note] if snapshot_note else [])]
+    else:
+        # compile_cmd: the operator's compiler invocation produces the artifacts.
+        inputs["compile_cmd"], sources["compile_cmd"] = _compile_argv(request.compile_cmd), "--compile-cmd"
+        if model["kind"] in {"artifact_dir", "argv"}:
+            # The compile command names the model better than the server's executable does.
+            details["model_name"] = _model_in(inputs["compile_cmd"])
+    # 4. The digest of the canonical form.
+    return CacheKey(digest=digest_of(inputs), inputs=inputs, sources=sources, server=server, details=details)
+
+
+def _pod(
+    request: KeyRequest, server: ServerCommand, strategy: Strategy
+) -> tuple[dict[str, Any], dict[str, str], Npu]:
+    """What the pod is: its role, the compiler and NPU it compiles for, and the server's versions."""
     inputs: dict[str, Any] = {"schema": SCHEMA_VERSION}
-    sources["schema"] = "cachemgr"
+    sources: dict[str, str] = {"schema": "cachemgr"}
     # role: prefill and decode compile different graphs and have separate volumes.
     inputs["role"], sources["role"] = resolve_role(request.role)
     # compiler: the chart page reuses a compile only within one RBLN Compiler major.minor.
@@ -151,60 +217,11 @@ def compute_key(request: KeyRequest) -> CacheKey:
     # server and strategy: they decide the layout of what is compiled and stored.
     inputs["server"], sources["server"] = server.kind, "argv[0]"
     inputs["strategy"], sources["strategy"] = strategy, "--strategy" if request.strategy else "default"
-    release = None
     if strategy == "vllm":
         # versions: vllm-rbln's bundle signature hashes vllm.__version__, and its optimum directory
         # names hash no version at all; a server upgrade must miss, not "hit" and compile anyway.
         inputs["versions"], sources["versions"] = vllm_rbln.resolve_versions(request.environ)
-        release = release_for(inputs["versions"])
-    # model: which weights are compiled; a local path by its content, not its mount path...
-    model_string = _served_model(server, strategy, request.environ)
-    model_environ = request.environ if strategy == "vllm" else None  # hub snapshots: the vllm strategy
-    model, model_source, details = resolve_model(server, model=model_string, environ=model_environ)
-    if strategy == "vllm" and model["kind"] == "local":
-        # ...except for the vllm strategy: vllm-rbln names its compiled_models/ directory and its
-        # mega-cache bundle after the model path string, so an entry made under another path
-        # would be found by cachemgr yet missed by the server, which would compile again.
-        model = {**model, "path": model_string}
-    inputs["model"], sources["model"] = model, model_source
-    details = {**details, **_server_details(server, strategy, request.environ, npu)}
-    if release is not None:
-        # serving, env and the rest: what this release of the server compiles from, as it reads it.
-        keyed = vllm_inputs(server, release, request.environ, npu=npu.name, versions=inputs["versions"])
-        inputs |= keyed.inputs
-        sources |= keyed.sources
-        inputs["env"] |= _key_env(request.environ, request.key_env)
-        notes = [details.pop("unresolved_snapshot")] if "unresolved_snapshot" in details else []
-        details |= {
-            "release": release.name,
-            "dropped": list(keyed.dropped),
-            "defaulted": list(keyed.defaulted),
-            "notes": [*keyed.notes, *notes],
-            "model_impl": inputs.get("model_impl", details.get("model_impl")),
-        }
-        details["uncacheable"] = vllm_rbln.uncacheable(
-            server.settings, request.environ, impl=details["model_impl"]
-        )
-    else:
-        # serving: the server's own settings that change what is compiled.
-        inputs["serving"], sources["serving"] = dict(server.settings), "argv"
-        # env: the compile-relevant environment vllm-rbln reads, and what the operator names.
-        inputs["env"], sources["env"] = resolve_env(request.environ, request.key_env), "environment"
-    if server.unknown_argv:
-        # Flags vLLM 0.30 does not know: a newer server may compile from them, and which token it
-        # reads as whose value cannot be known, so the argv is keyed as given, minus runtime-only flags.
-        runtime = keyed.aside if release is not None else RUNTIME_ONLY
-        inputs["unknown_flags"] = server.argv_without(runtime)
-        sources["unknown_flags"] = (
-            f"argv, as given (vLLM 0.30 does not know {', '.join('--' + u for u in server.unknown)})"
-        )
-    if strategy == "command":
-        # compile_cmd: the operator's compiler invocation produces the artifacts.
-        inputs["compile_cmd"], sources["compile_cmd"] = _compile_argv(request.compile_cmd), "--compile-cmd"
-        if model["kind"] in {"artifact_dir", "argv"}:
-            # The compile command names the model better than the server's executable does.
-            details = {**details, "model_name": _model_in(inputs["compile_cmd"])}
-    return CacheKey(digest=digest_of(inputs), inputs=inputs, sources=sources, server=server, details=details)
+    return inputs, sources, npu
 
 
 def resolve_strategy(given: Strategy | None, server: ServerCommand, compile_cmd: str | None) -> Strategy:
@@ -313,30 +330,6 @@ def resolve_npu(override: str | None, environ: Mapping[str, str], *, probe: bool
     """
     found = npu_type.resolve(override, environ, probe=probe)
     return found.name, found.source
-
-
-def _served_model(server: ServerCommand, strategy: Strategy, environ: Mapping[str, str]) -> str | None:
-    """The model string the server will use: vLLM applies VLLM_MODEL_REDIRECT_PATH to it first."""
-    if strategy != "vllm" or not server.model:
-        return server.model
-    return vllm_rbln.redirected_model(server.model, environ)
-
-
-def _server_details(
-    server: ServerCommand, strategy: Strategy, environ: Mapping[str, str], npu: npu_type.Npu
-) -> dict[str, Any]:
-    """Not hashed: what run, warm, key and explain say about this configuration."""
-    details: dict[str, Any] = {
-        "npu_from_device": npu.from_device,
-        "npu_query_seconds": round(npu.query_seconds, 3),
-    }
-    if strategy == "vllm":
-        details["model_impl"] = vllm_rbln.model_impl(server.settings, environ)
-        details["uncacheable"] = vllm_rbln.uncacheable(server.settings, environ)
-        redirected = _served_model(server, strategy, environ)
-        if redirected != server.model:
-            details["model_redirected_to"] = redirected
-    return details
 
 
 def resolve_env(environ: Mapping[str, str], key_env: Sequence[str]) -> dict[str, str | None]:

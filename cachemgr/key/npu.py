@@ -27,7 +27,14 @@ from dataclasses import dataclass
 
 from cachemgr.core.errors import ConfigError
 
-_NPU = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
+# How RBLN names its NPUs (RBLN-CA25, RBLN-CR13): what the device reports, and the only form a setting
+# may take. vllm-rbln hashes the setting as written (mega_cache.py 69-76, 143-146: f"npu={npu}"),
+# while it tests the family on the upper-cased, stripped name (platform/__init__.py 155-161), so
+# " RBLN-CA25" or "rbln-ca25" would compile for a CA25 under another signature: refused, with the
+# name it should be.
+_NPU_NAME = re.compile(r"RBLN-[A-Z0-9][A-Z0-9-]{0,26}")
+# What a device may answer: its own name, kept as it is (any plain token, so a new NPU still works).
+_DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}")
 _NPU_IN_TEXT = re.compile(r"\bRBLN-[A-Z]{2}\d{2}\b")
 _DEVICE_NODE = re.compile(r"rbln\d+")
 _DEVICE_TIMEOUT = 30.0
@@ -42,6 +49,9 @@ _QUERY = (
 )
 # The server's settings, in the order vllm-rbln reads them after the device.
 SERVER_SETTINGS = ("RBLN_FORCE_NPU_NAME", "RBLN_TARGET_SOC")
+# What the modelserver chart sets from its npu.type value (CACHEMGR_NPU_TYPE in every pod,
+# RBLN_FORCE_NPU_NAME in the warm Jobs); it refuses both in a role's extraEnv.
+_CHART_SETS = frozenset({"CACHEMGR_NPU_TYPE", "RBLN_FORCE_NPU_NAME"})
 
 
 @dataclass(frozen=True)
@@ -63,18 +73,20 @@ def resolve(override: str | None, environ: Mapping[str, str], *, probe: bool = T
     nodes = device_nodes(environ) if probe else []
     answer = query_device(environ) if nodes else None
     spent = time.monotonic() - started
+    for name, value in [("CACHEMGR_NPU_TYPE", ours or ""), *settings]:
+        if value:
+            _check_setting(value, name)
     if answer is not None:
         name, source = answer
-        valid = _valid(name, source)
+        valid = _device_name(name, source)
         _check_agrees(valid, source, [("CACHEMGR_NPU_TYPE", ours or ""), *settings])
         return Npu(valid, source, True, len(nodes), spent)
     server = next(((name, value) for name, value in settings if value), None)
     if server is not None:
-        valid = _valid(server[1], server[0])
-        _check_agrees(valid, server[0], [("CACHEMGR_NPU_TYPE", ours or "")])
-        return Npu(valid, server[0], False, len(nodes), spent)
+        _check_agrees(server[1], server[0], [("CACHEMGR_NPU_TYPE", ours or "")])
+        return Npu(server[1], server[0], False, len(nodes), spent)
     if ours:
-        return Npu(_valid(ours, "CACHEMGR_NPU_TYPE"), "CACHEMGR_NPU_TYPE", False, len(nodes), spent)
+        return Npu(ours, "CACHEMGR_NPU_TYPE", False, len(nodes), spent)
     raise ConfigError(
         "cannot tell the NPU type: no RBLN device answered (no /dev/rbln* node, or rebel.get_npu_name(0) "
         "gave nothing) and RBLN_FORCE_NPU_NAME, RBLN_TARGET_SOC and CACHEMGR_NPU_TYPE are unset",
@@ -85,20 +97,49 @@ def resolve(override: str | None, environ: Mapping[str, str], *, probe: bool = T
 
 def _check_agrees(name: str, source: str, settings: list[tuple[str, str]]) -> None:
     for setting, value in settings:
-        if value and value.strip().casefold() != name.casefold():
+        if value and value != name:
+            named = f"{source}={name}" if source in SERVER_SETTINGS else f"the NPU {source} reports ({name})"
             raise ConfigError(
-                f"{setting}={value.strip()} disagrees with the NPU {source} reports ({name}); "
-                "vllm-rbln compiles for the latter",
-                remedy=f"unset {setting} or set it to {name}",
+                f"{setting}={value} disagrees with {named}; vllm-rbln compiles for the latter",
+                remedy=f"unset {setting} or set it to {name}{_chart(setting)}",
             )
 
 
-def _valid(value: str, source: str) -> str:
-    """The name as the server hashes it (only surrounding blanks dropped), if it is a name."""
-    name = value.strip()
-    if not _NPU.fullmatch(name):
+def _check_setting(value: str, setting: str) -> None:
+    """A name given in a setting must be written as RBLN writes it: the server keys it as written."""
+    if _NPU_NAME.fullmatch(value):
+        return
+    meant = value.strip().upper()
+    shown = _shown(value)
+    if _NPU_NAME.fullmatch(meant):
         raise ConfigError(
-            f"NPU type {value!r} from {source} is not an NPU name", remedy="use a name like RBLN-CA25"
+            f"{setting}={shown} is not written as RBLN names the NPU ({meant}): vllm-rbln would compile "
+            "for the name as written, under another cache key than every pod that writes it right",
+            remedy=f"set {setting} to {meant}{_chart(setting)}",
+        )
+    raise ConfigError(
+        f"{setting}={shown} is not an NPU name (RBLN names them like RBLN-CA25, RBLN-CR13)",
+        remedy=f"set {setting} to the target NPU, e.g. RBLN-CA25{_chart(setting)}",
+    )
+
+
+def _shown(value: str) -> str:
+    """Quoted, so blanks show; escaped (repr), so nothing reaches a terminal raw; cut at 40."""
+    return repr(value if len(value) <= 40 else value[:40] + "...")
+
+
+def _chart(setting: str) -> str:
+    """Under the modelserver chart both variables come from one value (npu.type)."""
+    return " (with the modelserver chart: its npu.type value)" if setting in _CHART_SETS else ""
+
+
+def _device_name(value: str, source: str) -> str:
+    """The name the device reports, as the server hashes it, if it is a name."""
+    name = value.strip()
+    if not _DEVICE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"the NPU {source} reports is {_shown(value)}, which is not an NPU name",
+            remedy="check the RBLN driver (rbln-smi); until then set RBLN_FORCE_NPU_NAME and start without the device",
         )
     return name
 

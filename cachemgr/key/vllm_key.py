@@ -50,25 +50,29 @@ _STRICT_ENV = re.compile(r"^_?(VLLM|RBLN)_")
 _SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY")
 
 
-class VllmInputs(NamedTuple):
-    """What the release's rules key, where each came from, and what key/explain say about it."""
+class VllmConfig(NamedTuple):
+    """The server's configuration as the release's rules key it, where each input came from, and what
+    key/explain say about it."""
 
+    model: str | None  # the model string the server uses (after VLLM_MODEL_REDIRECT_PATH)
     inputs: dict[str, Any]
     sources: dict[str, str]
-    dropped: tuple[str, ...]  # runtime-only flags given (as flag names)
-    defaulted: tuple[str, ...]  # flags given at the server's default value
-    notes: tuple[str, ...]  # the strict warning, an unresolved snapshot: said by key, explain and run
+    notes: tuple[str, ...]  # the strict warning: said by key, explain and run
     aside: frozenset[str]  # the flags left out (runtime-only, at their default): of unknown_flags too
+    details: dict[str, Any]  # not hashed: the release, the flags left out, the model path, ...
 
 
-def vllm_inputs(
+def vllm_config(
     server: ServerCommand,
     release: Release,
     environ: Mapping[str, str],
     *,
     npu: str,
     versions: Mapping[str, str],
-) -> VllmInputs:
+) -> VllmConfig:
+    """What this release of the server compiles from, read as it reads it, once."""
+    # vLLM applies VLLM_MODEL_REDIRECT_PATH to the model string before anything reads it.
+    model = vllm_rbln.redirected_model(server.model, environ) if server.model else server.model
     impl, paths = model_path(release, server, environ)
     inputs: dict[str, Any] = {"rules": release.name}
     sources: dict[str, str] = {"rules": release.describe()}
@@ -102,11 +106,17 @@ def vllm_inputs(
         env, env_source = keyed_env(release, paths, environ, npu=npu)
         env |= vllm_env(server.options, environ, paths)
     inputs["env"], sources["env"] = dict(sorted(env.items())), env_source
-    draft = _draft_model(server, environ)
-    if draft is not None:
-        inputs["draft_model"], sources["draft_model"], note = draft
-        notes += [note] if note else []
-    return VllmInputs(inputs, sources, dropped, defaulted, tuple(notes), aside)
+    keyed_impl = inputs.get("model_impl", vllm_rbln.model_impl(server.settings, environ))
+    details: dict[str, Any] = {
+        "release": release.name,
+        "dropped": list(dropped),
+        "defaulted": list(defaulted),
+        "model_impl": keyed_impl,
+        "uncacheable": vllm_rbln.uncacheable(server.settings, environ, impl=keyed_impl),
+    }
+    if model != server.model:
+        details["model_redirected_to"] = model
+    return VllmConfig(model, inputs, sources, tuple(notes), aside, details)
 
 
 def model_path(
@@ -190,7 +200,7 @@ def _int_env(environ: Mapping[str, str], name: str, default: int) -> Any:
         return {"$unparsed": raw}
 
 
-def _draft_model(
+def draft_model(
     server: ServerCommand, environ: Mapping[str, str]
 ) -> tuple[dict[str, Any], str, str | None] | None:
     """The draft model's weights: the bundle's graph set hashes its ModelConfig (mega_cache.py 105)."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core import jsonread, safefs
+from cachemgr.core import jsonread, safefs, safewalk
 
 BUNDLE = "mega_cache.bin"
 RBLN_CONFIG = "rbln_config.json"
@@ -115,7 +115,7 @@ def _any_file(artifacts: Path) -> bool:
     followed; os.walk recursed once per level, and a planted chain of 1,100 folders ended it)."""
     try:
         with safefs.open_tree(artifacts, within=None) as top:
-            for _, item, _ in safefs.walk(top):
+            for _, item, _ in safewalk.walk(top):
                 if item.is_file(follow_symlinks=False) and item.stat(follow_symlinks=False).st_size > 0:
                     return True
     except (OSError, safefs.UnsafePathError):

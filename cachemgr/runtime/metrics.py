@@ -65,6 +65,7 @@ class MetricsSnapshot:
     saved_seconds: float = 0.0
     prefetch: dict[str, Any] = field(default_factory=dict)
     server_failed: int = 0
+    resaved_on_hit: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,6 +78,7 @@ class MetricsSnapshot:
             "damaged": self.damaged,
             "untrusted": self.untrusted,
             "recompiled_on_hit": self.recompiled_on_hit,
+            "resaved_on_hit": self.resaved_on_hit,
             "server_failed": self.server_failed,
             "failures": dict(sorted(self.failures.items())),
             "phase": self.phase,
@@ -100,6 +102,8 @@ class Metrics:
     untrusted: int = 0
     # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
     recompiled_on_hit: int = 0
+    # Hits after which the server saved a bundle again, not larger, with other bytes: no alarm, said apart.
+    resaved_on_hit: int = 0
     # Servers launched on a hit that exited before they were ready (cachemgr.runtime.server_failures).
     server_failed: int = 0
     failures: Counter[str] = field(default_factory=Counter)
@@ -193,6 +197,7 @@ class Metrics:
                 damaged=self.damaged,
                 untrusted=self.untrusted,
                 recompiled_on_hit=self.recompiled_on_hit,
+                resaved_on_hit=self.resaved_on_hit,
                 server_failed=self.server_failed,
                 failures=dict(failures),
                 phase=self.phase,

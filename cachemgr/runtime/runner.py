@@ -60,7 +60,6 @@ from cachemgr.volume.store import (
 
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
-    from cachemgr.remote.config import RemoteConfig
     from cachemgr.remote.hooks import FetchOutcome, Upload
     from cachemgr.runtime.unusable import Unusable
     from cachemgr.runtime.waiting import Waiting
@@ -284,7 +283,7 @@ class Runner:
                 remedy="give the warm Job the signing key (CACHEMGR_SIGNING_KEY_FILE) and the volume read-write",
             )
         found = None
-        if not self.read_only and self.remote is not None:
+        if not self.read_only and self.options.remote is not None:
             root = self._open_for_writing(root, key)
             found = self._compile_under_lease(root, key, strategy).found
         return found or self.waiting.for_peer(
@@ -399,13 +398,13 @@ class Runner:
             compile_s=round(seconds, 2),
         )
         lease.release()
-        if outcome.published and self.remote is not None:
+        if outcome.published and self.options.remote is not None:
             from cachemgr.remote.hooks import start_upload  # boto3 loads in the upload thread
 
             self._upload = start_upload(
                 outcome.path,
                 within=root.path,
-                config=self.remote,
+                config=self.options.remote,
                 identity=self.identity,
                 metrics=self.metrics,
                 fetched=self._fetched,
@@ -416,42 +415,17 @@ class Runner:
 
     # --- the remote tier (cachemgr.remote) ------------------------------------------------
 
-    @cached_property
-    def remote(self) -> RemoteConfig | None:
-        """The remote tier, if one is configured and its client installed (asked on a miss only).
-
-        A remote configured where boto3 is missing costs one warning and a local compile, not the
-        pod: the tier is optional, and every other way it can be unusable from a pod (a store
-        unreachable or full, credentials refused, the budget spent) already costs just that. A
-        refusal (78) would turn an image built without the extra into an outage of every pod at
-        its next restart, for a tier whose absence costs at most a compile per key and cluster.
-        The operator's remote commands, which exist only for the tier, exit 78 instead.
-        """
-        config = self.options.remote
-        if config is None:
-            return None
-        from cachemgr.remote.config import client_missing, not_installed
-
-        missing = client_missing()
-        if missing is None:
-            return config
-        self.metrics.remote_failure("not-installed")
-        log.warning(
-            "remote_not_installed", remote=config.url, message=not_installed(config, missing).one_line()
-        )
-        return None
-
     def _fetch_remote(self, root: CacheRoot, key: CacheKey) -> bool:
         """Under the lease, before compiling: publish the remote's entry here if it has a good one."""
-        if self.remote is None:
+        if self.options.remote is None:
             return False
         from cachemgr.remote.hooks import fetch
 
-        self.state.update(detail={"remote": self.remote.url, "downloading": True})
+        self.state.update(detail={"remote": self.options.remote.url, "downloading": True})
         self._fetched = fetch(
             root,
             key,
-            config=self.remote,
+            config=self.options.remote,
             identity=self.identity,
             metrics=self.metrics,
             beat=self.beats.volume,

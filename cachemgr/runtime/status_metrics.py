@@ -192,6 +192,12 @@ class RunCollector:
             "Hits after which the server compiled anyway: the key lacks an input the server hashes",
             snap.recompiled_on_hit,
         )
+        yield _counter(
+            "cachemgr_resaved_on_hit",
+            "Hits after which the server saved a bundle again with other bytes, not larger (no alarm: rebel's "
+            "bundles are not shown to be byte-stable)",
+            snap.resaved_on_hit,
+        )
         yield from _remote_families(snap.remote)
         yield from _prefetch_families(snap.prefetch)
         failures = CounterMetricFamily(

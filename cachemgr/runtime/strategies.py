@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from cachemgr.core import safefs
+from cachemgr.core import safefs, safewalk
 from cachemgr.core.errors import CompileError, ConfigError
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.log import get_logger
@@ -366,7 +366,19 @@ class VllmStrategy(Strategy):
             if not pod.read_only:  # a read-only volume gets nothing written, this record neither
                 drift.record(root, key.digest, pod.identity, entry=found.path.name, paths=paths)
 
-        watch = drift.DriftWatch(view, found.manifest, report=report)
+        def note(paths: list[str]) -> None:
+            pod.metrics.resaved_on_hit += 1
+            log.info(
+                drift.RESAVED_EVENT,
+                key=key.short,
+                entry=found.path.name,
+                paths=drift.shown(paths),
+                count=len(paths),
+                note="the server saved a bundle again with other bytes but not larger; whether it compiled "
+                "cannot be told (rebel's bundles are not shown to be byte-stable), so this is no alarm",
+            )
+
+        watch = drift.DriftWatch(view, found.manifest, report=report, note=note)
         watch.start(serving=lambda: pod.state.current.phase == "serving", exited=pod.server_exited)
         return watch
 
@@ -398,7 +410,7 @@ def snapshot_tree(source: Path, target: Path, *, within: Path) -> str:
     method = "hardlink"
     safefs.make_dirs(within, target)
     with safefs.open_tree(source, within=within) as top:
-        for rel, entry, parent in safefs.walk(top):
+        for rel, entry, parent in safewalk.walk(top):
             dst = target / rel
             if entry.is_dir(follow_symlinks=False):
                 safefs.make_dirs(within, dst)

@@ -15,13 +15,18 @@ What counts, from vllm-rbln 0.12's code:
 - a new ``rbln/**/mega_cache.bin``: a bundle under another model directory or signature
   (``v1/worker/mega_cache.py`` 161-174).
 
-- a bundle (or compiled file) the server re-saved at the entry's own path, grown or changed: when
-  it finds graphs missing from a bundle it loaded, it compiles them and saves the bundle again
+- a bundle (or compiled file) the server re-saved at the entry's own path, larger than published:
+  when it finds graphs missing from a bundle it loaded, it compiles them and saves the bundle again
   (``mega_cache.save`` after warm-up, tmp file + rename onto the same path, ``mega_cache.py``
-  206-227), which replaces the view's link by a file of its own. Larger than the published file, or
-  of the same size with other content, means it compiled; the same bytes are the same graphs.
+  206-227), which replaces the view's link by a file of its own, with more graphs in it.
 
-What does not: the re-save of the same bundle after every warm-up (the same bytes as published),
+What is not the alarm but said apart (``resaved_on_hit``, an info event with its own counter): a
+re-save of the published size with other bytes, or smaller. It means more graphs only if rebel's
+bundle is byte-stable (the same graphs always written as the same bytes), which nothing here can
+show; until it is shown, a writer that orders or stamps its bundle differently on each save must
+not make every hit an alarm. Growth and new paths stay the alarm.
+
+What is neither: the re-save of the same bundle after every warm-up (the same bytes as published),
 anything named ``*.tmp`` on its way to a rename, and vLLM's model-info records under ``modelinfos/``
 (vLLM ``model_executor/models/registry.py`` 963).
 """
@@ -35,9 +40,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cachemgr.core import coerce, jsonread, safefs
+from cachemgr.core import coerce, jsonread, safefs, safewalk
 from cachemgr.core.fsutil import atomic_write_json, hash_file
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 from cachemgr.volume.records import RECOMPILED_PREFIX
@@ -47,6 +52,7 @@ if TYPE_CHECKING:
     from cachemgr.volume.layout import CacheRoot
 
 EVENT = "recompiled_on_hit"
+RESAVED_EVENT = "resaved_on_hit"
 # Beside the entry's use records (usage/<digest>/), one per pod start that saw it; not *.json,
 # so it is never read as a use record, and prune drops it with the entry's other bookkeeping.
 RECORD_PREFIX = RECOMPILED_PREFIX  # one name, kept in cachemgr.volume.records
@@ -55,35 +61,43 @@ _POLL = 0.5
 _RECORD_MAX = 1 << 20  # a record names at most _SHOWN paths: one larger was planted
 
 
+class Drift(NamedTuple):
+    """What a hit's server wrote into its view (paths relative to it, a re-saved one with what changed)."""
+
+    compiled: list[str]  # the alarm: new compiled artifacts, or a bundle re-saved larger
+    resaved: list[str]  # said apart: re-saved with other bytes of the same size, or smaller
+
+
 def new_artifacts(
     view: Path, manifest: Manifest, memo: dict[tuple[str, int, int], str] | None = None, *, deep: bool = True
-) -> list[str]:
-    """Compiled artifacts in ``view`` that the entry does not hold, or that the server re-saved
-    grown or changed (paths relative to the view; a re-saved one with what changed)."""
+) -> Drift:
+    """Compiled artifacts in ``view`` that the entry does not hold, and those the server re-saved."""
     cut = len(ARTIFACTS) + 1
     known = {
         record.path[cut:]: record for record in manifest.files if record.path.startswith(ARTIFACTS + "/")
     }
-    found = []
+    compiled: list[str] = []
+    resaved: list[str] = []
     # The one walk (a few descriptors however deep the server's tree, never a link followed);
     # vLLM's modelinfos/ is not the compile's.
     with safefs.open_tree(view, within=None) as top:
-        for rel, item, _ in safefs.walk(top, enter=lambda rel: rel != "modelinfos"):
+        for rel, item, _ in safewalk.walk(top, enter=lambda rel: rel != "modelinfos"):
             if item.is_dir(follow_symlinks=False) or not _is_compiled(rel):
                 continue
             if rel not in known:
-                found.append(rel)
+                compiled.append(rel)
             elif (
                 change := _resaved(view / rel, known[rel], {} if memo is None else memo, deep=deep)
             ) is not None:
-                found.append(f"{rel} ({change})")
-    return sorted(found)
+                grown, what = change
+                (compiled if grown else resaved).append(f"{rel} ({what})")
+    return Drift(sorted(compiled), sorted(resaved))
 
 
 def _resaved(
     path: Path, record: FileRecord, memo: dict[tuple[str, int, int], str], *, deep: bool
-) -> str | None:
-    """What changed when the server replaced the view's link to ``record`` by a file of its own."""
+) -> tuple[bool, str] | None:
+    """Whether the server grew the file it replaced the view's link to ``record`` with, and what changed."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -91,15 +105,18 @@ def _resaved(
     if not stat.S_ISREG(st.st_mode):
         return None  # still the view's link to the entry: untouched
     if st.st_size != record.size:
-        grown = "larger" if st.st_size > record.size else "smaller"
-        return f"re-saved {grown} than published: {record.size} -> {st.st_size} bytes"
+        grown = st.st_size > record.size
+        return (
+            grown,
+            f"re-saved {'larger' if grown else 'smaller'} than published: {record.size} -> {st.st_size} bytes",
+        )
     ident = (str(path), st.st_size, st.st_mtime_ns)
     if record.xxh3 and ident not in memo and deep:
         with contextlib.suppress(OSError):
             memo[ident] = hash_file(path)
     if memo.get(ident, record.xxh3) == record.xxh3:
         return None  # the bytes it was published with (or not hashed: no time at exit, or unreadable)
-    return f"re-saved with other content, same size ({st.st_size} bytes)"
+    return False, f"re-saved with other content, same size ({st.st_size} bytes)"
 
 
 def _is_compiled(rel: str) -> bool:
@@ -114,10 +131,18 @@ def _is_compiled(rel: str) -> bool:
 class DriftWatch:
     """Looks at the view once the server is serving, and once more when it exits."""
 
-    def __init__(self, view: Path, manifest: Manifest, *, report: Callable[[list[str]], None]) -> None:
+    def __init__(
+        self,
+        view: Path,
+        manifest: Manifest,
+        *,
+        report: Callable[[list[str]], None],
+        note: Callable[[list[str]], None] | None = None,
+    ) -> None:
         self._view = view
         self._manifest = manifest
         self._report = report
+        self._note = note
         self._seen: set[str] = set()
         self._lock = threading.Lock()
         self._hashes: dict[tuple[str, int, int], str] = {}  # a re-saved file is hashed once
@@ -132,10 +157,13 @@ class DriftWatch:
         deep = self._exited is None or not self._exited.is_set()
         with self._lock:
             found = new_artifacts(self._view, self._manifest, self._hashes, deep=deep)
-            new = [p for p in found if p not in self._seen]
-            self._seen.update(new)
+            new = [p for p in found.compiled if p not in self._seen]
+            noted = [p for p in found.resaved if p not in self._seen]
+            self._seen.update(new, noted)
         if new:
             self._report(new)
+        if noted and self._note is not None:
+            self._note(noted)
         return new
 
     def start(self, *, serving: Callable[[], bool], exited: threading.Event) -> None:

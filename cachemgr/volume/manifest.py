@@ -19,7 +19,7 @@ from stat import S_ISREG
 from typing import Any, Literal
 
 from cachemgr import __version__
-from cachemgr.core import jsonread, safefs
+from cachemgr.core import jsonread, safefs, safewalk
 from cachemgr.core.fsutil import atomic_write_json, hash_fd, hash_file, walk_files
 
 MANIFEST_NAME = "manifest.json"
@@ -283,7 +283,7 @@ def _survey(
     problems: list[Problem] = []
     try:
         with safefs.open_tree(Path(base), within=within) as top:
-            for rel, entry, _ in safefs.walk(top):
+            for rel, entry, _ in safewalk.walk(top):
                 if rel in wanted:  # first: the one test most names need (2,000 on a hit)
                     st = _lstat(entry)
                     if st is not None:
@@ -303,7 +303,7 @@ def _survey(
     return found, problems
 
 
-def _lstat(entry: safefs.Found) -> os.stat_result | None:  # only while its directory is open
+def _lstat(entry: safewalk.Found) -> os.stat_result | None:  # only while its directory is open
     try:
         return entry.stat(follow_symlinks=False)
     except FileNotFoundError:  # listed, then removed: a peer moved the entry away meanwhile

@@ -33,6 +33,8 @@ Environment knobs (both programs; compiler flags override them):
 * ``STANDIN_EXTRA_GRAPHS`` (server only, default 0): graphs the vLLM-model path needs beyond
   ``STANDIN_ARTIFACT_FILES``: on a hit it finds them missing from the bundle it loads, compiles them
   and re-saves the grown bundle at the same path, as vllm-rbln does when a newer SDK adds graphs.
+* ``STANDIN_BUNDLE_STAMP=1`` (server only): every bundle save carries a fresh stamp, so the same
+  graphs are saved as other bytes of the same size: a writer whose bundles are not byte-stable.
 * ``STANDIN_NPU_NAME``: what the fake ``rebel.get_npu_name(0)`` answers (see ``pymods/``); unset,
   there is no device.
 * Server faults: ``STANDIN_EXIT_BEFORE_HEALTHY=<code>`` (negative: die by that signal),

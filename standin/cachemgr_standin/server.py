@@ -141,6 +141,7 @@ class Knobs:
     record: str | None
     faults: Faults
     extra_graphs: int = 0  # graphs beyond `files` this server needs (a bundle it loads lacks them)
+    stamp: bool = False  # each save stamps the bundle: the same graphs as other bytes of the same size
 
 
 def parse_flat_yaml(text: str) -> dict[str, FlagValue] | None:
@@ -230,6 +231,7 @@ def read_knobs() -> Knobs:
         total_bytes=env_size("STANDIN_ARTIFACT_BYTES", DEFAULT_BYTES),
         record=os.environ.get("STANDIN_RECORD") or None,
         extra_graphs=env_int("STANDIN_EXTRA_GRAPHS", 0, minimum=0),
+        stamp=env_flag("STANDIN_BUNDLE_STAMP"),
         faults=Faults(
             exit_code=exit_code,
             quota_exceeded=env_flag("STANDIN_QUOTA_EXCEEDED"),
@@ -692,6 +694,8 @@ def vllm_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
             )
         if use_cache:
             meta = {"model": args.model, "signature": signature, "rank": rank}
+            if knobs.stamp:  # STANDIN_BUNDLE_STAMP: a writer whose bundle is not byte-stable
+                meta["stamp"] = os.urandom(8).hex()
             save_bundle(paths[rank], meta, graphs, knobs, cache_root)
         source = "bundle-miss" if not loaded[rank] else ("bundle-partial" if compiled[rank] else "bundle-hit")
         size = sum(len(data) for data in graphs.values())

@@ -108,22 +108,26 @@ def install(dest: Path) -> None:
 # --- rendering the chart ------------------------------------------------------------------------------
 
 
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """The real Helm, offline: no repository, no cluster, its caches in a temporary HOME."""
+def helm(
+    *args: str, check: bool = True, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The real Helm, offline: no repository, no cluster (unless ``env`` names one, as
+    cachemgr_testkit.helm_upgrade's stand-in does), its caches in a temporary HOME."""
     path = helm_path()
     if not path.is_file():
         raise AssertionError(f"{path} is missing: scripts/install .venv test installs Helm")
     with tempfile.TemporaryDirectory() as home:
-        env = {
+        environ = {
             "PATH": os.environ.get("PATH", ""),
             "HOME": home,
             "HELM_CACHE_HOME": f"{home}/cache",
             "HELM_CONFIG_HOME": f"{home}/config",
             "HELM_DATA_HOME": f"{home}/data",
             "KUBECONFIG": f"{home}/no-cluster",
+            **(env or {}),
         }
         return subprocess.run(
-            [str(path), *args], capture_output=True, text=True, env=env, timeout=120, check=check
+            [str(path), *args], capture_output=True, text=True, env=environ, timeout=120, check=check
         )
 
 
@@ -173,6 +177,15 @@ def refusal(values: dict[str, Any], *, work: Path, release: str = "modelserver")
     if result.returncode == 0:
         raise AssertionError(f"helm template accepted {values}")
     return result.stderr.strip()
+
+
+def install_notes(values: dict[str, Any], *, work: Path, namespace: str = "default") -> str:
+    """The NOTES ``helm install --dry-run=client`` prints for ``values``."""
+    result = helm(
+        "install", "modelserver", str(CHART), "--namespace", namespace, "--dry-run=client",
+        "-f", str(values_file(work, values)),
+    )  # fmt: skip
+    return result.stdout[result.stdout.index("NOTES:") :]
 
 
 def main(argv: list[str]) -> int:

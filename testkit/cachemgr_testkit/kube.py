@@ -151,11 +151,40 @@ class Container:
         self.proc.wait(timeout=10)
 
 
-class Node:
-    """Where the test's containers run: one compile cache volume per PVC, pod-local dirs per pod."""
+def _localized(value: str, local: Mapping[str, str]) -> str:
+    """A path in the container (a mount path, or a file under one) as the test's local path."""
+    for mount in sorted(local, key=len, reverse=True):
+        if value == mount or value.startswith(mount.rstrip("/") + "/"):
+            return local[mount] + value[len(mount) :]
+    return value
 
-    def __init__(self, work: Path, *, volume: Callable[[str], Path] | None = None) -> None:
+
+# bind(source, target, read_only): mount ``source`` at ``target`` until the test ends (a test that
+# can mount passes cachemgr_testkit.mounts' binds through an ExitStack).
+Bind = Callable[[Path, Path, bool], Path]
+
+
+class Node:
+    """Where the test's containers run: one compile cache volume per PVC, pod-local dirs per pod.
+
+    By default a PVC mount is the volume's directory itself (a subPath, the folder inside it) and
+    ``readOnly`` is not enforced. With ``bind``, each PVC mount is bind-mounted where the pod sees
+    it, parents first, read-only where the manifest says: the read-only cache root with its
+    ``usage/`` subPath read-write over it, as the kubelet mounts them. ``secrets`` (name: {key:
+    bytes}) fill a Secret volume's directory as the kubelet projects it.
+    """
+
+    def __init__(
+        self,
+        work: Path,
+        *,
+        volume: Callable[[str], Path] | None = None,
+        bind: Bind | None = None,
+        secrets: Mapping[str, Mapping[str, bytes]] | None = None,
+    ) -> None:
         self.work = work
+        self._bind = bind
+        self.secrets = dict(secrets or {})
         self.bin = work / "bin"
         write_vllm_shim(self.bin)
         self.record = work / "record.jsonl"
@@ -185,12 +214,7 @@ class Node:
     ) -> dict[str, str]:
         """The container's environment as the kubelet builds it, with the pod's paths made local."""
         spec = container(doc)
-        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
-        local = {}
-        for mount in spec["volumeMounts"]:
-            claim = volumes[mount["name"]].get("persistentVolumeClaim", {}).get("claimName")
-            local[mount["mountPath"]] = str(self.volume(claim) if claim else pod / mount["name"])
-            Path(local[mount["mountPath"]]).mkdir(parents=True, exist_ok=True)
+        local = self.mounts(doc, pod)
         fields = {"metadata.name": pod.name, "spec.nodeName": node_name}
         env = {
             k: v
@@ -199,7 +223,7 @@ class Node:
         }
         for entry in spec["env"]:
             if "value" in entry:
-                env[entry["name"]] = local.get(entry["value"], entry["value"])
+                env[entry["name"]] = _localized(entry["value"], local)
             else:
                 env[entry["name"]] = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
         env.update(
@@ -223,6 +247,37 @@ class Node:
             )
         return env
 
+    def mounts(self, doc: dict[str, Any], pod: Path) -> dict[str, str]:
+        """Each of the container's mount paths as a local directory (the class says how)."""
+        volumes = {v["name"]: v for v in pod_spec(doc)["volumes"]}
+        local: dict[str, str] = {}
+        for mount in sorted(container(doc)["volumeMounts"], key=lambda m: m["mountPath"]):
+            source = volumes[mount["name"]]
+            claim = source.get("persistentVolumeClaim")
+            if claim is None:
+                path = pod / mount["name"]
+                path.mkdir(parents=True, exist_ok=True)
+                self._project(source, path)
+            else:
+                path = self.volume(claim["claimName"]) / mount.get("subPath", "")
+                path.mkdir(parents=True, exist_ok=True)  # the kubelet makes a missing subPath folder
+                if self._bind is not None:
+                    read_only = bool(mount.get("readOnly") or claim.get("readOnly"))
+                    path = self._bind(path, pod / "mnt" / mount["mountPath"].lstrip("/"), read_only)
+            local[mount["mountPath"]] = str(path)
+        return local
+
+    def _project(self, source: dict[str, Any], path: Path) -> None:
+        """A Secret volume's items, as the kubelet writes them (its defaultMode)."""
+        secret = source.get("secret")
+        if secret is None or secret["secretName"] not in self.secrets:
+            return
+        data = self.secrets[secret["secretName"]]
+        for item in secret.get("items") or [{"key": k, "path": k} for k in data]:
+            target = path / item["path"]
+            target.write_bytes(data[item["key"]])
+            target.chmod(secret.get("defaultMode", 0o644))
+
     def start(
         self,
         doc: dict[str, Any],
@@ -238,7 +293,7 @@ class Node:
         name = name or f"{doc['metadata']['name']}-{self.count}"
         pod = self.work / "pods" / name
         pod.mkdir(parents=True)
-        argv = list(spec["args"] if args is None else args)
+        argv = list(spec.get("args", []) if args is None else args)
         if "--port" in argv:
             argv[argv.index("--port") + 1] = str(free_port())
         environ = self.env(doc, pod, node_name=node_name, extra=env or {})

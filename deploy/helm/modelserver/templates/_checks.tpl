@@ -1,7 +1,9 @@
 {{/*
-Refusals: each is one line naming the key, what is wrong and what to do. The schema
-(values.schema.json) refuses wrong types, negative or fractional replica counts and unknown
-access modes first; these are the checks a schema cannot say well, or at all.
+Refusals a schema cannot say: each is one line naming the key, what is wrong and what to do.
+Every other refusal is values.schema.json's, so that helm lint (which reports a template's
+`fail` as INFO and passes) refuses it too: a size that is no quantity, ReadWriteOnce with two
+pods, --host in the args, extraEnv the chart sets, trust with no writer... Here remain one
+number against another, a quantity under one byte, and the existing PVC (through lookup).
 */}}
 
 {{/* A Kubernetes quantity as a number of bytes (a float: exact to 2^53, plenty to compare
@@ -26,60 +28,14 @@ access modes first; these are the checks a schema cannot say well, or at all.
 
 {{- define "modelserver.checks" -}}
 {{- $v := .Values -}}
-{{- if not $v.image.repository -}}
-{{- fail "image.repository is empty: set it to the image built from the repository's Dockerfile on your vllm-rbln base (--set image.repository=registry.example.com/modelserver-cachemgr)" -}}
-{{- end -}}
 {{- $size := include "modelserver.size" $v.storage.compileCache.size -}}
 {{- $bytes := include "modelserver.bytes" $size -}}
 {{- if not $bytes -}}
+{{- /* The schema refuses it first; this stays for --skip-schema-validation, as the PVC checks parse it. */ -}}
 {{- fail (printf "storage.compileCache.size %q is not a Kubernetes quantity of bytes: give a size such as 200Gi, 1.5Ti or 500G" (toString $size)) -}}
 {{- end -}}
 {{- if lt (float64 $bytes) 1.0 -}}
-{{- fail (printf "storage.compileCache.size %q is no room at all: give the size of the compile cache, such as 200Gi (the chart's default)" (toString $size)) -}}
-{{- end -}}
-{{- range $key := list "tmp" "home" -}}
-{{- $limit := (index $v.storage $key).sizeLimit -}}
-{{- if and $limit (not (include "modelserver.bytes" $limit)) -}}
-{{- fail (printf "storage.%s.sizeLimit %q is not a Kubernetes quantity of bytes: give a size such as 200Gi, or \"\" for no limit" $key (toString $limit)) -}}
-{{- end -}}
-{{- end -}}
-{{- $modes := $v.storage.compileCache.accessModes -}}
-{{- if has "ReadOnlyMany" $modes -}}
-{{- fail (printf "storage.compileCache.accessModes %s: the compile cache must be writable (pods publish what they compile); use [\"ReadWriteMany\"], or [\"ReadWriteOnce\"] with one pod per role" (toJson $modes)) -}}
-{{- end -}}
-{{- $shared := include "modelserver.shared" . -}}
-{{- $roles := include "modelserver.roles" . | fromJsonArray -}}
-{{- range $role := list "prefill" "decode" -}}
-{{- $r := index $v $role -}}
-{{- if and (not $shared) (gt (int $r.replicas) 1) -}}
-{{- fail (printf "storage.compileCache.accessModes %s with %s.replicas %d: without ReadWriteMany a volume attaches to one node, so run one pod per role (the chart page): set %s.replicas to 1, or use a StorageClass with ReadWriteMany" (toJson $modes) $role (int $r.replicas) $role) -}}
-{{- end -}}
-{{- if and $r.warm (not $shared) (has $role $roles) -}}
-{{- fail (printf "%s.warm with storage.compileCache.accessModes %s: a warm Job would need the volume while the role's pod holds it; set %s.warm to false (the one pod compiles at its first start)" $role (toJson $modes) $role) -}}
-{{- end -}}
-{{- if and $v.trust.readOnlyServing (has $role $roles) (not $r.warm) -}}
-{{- fail (printf "trust.readOnlyServing with %s.warm false: serving pods mount the volume read-only, so only a warm Job can fill the %s cache; set %s.warm to true (the builder)" $role $role $role) -}}
-{{- end -}}
-{{- if and $v.trust.trustedKeys (has $role $roles) (not (and $r.warm $v.trust.signingKeySecret.name)) (not $v.remote.url) -}}
-{{- fail (printf "trust.trustedKeys is set but nothing in this release signs the %s cache: serving pods would wait for a signed entry forever; set trust.signingKeySecret.name and %s.warm true (the builder), or remote.url where a builder outside publishes signed entries" $role $role) -}}
-{{- end -}}
-{{- range $i, $word := $r.args -}}
-{{- if regexMatch "^--(host|port)(=.*)?$" (toString $word) -}}
-{{- fail (printf "%s.args[%d] %q: leave --host and --port out of the server args; the chart adds --host 0.0.0.0 --port %d (server.port), which the probes and the Service use" $role $i (toString $word) (int $v.server.port)) -}}
-{{- end -}}
-{{- end -}}
-{{- range $env := concat $v.extraEnv $r.extraEnv -}}
-{{- $name := toString $env.name -}}
-{{- if has $name (list "CACHEMGR_ROLE" "CACHEMGR_CACHE_ROOT" "CACHEMGR_STATE_DIR" "CACHEMGR_NPU_TYPE" "CACHEMGR_LOG_FORMAT" "CACHEMGR_RUN_ARGS" "CACHEMGR_REMOTE" "CACHEMGR_REMOTE_ENDPOINT" "CACHEMGR_TRUSTED_KEYS" "CACHEMGR_SIGNING_KEY_FILE" "POD_NAME" "NODE_NAME" "TMPDIR" "HOME" "VLLM_RBLN_COMPILE_ONLY" "RBLN_FORCE_NPU_NAME") -}}
-{{- fail (printf "extraEnv sets %s, which the chart sets itself: use the value that sets it (values.yaml names each), not extraEnv" $name) -}}
-{{- end -}}
-{{- if has $name (list "CACHEMGR_COMPILER_VERSION" "CACHEMGR_VLLM_VERSION" "CACHEMGR_VLLM_RBLN_VERSION" "CACHEMGR_OPTIMUM_RBLN_VERSION" "CACHEMGR_TRANSFORMERS_VERSION") -}}
-{{- fail (printf "extraEnv sets %s: the cache key must take the image's own version, or a new SDK image would hit the old SDK's entries; leave it unset" $name) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- if and $v.trust.signingKeySecret.name (not (or (and $v.prefill.warm (has "prefill" $roles)) (and $v.decode.warm (has "decode" $roles)))) -}}
-{{- fail "trust.signingKeySecret.name is set but no warm Job runs: the signing key is mounted in the warm Jobs (the builder) only; set prefill.warm or decode.warm to true" -}}
+{{- fail (printf "storage.compileCache.size %q is no room at all (less than one byte): give the size of the compile cache, such as 200Gi (the chart's default)" (toString $size)) -}}
 {{- end -}}
 {{- $r := $v.probes.readiness -}}
 {{- if ge (float64 $r.healthTimeout) (float64 $r.timeoutSeconds) -}}

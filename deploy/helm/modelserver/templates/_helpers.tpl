@@ -38,6 +38,9 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The image reference. Printed quoted wherever it lands in YAML: the schema holds repository
+     and tag to a reference's grammar, and a quoted string cannot add pod-spec fields even were
+     it skipped (helm template --skip-schema-validation). */}}
 {{- define "modelserver.image" -}}
 {{- $image := .Values.image -}}
 {{- if $image.digest -}}
@@ -61,10 +64,39 @@ app.kubernetes.io/component: {{ .component }}
 {{- if has "ReadWriteMany" .Values.storage.compileCache.accessModes -}}true{{- end -}}
 {{- end -}}
 
-{{/* The server argv: the role's args, then the address the probes and the Service use. */}}
+{{/* The server argv: the role's args, then the address the probes and the Service use. Every
+     word a string: `--set prefill.args={...,8,...}` types 8 as a number (an integer), a values
+     file gives numbers as floats (1000000, never 1e+06) and booleans. */}}
 {{- define "modelserver.serverArgs" -}}
-{{- $args := concat (index .root.Values .role).args (list "--host" "0.0.0.0" "--port" (toString .root.Values.server.port)) -}}
+{{- $args := list -}}
+{{- range (index .root.Values .role).args -}}
+{{- if and (kindIs "float64" .) (eq . (float64 (int64 .))) -}}
+{{- $args = append $args (printf "%d" (int64 .)) -}}
+{{- else -}}
+{{- $args = append $args (toString .) -}}
+{{- end -}}
+{{- end -}}
+{{- $args = concat $args (list "--host" "0.0.0.0" "--port" (toString .root.Values.server.port)) -}}
 {{- toJson $args -}}
+{{- end -}}
+
+{{/* "true" when the role's warm Job runs as a pre-upgrade hook (warm-job.yaml says why): warm.hook,
+     an upgrade, and the role's PVC already there (lookup, or testing.existingClaims where no
+     cluster answers). */}}
+{{- define "modelserver.warmHook" -}}
+{{- $claim := include "modelserver.claimName" . -}}
+{{- if and .root.Values.warm.hook .root.Release.IsUpgrade (include "modelserver.existingClaim" (dict "root" .root "name" $claim) | fromJson) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "modelserver.warmHookName" -}}
+{{- printf "%s-%s-warm" .root.Release.Name .role | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* "true" when serving pods mount the compile cache read-only: trust.readOnlyServing, whose
+     auto follows trust.trustedKeys (the builder mode is the default of a trusting release). */}}
+{{- define "modelserver.readOnlyServing" -}}
+{{- $mode := .Values.trust.readOnlyServing -}}
+{{- if or (eq (toString $mode) "true") (and (eq (toString $mode) "auto") .Values.trust.trustedKeys) -}}true{{- end -}}
 {{- end -}}
 
 {{/* cachemgr's options, as CACHEMGR_RUN_ARGS: cachemgr-entrypoint (and cachemgr-warm) split
@@ -82,8 +114,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- join " " $words -}}
 {{- end -}}
 
-{{/* The environment of a role's serving pods (warm false) or its warm Job (warm true). The
-     key's inputs (role, NPU type, extraEnv) are the same in both, so both key alike. */}}
+{{/* The environment of a role's serving pods (warm false), its warm Job (warm true) or its
+     toolbox (toolbox true: no run options, the inspection commands read the rest). The key's
+     inputs (role, NPU type, extraEnv) are the same in all, so they key alike. */}}
 {{- define "modelserver.env" -}}
 {{- $v := .root.Values -}}
 - name: CACHEMGR_ROLE
@@ -97,8 +130,8 @@ app.kubernetes.io/component: {{ .component }}
 - name: CACHEMGR_NPU_TYPE
   value: {{ $v.npu.type | quote }}
 - name: CACHEMGR_LOG_FORMAT
-  value: {{ $v.cachemgr.logFormat }}
-{{- with include "modelserver.runArgs" . }}
+  value: {{ $v.cachemgr.logFormat | quote }}
+{{- with and (not .toolbox) (include "modelserver.runArgs" .) }}
 - name: CACHEMGR_RUN_ARGS
   value: {{ . | quote }}
 {{- end }}
@@ -144,15 +177,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* The volumes and mounts of a role's pods: the role's compile cache, the pod-local state dir
-     (probes, and the view a hit serves from), TMPDIR, HOME, and the operator's own. */}}
+     (probes, and the view a hit serves from), TMPDIR, HOME, and the operator's own.
+
+     Read-only serving (serving pods only; never the warm Job, the builder, nor the toolbox):
+     ONE volume of the claim, mounted read-only at the root and, with trust.recordUse, again
+     read-write at usage/ through a subPath. Not the claim as two volumes with two readOnly
+     settings: whether the kubelet mounts one PVC twice in a pod is not something to rely on.
+     The volume source says readOnly only when no mount of it writes (recordUse false):
+     persistentVolumeClaim.readOnly forces every mount of the volume read-only. */}}
+{{- define "modelserver.readOnlyHere" -}}
+{{- if and (not .warm) (not .toolbox) (include "modelserver.readOnlyServing" .root) -}}true{{- end -}}
+{{- end -}}
+
 {{- define "modelserver.volumeMounts" -}}
 {{- $v := .root.Values -}}
 - name: compile-cache
   mountPath: /var/cache/cachemgr
-  {{- if and (not .warm) $v.trust.readOnlyServing }}
+  {{- if include "modelserver.readOnlyHere" . }}
   readOnly: true
   {{- if $v.trust.recordUse }}
-- name: compile-cache-usage
+- name: compile-cache
   mountPath: /var/cache/cachemgr/usage
   subPath: usage
   {{- end }}
@@ -178,14 +222,9 @@ app.kubernetes.io/component: {{ .component }}
 - name: compile-cache
   persistentVolumeClaim:
     claimName: {{ include "modelserver.claimName" . }}
-    {{- if and (not .warm) $v.trust.readOnlyServing }}
+    {{- if and (include "modelserver.readOnlyHere" .) (not $v.trust.recordUse) }}
     readOnly: true
     {{- end }}
-{{- if and (not .warm) $v.trust.readOnlyServing $v.trust.recordUse }}
-- name: compile-cache-usage
-  persistentVolumeClaim:
-    claimName: {{ include "modelserver.claimName" . }}
-{{- end }}
 - name: cachemgr-state
   emptyDir: {}
 - name: tmp

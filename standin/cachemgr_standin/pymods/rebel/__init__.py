@@ -1,4 +1,5 @@
-"""STAND-IN for the RBLN Compiler's ``rebel`` module (NOT rebel-compiler): the device query only.
+"""STAND-IN for the RBLN Compiler's ``rebel`` module (NOT rebel-compiler): the device query, and
+the import surface the real vllm-rbln code needs to build its configuration.
 
 Put ``standin/cachemgr_standin/pymods`` on PYTHONPATH to make ``import rebel`` find this. It answers
 ``get_npu_name(device_id)`` as the real runtime does: the NPU's name where a device is mounted,
@@ -9,14 +10,31 @@ device node exists (``$CACHEMGR_RBLN_DEV_DIR`` points at a directory holding one
 A slow driver: ``$STANDIN_NPU_QUERY_SECONDS`` makes the query take that long (a real first query
 initialises the driver); ``$STANDIN_NPU_QUERY_MARK`` names a file created as the query begins, so a
 test knows the key is being resolved now.
+
+The import surface (for the key oracle, tools/oracle/: the real vLLM, vllm-rbln and optimum-rbln
+code builds its ``VllmConfig`` here, without an NPU): vllm-rbln imports ``rebel.*`` submodules and
+names (``from rebel import triton``, ``rebel.core.mega_cache``...) and ``torch.rbln`` (torch-rbln,
+which registers PyTorch's out-of-tree device as ``rbln``) at module level, though building a
+configuration calls none of them but ``get_npu_name`` and ``__version__``. Importing this module
+installs a finder that makes every ``rebel.<x>`` and ``torch.rbln`` importable; any name read from
+them is a placeholder that can be called, decorated with, subclassed and annotated with, and
+does nothing. Code that really compiles or runs would get nothing from it: only configuration
+building is stood in for.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 import time
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
 
-__version__ = "0.12.0+standin"
+# The compiler version vllm-rbln reads (mega_cache._rebel_major_minor: major.minor only).
+__version__ = os.environ.get("STANDIN_REBEL_VERSION") or "0.12.0+standin"
 
 
 def get_npu_name(device_id: int = 0) -> str | None:
@@ -33,3 +51,85 @@ def get_npu_name(device_id: int = 0) -> str | None:
 
 def device_count() -> int:
     return 0 if get_npu_name(0) is None else 1
+
+
+def manual_seed(seed: int) -> None:
+    del seed  # no device: nothing to seed
+
+
+class Placeholder:
+    """Any name of the stood-in surface: callable, a decorator, a base class, an annotation."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, item: str) -> Placeholder:
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return Placeholder(f"{self._name}.{item}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and not kwargs and callable(args[0]):
+            return args[0]  # used as a decorator: the function stays itself
+        return Placeholder(f"{self._name}()")
+
+    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
+        return (object,)  # ``class X(rebel.Base)`` makes a plain class
+
+    def __getitem__(self, item: Any) -> Placeholder:
+        return Placeholder(f"{self._name}[...]")
+
+    def __or__(self, other: Any) -> Placeholder:
+        return self  # ``CompileContext | None`` in an annotation
+
+    __ror__ = __or__
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<STAND-IN {self._name}>"
+
+
+def _missing(module: str) -> Callable[[str], Any]:
+    def attribute(name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Placeholder(f"{module}.{name}")
+
+    return attribute
+
+
+def __getattr__(name: str) -> Any:  # module attributes not defined above: ``from rebel import triton``
+    return _missing("rebel")(name)
+
+
+class _Surface(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes ``rebel.<anything>`` and ``torch.rbln`` importable as stand-in modules."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        del path, target
+        if fullname.startswith("rebel.") or fullname == "torch.rbln" or fullname.startswith("torch.rbln."):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        module = types.ModuleType(spec.name, "STAND-IN (cachemgr_standin): import surface only")
+        module.__path__ = []
+        module.__getattr__ = _missing(spec.name)  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if module.__name__ == "torch.rbln":
+            import torch  # only where the real vllm-rbln imports torch.rbln: torch is installed there
+
+            # What torch-rbln does on import: name PyTorch's out-of-tree device "rbln", so that
+            # torch.device("rbln") (vLLM's DeviceConfig on the vLLM-model path) is a device type.
+            torch.utils.rename_privateuse1_backend("rbln")
+
+
+if not any(isinstance(finder, _Surface) for finder in sys.meta_path):
+    sys.meta_path.append(_Surface())
