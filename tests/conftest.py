@@ -65,6 +65,7 @@ _MOUNT_FIXTURE_MARKERS = {
 _ONE_WORKER_MODULES = {
     "test_campaign.py": "the campaign's totals and its clean-compile references: one summary",
     "test_deploy.py": "the chart's workloads, rendered once by helm",
+    "test_fuzz.py": "the fuzzer's golden volume and S3 server, and its totals: one summary",
     "test_inspect.py": "one volume built by seven warm Jobs",
     "test_remote.py": "one S3 server (weed mini)",
     "test_trust_remote.py": "one S3 server (weed mini)",

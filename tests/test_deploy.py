@@ -33,6 +33,7 @@ from cachemgr_testkit.kube import (
     Node,
     by_kind,
     container,
+    merge,
     pod_spec,
     render,
     role_of,
@@ -366,6 +367,42 @@ def test_entrypoint_takes_options_from_the_environment_and_from_args(
     nothing = node.start(deployment, args=[])
     assert nothing.wait_exit() == 64
     assert node.compiles() == 1
+
+
+# A real public key, as `cachemgr keys generate --name builder-1` printed it (32 bytes).
+TRUSTED = ["builder-1:7Hy+1Hr7O+3xKVnKafnKcp/iKblqbVBadtH1dbt3xnY="]
+
+
+@pytest.mark.parametrize(
+    "extra", ["--trusted-keys=", "--trusted=other-1:7Hy+1Hr7O+3xKVnKafnKcp/iKblqbVBadtH1dbt3xnY="]
+)
+def test_a_trust_option_added_past_the_chart_is_refused_by_cachemgr(
+    node: Node, tmp_path: Path, extra: str
+) -> None:
+    """The chart renders trust as CACHEMGR_TRUSTED_KEYS, and its schema refuses trust options in
+    cachemgr.extraArgs (tests/test_chart_trust.py). An option added where the schema cannot see
+    it (the Deployment's CACHEMGR_RUN_ARGS edited with kubectl, an image's entrypoint) that empties
+    or changes the keys, however argparse lets it be abbreviated, stops the pod with 78 naming the
+    setting: cachemgr itself lets one setting decide, where such an option used to turn trust off."""
+    values = merge(
+        WARM,
+        {
+            "trust": {
+                "trustedKeys": TRUSTED,
+                "signingKeySecret": {"name": "modelserver-signing-key", "key": "signing.key"},
+            }
+        },
+    )
+    deployment = workload(render(tmp_path / "chart", values), "Deployment", "prefill")
+    env = env_values(container(deployment))
+    assert env["CACHEMGR_TRUSTED_KEYS"] == TRUSTED[0]
+    pod = node.start(deployment, env={"CACHEMGR_RUN_ARGS": f"{env['CACHEMGR_RUN_ARGS']} {extra}"})
+    assert pod.wait_exit() == 78, pod.tail()
+    said = pod.termination_log.read_text()
+    assert said.startswith(
+        ("CACHEMGR_TRUSTED_KEYS (--trusted-keys) is set but empty", "--trusted-keys gives other keys")
+    ), said
+    assert node.compiles() == 0, "nothing compiled, nothing served"
 
 
 # --- the image recipe ------------------------------------------------------------------------------

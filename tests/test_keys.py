@@ -283,3 +283,77 @@ def test_inspection_refuses_malformed_trusted_keys_with_78(pods: Cluster, root: 
     )  # fmt: skip
     assert result.returncode == 78, result.stderr
     assert "CACHEMGR_TRUSTED_KEYS" in _one_line(result.stderr)
+
+
+# --- an empty setting, and a second setting of the same (issue 33) --------------------------------
+
+
+def _forged_entry(pods: Cluster, root: Path) -> list[str]:
+    """An unsigned entry published by an open pod: what a trusting pod must never serve."""
+    record = pods.work / "compiler.jsonl"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(record)]
+    pod = pods.start("forger", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("serving")
+    pod.signal(15)
+    assert pod.wait_exit() == 0
+    return [*options, "--on-miss", "fail"]
+
+
+@pytest.mark.parametrize(
+    ("how", "named"),
+    [
+        ("CACHEMGR_TRUSTED_KEYS=", "CACHEMGR_TRUSTED_KEYS (--trusted-keys) is set but empty"),
+        ("--trusted-keys=", "CACHEMGR_TRUSTED_KEYS (--trusted-keys) is set but empty"),
+        ("--trusted=", "CACHEMGR_TRUSTED_KEYS (--trusted-keys) is set but empty"),  # argparse's abbreviation
+        ("CACHEMGR_SIGNING_KEY_FILE=", "CACHEMGR_SIGNING_KEY_FILE (--signing-key-file) is set but empty"),
+    ],
+)
+def test_an_empty_trust_setting_is_refused_with_78_never_the_open_mode(
+    pods: Cluster, root: Path, how: str, named: str
+) -> None:
+    """An empty ConfigMap key or an unset shell variable gives the empty string: the likeliest
+    mistake, and it silently meant the open mode (a forged unsigned entry launched). The open mode
+    is the variable unset."""
+    good = generate_secret_key("builder-1", pods.work / "good.key")
+    options = _forged_entry(pods, root)
+    name, _, value = how.partition("=")
+    env = {name: value} if name.startswith("CACHEMGR_") else {}
+    flags = [how] if not name.startswith("CACHEMGR_") else []
+    if "SIGNING" in name:
+        env["CACHEMGR_TRUSTED_KEYS"] = str(good.public)
+    pod = pods.start("t", server_argv(free_port()), cache_root=root, options=[*flags, *options], env=env)
+    assert pod.wait_exit() == 78, pod.tail()
+    termination = (pod.state_dir / "termination-log").read_text()
+    assert named in termination
+    assert "unset it" in termination
+    assert [e for e in pods.record if e["event"] == "load" and str(pod.state_dir) in e["path"]] == []
+    if "SIGNING" in name:
+        return  # the inspection commands never sign
+    cli_env = {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root), **env}
+    for command in (["ls"], ["verify"]):
+        done = run_cli(*command, *flags, env=cli_env)
+        assert done.returncode == 78, (command, done.stderr)
+        assert named in _one_line(done.stderr)
+
+
+def test_a_command_line_cannot_trust_other_keys_than_the_pods_setting(pods: Cluster, root: Path) -> None:
+    """The chart renders trust as CACHEMGR_TRUSTED_KEYS and passes cachemgr.extraArgs as options: an
+    option that names other keys (or none) must not override what the chart renders."""
+    good = generate_secret_key("builder-1", pods.work / "good.key")
+    other = generate_secret_key("other-1", pods.work / "other.key")
+    options = _forged_entry(pods, root)
+    env = {"CACHEMGR_TRUSTED_KEYS": str(good.public)}
+    for flag in (
+        f"--trusted-keys={other.public}",
+        f"--trusted-keys={good.public} {other.public}",
+        "--trusted-k=x",
+    ):
+        pod = pods.start("t", server_argv(free_port()), cache_root=root, options=[flag, *options], env=env)
+        assert pod.wait_exit() == 78, pod.tail()
+        termination = (pod.state_dir / "termination-log").read_text()
+        assert "--trusted-keys gives other keys than CACHEMGR_TRUSTED_KEYS" in termination
+    same = pods.start(
+        "same", server_argv(free_port()), cache_root=root, options=[f"--trusted-keys={good.public}", *options],
+        env=env,
+    )  # fmt: skip
+    assert same.wait_exit() == 69, "the same keys twice: a trusting pod, which finds nothing signed"

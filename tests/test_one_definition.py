@@ -7,6 +7,7 @@ strategies a key may name: every user reads the one definition, so changing it c
 from __future__ import annotations
 
 import argparse
+import ast
 import inspect
 import typing
 from pathlib import Path
@@ -81,3 +82,58 @@ def test_the_cli_and_the_state_record_report_the_same_exit_code(tmp_path: Path) 
 def test_every_strategy_a_key_may_name_has_a_strategy_object() -> None:
     assert set(STRATEGIES) == set(typing.get_args(Strategy))
     assert all(cls.name == name for name, cls in STRATEGIES.items())
+
+
+# Modules that parse JSON with json.loads themselves, and why what they parse is not the volume's
+# or the bucket's (everything else goes through cachemgr.core.jsonread: issue 33).
+_JSON_OF_OUR_OWN = {
+    "cachemgr/core/jsonread.py": "the one reader itself",
+    "cachemgr/key/vllm_values.py": "a flag's value in the pod's own argv (bounded by MAX_DEPTH there)",
+    "cachemgr/key/vllm_rbln.py": "VLLM_MODEL_REDIRECT_PATH, a file of the pod's own configuration",
+    "cachemgr/key/models.py": "the served model's config files, keyed as vLLM reads them",
+    "cachemgr/runtime/metrics.py": "the pod-local state dir, written by this pod only",
+    "cachemgr/runtime/state.py": "the pod-local state record, written by this pod only",
+    "cachemgr/cli/render.py": "its own output, round-tripped to plain JSON types",
+    "cachemgr/cli/demo.py": "the state and logs of the demo's own pods",
+    "cachemgr/remote/worker.py": "the request line its parent pod writes on its stdin",
+    "cachemgr/remote/bounded.py": "the lines its own transfer child writes (from records already read bounded)",
+}
+
+
+def _json_parses(tree: ast.AST) -> list[int]:
+    """Lines calling json.loads / json.load / json.JSONDecoder, or importing them by name."""
+    found = []
+    for node in ast.walk(tree):
+        called = (
+            isinstance(node, ast.Attribute)
+            and node.attr in {"loads", "load", "JSONDecoder", "raw_decode"}
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "json"
+        )
+        imported = (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "json"
+            and any(alias.name in {"loads", "load", "JSONDecoder"} for alias in node.names)
+        )
+        if called or imported:
+            found.append(getattr(node, "lineno", 0))
+    return found
+
+
+@pytest.mark.quick
+def test_no_module_parses_json_from_the_volume_or_the_bucket_but_through_the_one_reader() -> None:
+    """Everything read from the volume or the bucket is parsed by cachemgr.core.jsonread (bounded
+    size, depth and count; damage a ValueError): a bare json.loads of a record nested 200,000 deep
+    made pods, the builder and the operator's commands exit 70. A module that must parse JSON of its
+    own is listed above with the reason; a new one fails here until it uses the reader or is listed."""
+    package = Path(__file__).resolve().parent.parent / "cachemgr"
+    parsing = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).as_posix()
+        lines = _json_parses(ast.parse(path.read_text(encoding="utf-8")))
+        if lines:
+            parsing[rel] = lines
+    unlisted = {rel: lines for rel, lines in parsing.items() if rel not in _JSON_OF_OUR_OWN}
+    assert unlisted == {}, f"json.loads outside cachemgr.core.jsonread: {unlisted}"
+    stale = sorted(set(_JSON_OF_OUR_OWN) - set(parsing))
+    assert stale == [], f"listed but no longer parsing JSON themselves: {stale}"

@@ -40,7 +40,7 @@ from cachemgr.core.errors import CacheMgrError, ConfigError, Interrupted, NotFou
 from cachemgr.core.printable import safe
 from cachemgr.core.procs import StopFlag
 from cachemgr.core.units import human_age, human_bytes, plural
-from cachemgr.remote.config import RemoteConfig, remote_config
+from cachemgr.remote.config import RemoteConfig, client_missing, not_installed, remote_config
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 
@@ -59,6 +59,9 @@ def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> RemoteConfi
             "no remote was given",
             remedy="pass --remote s3://bucket/prefix or set CACHEMGR_REMOTE (endpoint: CACHEMGR_REMOTE_ENDPOINT)",
         )
+    missing = client_missing()
+    if missing is not None:  # these commands are the remote tier: without its client, nothing to do (78)
+        raise not_installed(config, missing)
     return config
 
 

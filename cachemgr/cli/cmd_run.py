@@ -7,10 +7,12 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.errors import ConfigError, UsageError
+from cachemgr.core.signing import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from cachemgr.core.units import parse_duration
 from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
 from cachemgr.runtime.state import DEFAULT_STATE_DIR
@@ -72,13 +74,15 @@ def _env_seconds(value: float | None, flag: str, env: str, environ: Mapping[str,
 
 
 def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
-    """``--trusted-keys`` / CACHEMGR_TRUSTED_KEYS parsed (exit 78 naming it when malformed); None: open mode."""
-    if not getattr(args, "trusted_keys", None):
+    """``--trusted-keys`` / CACHEMGR_TRUSTED_KEYS parsed (exit 78 naming it when malformed, empty, or
+    given twice with other keys); None: the open mode, which is the variable unset."""
+    text = _TRUSTED.value(args)
+    if text is None:
         return None
-    from cachemgr.core.signing import TRUSTED_KEYS_ENV, parse_trusted_keys
+    from cachemgr.core.signing import parse_trusted_keys
 
-    where = f"{TRUSTED_KEYS_ENV} (--trusted-keys)"
-    trusted = parse_trusted_keys(args.trusted_keys, where=where)
+    where = f"{_TRUSTED.env} (--trusted-keys)"
+    trusted = parse_trusted_keys(text, where=where)
     if not trusted:  # set to blanks: a typo must not turn trust off
         raise ConfigError(
             f"{where} is set but names no key",
@@ -87,16 +91,66 @@ def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
     return trusted
 
 
+@dataclass(frozen=True)
+class _TrustSetting:
+    """A trust setting, given by its variable or its option: read by :meth:`value`."""
+
+    attr: str
+    env: str
+    flag: str
+    what: str
+    other: str
+    decides: str
+    unset: str
+
+    def value(self, args: argparse.Namespace) -> str | None:
+        """The setting as given; None when neither the variable nor the option is set.
+
+        Set but empty is refused (78): an empty ConfigMap key or an unset shell variable expands
+        to "", the likeliest mistake, and it must not turn trust off. And one setting decides: the
+        chart renders trust as the variable and passes ``cachemgr.extraArgs`` as options, so an
+        option saying otherwise (however argparse lets it be abbreviated) must not override what
+        the chart renders.
+        """
+        value: str | None = getattr(args, self.attr, None)
+        if value is None:
+            return None
+        if not value:  # blanks are read as what they are (no key; no such file)
+            raise ConfigError(
+                f"{self.env} ({self.flag}) is set but empty",
+                remedy=f"give {self.what}, or unset it: unset, not empty, is {self.unset}",
+            )
+        given = os.environ.get(self.env)
+        if given is not None and value != given:
+            raise ConfigError(
+                f"{self.flag} gives {self.other} than {self.env}: one setting decides {self.decides}",
+                remedy=f"set {self.env} alone (the chart's trust values) and drop {self.flag} from the "
+                "command line (cachemgr.extraArgs)",
+            )
+        return value
+
+
+_TRUSTED = _TrustSetting(
+    "trusted_keys", TRUSTED_KEYS_ENV, "--trusted-keys", "public keys NAME:BASE64", "other keys",
+    "what a pod trusts", "the open mode",
+)  # fmt: skip
+_SIGNING = _TrustSetting(
+    "signing_key_file", SIGNING_KEY_ENV, "--signing-key-file", "a secret key file",
+    "another key file", "what a pod signs with", "a pod that does not sign",
+)  # fmt: skip
+
+
 def trust_keys(args: argparse.Namespace) -> tuple[SecretKey | None, TrustedKeys | None]:
     """The signing key (loaded and checked now: a bad one stops the pod before anything runs) and
     the keys trusted, which must list the signing key's own."""
     trusted = trusted_keys(args)
-    if not args.signing_key_file:
+    key_file = _SIGNING.value(args)
+    if key_file is None:
         return None, trusted
-    from cachemgr.core.signing import SIGNING_KEY_ENV, load_secret_key
+    from cachemgr.core.signing import load_secret_key
 
-    where = f"{SIGNING_KEY_ENV} (--signing-key-file)"
-    secret = load_secret_key(Path(args.signing_key_file), where=where)
+    where = f"{_SIGNING.env} (--signing-key-file)"
+    secret = load_secret_key(Path(key_file), where=where)
     if trusted is not None:
         trusted = trusted.signing_with(secret.public, where=f"{where} and CACHEMGR_TRUSTED_KEYS")
     return secret, trusted

@@ -352,7 +352,8 @@ def add_run(parser: argparse.ArgumentParser) -> None:
 def add_trusted(parser: argparse._ActionsContainer) -> None:  # a parser or one of its groups
     parser.add_argument(
         "--trusted-keys",
-        default=env("CACHEMGR_TRUSTED_KEYS"),
+        # Unset is the open mode; set, even to "" (an empty ConfigMap key), is a setting to check.
+        default=os.environ.get("CACHEMGR_TRUSTED_KEYS"),
         metavar="KEYS",
         help="public keys NAME:BASE64, separated by spaces: use only entries one of them signed "
         "[env CACHEMGR_TRUSTED_KEYS; default: trust every entry]",
@@ -362,7 +363,7 @@ def add_trusted(parser: argparse._ActionsContainer) -> None:  # a parser or one 
 def add_signing(parser: argparse._ActionsContainer) -> None:
     parser.add_argument(
         "--signing-key-file",
-        default=env("CACHEMGR_SIGNING_KEY_FILE"),
+        default=os.environ.get("CACHEMGR_SIGNING_KEY_FILE"),  # as --trusted-keys: "" is checked
         metavar="FILE",
         help="sign what this pod publishes with this secret key ('cachemgr keys generate') "
         "[env CACHEMGR_SIGNING_KEY_FILE; default: unsigned]",

@@ -1,18 +1,20 @@
 """Reading untrusted JSON records: a record on the shared volume may be damaged, foreign or of
-another release, so a field of the wrong type reads as empty, never as an exception."""
+another release, so a field of the wrong type reads as empty, never as an exception. The bytes
+are read and parsed by :mod:`cachemgr.core.jsonread`, within its bounds."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core.fsutil import read_json
+from cachemgr.core import jsonread
 
 
-def read_dict(path: Path) -> dict[str, Any]:
+def read_dict(path: Path, *, dir_fd: int | None = None, limit: int = jsonread.JSON_LIMIT) -> dict[str, Any]:
     """The JSON object in the file, or ``{}`` when it is missing, unreadable or not an object."""
     try:
-        data = read_json(path)
+        data = jsonread.read(path if dir_fd is None else path.name, dir_fd=dir_fd, limit=limit)
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
@@ -23,10 +25,14 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 
 def number(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
+    """A finite number, else None (a boolean is no number; text is parsed as ``float`` parses it)."""
+    if isinstance(value, bool):
         return None
+    try:
+        found = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return found if math.isfinite(found) else None
 
 
 def text(value: Any) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import math
 import os
 import stat
 import time
@@ -20,7 +19,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from cachemgr.core import safefs
+from cachemgr.core import safefs, safewalk
 
 # 256 KiB reads: the buffer stays in the CPU cache between the read and the hash, which is what
 # keeps a full check near `cat`'s speed (bench/bench_verify.py: 8 MiB reads ran at 37-72% of cat).
@@ -115,70 +114,6 @@ def _parent_dir(path: Path, *, within: Path | None) -> Iterator[int]:
         os.close(fd)
 
 
-# Every JSON document cachemgr writes on a volume is far below this (a manifest of 100,000 files
-# is ~20 MiB); a larger one is damage, and reading it whole would cost the reader its memory.
-JSON_LIMIT = 64 << 20
-
-
-def human_limit(size: int) -> str:
-    return f"{size >> 20} MiB" if size >= 1 << 20 and not size % (1 << 20) else f"{size} bytes"
-
-
-def read_json(path: Path, *, dir_fd: int | None = None, limit: int | None = None) -> Any:
-    """Parse a JSON file; ``ValueError`` if it is not JSON (damage), ``OSError`` if unreadable.
-
-    Everything read this way lives on the shared volume, where anyone can plant a symlink (it
-    is not followed) or a FIFO (it would block the reader forever): both are damage. With
-    ``dir_fd`` (its folder, reached safely) the file is opened by name from there. With
-    ``limit``, a file larger than that many bytes is damage too, and no more than that is read.
-    """
-    name: str | Path = path if dir_fd is None else path.name
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-            raise ValueError(f"{path} is not a regular file") from None
-        raise
-    with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        bound = JSON_LIMIT if limit is None else limit  # planted, or grown without bound: never read whole
-        data = handle.read(bound + 1)
-        if len(data) > bound:
-            raise ValueError(f"larger than {human_limit(bound)}, not read")
-        return loads_json(data)
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):
-        raise ValueError(f"number {text[:20]} is out of range")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > 20:  # cachemgr writes none past 2**64 (sizes, ns times, pids)
-        raise ValueError(f"number {text[:20]}... is out of range")
-    return int(text)
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def loads_json(data: bytes | str) -> Any:
-    """``json.loads`` for what others wrote on the volume: damage is a ``ValueError``, never a crash.
-
-    Records are written by cachemgr (finite numbers below 2**64, a few levels deep); ``1e400`` (an
-    infinity that ``int()`` refuses), a 400-digit integer (which ``float()`` refuses) and nesting
-    deep enough to exhaust the parser's recursion are damage.
-    """
-    try:
-        return json.loads(data, parse_float=_finite, parse_int=_bounded_int, parse_constant=_no_constant)
-    except RecursionError:
-        raise ValueError("JSON nested too deep") from None
-
-
 class Hasher(Protocol):
     """A second digest fed from the same reads (``blake3.blake3``, ``hashlib.sha256``)."""
 
@@ -217,7 +152,7 @@ def walk_files(root: Path, *, within: Path | None = None) -> Iterator[tuple[str,
     """
     found: list[tuple[str, os.stat_result]] = []
     with safefs.open_tree(root, within=within) as fd:
-        for rel, entry, _ in safefs.walk(fd):
+        for rel, entry, _ in safewalk.walk(fd):
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISREG(st.st_mode):
                 found.append((rel, st))
@@ -231,7 +166,7 @@ def walk_names(root: Path, *, within: Path | None = None) -> list[str]:
     filesystem it costs one round trip per directory rather than one per file.
     """
     with safefs.open_tree(root, within=within) as fd:
-        return sorted(rel for rel, entry, _ in safefs.walk(fd) if not entry.is_dir(follow_symlinks=False))
+        return sorted(rel for rel, entry, _ in safewalk.walk(fd) if not entry.is_dir(follow_symlinks=False))
 
 
 def tree_bytes(root: Path, *, within: Path | None = None) -> int:
@@ -239,7 +174,7 @@ def tree_bytes(root: Path, *, within: Path | None = None) -> int:
     total = 0
     try:
         with safefs.open_tree(root, within=within) as fd:
-            for _, entry, _ in safefs.walk(fd):
+            for _, entry, _ in safewalk.walk(fd):
                 st = entry.stat(follow_symlinks=False)
                 if stat.S_ISREG(st.st_mode):
                     total += st.st_size
@@ -251,7 +186,7 @@ def tree_bytes(root: Path, *, within: Path | None = None) -> int:
 def fsync_tree(root: Path, *, within: Path | None = None) -> None:
     """fsync every file and directory under ``root``, so a rename publishes durable data."""
     with safefs.open_tree(root, within=within) as top:
-        for _, entry, parent in safefs.walk(top):
+        for _, entry, parent in safewalk.walk(top):
             if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
                 # Never a symlink or a FIFO (it would block): nothing of ours to make durable.
                 with _opened(parent, entry.name) as fd:
@@ -290,7 +225,7 @@ def make_read_only(root: Path, *, within: Path | None = None) -> None:
     """
     try:
         with safefs.open_tree(root, within=within) as top:
-            for _, entry, parent in safefs.walk(top):
+            for _, entry, parent in safewalk.walk(top):
                 mode = 0o444 if entry.is_file(follow_symlinks=False) else 0o555
                 if entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False):
                     # A directory is entered after it is yielded: 0555 still lets the walk read it.
@@ -305,18 +240,18 @@ def remove_tree(path: Path, *, within: Path | None = None) -> None:
     """Remove a directory tree (or a file or symlink), even one with read-only files; missing is fine.
 
     Never follows a symlink below ``path``; with ``within`` (the cache root) none above it
-    either (:func:`cachemgr.core.safefs.remove`). Without it, ``path``'s parents are a pod-local
+    either (:func:`cachemgr.core.safewalk.remove`). Without it, ``path``'s parents are a pod-local
     path and trusted as given.
     """
     if within is not None:
-        safefs.remove(within, path)
+        safewalk.remove(within, path)
         return
     try:
         parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     try:
-        safefs.remove_at(parent, path.name, shown=path)
+        safewalk.remove_at(parent, path.name, shown=path)
     finally:
         os.close(parent)
 

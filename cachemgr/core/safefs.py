@@ -13,7 +13,7 @@ as given), and every level below it is opened relative to its parent with
 that is a symlink, not a directory, or another filesystem stops the operation with an
 :class:`UnsafePathError` naming the path and the remedy (exit 74). Removal, renames and walks
 then work on the directory descriptors, so a symlink swapped in after a check cannot redirect
-them either.
+them either. Walking and removing a whole tree below these levels: :mod:`cachemgr.core.safewalk`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from cachemgr.core.errors import VolumeError
 
 # O_NOFOLLOW|O_DIRECTORY: a symlink fails with ELOOP, a file or FIFO with ENOTDIR, never blocking.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_REFUSED = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
+REFUSED = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EMLINK})
 _TARGET_SHOWN = 200
 
 
@@ -88,7 +88,7 @@ def open_below(parent_fd: int, name: str, *, dev: int, shown: Path) -> int:
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
     except OSError as error:
-        if error.errno in _REFUSED:
+        if error.errno in REFUSED:
             raise unsafe_error(shown, parent_fd, name) from None
         raise
     if os.fstat(fd).st_dev != dev:
@@ -208,79 +208,12 @@ def rmdir(root: Path, path: Path) -> None:
         os.rmdir(path.name, dir_fd=fd)
 
 
-def remove(root: Path, path: Path) -> None:
-    """Remove ``path`` under ``root``: a file or symlink is unlinked, a directory emptied first.
-
-    Missing is fine. Nothing is followed at any level, nothing on another filesystem is touched.
-    """
-    try:
-        with open_dir(root, path.parent) as fd:
-            remove_at(fd, path.name, shown=path)
-    except FileNotFoundError:
-        return
-
-
-def remove_at(parent_fd: int, name: str, *, shown: Path) -> None:
-    """Remove ``name`` in ``parent_fd`` and, for a real directory, everything below it."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        unlink_at(parent_fd, name)
-        return
-    top = open_below(parent_fd, name, dev=os.fstat(parent_fd).st_dev, shown=shown)
-    try:
-        _clear(top, shown=shown)
-    finally:
-        os.close(top)
-    _retry_in(parent_fd, lambda: os.rmdir(name, dir_fd=parent_fd))
-
-
-def _clear(top: int, *, shown: Path) -> None:
-    """Empty the directory open as ``top``: depth first, one descriptor per level, no recursion."""
-    dev = os.fstat(top).st_dev
-    stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = [(top, _entries(top), "")]
-    try:
-        while stack:
-            fd, items, rel = stack[-1]
-            entry = next(items, None)
-            if entry is None:
-                stack.pop()
-                if stack:
-                    os.close(fd)
-                    _rmdir_in(stack[-1][0], rel.rpartition("/")[2])
-                continue
-            child_rel = f"{rel}/{entry.name}" if rel else entry.name
-            if not entry.is_dir(follow_symlinks=False):
-                unlink_at(fd, entry.name)
-                continue
-            try:
-                child = open_below(fd, entry.name, dev=dev, shown=shown / child_rel)
-            except FileNotFoundError:
-                continue  # a concurrent remover took it
-            _push(stack, child, child_rel)
-    finally:
-        for fd, _, _ in stack[1:]:
-            os.close(fd)
-
-
-def _rmdir_in(parent: int, name: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        _retry_in(parent, lambda: os.rmdir(name, dir_fd=parent))
-
-
-def _entries(fd: int) -> Iterator[os.DirEntry[str]]:
-    with os.scandir(fd) as found:
-        return iter(list(found))
-
-
 def unlink_at(fd: int, name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
-        _retry_in(fd, lambda: os.unlink(name, dir_fd=fd))
+        retry_in(fd, lambda: os.unlink(name, dir_fd=fd))
 
 
-def _retry_in(fd: int, action: Callable[[], None]) -> None:
+def retry_in(fd: int, action: Callable[[], None]) -> None:
     """Run ``action`` (an unlink or rmdir in directory ``fd``); once more after making the
     directory writable: a published entry's directories may be read-only (0555), which refuses
     removals inside them even to their owner."""
@@ -289,65 +222,6 @@ def _retry_in(fd: int, action: Callable[[], None]) -> None:
     except PermissionError:
         os.fchmod(fd, 0o755)  # our own directory, being emptied anyway
         action()
-
-
-def walk(top: int) -> Iterator[tuple[str, os.DirEntry[str], int]]:
-    """Everything below the directory open as ``top``: (posix relative path, its entry, and a
-    descriptor of the directory holding it, to act on the entry by name without a path walk).
-
-    Depth first, one descriptor per level; only real directories of the same filesystem are
-    entered (a symlink is yielded, never followed). Each entry is yielded while its directory
-    is open, so ``entry.stat(follow_symlinks=False)`` works on it.
-    """
-    dev = os.fstat(top).st_dev
-    first = os.dup(top)
-    stack: list[tuple[int, Iterator[os.DirEntry[str]], str]] = []
-    try:
-        stack.append((first, _entries(first), ""))
-    except BaseException:
-        os.close(first)
-        raise
-    try:
-        while stack:
-            fd, items, rel = stack[-1]
-            entry = next(items, None)
-            if entry is None:
-                os.close(fd)
-                stack.pop()
-                continue
-            child_rel = f"{rel}/{entry.name}" if rel else entry.name
-            yield child_rel, entry, fd
-            if entry.is_dir(follow_symlinks=False):
-                child = _open_quietly(fd, entry.name, dev)
-                if child is not None:
-                    _push(stack, child, child_rel)
-    finally:
-        for fd, _, _ in stack:
-            os.close(fd)
-
-
-def _open_quietly(parent_fd: int, name: str, dev: int) -> int | None:
-    """A subdirectory to walk into; None if it went away, turned into a symlink, or is a mount."""
-    try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent_fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as error:
-        if error.errno in _REFUSED:
-            return None
-        raise
-    if os.fstat(fd).st_dev != dev:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _push(stack: list[tuple[int, Iterator[os.DirEntry[str]], str]], fd: int, rel: str) -> None:
-    try:
-        stack.append((fd, _entries(fd), rel))
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 @contextlib.contextmanager
@@ -361,7 +235,7 @@ def open_tree(path: Path, *, within: Path | None) -> Iterator[int]:
     try:
         fd = os.open(path, DIR_FLAGS)
     except OSError as error:
-        if error.errno in _REFUSED:
+        if error.errno in REFUSED:
             raise unsafe_error(path, None, os.fspath(path)) from None
         raise
     try:

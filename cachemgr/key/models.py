@@ -21,7 +21,6 @@ The cache is found as huggingface_hub finds it: ``HF_HUB_CACHE``, else ``HUGGING
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from typing import Any
 
 import xxhash
 
+from cachemgr.core import jsonread
 from cachemgr.core.errors import ConfigError
 from cachemgr.key.digest import digest_of
 from cachemgr.key.serving import ServerCommand
@@ -217,13 +217,22 @@ def _is_model_file(item: Path) -> bool:
 
 def _model_json(item: Path) -> Any:
     try:
-        data = json.loads(item.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return {"unparsable_bytes": item.stat().st_size, "xxh3": xxhash.xxh3_128_hexdigest(item.read_bytes())}
+        # A hub snapshot's files are links to its blobs: followed here (the server follows them too).
+        data = jsonread.read(os.path.realpath(item))
+    except ValueError:  # not JSON, too deep, too large, not a regular file: keyed by its bytes
+        return {"unparsable_bytes": item.stat().st_size, "xxh3": _file_xxh3(item)}
     if isinstance(data, dict) and item.name == "config.json":
         for field in _REWRITTEN:
             data.pop(field, None)
     return data
+
+
+def _file_xxh3(item: Path) -> str:
+    digest = xxhash.xxh3_128()
+    with item.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 # --- the Hugging Face snapshot of a hub model --------------------------------------------------

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from cachemgr.core import jsonread
 from cachemgr.core.coerce import as_dict
-from cachemgr.core.fsutil import loads_json
 from cachemgr.core.versions import compare_versions
 from cachemgr.key.cachekey import SCHEMA_VERSION
 from cachemgr.key.digest import digest_of
@@ -200,7 +200,7 @@ def _to_hint(facts: KeyFacts) -> str:
 @functools.lru_cache(maxsize=1024)  # a volume's entries share a few generations and lineages
 def _from_hint(text: str) -> KeyFacts | None:
     try:
-        data = loads_json(text)  # nesting deep enough to exhaust the parser is damage, not a crash
+        data = jsonread.parse(text)  # a hint is the volume's bytes: bounded as every record
     except ValueError:
         return None
     parts, lineage = (data.get("generation"), data.get("lineage")) if isinstance(data, dict) else (None, None)

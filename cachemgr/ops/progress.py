@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import math
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs
 from cachemgr.core.fsutil import atomic_write_json, tree_bytes
 from cachemgr.core.log import get_logger, person_at_terminal
 from cachemgr.core.units import human_bytes
@@ -46,7 +44,6 @@ log = get_logger("cachemgr.ops.progress")
 RECORD_MAX = 64 * 1024  # a record is a few hundred bytes; anything larger is not one
 _SUFFIX = ".progress.json"
 _MAX_SECONDS = 1e7  # 115 days: a compile time beyond this is a damaged summary
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 # --- what the estimate rests on --------------------------------------------------------------------
@@ -218,30 +215,18 @@ def _seen(raw: tuple[Any, float] | None, digest: str, *, token: str | None) -> S
 
 
 def _read_capped(path: Path, *, dir_fd: int | None = None) -> tuple[Any, float] | None:
-    """``path`` read whole if it is a small regular file; with ``dir_fd`` (its folder, already
-    reached safely) opened by name from there."""
+    """``path``'s JSON and its mtime if it is a small regular file, read by the one bounded reader
+    (a symlink planted in leases/ is not read through, a FIFO does not hang the waiter); with
+    ``dir_fd`` (its folder, already reached safely) opened by name from there."""
     try:
-        # O_NOFOLLOW: a symlink planted in leases/ is not read through; O_NONBLOCK: a FIFO
-        # there does not hang the waiter (it is then refused as not a regular file).
-        fd = os.open(path if dir_fd is None else path.name, _OPEN_FLAGS, dir_fd=dir_fd)
+        with jsonread.open_regular(path if dir_fd is None else path.name, dir_fd=dir_fd) as fd:
+            mtime = os.fstat(fd).st_mtime
+            return jsonread.parse(jsonread.read_fd(fd, limit=RECORD_MAX)), mtime
+    except ValueError:
+        return None
     except OSError as error:
-        if error.errno not in {errno.ENOENT, errno.ELOOP, errno.EACCES, errno.ENXIO, errno.EISDIR}:
+        if error.errno not in {errno.ENOENT, errno.EACCES}:
             log.debug("progress_record_unreadable", path=str(path), error=error.strerror)
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX:
-            return None
-        data = os.read(fd, RECORD_MAX + 1)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(data) > RECORD_MAX:
-        return None
-    try:
-        return json.loads(data), st.st_mtime
-    except (ValueError, RecursionError):
         return None
 
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import read_json, tree_bytes
+from cachemgr.core import jsonread, safefs
+from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_bytes, human_duration, plural
 from cachemgr.ops.attempts import STALE_STAGING_AFTER, gone_reason, gone_status
 from cachemgr.ops.scan import EntryInfo, Scan
@@ -302,7 +302,7 @@ def _quarantined(root: CacheRoot) -> list[PruneItem]:
 def _why_moved(path: Path) -> str:
     """What the pod that moved it aside wrote (its ``.reason.json``): untrusted, or damaged."""
     with contextlib.suppress(OSError, ValueError):
-        note = read_json(path.with_name(path.name + ".reason.json"))
+        note = jsonread.read(path.with_name(path.name + ".reason.json"))
         if isinstance(note, dict) and str(note.get("reason", "")).startswith("untrusted"):
             return "moved aside as untrusted (not signed by a trusted key as it is)"
     return "moved aside as damaged"
@@ -375,7 +375,7 @@ def _trashed_key(root: CacheRoot, path: Path) -> str | None:
         with safefs.open_dir(root.path, path) as fd:
             for name in ("summary.json", "key.json"):
                 with contextlib.suppress(OSError, ValueError):
-                    data = read_json(Path(name), dir_fd=fd)
+                    data = jsonread.read(name, dir_fd=fd)
                     if isinstance(data, dict) and isinstance(data.get("key"), str):
                         return str(data["key"])
     except (OSError, safefs.UnsafePathError):

@@ -23,7 +23,6 @@ Attempts in ``staging/``, failure histories and quarantined entries are read by
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import time
@@ -33,9 +32,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs
 from cachemgr.core.coerce import as_dict, number, read_dict, text
-from cachemgr.core.fsutil import loads_json, tree_bytes
+from cachemgr.core.fsutil import tree_bytes
 from cachemgr.ops import scanhints
 from cachemgr.ops.entryinfo import OLDER, EntryInfo, EntryStatus
 from cachemgr.ops.generation import Compat, KeyFacts, key_facts
@@ -67,7 +66,6 @@ _SUMMARY_MAX = 1 << 20
 _KEY_MAX = 1 << 20  # a key.json is a few KiB; one of a MiB is damage
 _FACTS = "key_facts"  # the summary's field this scan adds: what the entry's key.json says
 _PARSED = "_key_facts"  # the same, parsed once (never written: hints learn the summary before it)
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -261,13 +259,9 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
     """The entry's summary, checked for shape, or what can be told of it and the problem."""
     where = f"{ctx.prefix}{name}/"
     try:
-        # O_NONBLOCK: a FIFO planted as summary.json must not hang ls; O_NOFOLLOW: nor a link lead out.
-        fd = os.open(where + SUMMARY_NAME, _READ_FLAGS, dir_fd=ctx.entries_fd)
-        try:
-            # One read: a summary is a few hundred bytes; one of a MiB is damage, and fails to parse.
-            data = json.loads(os.read(fd, _SUMMARY_MAX).decode())
-        finally:
-            os.close(fd)
+        # The one bounded reader: a FIFO does not hang ls, a link does not lead out, a summary of
+        # more than a MiB or nested 200,000 deep is damage (a few hundred bytes are written).
+        data = jsonread.read(where + SUMMARY_NAME, dir_fd=ctx.entries_fd, limit=_SUMMARY_MAX)
     except FileNotFoundError:
         problem = "summary.json is missing (cachemgr verify tells whether the files are intact)"
         return _key_json(ctx, name), problem
@@ -305,22 +299,10 @@ def _read_summary(ctx: _Context, name: str) -> tuple[dict[str, Any], str | None]
 def _read_key_facts(ctx: _Context, name: str, key: str) -> KeyFacts | str:
     """What the entry's key.json says of its generation (cachemgr.ops.generation), or why nothing."""
     try:
-        fd = os.open(f"{ctx.prefix}{name}/{KEY_NAME}", _READ_FLAGS, dir_fd=ctx.entries_fd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return "key.json is not a regular file"
-            chunks, size = [], 0
-            while chunk := os.read(fd, _KEY_MAX + 1 - size):  # FUSE hands out 128 KiB a read
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > _KEY_MAX:
-                    return "key.json is larger than 1 MiB"
-            data = loads_json(b"".join(chunks))
-        finally:
-            os.close(fd)
+        data = jsonread.read(f"{ctx.prefix}{name}/{KEY_NAME}", dir_fd=ctx.entries_fd, limit=_KEY_MAX)
     except FileNotFoundError:
         return "key.json is missing"
-    except (OSError, ValueError, UnicodeDecodeError) as error:
+    except (OSError, ValueError) as error:
         return f"key.json is unreadable ({_short_error(error)})"
     return key_facts(data, key) if isinstance(data, dict) else "key.json is not a cachemgr key"
 
@@ -373,10 +355,10 @@ def _key_json(ctx: _Context, name: str) -> dict[str, Any]:
     key = data.get("key")
     return {
         "key": key if isinstance(key, str) and DIGEST.fullmatch(key) else "",
-        "role": inputs.get("role", ""),
-        "compiler": inputs.get("compiler", ""),
-        "npu": inputs.get("npu", ""),
-        "model": details.get("model_name", "") if isinstance(details, dict) else "",
+        "role": text(inputs.get("role")),
+        "compiler": text(inputs.get("compiler")),
+        "npu": text(inputs.get("npu")),
+        "model": text(details.get("model_name")) if isinstance(details, dict) else "",
     }
 
 

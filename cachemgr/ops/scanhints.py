@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core.fsutil import loads_json, random_suffix, write_bytes_durably
+from cachemgr.core import jsonread
+from cachemgr.core.fsutil import random_suffix, write_bytes_durably
 from cachemgr.volume.entries import entry_names
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.records import Usage
@@ -41,7 +42,6 @@ HINTS_NAME = "scan-hints.json"
 FORMAT = 1
 MAX_BYTES = 64 << 20  # far above 10,000 rows (~5 MB); a larger file is damage, not hints
 REWRITE_AFTER = 64  # entries read afresh before a scan rewrites the file
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 Stamp = tuple[int, int, int]  # (inode, mtime ns, ctime ns) of a directory, from a listing
 
@@ -168,19 +168,9 @@ def names(
 def load(root: CacheRoot) -> Hints:
     """The volume's hints; none if the file is missing, not a regular file, too large or damaged."""
     try:
-        fd = os.open(root.path / HINTS_NAME, _READ_FLAGS)
-    except OSError:
+        data = jsonread.read(root.path / HINTS_NAME, limit=MAX_BYTES)
+    except (OSError, ValueError):
         return Hints()
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
-            return Hints()
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = loads_json(handle.read(MAX_BYTES + 1))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return Hints()
-    finally:
-        os.close(fd)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         return Hints()
     entries, usage = data.get("entries"), data.get("usage")

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs
 from cachemgr.core.coerce import number
 from cachemgr.core.errors import DiskFullError
-from cachemgr.core.fsutil import read_json, tree_bytes
+from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.log import get_logger
 from cachemgr.core.units import human_bytes, human_duration
 from cachemgr.key.cachekey import CacheKey, digest_of
@@ -114,7 +114,7 @@ def _set_aside(root: CacheRoot, key: CacheKey) -> Expectation | None:
             contextlib.suppress(OSError, ValueError, safefs.UnsafePathError),
             safefs.open_dir(root.path, path) as fd,
         ):
-            summary = read_json(Path(SUMMARY_NAME), dir_fd=fd, limit=1 << 20)
+            summary = jsonread.read(SUMMARY_NAME, dir_fd=fd, limit=1 << 20)
             published = int(number(summary.get("size_bytes")) or 0) if isinstance(summary, dict) else 0
         try:
             found = published or tree_bytes(path, within=root.path)

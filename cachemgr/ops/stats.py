@@ -30,9 +30,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs
 from cachemgr.core.coerce import number
-from cachemgr.core.fsutil import read_json
 from cachemgr.ops.attempts import failure_histories
 from cachemgr.ops.scan import EntryInfo, scan
 from cachemgr.volume.layout import CacheRoot
@@ -190,7 +189,7 @@ def _waited_seconds(root: CacheRoot, digest: str) -> list[float]:
     with contextlib.suppress(OSError), safefs.open_dir(root.path, folder) as fd:
         for name in usage.waited:
             with contextlib.suppress(OSError, ValueError):
-                data = read_json(folder / name, dir_fd=fd)
+                data = jsonread.read(name, dir_fd=fd)
                 waits.append(_seconds(data.get("waited_s")) if isinstance(data, dict) else 0.0)
     return waits
 

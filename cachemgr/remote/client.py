@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cachemgr.core.errors import CacheMgrError, ExitCode
-from cachemgr.remote.config import ENV_ENDPOINT, RemoteConfig
+from cachemgr.remote.config import ENV_ENDPOINT, ENV_URL, INSTALL, RemoteConfig
 
 
 class RemoteError(CacheMgrError, OSError):
@@ -65,9 +65,9 @@ def make_client(config: RemoteConfig) -> Any:
         from botocore.config import Config
     except ImportError as error:
         raise RemoteError(
-            f"--remote {config.url} needs boto3, which is not installed ({error})",
-            remedy="install cachemgr[remote] (the modelserver extra includes it), or unset CACHEMGR_REMOTE",
-            problem="no-client",
+            f"remote {config.url} needs {error.name or 'boto3'}, which this install of cachemgr lacks",
+            remedy=f"install the remote tier's client ({INSTALL}; the modelserver image has it), or unset {ENV_URL}",
+            problem="not-installed",
         ) from None
 
     options = Config(
@@ -84,13 +84,13 @@ def make_client(config: RemoteConfig) -> Any:
 
 def describe(error: BaseException, config: RemoteConfig, *, doing: str) -> RemoteError:  # noqa: PLR0911  # one return per kind of failure: a table
     """A boto3/botocore failure (or OSError) as one line: what was wrong and what to do."""
-    from botocore import exceptions as bx
-
     where = f"{config.url}" + (f" at {config.endpoint}" if config.endpoint else "")
-    if isinstance(error, RemoteError):
+    if isinstance(error, RemoteError):  # first: said already, and botocore may not be installed
         return error
     if isinstance(error, CacheMgrError):  # the volume's own refusal (a planted link): said as it is
         return RemoteError(error.what, remedy=error.remedy, problem=error.reason)
+    from botocore import exceptions as bx
+
     if isinstance(error, bx.NoCredentialsError | bx.PartialCredentialsError):
         return RemoteError(
             f"no credentials for remote {where} while {doing}",

@@ -31,6 +31,8 @@ ENV_UPLOAD_WAIT = "CACHEMGR_REMOTE_UPLOAD_WAIT"
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_BUDGET = 600.0
 DEFAULT_UPLOAD_WAIT = 30.0
+# What installs the tier's client (boto3 and botocore); the modelserver extra includes it too.
+INSTALL = "pip install 'cachemgr[remote]'"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,3 +120,27 @@ def _seconds(environ: Mapping[str, str], name: str, default: float, *, zero_ok: 
             remedy=f"set {name} to {accepted}",
         )
     return value
+
+
+def client_missing() -> str | None:
+    """The module the remote tier needs and this install lacks (``boto3``, ``botocore``), or None.
+
+    Found without importing either (``find_spec`` of a top-level module only searches the path),
+    so the check costs a miss a few stat calls and a hit nothing: it runs only where the remote
+    is about to be used.
+    """
+    from importlib.util import find_spec
+
+    for name in ("boto3", "botocore"):
+        if find_spec(name) is None:
+            return name
+    return None
+
+
+def not_installed(config: RemoteConfig, missing: str) -> ConfigError:
+    """The one line for a remote configured where its client is not installed (exit 78)."""
+    return ConfigError(
+        f"remote {config.url} needs {missing}, which this install of cachemgr lacks",
+        remedy=f"install the remote tier's client ({INSTALL}; the modelserver image has it), or unset {ENV_URL}",
+        problem="not-installed",
+    )

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from cachemgr.core.fsutil import atomic_write_json, hash_fd, is_disk_full, loads_json, walk_files
+from cachemgr.core import jsonread
+from cachemgr.core.fsutil import atomic_write_json, hash_fd, is_disk_full, walk_files
 from cachemgr.core.log import get_logger
-from cachemgr.remote.config import RemoteConfig
+from cachemgr.remote.config import RemoteConfig, client_missing, not_installed
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, FileRecord, Manifest
 from cachemgr.volume.store import commit, create_staging, lookup, quarantine
@@ -78,6 +79,19 @@ def fetch(
     is published here. ``compiling``: what the pod does otherwise (compile, or wait for a publisher).
     """
     started = time.monotonic()
+    missing = client_missing()
+    if missing is not None:
+        # boto3 not installed: one warning and a local compile (and, "unusable", no upload), not
+        # the pod. The tier is optional, and every other way it can be unusable from a pod (a
+        # store unreachable or full, credentials refused, the budget spent) costs just that; a
+        # refusal (78) would turn an image built without the extra into an outage of every pod
+        # at its next restart, for a tier whose absence costs at most a compile per key and
+        # cluster. The operator's remote commands, which are the tier, exit 78 instead.
+        metrics.remote_failure("not-installed")
+        log.warning(
+            "remote_not_installed", remote=config.url, message=not_installed(config, missing).one_line()
+        )
+        return "unusable"
     try:
         from cachemgr.remote.bounded import BoundedRemote  # the transfer's child: a remote path only
 
@@ -264,7 +278,7 @@ def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any], *, w
     with LocalDir.open(within, staging) as local:
         try:
             summary = (
-                loads_json(local.read_bytes(SUMMARY_NAME, limit=1 << 20))
+                jsonread.parse(local.read_bytes(SUMMARY_NAME, limit=1 << 20), limit=1 << 20)
                 if {SUMMARY_NAME, KEY_NAME} <= listed
                 else None
             )

@@ -13,13 +13,15 @@ asks that child for the listing too (``listing_to_wire`` there, ``listing_from_w
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr.core import jsonread
+from cachemgr.core.coerce import as_dict, number, text
 from cachemgr.core.errors import NotFoundError, UsageError
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
@@ -32,7 +34,7 @@ from cachemgr.remote.layout import OBJECTS, check_upload_id
 from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.manifest import ManifestError, check_files, read_manifest
+from cachemgr.volume.manifest import MANIFEST_NAME, ManifestError, check_files, parse_manifest, read_manifest
 from cachemgr.volume.store import PublishOutcome
 
 if TYPE_CHECKING:
@@ -99,6 +101,9 @@ class RemoteListing:
     entries: tuple[RemoteEntry, ...]
     uploads: tuple[StaleUpload, ...]  # objects no manifest names
     warnings: tuple[str, ...]
+    # Entries whose manifest no reader takes (name -> why): listed nowhere, named by a warning,
+    # and removable by name (``prune --remote --key NAME``): the bucket stays cleanable.
+    damaged: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> list[dict[str, Any]]:
         return [e.to_json() for e in self.entries] + [u.to_json() for u in self.uploads]
@@ -113,7 +118,7 @@ def list_remote(remote: Remote) -> RemoteListing:
     names = sorted({entry for entry, _ in objects} | set(_manifest_names(remote)))
     with ThreadPoolExecutor(max_workers=8) as pool:
         read = list(pool.map(lambda name: _read_entry(remote, name), names))
-    entries, warnings = [], []
+    entries, warnings, damaged = [], [], []
     named: set[tuple[str, str]] = set()
     for name, (entry, warning) in zip(names, read, strict=True):
         if entry is not None:
@@ -121,12 +126,13 @@ def list_remote(remote: Remote) -> RemoteListing:
             named.add((name, entry.upload_id))
         if warning:
             warnings.append(f"{name}: {warning}")
+            damaged.append((name, warning))
     uploads = [
         StaleUpload(entry, upload, len(items), sum(s for s, _ in items), max(t for _, t in items))
         for (entry, upload), items in sorted(objects.items())
         if (entry, upload) not in named
     ]
-    return RemoteListing(tuple(entries), tuple(uploads), tuple(warnings))
+    return RemoteListing(tuple(entries), tuple(uploads), tuple(warnings), tuple(damaged))
 
 
 def listing_to_wire(listing: RemoteListing) -> dict[str, Any]:
@@ -135,6 +141,7 @@ def listing_to_wire(listing: RemoteListing) -> dict[str, Any]:
         "entries": [dataclasses.asdict(e) for e in listing.entries],
         "uploads": [dataclasses.asdict(u) for u in listing.uploads],
         "warnings": list(listing.warnings),
+        "damaged": [list(pair) for pair in listing.damaged],
     }
 
 
@@ -143,6 +150,7 @@ def listing_from_wire(doc: dict[str, Any]) -> RemoteListing:
         tuple(RemoteEntry(**e) for e in doc["entries"]),
         tuple(StaleUpload(**u) for u in doc["uploads"]),
         tuple(doc["warnings"]),
+        tuple((str(name), str(why)) for name, why in doc.get("damaged", ())),
     )
 
 
@@ -175,34 +183,41 @@ def _objects_by_upload(remote: Remote) -> dict[tuple[str, str], list[tuple[int, 
 
 
 def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | None]:
-    found = remote.get_manifest(name)
+    """The entry ``name`` as its manifest describes it, or why it cannot be listed (a warning).
+
+    The manifest is read as the volume's are (:func:`cachemgr.volume.manifest.parse_manifest`, by
+    the one bounded reader): anyone who can write the bucket writes it, and one that is damaged
+    (too large, nested 200,000 deep, of the wrong shape) is skipped with a warning naming the
+    command that removes it, never the end of the listing.
+    """
+    removal = f"'cachemgr prune --remote --key {name}' removes it"
+    try:
+        found = remote.get_manifest(name)
+    except RemoteDamageError as error:
+        return None, f"{error.what}: {removal}"
     if found is None:
         return None, None
     raw, modified = found
     try:
-        doc = json.loads(raw)
-        info = doc.get("remote") or {}
-        inputs = dict(doc["inputs"])
-        files = doc["files"]
-        return RemoteEntry(
-            entry=name,
-            key=str(doc["key"]),
-            model=str(doc.get("model_name", "")),
-            role=str(inputs.get("role", "")),
-            compiler=str(inputs.get("compiler", "")),
-            npu=str(inputs.get("npu", "")),
-            size_bytes=sum(int(f["size"]) for f in files),
-            files=len(files),
-            uploaded_at=float(info.get("uploaded_at") or modified),
-            uploaded_by=str((info.get("uploaded_by") or {}).get("pod", "")),
-            upload_id=check_upload_id(info.get("objects")) or "",
-            inputs=inputs,
-        ), None
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        return (
-            None,
-            f"manifest.json is not a cachemgr manifest ({error!r}): 'cachemgr prune --remote --key' removes it",
-        )
+        manifest = parse_manifest(raw, path=Path(MANIFEST_NAME))
+        info = as_dict(jsonread.as_object(jsonread.parse(raw)).get("remote"))
+    except ValueError as error:
+        return None, f"{error}: {removal}"
+    inputs = dict(manifest.inputs)
+    return RemoteEntry(
+        entry=name,
+        key=manifest.key,
+        model=manifest.model_name,
+        role=text(inputs.get("role")),
+        compiler=text(inputs.get("compiler")),
+        npu=text(inputs.get("npu")),
+        size_bytes=manifest.total_bytes,
+        files=len(manifest.files),
+        uploaded_at=number(info.get("uploaded_at")) or modified,
+        uploaded_by=text(as_dict(info.get("uploaded_by")).get("pod")),
+        upload_id=check_upload_id(info.get("objects")) or "",
+        inputs=inputs,
+    ), None
 
 
 def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
@@ -214,6 +229,12 @@ def find_remote(listing: RemoteListing, query: str) -> RemoteEntry:
     if len(found) == 1:
         return found[0]
     if not found:
+        for name, why in listing.damaged:
+            if name == query:
+                raise RemoteDamageError(
+                    f"remote entry {name} cannot be used: {why}",
+                    remedy=f"remove it with 'cachemgr prune --remote --key {name} --yes' and push a good copy",
+                )
         raise NotFoundError(
             f"the remote has no entry matching {query!r}",
             remedy="'cachemgr ls --remote' lists the remote's entries",
@@ -350,7 +371,13 @@ def plan_remote_prune(
     """What ``prune --remote`` removes: each selector adds entries; nothing is removed here."""
     now = time.time() if now is None else now
     chosen: dict[str, RemotePruneItem] = {}
+    damaged = dict(listing.damaged)
     for query in keys:
+        if query.strip() in damaged:  # by its name: a damaged manifest names no key to match
+            name = query.strip()
+            size = sum(u.size_bytes for u in listing.uploads if u.entry == name)
+            chosen[name] = RemotePruneItem(name, "", size, "named (its manifest is damaged)")
+            continue
         entry = find_remote(listing, query)
         chosen[entry.entry] = RemotePruneItem(entry.entry, "", entry.size_bytes, "named")
     for entry in listing.entries:
@@ -375,7 +402,7 @@ def plan_remote_prune(
         items += [
             RemotePruneItem(u.entry, u.upload_id, u.size_bytes, "upload without a manifest")
             for u in listing.uploads
-            if now - u.last_modified > STALE_UPLOAD_AFTER
+            if now - u.last_modified > STALE_UPLOAD_AFTER and u.entry not in chosen
         ]
     return items
 

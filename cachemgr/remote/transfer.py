@@ -34,6 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from cachemgr.core import jsonread
 from cachemgr.core.fsutil import hash_fd
 from cachemgr.core.units import plural
 from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
@@ -388,8 +389,8 @@ def checked_manifest(raw: bytes, staging: Path, key: EntryKey) -> tuple[Manifest
     remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"
     try:
         manifest = parse_manifest(raw, path=staging / MANIFEST_NAME)
-        doc = json.loads(raw)
-    except (ManifestError, ValueError) as error:
+        doc = jsonread.parse(raw)
+    except ValueError as error:  # ManifestError too
         raise RemoteDamageError(f"{where} is not a manifest ({error})", remedy=remedy) from None
     if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
         raise RemoteDamageError(f"{where} was written for another key ({manifest.key[:16]})", remedy=remedy)

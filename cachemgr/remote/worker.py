@@ -159,7 +159,11 @@ def main() -> int:
             else _upload(request, remote, report)
         )
     except BaseException as error:  # noqa: BLE001  # every failure goes to the pod, which decides
-        report.send(error=error_line(error, config, doing=request["doing"]))
+        try:
+            line = error_line(error, config, doing=request["doing"])
+        except Exception as unsaid:  # noqa: BLE001  # describing it failed too: say both, plainly
+            line = {"kind": "RemoteError", "what": f"{error!r} ({unsaid!r})"[:600], "remedy": "report it"}
+        report.send(error=line)
         return 1
     report.send(done=done)
     return 0

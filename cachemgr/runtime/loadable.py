@@ -20,10 +20,10 @@ compile command must have written at least one non-empty file into ``{output_dir
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
+
+from cachemgr.core import jsonread, safefs, safewalk
 
 BUNDLE = "mega_cache.bin"
 RBLN_CONFIG = "rbln_config.json"
@@ -93,10 +93,8 @@ def _plain(name: str) -> bool:
 
 def _read_config(path: Path) -> dict[str, Any] | None:
     try:
-        if path.is_symlink() or path.stat().st_size > _CONFIG_LIMIT:
-            return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        data = jsonread.read(path, limit=_CONFIG_LIMIT)  # on the volume: bounded, no link followed
+    except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -113,7 +111,13 @@ def _nonempty(path: Path) -> bool:
 
 
 def _any_file(artifacts: Path) -> bool:
-    for dirpath, _dirnames, filenames in os.walk(artifacts):
-        if any(_nonempty(Path(dirpath) / name) for name in filenames):
-            return True
+    """A non-empty regular file anywhere below ``artifacts`` (the one walk: however deep, no link
+    followed; os.walk recursed once per level, and a planted chain of 1,100 folders ended it)."""
+    try:
+        with safefs.open_tree(artifacts, within=None) as top:
+            for _, item, _ in safewalk.walk(top):
+                if item.is_file(follow_symlinks=False) and item.stat(follow_symlinks=False).st_size > 0:
+                    return True
+    except (OSError, safefs.UnsafePathError):
+        return False
     return False

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from cachemgr.core import safefs
+from cachemgr.core import safefs, safewalk
 from cachemgr.core.errors import CompileError, ConfigError
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.log import get_logger
@@ -410,7 +410,7 @@ def snapshot_tree(source: Path, target: Path, *, within: Path) -> str:
     method = "hardlink"
     safefs.make_dirs(within, target)
     with safefs.open_tree(source, within=within) as top:
-        for rel, entry, parent in safefs.walk(top):
+        for rel, entry, parent in safewalk.walk(top):
             dst = target / rel
             if entry.is_dir(follow_symlinks=False):
                 safefs.make_dirs(within, dst)

@@ -42,8 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, hash_file, read_json
+from cachemgr.core import coerce, jsonread, safefs, safewalk
+from cachemgr.core.fsutil import atomic_write_json, hash_file
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 from cachemgr.volume.records import RECOMPILED_PREFIX
 
@@ -58,6 +58,7 @@ RESAVED_EVENT = "resaved_on_hit"
 RECORD_PREFIX = RECOMPILED_PREFIX  # one name, kept in cachemgr.volume.records
 _SHOWN = 20  # paths named in the log line and the record; the count says how many in all
 _POLL = 0.5
+_RECORD_MAX = 1 << 20  # a record names at most _SHOWN paths: one larger was planted
 
 
 class Drift(NamedTuple):
@@ -77,17 +78,16 @@ def new_artifacts(
     }
     compiled: list[str] = []
     resaved: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(view):
-        rel_dir = os.path.relpath(dirpath, view)
-        dirnames[:] = sorted(d for d in dirnames if not (rel_dir == "." and d == "modelinfos"))
-        for name in filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if not _is_compiled(rel):
+    # The one walk (a few descriptors however deep the server's tree, never a link followed);
+    # vLLM's modelinfos/ is not the compile's.
+    with safefs.open_tree(view, within=None) as top:
+        for rel, item, _ in safewalk.walk(top, enter=lambda rel: rel != "modelinfos"):
+            if item.is_dir(follow_symlinks=False) or not _is_compiled(rel):
                 continue
             if rel not in known:
                 compiled.append(rel)
             elif (
-                change := _resaved(Path(dirpath) / name, known[rel], {} if memo is None else memo, deep=deep)
+                change := _resaved(view / rel, known[rel], {} if memo is None else memo, deep=deep)
             ) is not None:
                 grown, what = change
                 (compiled if grown else resaved).append(f"{rel} ({what})")
@@ -187,9 +187,8 @@ def record(root: CacheRoot, digest: str, identity: PodIdentity, *, entry: str, p
     target = folder / f"{RECORD_PREFIX}{identity.file_stem}"
     previous: Any = None
     with contextlib.suppress(OSError, ValueError):
-        previous = read_json(target)
-    earlier = previous.get("paths", []) if isinstance(previous, dict) else []
-    merged = sorted(set(earlier) | set(paths))
+        previous = jsonread.read(target)
+    merged = sorted(set(_checked(previous)["paths"]) | set(paths))
     with contextlib.suppress(OSError):  # VolumeError (a planted symlink) is an OSError too
         safefs.make_dirs(root.path, folder)  # a symlink planted as usage/<digest> is refused
         atomic_write_json(
@@ -216,12 +215,28 @@ def records(root: CacheRoot, digest: str) -> list[dict[str, Any]]:
     except OSError:  # a symlink planted as usage/<digest>: no records to show from it
         return []
     found = []
-    for name in names:
-        with contextlib.suppress(OSError, ValueError):
-            data = read_json(folder / name)
-            if isinstance(data, dict):
-                found.append(data)
-    return sorted(found, key=lambda r: float(r.get("time") or 0.0))
+    with contextlib.suppress(OSError), safefs.open_dir(root.path, folder) as fd:
+        for name in names:
+            with contextlib.suppress(OSError, ValueError):
+                found.append(_checked(jsonread.read_object(name, dir_fd=fd, limit=_RECORD_MAX)))
+    return sorted(found, key=lambda r: r["time"])
+
+
+def _checked(doc: Any) -> dict[str, Any]:
+    """A record as :func:`record` writes it, each field of its type (anyone writes ``usage/``)."""
+    data = doc if isinstance(doc, dict) else {}
+    paths = data.get("paths")
+    count = data.get("count")
+    return {
+        "event": EVENT,
+        "entry": coerce.text(data.get("entry")),
+        "key": coerce.text(data.get("key")),
+        "pod": coerce.text(data.get("pod")),
+        "node": coerce.text(data.get("node")),
+        "time": coerce.number(data.get("time")) or 0.0,
+        "count": count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else 0,
+        "paths": [p for p in paths if isinstance(p, str)][:_SHOWN] if isinstance(paths, list) else [],
+    }
 
 
 def shown(paths: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ import re
 import stat
 from pathlib import Path
 
-from cachemgr.core import safefs
+from cachemgr.core import safefs, safewalk
 from cachemgr.core.coerce import read_dict
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, SUMMARY_NAME
@@ -61,7 +61,7 @@ def tree_usage(path: Path) -> tuple[int, int]:
         # Its last component refused as a link, nothing below followed (the layout directories
         # above it were checked when the root was opened).
         with safefs.open_tree(path, within=None) as top:
-            for _, item, _ in safefs.walk(top):
+            for _, item, _ in safewalk.walk(top):
                 with contextlib.suppress(FileNotFoundError):
                     st = item.stat(follow_symlinks=False)
                     if not stat.S_ISREG(st.st_mode):

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, read_json
+from cachemgr.core import jsonread, safefs
+from cachemgr.core.fsutil import atomic_write_json
 from cachemgr.core.units import human_bytes
 from cachemgr.volume.identity import PodIdentity
 
@@ -112,7 +112,7 @@ def failures(root: CacheRoot, digest: str, *, warnings: list[str] | None = None)
 def read_record(path: Path, *, warnings: list[str] | None = None) -> dict[str, Any]:
     """One record, read within :data:`RECORD_BYTES`; ``{}`` (and a warning) if it is not one."""
     try:
-        data = read_json(path, limit=RECORD_BYTES)
+        data = jsonread.read(path, limit=RECORD_BYTES)
     except (OSError, ValueError) as error:
         if warnings is not None and not isinstance(error, FileNotFoundError):
             warnings.append(

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cachemgr import __version__
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs
 from cachemgr.core.errors import DiskFullError, VolumeError
-from cachemgr.core.fsutil import atomic_write_json, fsync_dir, random_suffix, read_json, write_bytes_durably
+from cachemgr.core.fsutil import atomic_write_json, fsync_dir, random_suffix, write_bytes_durably
 
 if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey
@@ -143,7 +143,7 @@ def open_root(path: Path, *, create: bool) -> CacheRoot:
 
 def _read_marker(marker: Path) -> int:
     try:
-        data = read_json(marker)
+        data = jsonread.read(marker)
         return int(data["layout"])
     except FileNotFoundError:
         raise

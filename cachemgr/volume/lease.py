@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, read_json
+from cachemgr.core import jsonread, safefs
+from cachemgr.core.fsutil import atomic_write_json
 from cachemgr.core.log import get_logger
 from cachemgr.core.procs import Flag
 from cachemgr.volume.identity import PodIdentity
@@ -117,7 +117,7 @@ def read_holder(root: CacheRoot, digest: str) -> Holder | None:
         return None
     marker, age = view.record, max(0.0, time.time() - view.mtime)
     try:
-        data: Any = read_json(holder_path(root, digest))
+        data: Any = jsonread.read(holder_path(root, digest))
     except (OSError, ValueError):
         data = {}
     if not isinstance(data, dict):
@@ -272,7 +272,7 @@ class KeyLease:
             contextlib.suppress(OSError, ValueError),
             safefs.open_dir(self._root.path, holder.parent) as leases,
         ):
-            data = read_json(holder, dir_fd=leases)
+            data = jsonread.read(holder.name, dir_fd=leases)
             if isinstance(data, dict) and data.get("token") == token:
                 os.unlink(holder.name, dir_fd=leases)
         self._lease.release()
@@ -309,7 +309,7 @@ def remove_dead(root: CacheRoot, digest: str, *, pod: str, pid: int) -> str | No
             return None
         os.unlink(aside, dir_fd=folder)
         with contextlib.suppress(OSError, ValueError):
-            data = read_json(record, dir_fd=folder)
+            data = jsonread.read(record.name, dir_fd=folder)
             if isinstance(data, dict) and data.get("token") in (None, view.record.token):
                 os.unlink(record.name, dir_fd=folder)
     log.info("dead_lease_removed", key=digest[:12], holder=pod, pid=pid)

@@ -10,7 +10,6 @@ and mtimes on every start (fast), hashes on request (full).
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,8 +19,8 @@ from stat import S_ISREG
 from typing import Any, Literal
 
 from cachemgr import __version__
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import JSON_LIMIT, atomic_write_json, hash_fd, hash_file, walk_files
+from cachemgr.core import jsonread, safefs, safewalk
+from cachemgr.core.fsutil import atomic_write_json, hash_fd, hash_file, walk_files
 
 MANIFEST_NAME = "manifest.json"
 KEY_NAME = "key.json"
@@ -148,10 +147,15 @@ def write_manifest(entry_dir: Path, manifest: Manifest, *, within: Path | None =
 
 
 def read_manifest(entry_dir: Path) -> Manifest:
-    """Parse ``entry_dir/manifest.json``; ``ManifestError`` for missing or damaged ones."""
+    """Parse ``entry_dir/manifest.json``; ``ManifestError`` for missing or damaged ones.
+
+    Anything but a regular file there (a directory, a symlink, a FIFO), one past the size cap, or
+    one the reader refuses is damage, not an I/O error: a pod quarantines the entry and compiles,
+    instead of exiting 74 on every start. Other I/O errors are ``OSError``: a flaky volume.
+    """
     path = entry_dir / MANIFEST_NAME
     try:
-        raw = _read_regular(path)
+        raw = jsonread.read_bytes(path)
     except (FileNotFoundError, NotADirectoryError):
         raise ManifestError(f"{path} is missing: the entry was never committed") from None
     except ValueError as error:
@@ -162,40 +166,28 @@ def read_manifest(entry_dir: Path) -> Manifest:
 def parse_manifest(raw: bytes, *, path: Path) -> Manifest:
     """A manifest's bytes, read by the caller (from a descriptor, or from the remote) -> Manifest.
 
-    ``ManifestError`` naming ``path`` if they are not a cachemgr manifest.
+    ``ManifestError`` naming ``path`` if they are not a cachemgr manifest (:mod:`cachemgr.core.jsonread`
+    bounds what is parsed: a document nested 200,000 deep is damage like any other).
     """
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
+        data = jsonread.parse(raw)
+    except ValueError as error:
         raise ManifestError(f"{path} is not valid JSON ({error})") from None
     try:
         return _from_json(data)
     # AttributeError: a file record that is not an object ("files": ["x"], planted on the volume
     # or in the bucket) has no .get; it made every pod that hit the entry exit 70.
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as error:
-        raise ManifestError(f"{path} is not a cachemgr manifest ({error!r})") from None
+        raise ManifestError(f"{path} is not a cachemgr manifest ({_why(error)})") from None
 
 
-def _read_regular(path: Path) -> bytes:
-    """A file's bytes; ``ValueError`` if it is a directory, symlink, FIFO... (damage, not an I/O
-    error: a pod quarantines the entry and compiles, instead of exiting 74 on every start)."""
-    try:
-        fd = os.open(path, _OPEN_NOFOLLOW)
-    except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-            raise ValueError("it is not a regular file") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not S_ISREG(st.st_mode):
-            raise ValueError(f"it is {safefs.describe(st)}, not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(JSON_LIMIT + 1)
-        if len(data) > JSON_LIMIT:  # planted: never read whole (a pod would spend its memory)
-            raise ValueError(f"it is larger than {JSON_LIMIT >> 20} MiB")
-        return data
-    finally:
-        os.close(fd)
+def _why(error: Exception) -> str:
+    """What is wrong, in words of ours: a KeyError's or TypeError's text may quote the document."""
+    if isinstance(error, KeyError):
+        return "a field is missing"
+    if isinstance(error, AttributeError | TypeError | OverflowError):
+        return "a field is of the wrong type"
+    return str(error)[:200]
 
 
 def _from_json(data: Any) -> Manifest:
@@ -223,14 +215,18 @@ def _from_json(data: Any) -> Manifest:
 
 def _file_record(item: Mapping[str, Any]) -> FileRecord:
     """One file's entry of the list, its types checked (positional: this runs per file on a hit)."""
+    path, size, xxh3 = item["path"], item["size"], item["xxh3"]
     mtime_ns, blake3 = item.get("mtime_ns"), item.get("blake3")
-    return FileRecord(
-        str(item["path"]),
-        int(item["size"]),
-        str(item["xxh3"]),
-        None if mtime_ns is None else int(mtime_ns),
-        None if blake3 is None else str(blake3),
-    )
+    if not (
+        type(path) is str
+        and type(size) is int
+        and size >= 0
+        and type(xxh3) is str
+        and (mtime_ns is None or type(mtime_ns) is int)
+        and (blake3 is None or type(blake3) is str)
+    ):
+        raise TypeError("a file record holds a field of the wrong type")
+    return FileRecord(path, size, xxh3, mtime_ns, blake3)
 
 
 def _check_paths(files: Sequence[FileRecord]) -> None:
@@ -287,7 +283,7 @@ def _survey(
     problems: list[Problem] = []
     try:
         with safefs.open_tree(Path(base), within=within) as top:
-            for rel, entry, _ in safefs.walk(top):
+            for rel, entry, _ in safewalk.walk(top):
                 if rel in wanted:  # first: the one test most names need (2,000 on a hit)
                     st = _lstat(entry)
                     if st is not None:
@@ -307,7 +303,7 @@ def _survey(
     return found, problems
 
 
-def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:  # only while its directory is open
+def _lstat(entry: safewalk.Found) -> os.stat_result | None:  # only while its directory is open
     try:
         return entry.stat(follow_symlinks=False)
     except FileNotFoundError:  # listed, then removed: a peer moved the entry away meanwhile

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json_at, read_json, touch_at
+from cachemgr.core import coerce, jsonread, safefs
+from cachemgr.core.fsutil import atomic_write_json_at, touch_at
 
 # Re-exported (the "as" form is mypy's explicit re-export): the heartbeat moved out of this
 # module, and cachemgr.remote.hooks and cachemgr.ops.progress still import them from here.
@@ -325,15 +325,15 @@ def _user(path: str, name: str, mark: Mark, age: float, window: float) -> User:
     # any cachemgr writes was planted, and is not read into memory: both are users all the same.
     if 0 < mark[2] <= _RECORD_MAX:
         with contextlib.suppress(OSError, ValueError):
-            data = read_json(Path(path))
+            data = jsonread.read(path)
     if not isinstance(data, dict):
         # Unreadable (half-written, damaged): someone may be there; prune must not guess.
         return User(name.removesuffix(".json"), "", 0.0, age, silent, path, mark)
     since, waited = _number(data.get("since")), _number(data.get("waited_s"))
     start = data.get("start") if data.get("start") in STARTS else "other"
     return User(
-        str(data.get("pod", "")),
-        str(data.get("node", "")),
+        coerce.text(data.get("pod")),
+        coerce.text(data.get("node")),
         since,
         age,
         silent,

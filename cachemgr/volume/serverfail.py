@@ -24,17 +24,15 @@ now and ``KEEP_BEFORE`` of the copies before it, the oldest dropped.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
-import stat
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json_at, loads_json
+from cachemgr.core import jsonread, safefs
+from cachemgr.core.fsutil import atomic_write_json_at
 from cachemgr.volume.manifest import SUMMARY_NAME
 
 if TYPE_CHECKING:
@@ -50,7 +48,6 @@ KEEP_BEFORE = 5  # and of the copies before it (set aside, pruned): what the set
 READ_LIMIT = 64  # names read at most per key: a planted folder of a million files costs a listing
 _NAME_MAX = 255
 _SUMMARY_MAX = 1 << 20
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def instance_of(created_at: Any) -> str:
@@ -66,11 +63,7 @@ def instance_at(root: CacheRoot, entry: str) -> str:
     """The copy of ``entries/<entry>`` there now, from its summary (read bounded, never through a link)."""
     try:
         with safefs.open_dir(root.path, root.entries / entry) as folder:
-            fd = os.open(SUMMARY_NAME, _READ_FLAGS, dir_fd=folder)
-            try:
-                doc = loads_json(os.read(fd, _SUMMARY_MAX))
-            finally:
-                os.close(fd)
+            doc = jsonread.read(SUMMARY_NAME, dir_fd=folder, limit=_SUMMARY_MAX)
     except (OSError, ValueError):
         return "0"
     return instance_of(doc.get("created_at")) if isinstance(doc, dict) else "0"
@@ -246,27 +239,13 @@ def read(root: CacheRoot, digest: str) -> Records:
 
 def _read_one(folder: int, name: str) -> ServerFailure | str:
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=folder)
-    except OSError as error:
-        return (
-            "not a regular file"
-            if error.errno in {errno.ELOOP, errno.ENXIO}
-            else (error.strerror or "unreadable")
-        )
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return "not a regular file"
-        data = os.read(fd, RECORD_MAX + 1)
+        doc = jsonread.read(name, dir_fd=folder, limit=RECORD_MAX)
+    except jsonread.NotRegularError:
+        return "not a regular file"
+    except ValueError as error:
+        return str(error)
     except OSError as error:
         return error.strerror or "unreadable"
-    finally:
-        os.close(fd)
-    if len(data) > RECORD_MAX:
-        return f"larger than {RECORD_MAX} bytes"
-    try:
-        doc = loads_json(data)
-    except ValueError:
-        return "not JSON"
     return _checked(doc, name)
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from cachemgr.core import safefs
+from cachemgr.core import jsonread, safefs, safewalk
 from cachemgr.core.errors import CompileError
 from cachemgr.core.fsutil import (
     atomic_write_json,
@@ -38,7 +38,6 @@ from cachemgr.core.fsutil import (
     fsync_tree,
     make_read_only,
     random_suffix,
-    read_json,
     remove_tree,
     walk_files,
 )
@@ -344,7 +343,7 @@ def _refuse_special_files(staging: Staging) -> None:
     the volume, and every later check would call the entry damaged): such output is a failed
     compile, never published. Neither vllm-rbln 0.12.0 nor optimum-rbln 0.12.0 writes links."""
     with safefs.open_tree(staging.path, within=staging.within) as top:
-        for rel, entry, _ in safefs.walk(top):
+        for rel, entry, _ in safewalk.walk(top):
             if entry.is_dir(follow_symlinks=False) or entry.is_file(follow_symlinks=False):
                 continue
             what = safefs.describe(entry.stat(follow_symlinks=False))
@@ -471,7 +470,7 @@ def list_staging(root: CacheRoot, digest: str | None = None) -> list[StagingInfo
         for attempt in (parent / a for a in attempts):
             owner_file = attempt.with_name(attempt.name + ".json")
             try:
-                owner = read_json(owner_file)
+                owner = jsonread.read(owner_file)
                 age: float | None = max(0.0, now - owner_file.stat().st_mtime)
             except (OSError, ValueError):
                 owner, age = {}, None

@@ -29,20 +29,18 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import errno
 import json
 import math
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cachemgr.core import safefs
-from cachemgr.core.fsutil import atomic_write_json, hash_fd, loads_json
+from cachemgr.core import jsonread, safefs
+from cachemgr.core.fsutil import atomic_write_json, hash_fd
 from cachemgr.volume.manifest import ARTIFACTS, FileRecord, Manifest
 
 if TYPE_CHECKING:
@@ -184,22 +182,16 @@ def read_signed(entry: Path, *, within: Path | None) -> Signed | None:
 
 
 def _read_at(dir_fd: int | None, rel: str) -> bytes | None:
+    """The signature's bytes, at most one past the limit (which :func:`parse_signed` refuses)."""
     try:
-        fd = os.open(rel, _READ_FLAGS, dir_fd=dir_fd)
+        with jsonread.open_regular(rel, dir_fd=dir_fd) as fd:
+            return os.read(fd, _SIGNATURE_LIMIT + 1)
     except FileNotFoundError:
         return None
-    except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO}:  # a symlink; a socket
-            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file") from None
-        if error.errno == errno.EACCES:  # a mode changed by a writer: no flaky volume
-            raise SignatureError(f"{SIGNATURE_NAME} is not readable by this pod") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SignatureError(f"{SIGNATURE_NAME} is not a regular file")
-        return os.read(fd, _SIGNATURE_LIMIT + 1)
-    finally:
-        os.close(fd)
+    except jsonread.NotRegularError:  # a symlink, a FIFO, a socket, a folder
+        raise SignatureError(f"{SIGNATURE_NAME} is not a regular file") from None
+    except PermissionError:  # a mode changed by a writer: no flaky volume
+        raise SignatureError(f"{SIGNATURE_NAME} is not readable by this pod") from None
 
 
 def parse_signed(raw: bytes) -> Signed:
@@ -212,8 +204,8 @@ def parse_signed(raw: bytes) -> Signed:
     if len(raw) > _SIGNATURE_LIMIT:
         raise SignatureError(f"{SIGNATURE_NAME} is larger than {_SIGNATURE_LIMIT >> 20} MiB")
     try:
-        doc = loads_json(raw)
-    except (ValueError, UnicodeDecodeError):
+        doc = jsonread.parse(raw)
+    except ValueError:
         raise SignatureError(f"{SIGNATURE_NAME} does not parse (not JSON)") from None
     return _signed(doc)
 
@@ -240,7 +232,7 @@ def _signed(doc: Any) -> Signed:
     if len(signature) != _SIGNATURE_BYTES:
         raise _bad("its signature is not 64 bytes of base64")
     try:
-        statement = loads_json(text)
+        statement = jsonread.parse(text)
     except ValueError:
         raise _bad("its statement is not JSON") from None
     return Signed(text.encode("ascii"), doc["key"], signature, _statement(statement))

@@ -304,8 +304,12 @@ class Cluster:
         node: str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        open_files: int | None = None,
+        python: str = sys.executable,
     ) -> Pod:
-        """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name`` (in ``cwd``)."""
+        """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name`` (in ``cwd``);
+        ``open_files``: its limit of open files (``ulimit -n``, as a container's runtime sets it);
+        ``python``: the interpreter of another install of cachemgr (a venv without an extra)."""
         state_dir = self.work / "pods" / name
         shutil.rmtree(state_dir, ignore_errors=True)
         state_dir.mkdir(parents=True)
@@ -320,13 +324,18 @@ class Cluster:
             "NODE_NAME": node or "node-a",
             **(env or {}),
         }
-        argv = [sys.executable, "-m", "cachemgr", command, *options, "--", *server_argv]
+        argv = [python, "-m", "cachemgr", command, *options, "--", *server_argv]
         if node is not None:
             # Another node: its own hostname, so the lease sees a peer it cannot probe by pid.
             argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node, *argv]
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                argv, env=pod_env, stdout=out, stderr=out, start_new_session=True, cwd=cwd
+                with_open_files(argv, open_files),
+                env=pod_env,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                cwd=cwd,
             )
         pod = Pod(name=name, proc=proc, state_dir=state_dir, log=log, env=pod_env)
         self.pods.append(pod)
@@ -352,11 +361,19 @@ def cluster(work: Path, **env: str) -> Iterator[Cluster]:
 
 
 def run_cli(
-    *args: str, env: Mapping[str, str], timeout: float = DEADLINE
+    *args: str,
+    env: Mapping[str, str],
+    timeout: float = DEADLINE,
+    open_files: int | None = None,
+    python: str = sys.executable,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``cachemgr ARGS`` to completion, output captured."""
+    """``cachemgr ARGS`` to completion, output captured (``open_files``: its ``ulimit -n``;
+    ``python``: another install's interpreter, run in ``cwd``: ``-m`` imports from the current
+    directory first, and a checkout's would shadow the install's own copy)."""
     return subprocess.run(
-        [sys.executable, "-m", "cachemgr", *args],
+        with_open_files([python, "-m", "cachemgr", *args], open_files),
+        cwd=cwd,
         env=dict(env),
         capture_output=True,
         text=True,
@@ -364,6 +381,22 @@ def run_cli(
         check=False,
         stdin=subprocess.DEVNULL,  # no TTY: a command must never prompt
     )
+
+
+# Sets the limit in the child, then becomes the command (preexec_fn would, but is unsafe in a test
+# process with threads: the campaign's watch, test_guide's pool).
+_SET_OPEN_FILES = (
+    "import os, resource, sys; n = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def with_open_files(argv: Sequence[str], limit: int | None) -> list[str]:
+    """``argv`` run with a limit of ``limit`` open files, soft and hard (``ulimit -n``, as a
+    container runtime sets it: containerd's default is 1,024), by ``setrlimit`` in the child."""
+    if limit is None:
+        return list(argv)
+    return [sys.executable, "-c", _SET_OPEN_FILES, str(limit), *argv]
 
 
 # --- a pod's status server ----------------------------------------------------------------------

@@ -1,0 +1,266 @@
+"""The fuzzer's plants (tests/test_fuzz.py): generated content in what cachemgr reads, on the volume
+and in the bucket, from a seeded ``random.Random`` so that a trial replays.
+
+A plant picks a place and puts something there that no cachemgr writes:
+
+* in a file cachemgr reads (a record, a manifest, an artifact, a lease marker...): bytes of a
+  :data:`CONTENTS` kind: JSON nested 200,000 deep, 3 MB of empty arrays, the original record with
+  a field turned into another type (:func:`mutated`), numbers out of range, ``NaN``, UTF-16,
+  bytes that are not UTF-8, terminal escape sequences, a sparse file of hundreds of MiB, nothing;
+* in place of a file or a folder (:data:`NODES`): a symlink to the canary outside the root (a file
+  or a folder), a dangling link, a link to itself, a FIFO, a folder, a file, a chain of 1,100
+  folders ending in a file or a link;
+* under a name cachemgr lists (a use record, a holder record, a failure record, an attempt, an
+  entry, the scan hints): a new file of hostile content, its name sometimes hostile too
+  (newlines, escapes, bytes that are not UTF-8).
+
+In the bucket the same contents go into objects: an entry's manifest, one of its files, and a
+manifest under an entry name nobody uploaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cachemgr_testkit.hostile import DEEP_JSON, deep_folder, file_leaf, link_leaf
+
+CONTENTS = (
+    "deep-array",
+    "deep-object",
+    "deep-mixed",
+    "wide",
+    "wrong-types",
+    "random-json",
+    "big-number",
+    "nan",
+    "utf16",
+    "not-utf8",
+    "escapes",
+    "empty",
+    "binary",
+    "truncated",
+    "huge-sparse",
+)
+# Weights: most plants are contents of records (what the readers parse, and where bugs hid),
+# most of those the record itself with a field of another type or value.
+CONTENT_WEIGHTS = dict.fromkeys(CONTENTS, 1) | {
+    "wrong-types": 12,
+    "escapes": 2,
+    "deep-array": 2,
+    "deep-object": 2,
+}
+NODES = (
+    *("content",) * 14,
+    "link-canary-file",
+    "link-canary-dir",
+    "link-dangling",
+    "link-loop",
+    "fifo",
+    "folder",
+    "deep-folder",
+)
+# Names of the layout directories: replacing one by a link or a file is refused with exit 74
+# naming it (docs/design.md, "Nothing outside the root is touched"); so is a damaged layout
+# marker (cachemgr-layout.json).
+LAYOUT = ("entries", "staging", "leases", "usage", "failures", "quarantine", "trash")
+ESCAPES = "\x1b[31mRED\x1b[0m \x1b]0;pwned\x07 \x1b[2J \r\n\t\u202e\u0000 \x9b31m"
+HOSTILE_NAMES = ("\x1b[31mred", "line\nbreak", "tab\there", "rtl\u202egnp", "\x7fdel", "..hidden")
+DEEP_FOLDER = 1_100
+SPARSE_SIZES = (65 << 20, 300 << 20)
+
+
+@dataclass(frozen=True)
+class Plant:
+    """One thing the fuzzer did: where (relative to the root, or the object's key), and what."""
+
+    where: str
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} at {self.where!r}"
+
+
+def hostile_value(rng: random.Random, depth: int = 0) -> Any:
+    """A JSON value of a type no record field has, or of the right type and a hostile value."""
+    choices: list[Callable[[], Any]] = [
+        lambda: None,
+        lambda: rng.choice([True, False]),
+        lambda: rng.choice([-1, 0, 2**63, 10**19, -(10**19), 1.5, 1e308, -1e308, 5e-324]),
+        lambda: rng.choice(["", ESCAPES, "../../../etc/passwd", "/abs/path", "a//b", "a" * 5000, "\udcff"]),
+        lambda: [hostile_value(rng, depth + 1) for _ in range(rng.randint(0, 3))] if depth < 3 else [],
+        lambda: (
+            {rng.choice(["key", "files", "path", "size", ESCAPES]): hostile_value(rng, depth + 1)}
+            if depth < 3
+            else {}
+        ),
+        lambda: _nested(rng.choice([60, 126, 127, 129, 140])),
+    ]
+    return rng.choice(choices)()
+
+
+def _nested(levels: int) -> Any:
+    value: Any = "bottom"
+    for level in range(levels):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def mutated(rng: random.Random, doc: Any) -> Any:
+    """``doc`` with one node, picked at random at any depth, replaced by :func:`hostile_value`."""
+    if not isinstance(doc, dict | list) or not doc or rng.random() < 0.15:
+        return hostile_value(rng)
+    keys = list(doc) if isinstance(doc, dict) else list(range(len(doc)))
+    key = rng.choice(keys)
+    copy: Any = dict(doc) if isinstance(doc, dict) else list(doc)
+    copy[key] = mutated(rng, doc[key])
+    if isinstance(copy, dict) and rng.random() < 0.2:  # and sometimes a field gone
+        copy.pop(rng.choice(keys), None)
+    return copy
+
+
+def _mutated_times(rng: random.Random, doc: Any) -> Any:
+    for _ in range(rng.randint(1, 3)):
+        doc = mutated(rng, doc)
+    return doc
+
+
+def content(rng: random.Random, kind: str, original: bytes | None) -> bytes:
+    """The bytes of a :data:`CONTENTS` kind (``huge-sparse`` is made by :func:`plant_node`)."""
+    doc: Any = None
+    if original is not None:
+        try:
+            doc = json.loads(original)
+        except (ValueError, RecursionError):  # what an earlier plant of the trial put there
+            doc = None
+    makers: dict[str, Callable[[], bytes]] = {
+        "deep-array": lambda: DEEP_JSON,
+        "deep-object": lambda: b'{"key":' * 100_000 + b"1" + b"}" * 100_000,
+        "deep-mixed": lambda: json.dumps(_nested(rng.choice([129, 200, 900]))).encode(),
+        "wide": lambda: b"[" + b"[]," * (1 << 20) + b"[]]",
+        "wrong-types": lambda: json.dumps(_mutated_times(rng, doc if doc is not None else {})).encode(),
+        "random-json": lambda: json.dumps(hostile_value(rng)).encode(),
+        "big-number": lambda: rng.choice([b'{"size": 1e400}', b"[" + b"9" * 400 + b"]", b'{"a": -1e999}']),
+        "nan": lambda: rng.choice([b'{"size": NaN}', b"[Infinity]", b'{"created_at": -Infinity}']),
+        "utf16": lambda: (original or b"{}").decode("utf-8", "replace").encode("utf-16"),
+        "not-utf8": lambda: b'{"key": "\xff\xfe\xc0\xaf", "files": []}',
+        "escapes": lambda: (
+            json.dumps(mutated(rng, doc) if doc is not None else {"pod": ESCAPES}, ensure_ascii=False).encode(
+                "utf-8", "surrogatepass"
+            )
+            + ESCAPES.encode("utf-8", "surrogatepass")
+        ),
+        "empty": lambda: b"",
+        "binary": lambda: rng.randbytes(rng.choice([1, 64, 4096])),
+        "truncated": lambda: (original or b'{"key": "x"}')[: max(1, len(original or b"") // 2)],
+    }
+    return makers[kind]()
+
+
+def plant_node(rng: random.Random, target: Path, *, canary: Path, kind: str) -> str:
+    """Put a :data:`NODES` kind at ``target`` (whatever was there is removed first); the label."""
+    original = _read_small(target)
+    _remove(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "content":
+        what = rng.choices(list(CONTENT_WEIGHTS), weights=list(CONTENT_WEIGHTS.values()))[0]
+        if what == "huge-sparse":
+            with target.open("wb") as out:
+                out.truncate(rng.choice(SPARSE_SIZES))
+        else:
+            target.write_bytes(content(rng, what, original))
+        return what
+    if kind == "link-canary-file":
+        target.symlink_to(canary / "file.bin")
+    elif kind == "link-canary-dir":
+        target.symlink_to(canary)
+    elif kind == "link-dangling":
+        target.symlink_to(canary / "nothing-here")
+    elif kind == "link-loop":
+        target.symlink_to(target.name)
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "folder":
+        target.mkdir()
+        (target / "inside.json").write_bytes(DEEP_JSON)
+    elif kind == "deep-folder":
+        target.mkdir()
+        leaf = link_leaf(canary) if rng.random() < 0.5 else file_leaf(b'{"deep": true}')
+        deep_folder(target, DEEP_FOLDER, leaf=leaf)
+    return kind
+
+
+def _read_small(path: Path) -> bytes | None:
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+            return None
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _remove(path: Path) -> None:
+    """Take away what is at ``path`` (a published entry's folders are 0555: made writable first)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        os.chmod(path.parent, 0o755)
+        path.unlink()
+    elif path.is_dir():
+        from cachemgr_testkit.hostile import remove_deep
+
+        os.chmod(path.parent, 0o755)
+        remove_deep(path)
+
+
+def hostile_name(rng: random.Random, suffix: str = ".json", *, utf8: bool = False) -> str:
+    """A name to plant under; ``utf8``: one an object key can take (S3 keys are UTF-8)."""
+    name = rng.choice(HOSTILE_NAMES) if rng.random() < 0.5 else f"planted-{rng.randrange(1 << 16):x}"
+    if not utf8 and rng.random() < 0.2:  # bytes that are not UTF-8, as a POSIX filesystem's name may hold
+        name = os.fsdecode(os.fsencode(name) + b"\xff\xfe")
+    return name + suffix
+
+
+def volume_targets(root: Path, rng: random.Random) -> list[Path]:
+    """Where a plant may go: everything under the root (files and folders, the layout's own
+    among them) and new names in the folders cachemgr lists."""
+    found: list[Path] = []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        found += [here / name for name in (*dirs, *files)]
+    digests = [p.name for p in (root / "usage").iterdir() if p.is_dir()] if (root / "usage").is_dir() else []
+    digest = rng.choice(digests) if digests else "0" * 32
+    found += [
+        root / "scan-hints.json",
+        root / "usage" / digest / hostile_name(rng),
+        root / "usage" / digest / f"server-failed.0.{hostile_name(rng)}",
+        root / "usage" / digest / f"recompiled.{hostile_name(rng, '')}",
+        root / "leases" / f"{digest}.holder.json",
+        root / "leases" / f"{digest}.progress.json",
+        root / "failures" / digest / hostile_name(rng),
+        root / "staging" / digest / f"{hostile_name(rng, '')}.json",
+        root / "quarantine" / f"{hostile_name(rng, '')}.reason.json",
+        root / "entries" / hostile_name(rng, ""),
+        root / "trash" / hostile_name(rng, ""),
+    ]
+    return found
+
+
+def pick_target(rng: random.Random, targets: list[Path], root: Path) -> Path:
+    """A target, JSON records first: they are what the readers parse (and where bugs hid)."""
+    layout = [root / name for name in (*LAYOUT, "cachemgr-layout.json")]
+    # A layout folder replaced is refused everywhere with exit 74 naming it (documented, and a
+    # trial that learns nothing else): rarely, and only as such.
+    others = [t for t in targets if t not in layout]
+    records = [t for t in others if t.suffix == ".json" or t.name.endswith(".lock")]
+    pool = rng.choices([records, others, layout], weights=[24, 10, 1])[0] or others
+    return rng.choice(pool)
+
+
+def copy_tree(source: Path, target: Path) -> None:
+    """A copy of a golden volume, modes, times and links kept (``cp -a``'s job, in Python)."""
+    shutil.copytree(source, target, symlinks=True)

@@ -1,0 +1,532 @@
+"""The fuzzer (issue 33): generated content in everything cachemgr reads, then a pod start, the
+builder and every inspection command against it.
+
+A golden volume is built once by real pods (cachemgr_testkit.podlib): a signed entry from the
+builder (a ``warm`` with the signing key, uploaded to the golden prefix of a real S3 server,
+``weed mini``), an unsigned one from an open pod killed while it served (its use record left),
+the failure record of a compile that failed, the attempt, lease marker, holder and progress
+records of a compile killed midway, a server's pre-ready exit on a hit, and an entry quarantined
+after damage. Each trial copies it and the golden bucket prefix, then plants one to four things
+on the volume and up to two in the bucket (cachemgr_testkit.fuzz: deep, huge, wrong types,
+links, FIFOs, 1,100 folders deep, not UTF-8, escape sequences, in records, manifests, artifacts,
+markers, layout folders, and under new names where cachemgr lists), and runs, each process under
+a container's usual limit of 1,024 open files (``setrlimit`` in the child):
+
+* every inspection command (``ls`` in three forms, ``show``, ``explain``, ``du``, ``verify``,
+  ``prune --dry-run`` with every local selector, ``locks``, ``stats``, ``ls --remote``,
+  ``prune --remote --dry-run``), some with trusted keys;
+* four pods at once, each with the remote tier: an open ``run`` and the signing builder's
+  ``warm`` of the signed key, a signing, trusting ``run`` of the unsigned key, and an open ``run``
+  of the key whose compile a golden pod left half done (its lease, holder, progress and attempt);
+* ``ls`` and ``verify`` again, on what the pods left.
+
+After each trial these must hold:
+
+1. no traceback, and no exit 70 (and no "internal" failure in a pod's log);
+2. no command and no pod past its deadline (60 s a command, 90 s a pod to serve or exit);
+3. every exit code is the command's own (``verify`` 0 or 74, ``explain`` 0 or 1, ``show`` 0 or
+   66, the rest 0), or 74 with an error line naming a path the trial planted (the documented
+   refusal of a layout folder replaced);
+4. the pods serve (``run``) or finish (``warm``, exit 0), or exit 74 as in 3;
+5. nothing a command prints to a terminal holds a character that is not printable (the volume's
+   text is escaped: core/printable.py);
+6. nothing outside the root was touched: the canary (files, a folder, the target of the planted
+   links) has its names, bytes, modes and mtimes.
+
+Short form (CI): ``CACHEMGR_FUZZ_TRIALS`` (default 3). Long form::
+
+    CACHEMGR_FUZZ_TRIALS=200 CACHEMGR_FUZZ_SEED=... .venv/bin/pytest tests/test_fuzz.py -q
+
+``CACHEMGR_FUZZ_SEED`` fixes the plants (it is printed); a failing trial names the command that
+replays it. ``CACHEMGR_FUZZ_REPORT=FILE`` writes the totals as JSON.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachemgr_testkit.fuzz import (
+    CONTENTS,
+    NODES,
+    Plant,
+    content,
+    copy_tree,
+    hostile_name,
+    pick_target,
+    plant_node,
+    volume_targets,
+)
+from cachemgr_testkit.hostile import remove_deep
+from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, wait_for, with_open_files
+from cachemgr_testkit.s3server import BUCKET, S3Server, require_s3, s3_server
+from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.trusted import new_key, writable
+
+from cachemgr.core.signing import SecretKey
+from cachemgr.ops import scanhints
+from cachemgr.ops.scan import scan
+from cachemgr.volume.layout import open_root
+
+TRIALS = int(os.environ.get("CACHEMGR_FUZZ_TRIALS") or 3)
+SEED = int(os.environ.get("CACHEMGR_FUZZ_SEED") or secrets.randbelow(1_000_000))
+COMMAND_DEADLINE = 60.0
+POD_DEADLINE = 90.0
+# Each pod's remote: short, so that a planted object the store serves slowly costs seconds.
+REMOTE_LIMITS = {
+    "CACHEMGR_REMOTE_BUDGET": "20s",
+    "CACHEMGR_REMOTE_TIMEOUT": "5s",
+    "CACHEMGR_REMOTE_UPLOAD_WAIT": "5s",
+}
+POD_OPTIONS = ["--wait-timeout", "60s", "--lease-duration", "3"]
+OPEN_FILES = 1_024  # every pod and command runs under a container's usual limit (ulimit -n)
+PRUNE_SELECTORS = ["--damaged", "--stale-staging", "--failures", "--unused-for", "0s", "--incompatible"]
+
+pytestmark = [pytest.mark.fuzz]
+
+
+# --- the totals ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Totals:
+    trials: int = 0
+    plants: Counter[str] = field(default_factory=Counter)
+    commands: int = 0
+    pods: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+
+    def lines(self) -> list[str]:
+        plants = ", ".join(f"{k}={v}" for k, v in sorted(self.plants.items())) or "none"
+        outcomes = ", ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items())) or "none"
+        return [
+            f"fuzzer: seed {SEED}, {self.trials} trials in {time.monotonic() - self.started:.0f}s, "
+            f"{sum(self.plants.values())} plants, {len(self.violations)} violations",
+            f"  plants by kind: {plants}",
+            f"  commands run: {self.commands}; pods: {self.pods}; outcomes: {outcomes}",
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": SEED,
+            "trials": self.trials,
+            "seconds": round(time.monotonic() - self.started, 1),
+            "plants": dict(self.plants),
+            "plants_total": sum(self.plants.values()),
+            "commands": self.commands,
+            "pods": self.pods,
+            "outcomes": dict(self.outcomes),
+            "violations": self.violations,
+        }
+
+
+def _say(config: pytest.Config, *lines: str) -> None:
+    """Past output capture (and through xdist's controller): the seed and totals go in the log."""
+    workeroutput = getattr(config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput.setdefault("terminal_lines", []).extend(lines)
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:
+        return
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        for line in lines:
+            reporter.write_line(line)
+
+
+@pytest.fixture(scope="module")
+def totals(request: pytest.FixtureRequest) -> Iterator[Totals]:
+    found = Totals()
+    _say(request.config, "", f"fuzzer: seed {SEED} (CACHEMGR_FUZZ_SEED), {TRIALS} trials")
+    yield found
+    _say(request.config, "", *found.lines())
+    report = os.environ.get("CACHEMGR_FUZZ_REPORT")
+    if report:
+        Path(report).write_text(json.dumps(found.to_json(), indent=2) + "\n")
+
+
+@pytest.fixture(scope="module")
+def fuzz_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    require_s3()
+    with s3_server(tmp_path_factory.mktemp("fuzz-s3")) as server:
+        yield server
+
+
+# --- the golden volume -----------------------------------------------------------------------------
+
+
+@dataclass
+class Golden:
+    root: Path
+    prefix: str
+    work: Path
+    secret: SecretKey
+    key_file: Path
+    options: dict[str, list[str]]
+    keys: dict[str, str]
+
+
+def _finish(pod: Pod, *, code: int | None = 0) -> None:
+    got = pod.wait_exit(timeout=POD_DEADLINE)
+    assert code is None or got == code, pod.tail()
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory, fuzz_s3: S3Server) -> Golden:
+    """A volume and a bucket prefix holding every kind of record cachemgr reads (module doc)."""
+    base = tmp_path_factory.mktemp("golden")
+    root = base / "volume"
+    root.mkdir()
+    secret, key_file = new_key(base / "keys", "builder-1")
+    record = base / "compiler.jsonl"
+    options = {
+        "A": ["--strategy", "command", "--compile-cmd", compile_cmd(record)],
+        "B": ["--strategy", "command", "--compile-cmd", compile_cmd(record, extra="--files 5")],
+        "C": ["--strategy", "command", "--compile-cmd", compile_cmd(record, extra="--fail-with 3")],
+        "D": ["--strategy", "command", "--compile-cmd", compile_cmd(record, seconds=None, extra="--files 3")],
+        "E": ["--strategy", "command", "--compile-cmd", compile_cmd(record, extra="--files 4")],
+    }
+    prefix = f"golden/{secrets.token_hex(4)}"
+    remote = {**fuzz_s3.env(prefix=prefix), **REMOTE_LIMITS}
+    signer = {"CACHEMGR_SIGNING_KEY_FILE": str(key_file), "CACHEMGR_TRUSTED_KEYS": str(secret.public)}
+    with cluster(base / "work") as pods:
+
+        def start(name: str, key: str, **kwargs: Any) -> Pod:
+            return pods.start(name, server_argv(free_port()), cache_root=root, options=options[key], **kwargs)
+
+        _finish(start("builder", "A", command="warm", env={**signer, **remote}))  # signed, uploaded
+        open_pod = start("open", "B")
+        open_pod.wait_phase("serving")
+        open_pod.signal_pod(signal.SIGKILL)  # its use record stays: a pod gone without a word
+        _finish(open_pod, code=None)
+        _finish(start("failing", "C"), code=70)  # a compile failure: its record under failures/
+        killed = pods.start(
+            "killed", server_argv(free_port()), cache_root=root, options=[*POD_OPTIONS, *options["D"]],
+            env={"STANDIN_COMPILE_SECONDS": "60"},
+        )  # fmt: skip
+        killed.wait_phase("compiling")
+        wait_for(lambda: list((root / "leases").glob("*.progress.json")), what="the progress record")
+        killed.signal_pod(signal.SIGKILL)  # its attempt, lease marker, holder and progress stay
+        _finish(killed, code=None)
+        _finish(start("dies", "A", env={"STANDIN_EXIT_ON_LOAD": "1"}), code=1)  # a server-failed record
+        damaged = start("first", "E")
+        damaged.wait_phase("serving")
+        damaged.signal(signal.SIGTERM)
+        _finish(damaged)
+        entry = next(e for e in entry_dirs(root) if e.name.endswith(_digest(root, "E", options)))
+        writable(entry)
+        next(p for p in (entry / "artifacts").rglob("*.rbln")).write_bytes(b"truncated")
+        again = start("again", "E")  # quarantines the damaged copy, compiles a fresh one
+        again.wait_phase("serving")
+        again.signal(signal.SIGTERM)
+        _finish(again)
+    keys = {name: _digest(root, name, options) for name in ("A", "B")}
+    with pytest.MonkeyPatch.context() as patch:  # the scan hints ls writes past 64 entries, written here
+        patch.setattr(scanhints, "REWRITE_AFTER", 0)
+        scan(open_root(root, create=False), hints=True)
+    assert (root / scanhints.HINTS_NAME).is_file()
+    assert (root / "quarantine").is_dir()
+    assert list((root / "failures").iterdir())
+    return Golden(root, prefix, base, secret, key_file, options, keys)
+
+
+def _digest(root: Path, key: str, options: dict[str, list[str]]) -> str:
+    """The 16 hex digits ending the entry name of a key (from ``cachemgr key``)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "key", *options[key], "-o", "json", "--", *server_argv(8000)],
+        env=_cli_env(root),
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_DEADLINE,
+        check=True,
+    )
+    return str(json.loads(done.stdout)["key"])[:16]
+
+
+def _cli_env(root: Path) -> dict[str, str]:
+    return {**Cluster.create(root.parent / "cli").base_env, "CACHEMGR_CACHE_ROOT": str(root)}
+
+
+# --- one trial -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    index: int
+    rng: random.Random
+    root: Path
+    canary: Path
+    prefix: str
+    s3: S3Server
+    golden: Golden
+    cli_env: dict[str, str] = field(default_factory=dict)
+    plants: list[Plant] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    commands: int = 0
+
+    @property
+    def remote(self) -> dict[str, str]:
+        return {**self.s3.env(prefix=self.prefix), **REMOTE_LIMITS}
+
+    def plant(self) -> None:
+        targets = volume_targets(self.root, self.rng)
+        for _ in range(self.rng.randint(2, 6)):
+            target = pick_target(self.rng, targets, self.root)
+            if not _reachable(self.root, target.parent):  # below an earlier plant: another place
+                target = pick_target(
+                    self.rng, [t for t in targets if _reachable(self.root, t.parent)], self.root
+                )
+            node = self.rng.choice(NODES)
+            kind = plant_node(self.rng, target, canary=self.canary, kind=node)
+            self.plants.append(Plant(str(target.relative_to(self.root)), kind if node == "content" else node))
+        for _ in range(self.rng.randint(0, 2)):
+            self._plant_object()
+
+    def _plant_object(self) -> None:
+        client: Any = self.s3.client()
+        top = f"{self.prefix}/"
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=top)
+        keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+        manifests = [k for k in keys if k.endswith("/manifest.json")]
+        choice = self.rng.random()
+        if manifests and choice < 0.6:
+            key = self.rng.choice(manifests)
+        elif keys and choice < 0.8:
+            key = self.rng.choice(keys)
+        else:
+            key = f"{top}entries/{hostile_name(self.rng, '', utf8=True)}/manifest.json"
+        original = client.get_object(Bucket=BUCKET, Key=key)["Body"].read() if key in keys else None
+        kind = self.rng.choice(CONTENTS)
+        body = b"\0" * (70 << 20) if kind == "huge-sparse" else content(self.rng, kind, original)
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+        self.plants.append(Plant(f"s3://{BUCKET}/{key}", f"object:{kind}"))
+
+    # --- commands ---------------------------------------------------------------------------------
+
+    def commands_list(self, *, after: bool) -> list[tuple[str, list[str], dict[str, str]]]:
+        trust = {"CACHEMGR_TRUSTED_KEYS": str(self.golden.secret.public)}
+        key_a, key_b = self.golden.keys["A"], self.golden.keys["B"]
+        if after:
+            return [("ls", ["ls"], {}), ("verify", ["verify"], trust)]
+        return [
+            ("ls", ["ls"], {}),
+            ("ls", ["ls", "-o", "json"], trust),
+            ("ls", ["ls", "-o", "wide"], trust),
+            ("show", ["show", key_a[:12]], trust),
+            ("show", ["show", key_b[:12], "-o", "yaml"], {}),
+            ("explain", ["explain", *self.golden.options["A"], "--", *server_argv(8000)], trust),
+            ("du", ["du"], {}),
+            ("verify", ["verify"], trust),
+            ("verify", ["verify", key_b[:12]], {}),
+            ("prune", ["prune", "--dry-run", *PRUNE_SELECTORS], {}),
+            ("locks", ["locks"], {}),
+            ("stats", ["stats"], {}),
+            ("ls", ["ls", "--remote"], self.remote),
+            (
+                "prune",
+                ["prune", "--remote", "--dry-run", "--stale-staging", "--unused-for", "0s"],
+                self.remote,
+            ),
+        ]
+
+    def run_commands(self, *, after: bool) -> None:
+        listed = self.commands_list(after=after)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            for result in pool.map(lambda c: self._command(*c), listed):
+                self.violations += result
+        self.commands += len(listed)
+
+    def _command(self, name: str, args: list[str], extra: dict[str, str]) -> list[str]:
+        env = {**self.cli_env, **extra}
+        started = time.monotonic()
+        try:
+            done = subprocess.run(
+                with_open_files([sys.executable, "-m", "cachemgr", *args], OPEN_FILES),
+                env=env,
+                capture_output=True,
+                timeout=COMMAND_DEADLINE,
+                check=False,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired:
+            return [f"`cachemgr {' '.join(args)}` ran past its {COMMAND_DEADLINE:.0f}s deadline"]
+        out = done.stdout.decode("utf-8", "surrogateescape")
+        err = done.stderr.decode("utf-8", "surrogateescape")
+        self.outcomes[f"{name}:{done.returncode}"] += 1
+        said = f"`cachemgr {' '.join(args)}` exited {done.returncode} in {time.monotonic() - started:.1f}s"
+        found = self._failure(said, done.returncode, err, _allowed(name))
+        shown = [line for line in (out + err).splitlines() if not line.isprintable()]
+        if shown:
+            found.append(f"{said} and printed a character that is not printable: {shown[0]!r}"[:600])
+        return found
+
+    def _failure(self, said: str, code: int, text: str, allowed: set[int]) -> list[str]:
+        if "Traceback" in text or '"reason": "internal"' in text or code == 70:
+            return [f"{said}:\n{text[-2500:]}"]
+        if code in allowed:
+            return []
+        named = self._named_plant(text) if code == 74 else None
+        if named is not None:
+            self.outcomes[f"refused-planted:{Path(named.where).parts[0]}"] += 1
+            return []
+        return [f"{said}, not one of {sorted(allowed)}:\n{text[-1500:]}"]
+
+    def _named_plant(self, text: str) -> Plant | None:
+        """The plant the error line names (a layout folder replaced, the marker): documented."""
+        lines = [
+            line for line in text.splitlines() if '"event": "failed"' in line or line.startswith("cachemgr")
+        ]
+        said = " ".join(lines)
+        return next((plant for plant in self.plants if str(self.root / plant.where) in said), None)
+
+    # --- pods -------------------------------------------------------------------------------------
+
+    def run_pods(self, pods: Cluster) -> None:
+        golden = self.golden
+        signer = {"CACHEMGR_SIGNING_KEY_FILE": str(golden.key_file), "CACHEMGR_TRUSTED_KEYS": str(golden.secret.public)}  # fmt: skip
+        started = [
+            ("run", pods.start("open", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+                               options=[*POD_OPTIONS, *golden.options["A"]], env=self.remote)),
+            ("run", pods.start("signer", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+                               options=[*POD_OPTIONS, *golden.options["B"]], env={**self.remote, **signer})),
+            ("warm", pods.start("builder", server_argv(free_port()), cache_root=self.root, command="warm",
+                                open_files=OPEN_FILES,
+                                options=[*POD_OPTIONS, *golden.options["A"]], env={**self.remote, **signer})),
+            # The key whose compile the golden pod left half done: its lease, holder, progress record
+            # and attempt are what this pod reads, takes over and cleans up.
+            ("run", pods.start("taker", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+                               options=[*POD_OPTIONS, *golden.options["D"]], env=self.remote)),
+        ]  # fmt: skip
+        deadline = time.monotonic() + POD_DEADLINE
+        for command, pod in started:
+            self._settle(command, pod, deadline)
+        for _, pod in started:
+            if pod.proc.poll() is None:
+                pod.signal(signal.SIGTERM)
+        for _, pod in started:
+            with contextlib.suppress(AssertionError):
+                pod.wait_exit(timeout=30)
+            log = pod.log.read_text(errors="replace")
+            if "Traceback" in log or '"reason": "internal"' in log:
+                self.violations.append(f"pod {pod.name}: a traceback or an internal error:\n{log[-2500:]}")
+
+    def _settle(self, command: str, pod: Pod, deadline: float) -> None:
+        def settled() -> bool:
+            return pod.proc.poll() is not None or (command == "run" and pod.phase == "serving")
+
+        try:
+            wait_for(settled, timeout=max(1.0, deadline - time.monotonic()), what=f"{pod.name} to settle")
+        except AssertionError:
+            self.violations.append(
+                f"pod {pod.name} neither served nor exited within {POD_DEADLINE:.0f}s:\n{pod.tail()}"
+            )
+            return
+        code = pod.proc.poll()
+        if code is None:
+            self.outcomes[f"{command}:serving"] += 1
+            return
+        self.outcomes[f"{command}:{code}"] += 1
+        said = f"pod {pod.name} ({command}) exited {code}"
+        self.violations += self._failure(
+            said, code, pod.log.read_text(errors="replace"), {0} if command == "warm" else set()
+        )
+
+
+def _reachable(root: Path, folder: Path) -> bool:
+    """Every level from the root down to ``folder`` is a real folder (or not there yet)."""
+    for level in [folder, *folder.parents]:
+        if level == root.parent:
+            return True
+        if level.is_symlink() or (level.exists() and not level.is_dir()):
+            return False
+    return True
+
+
+def _allowed(name: str) -> set[int]:
+    # verify 66, show 66: the entry named is gone (a plant replaced entries/, or a pod set it aside)
+    return {"verify": {0, 66, 74}, "explain": {0, 1}, "show": {0, 66}}.get(name, {0})
+
+
+def _make_canary(path: Path) -> Path:
+    (path / "sub").mkdir(parents=True)
+    (path / "file.bin").write_bytes(os.urandom(4096))
+    (path / "sub" / "weights.safetensors").write_bytes(os.urandom(1024))
+    return path
+
+
+def _tree_state(path: Path) -> str:
+    """Names, kinds, modes, mtimes and bytes of everything under ``path``: any touch shows."""
+    digest = hashlib.sha256()
+    for folder, dirs, files in sorted(os.walk(path)):
+        for name in sorted(dirs + files):
+            full = Path(folder) / name
+            st = full.lstat()
+            digest.update(f"{full.relative_to(path)}|{st.st_mode}|{st.st_mtime_ns}|{st.st_size}".encode())
+            if full.is_file() and not full.is_symlink():
+                digest.update(full.read_bytes())
+    st = path.lstat()
+    digest.update(f".|{st.st_mode}|{st.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def _copy_prefix(s3: S3Server, source: str, target: str) -> None:
+    client: Any = s3.client()
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{source}/")
+    for page in pages:
+        for item in page.get("Contents", []):
+            rest = item["Key"][len(source) :]
+            client.copy_object(
+                Bucket=BUCKET, Key=f"{target}{rest}", CopySource={"Bucket": BUCKET, "Key": item["Key"]}
+            )
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("index", range(TRIALS), ids=[f"trial{i:03d}" for i in range(TRIALS)])
+def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, totals: Totals) -> None:
+    root = tmp_path / "volume"
+    copy_tree(golden.root, root)
+    canary = _make_canary(tmp_path / "canary")
+    before = _tree_state(canary)
+    prefix = f"fuzz/{SEED}-{index}-{secrets.token_hex(3)}"
+    _copy_prefix(fuzz_s3, golden.prefix, prefix)
+    trial = Trial(
+        index, random.Random(f"{SEED}:{index}"), root, canary, prefix, fuzz_s3, golden, _cli_env(root)
+    )
+    try:
+        trial.plant()
+        trial.run_commands(after=False)
+        with cluster(tmp_path / "work") as pods:
+            trial.run_pods(pods)
+        trial.run_commands(after=True)
+        if _tree_state(canary) != before:
+            trial.violations.append("the canary outside the root was touched")
+    finally:
+        remove_deep(root)  # the planted chains of 1,100 folders: pytest's own cleanup recurses
+    totals.trials += 1
+    totals.plants.update(plant.kind for plant in trial.plants)
+    totals.commands += trial.commands
+    totals.pods += 4
+    totals.outcomes.update(trial.outcomes)
+    totals.violations += trial.violations
+    replay = f"replay: CACHEMGR_FUZZ_SEED={SEED} CACHEMGR_FUZZ_TRIALS={TRIALS} .venv/bin/pytest tests/test_fuzz.py -k 'trial{index:03d}'"
+    plants = "\n".join(f"  {plant}" for plant in trial.plants)
+    assert not trial.violations, "\n".join([*trial.violations, f"plants:\n{plants}", replay])
