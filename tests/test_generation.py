@@ -13,10 +13,11 @@ from cachemgr.core.errors import MESSAGE_LIMIT
 from cachemgr.core.versions import compare_versions
 from cachemgr.key.digest import digest_of
 from cachemgr.ops.entryinfo import EntryInfo
+from cachemgr.ops.expected import Expectation
 from cachemgr.ops.generation import Compat, Generation, KeyFacts, key_facts, lineage
 from cachemgr.ops.lineage import superseded
 from cachemgr.ops.rollout import prunable_now
-from cachemgr.ops.space import DiskReport, Expectation
+from cachemgr.ops.space import DiskReport
 from cachemgr.volume.records import User
 
 pytestmark = pytest.mark.quick

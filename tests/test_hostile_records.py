@@ -126,7 +126,7 @@ def test_a_deep_summary_leaves_every_miss_and_every_inspection_working(
         done = _cli(pods, root, *command)
         assert done.returncode == 0, f"{command}: {done.stderr[-800:]}"
     listed = _cli(pods, root, "ls", "-o", "json").stdout
-    (row,) = [r for r in json.loads(listed) if r.get("entry") == entry.name]
+    (row,) = [r for r in json.loads(listed)["items"] if r.get("entry") == entry.name]
     assert row["status"] == "damaged"
     assert "summary.json" in row["problem"]
     assert "nested deeper than" in row["problem"]
@@ -177,7 +177,7 @@ def test_a_deep_manifest_in_the_bucket_is_reported_skipped_and_removable(
     assert listed.returncode == 0, listed.stderr
     assert planted in listed.stderr
     assert "nested deeper than" in listed.stderr
-    rows = json.loads(_cli(pods, root_b, "ls", "--remote", "-o", "json", env=pods_env).stdout)
+    rows = json.loads(_cli(pods, root_b, "ls", "--remote", "-o", "json", env=pods_env).stdout)["items"]
     assert [r["entry"] for r in rows if r["kind"] == "remote-entry"] == [good.name]
     pulled = _cli(pods, root_b, "pull", good.name, env=pods_env)
     assert pulled.returncode == 0, pulled.stderr

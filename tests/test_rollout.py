@@ -217,7 +217,7 @@ def inspect_old_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
     old_label, new_label = LABELS[kind]
     new4 = names[("new", 4)]
     rows, table, show, show_old, hit, miss, du, du_json, verify, locks, stats = parallel(
-        lambda: r.json("old", "ls"),
+        lambda: r.json("old", "ls")["items"],
         lambda: r.cli("old", "ls", "-o", "wide"),
         lambda: r.cli("old", "show", new4),
         lambda: r.json("old", "show", names[("old", 4)]),
@@ -226,7 +226,7 @@ def inspect_old_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
         lambda: r.cli("old", "du"),
         lambda: r.json("old", "du"),
         lambda: r.json("old", "verify"),
-        lambda: r.json("old", "locks"),
+        lambda: r.json("old", "locks")["items"],
         lambda: r.json("old", "stats"),
     )
     entries = {row["entry"]: row for row in rows if row["kind"] == "entry"}
@@ -260,7 +260,12 @@ def inspect_old_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
     assert du_json["prunable"]["incompatible"]["bytes"] == du_json["prunable"]["superseded"]["bytes"] == 0
     assert {i["status"] for i in verify["items"]} == {"ok"}
     assert locks == []
-    assert len(stats["keys"]) == 4
+    assert len(stats["items"]) == 4
+
+
+def flat(text: str) -> str:
+    """The words of ``text``, one space apart (a note wrapped at the terminal's width, a column)."""
+    return " ".join(text.split())
 
 
 def inspect_new_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
@@ -268,13 +273,15 @@ def inspect_new_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
     kind, older = r.kind, OLDER[r.kind]
     old_label, new_label = LABELS[kind]
     rows, table, show, hit, du, du_json = parallel(
-        lambda: r.json("new", "ls"),
+        lambda: r.json("new", "ls")["items"],
         lambda: r.cli("new", "ls"),
         lambda: r.cli("new", "show", names[("old", 4)]),
         lambda: r.cli("new", "explain", "--", *argv(4)),
         lambda: r.cli("new", "du"),
         lambda: r.json("new", "du"),
     )
+    # The tables' notes are wrapped at the terminal's width: compare their words.
+    table, show, hit, du = (flat(text) for text in (table, show, hit, du))
     entries = {row["entry"]: row for row in rows if row["kind"] == "entry"}
     for tp in (4, 8):
         row = entries[names[("old", tp)]]
@@ -285,7 +292,9 @@ def inspect_new_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
         "1.0 MiB in use by 2 pods, kept until those pods stop"
     ) in table
     assert (
-        f"status       {older} ({OLDER_WORDS[kind]}): 'cachemgr prune --{older}' removes it (kept while a pod uses it)"
+        flat(
+            f"status       {older} ({OLDER_WORDS[kind]}): 'cachemgr prune --{older}' removes it (kept while a pod uses it)"
+        )
         in show
     )
     assert (
@@ -424,7 +433,7 @@ def test_an_old_images_prune_incompatible_keeps_a_newer_generation(rollout: Roll
     assert newer.is_dir(), "the old image pruned the newer generation's entry"
     r.cli("old", "prune", "--superseded", "--yes")
     assert newer.is_dir()
-    (row,) = [x for x in r.json("old", "ls") if x["kind"] == "entry"]
+    (row,) = [x for x in r.json("old", "ls")["items"] if x["kind"] == "entry"]
     assert row["status"] == "newer"
     assert row["problem"] == NEWER_WORDS[r.kind]
 
@@ -476,7 +485,7 @@ def test_a_key_json_that_cannot_prove_its_generation_is_never_judged_older(
             text=True, timeout=DEADLINE, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        (row,) = [x for x in json.loads(done.stdout) if x["kind"] == "entry"]
+        (row,) = [x for x in json.loads(done.stdout)["items"] if x["kind"] == "entry"]
         assert row["status"] == "published"
         assert row["generation"] is None
         assert "its generation is unknown, so it is never judged older" in done.stderr
@@ -504,7 +513,7 @@ def test_a_planted_scan_hint_never_makes_prune_remove_a_newer_entry(rollout: Rol
         "usage": {},
     }
     (r.root / "scan-hints.json").write_text(json.dumps(hints))
-    (row,) = [x for x in r.json("new", "ls") if x["kind"] == "entry"]
+    (row,) = [x for x in r.json("new", "ls")["items"] if x["kind"] == "entry"]
     assert row["status"] == "incompatible", "the planted hint is what ls shows (the hints' own threat model)"
     assert r.json("new", "prune", "--incompatible", "--yes")["plan"]["items"] == []
     assert entry.is_dir()
