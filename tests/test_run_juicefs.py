@@ -50,8 +50,11 @@ def test_eight_runs_over_two_nodes_compile_once(pods: Cluster, roots: list[Path]
 
 def test_sigkilled_holder_is_taken_over_within_the_lease(pods: Cluster, roots: list[Path]) -> None:
     takeover = killed_holder_is_taken_over(pods, roots, lease=LEASE)
-    # The new holder compiles only after its confirm window (none on a local filesystem).
-    limit = LEASE + default_confirm(roots[0]) + TAKEOVER_SLACK
+    # The new holder compiles only after its confirm window (none on a local filesystem). The bound
+    # tells a takeover by the lease (some 6 s here) from one by the dead holder's 120 s compile, with
+    # a lease's margin for a loaded machine (CI's took 7.57 s against a bound of 7.5); how long a
+    # takeover takes is bench/bench_handoff.py's figure, not this test's.
+    limit = 2 * LEASE + default_confirm(roots[0]) + TAKEOVER_SLACK
     assert takeover <= limit, f"takeover took {takeover:.2f}s with a {LEASE:g}s lease"
 
 
