@@ -95,7 +95,9 @@ REMOTE_LIMITS = {
 }
 POD_OPTIONS = ["--wait-timeout", "60s", "--lease-duration", "3"]
 OPEN_FILES = 1_024  # every pod and command runs under a container's usual limit (ulimit -n)
-PRUNE_SELECTORS = ["--damaged", "--stale-staging", "--failures", "--unused-for", "0s", "--incompatible"]
+PRUNE_SELECTORS = [
+    "--damaged", "--stale-staging", "--failures", "--unused-for", "0s", "--incompatible", "--superseded"
+]  # fmt: skip
 
 pytestmark = [pytest.mark.fuzz]
 
@@ -335,6 +337,8 @@ class Trial:
             ("show", ["show", key_b[:12], "-o", "yaml"], {}),
             ("explain", ["explain", *self.golden.options["A"], "--", *server_argv(8000)], trust),
             ("du", ["du"], {}),
+            ("du", ["du", "-o", "json"], {}),
+            ("ls", ["ls", "-o", "custom-columns=KEY:.key,GEN:.generation", "--sort-by", ".size_bytes"], {}),
             ("verify", ["verify"], trust),
             ("verify", ["verify", key_b[:12]], {}),
             ("prune", ["prune", "--dry-run", *PRUNE_SELECTORS], {}),

@@ -101,6 +101,8 @@ def hostile_value(rng: random.Random, depth: int = 0) -> Any:
             else {}
         ),
         lambda: _nested(rng.choice([60, 126, 127, 129, 140])),
+        # A record's text inside a record, as scan-hints.json holds key.json's: deep, or not JSON.
+        lambda: rng.choice([json.dumps(_nested(rng.choice([129, 900]))), "{" * 5000, ESCAPES + "{"]),
     ]
     return rng.choice(choices)()
 
