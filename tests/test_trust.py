@@ -328,6 +328,31 @@ def test_the_content_check_returns_the_first_problem_in_order(
 
 
 @pytest.mark.quick
+def test_the_first_problem_is_the_first_in_order_when_a_later_file_is_found_wrong_sooner(
+    tmp_path: Path,
+) -> None:
+    """Two workers: one hashes a large file changed at its end, the other finds a small file after
+    it wrong at once and stops both. The answer is the large file, the first in order (it was
+    the later one: a worker's luck named the file, and pods named different files for one damage)."""
+    from blake3 import blake3
+
+    root = _volume(tmp_path)
+    entry = root.path / "entries" / "x"
+    entry.mkdir()
+    sizes = {"a.rbln": 4096, "big.rbln": 48 << 20, "c.rbln": 4096, "d.rbln": 4096}
+    files = []
+    for name, size in sizes.items():
+        data = bytearray(os.urandom(size))
+        files.append(Expected(name, size, blake3(bytes(data)).hexdigest()))
+        if name != "a.rbln":
+            data[-1] ^= 0xFF  # changed at the very end: found only when the whole file is read
+        (entry / name).write_bytes(bytes(data))
+    problem = first_problem(root.path, entry, files, workers=2)
+    assert problem is not None
+    assert problem.path == "big.rbln", problem
+
+
+@pytest.mark.quick
 def test_a_stop_ends_the_content_check_and_is_never_taken_for_a_verdict(
     tmp_path: Path, keys: dict[str, SecretKey]
 ) -> None:

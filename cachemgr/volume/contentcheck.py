@@ -119,7 +119,16 @@ def first_problem(
         if files[index].size == 0 and files[index].blake3 != empty:
             problems.setdefault(index, _changed(files[index], "its bytes differ from the signed BLAKE3"))
     if problems:
-        return problems[min(problems)]
+        # The workers stop at the first wrong file any of them finds, which need not be the first
+        # in order: the files before it that were not read whole are read again, one at a time.
+        first = min(problems)
+        done = set(result.files_done)
+        earlier = [files[i] for i in range(first) if i not in done]
+        if earlier:
+            again = first_problem(root, entry, earlier, workers=1, stop=stop)
+            if again is not None:
+                return again
+        return problems[first]
     if not found_wrong.is_set() and len(result.files_done) < len(files):
         raise OSError(f"{entry}: {plural(len(files) - len(result.files_done), 'file')} not read whole")
     return None
