@@ -1,11 +1,16 @@
 """The story docs/reference.md's transcripts come from, run for real: prints each command and its output.
 
-A prefill volume during an SDK upgrade from RBLN Compiler 0.12 to 0.13 (stand-in compiler and
-server, 48 MiB per entry), on a 200Gi tmpfs (so ``du`` shows a PVC's size): an old warm Job's entry
-no pod uses, one old pod serving a 0.12 entry, two new pods serving the 0.13 entry a warm Job
-compiled, a canary with a longer context whose compile failed, and a pod on another node compiling
-a TP 16 variant. The shell is a new (0.13) pod's, no terminal, ``CACHEMGR_LOG_FORMAT=json`` as the
-chart sets it, 80 columns. Paths are shown as the pod mounts the volume (/var/cache/cachemgr).
+A prefill volume during an SDK upgrade, as a real one changes the image: the old image has RBLN
+Compiler 0.12.3 with vllm-rbln and optimum-rbln 0.12.0, the new one RBLN Compiler 0.13.0 with
+vllm-rbln and optimum-rbln 0.13.0 (as tests/test_rollout.py's ``sdk`` images; vLLM and transformers
+as the stand-in declares them). Stand-in compiler and server, 48 MiB per entry, on a 200Gi tmpfs (so
+``du`` shows a PVC's size): an old warm Job's entry no pod uses, one old pod serving a 0.12 entry,
+two new pods serving the 0.13 entry a warm Job compiled, a canary with a longer context whose
+compile failed, and a pod on another node compiling a TP 16 variant. The shell is a new (0.13)
+pod's, no terminal, ``CACHEMGR_LOG_FORMAT=json`` as the chart sets it, 80 columns; one section
+runs in the old pod's shell (the old image's versions) to show what an older image says of, and
+never removes from, the newer generation. Paths are shown as the pod mounts the volume
+(/var/cache/cachemgr).
 
 Run as root from the repository root, after ``scripts/install .venv test`` (a tmpfs mount)::
 
@@ -29,28 +34,44 @@ from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, npu_node, 
 
 MODEL = "MiniMaxAI/MiniMax-M2.7"
 MOUNT = "/var/cache/cachemgr"
-OLD, NEW = "0.12.3", "0.13.0"
+# The two images' SDKs: what each image has installed, declared as an image without the real
+# packages declares it (vLLM and transformers stay the stand-in's: the base image's).
+OLD = {
+    "CACHEMGR_COMPILER_VERSION": "0.12.3",
+    "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
+    "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
+}
+NEW = {
+    "CACHEMGR_COMPILER_VERSION": "0.13.0",
+    "CACHEMGR_VLLM_RBLN_VERSION": "0.13.0",
+    "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.13.0",
+}
+NEW_POD = "modelserver-prefill-5b8f7c9d64-q5jlb"
+OLD_POD = "modelserver-prefill-7d9c6b5f48-x7kqp"
 
 
-def vllm(tp: int, *extra: str) -> list[str]:
-    return ["vllm", "serve", MODEL, "--tensor-parallel-size", str(tp), "--max-model-len", "32768",
-            "--host", "127.0.0.1", "--port", str(free_port()), *extra]  # fmt: skip
+def vllm(tp: int, max_model_len: int = 32768) -> list[str]:
+    return ["vllm", "serve", MODEL, "--tensor-parallel-size", str(tp), "--max-model-len", str(max_model_len),
+            "--host", "127.0.0.1", "--port", str(free_port())]  # fmt: skip
 
 
-def start(pods: Cluster, root: Path, name: str, argv: list[str], *, node: str, sdk: str, **env: str) -> Pod:
+def start(
+    pods: Cluster, root: Path, name: str, argv: list[str], *, node: str, sdk: dict[str, str], **env: str
+) -> Pod:
     command = "warm" if "warm" in name else "run"
-    more = {"CACHEMGR_COMPILER_VERSION": sdk, **npu_node(pods.work), **env}
+    more = {**sdk, **npu_node(pods.work), **env}
     if command == "warm":
         more["VLLM_RBLN_COMPILE_ONLY"] = "1"
     return pods.start(name, argv, cache_root=root, command=command, node=node, env=more)
 
 
-def shell(pods: Cluster, root: Path, line: str, **env: str) -> None:
-    """``$ LINE`` in the new pod's shell, and what it printed (stdout and stderr, in order)."""
+def shell(pods: Cluster, root: Path, line: str, *, image: dict[str, str] = NEW, pod: str = NEW_POD) -> None:
+    """``$ LINE`` in a pod's shell (by default a new pod's), and what it printed (stdout and stderr,
+    in order)."""
     environ = {
-        **pods.base_env, "CACHEMGR_CACHE_ROOT": str(root), "CACHEMGR_COMPILER_VERSION": NEW,
-        "CACHEMGR_LOG_FORMAT": "json", "COLUMNS": "80", "POD_NAME": "modelserver-prefill-5b8f7c9d64-q5jlb",
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{pods.base_env['PATH']}", **env,
+        **pods.base_env, "CACHEMGR_CACHE_ROOT": str(root), **image,
+        "CACHEMGR_LOG_FORMAT": "json", "COLUMNS": "80", "POD_NAME": pod,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{pods.base_env['PATH']}",
     }  # fmt: skip
     done = subprocess.run(
         ["sh", "-c", line], env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -65,6 +86,7 @@ def shell(pods: Cluster, root: Path, line: str, **env: str) -> None:
 def story(pods: Cluster, root: Path) -> None:
     old, tp16 = upgrade(pods, root)
     inspect(pods, root)
+    old_shell(pods, root)
     killed(pods, root, tp16)
     damage(pods, root, old)
 
@@ -76,9 +98,7 @@ def upgrade(pods: Cluster, root: Path) -> tuple[Pod, Pod]:
         pods, root, "modelserver-warm-prefill-v012-8k2qz", vllm(4), node="cpu-node-2", sdk=OLD, **size
     )
     assert old_warm.wait_exit() == 0, old_warm.tail()
-    old = start(
-        pods, root, "modelserver-prefill-7d9c6b5f48-x7kqp", vllm(8), node="npu-node-1", sdk=OLD, **size
-    )
+    old = start(pods, root, OLD_POD, vllm(8), node="npu-node-1", sdk=OLD, **size)
     old.wait_phase("serving")
     warm = start(
         pods, root, "modelserver-warm-prefill-v013-5rj9w", vllm(8), node="cpu-node-3", sdk=NEW, **size
@@ -91,7 +111,7 @@ def upgrade(pods: Cluster, root: Path) -> tuple[Pod, Pod]:
     for pod in new:
         pod.wait_phase("serving")
     canary = start(
-        pods, root, "modelserver-prefill-canary-9f6d2", vllm(8, "--max-model-len", "131072"), node="npu-node-4",
+        pods, root, "modelserver-prefill-canary-9f6d2", vllm(8, 131072), node="npu-node-4",
         sdk=NEW, STANDIN_EXIT_BEFORE_HEALTHY="1", **size,
     )  # fmt: skip
     canary.wait_exit()
@@ -113,12 +133,17 @@ def inspect(pods: Cluster, root: Path) -> None:
     shell(pods, root, f"cachemgr show {new_key[:8]}")
     shell(pods, root, f"cachemgr show {failed[:8]}")
     shell(pods, root, f"cachemgr explain -- {' '.join(vllm(8)[:-1])} 8000")
-    miss = vllm(8)
-    miss[miss.index("--max-model-len") + 1] = "65536"
+    miss = vllm(8, 65536)
     shell(pods, root, f"cachemgr explain -- {' '.join(miss[:-1])} 8000")
     shell(pods, root, "cachemgr du")
     shell(pods, root, "cachemgr stats")
     shell(pods, root, "cachemgr locks")
+
+
+def old_shell(pods: Cluster, root: Path) -> None:
+    print("## the old pod's shell (the old image: compiler 0.12.3, vllm-rbln 0.12.0)\n")
+    for line in ("cachemgr ls", "cachemgr prune --incompatible --superseded --dry-run"):
+        shell(pods, root, line, image=OLD, pod=OLD_POD)
 
 
 def killed(pods: Cluster, root: Path, tp16: Pod) -> None:
