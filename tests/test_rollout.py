@@ -206,6 +206,8 @@ def test_a_rollout_loses_no_entry_whichever_image_the_operator_types_in(rollout:
     text = r.cli("old", "ls")
     assert f"newer: {new_label} (2 entries" in text
     assert "nothing to prune" in r.cli("old", "prune", "--incompatible", "--superseded", "--yes")
+    (note,) = r.json("old", "prune", "--incompatible", "--superseded", "--dry-run")["plan"]["notes"]
+    assert note.startswith("2 entries of a newer image (2.0 MiB) left: this image's --incompatible and"), note
     assert {p.name for p in entry_dirs(r.root)} == newer
     assert new_1.proc.poll() is None, "nothing stopped"
     assert r.pods.compiles() == before, "nothing compiled again"
@@ -299,7 +301,8 @@ def inspect_new_image(r: Rollout, names: dict[tuple[str, int], str]) -> None:
     )
     assert (
         f"the volume holds an older generation ({old_label}: 2 entries, 2.0 MiB, 1.0 MiB in use by old-1, old-2): "
-        f"this image never uses it; 'cachemgr prune --{older} --yes' frees it"
+        f"this image never uses it; 'cachemgr prune --{older} --yes' frees 1.0 MiB of it now, the rest once no pod "
+        "runs the older image"
     ) in hit
     assert (
         f"{old_label}: 2 entries, 2.0 MiB, 1.0 MiB in use by old-1, old-2; --{older} frees 1.0 MiB now, "

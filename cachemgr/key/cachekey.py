@@ -302,8 +302,8 @@ def resolve_compiler(override: str | None, environ: Mapping[str, str]) -> tuple[
             raise ConfigError(
                 "cannot tell the RBLN Compiler version: rebel-compiler is not installed in this "
                 "environment and CACHEMGR_COMPILER_VERSION is not set",
-                remedy="run in the modelserver image, or set CACHEMGR_COMPILER_VERSION to its version, "
-                "e.g. CACHEMGR_COMPILER_VERSION=0.12.0",
+                remedy="run in the modelserver image, or set CACHEMGR_COMPILER_VERSION to the version "
+                "that image has ('pip show rebel-compiler' in it)",
             ) from None
         source = f"package rebel-compiler {raw}"
     return major_minor(raw), source

@@ -215,14 +215,21 @@ def _generations_advice(key: CacheKey, entries: tuple[EntryInfo, ...]) -> list[s
     """The other generations on the volume (a rollout): what each holds, and what frees it."""
     advice = []
     for share in shares(entries, Compat.of_key(key.inputs).generation):
-        held = f"{len(share.entries)} entries, {human_bytes(share.bytes)}"
+        held = f"{plural(len(share.entries), 'entry')}, {human_bytes(share.bytes)}"
         if share.standing == "older":
-            use = (
-                f", {human_bytes(share.in_use_bytes)} in use by {', '.join(share.pods)}" if share.pods else ""
-            )
+            prune = f"'cachemgr prune {' '.join(share.selectors)} --yes'"
+            if share.pods:
+                use = f", {human_bytes(share.in_use_bytes)} in use by {', '.join(share.pods)}"
+                frees = (
+                    f"{prune} frees {human_bytes(share.prunable_bytes)} of it now, the rest once no pod runs "
+                    "the older image"
+                    if share.prunable_bytes
+                    else f"{prune} frees it once no pod runs the older image"
+                )
+            else:
+                use, frees = "", f"{prune} frees it"
             advice.append(
-                f"the volume holds an older generation ({share.label}: {held}{use}): this image never uses it; "
-                f"'cachemgr prune {' '.join(share.selectors)} --yes' frees it once no pod runs the older image"
+                f"the volume holds an older generation ({share.label}: {held}{use}): this image never uses it; {frees}"
             )
         elif share.standing == "newer":
             advice.append(

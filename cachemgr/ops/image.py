@@ -37,7 +37,8 @@ class ImageInfo:
             raise ConfigError(
                 "prune --incompatible needs this image's RBLN Compiler version, and "
                 "CACHEMGR_COMPILER_VERSION cannot be told here",
-                remedy="set CACHEMGR_COMPILER_VERSION (or --compiler-version), e.g. CACHEMGR_COMPILER_VERSION=0.12.0",
+                remedy="set CACHEMGR_COMPILER_VERSION (or --compiler-version) to the version of the image whose "
+                "entries are to be kept ('pip show rebel-compiler' in that image): another version's are removed",
             )
         return self.compat
 

@@ -175,11 +175,21 @@ def _notes(
     """What the plan cannot see: signed entries may be served by pods on a read-only mount, which
     record no use unless usage/ is writable to them (the chart's trust.recordUse; docs/design.md,
     "The threat model"), so age and size are no proof of disuse."""
+    notes: tuple[str, ...] = ()
+    newer = [e for e in entries if e.status == "newer"]
+    if newer and (request.incompatible or request.superseded):
+        # Said, so that an operator in an older image's pod does not take "nothing to prune" for
+        # a volume without a newer generation on it (the rollout's first days).
+        notes += (
+            f"{plural(len(newer), 'entry')} of a newer image ({human_bytes(sum(e.size_bytes for e in newer))}) "
+            "left: this image's --incompatible and --superseded never remove a newer image's entries",
+        )
     by_use = request.unused_for is not None or request.keep_bytes is not None
     signed = [e.name for e in entries if e.name in chosen and e.signer]
     if not by_use or not signed:
-        return ()
+        return notes
     return (
+        *notes,
         f"{len(signed)} of the planned entries are signed: pods serving from a read-only mount record no use "
         "without a writable usage/ (the chart's trust.recordUse), so --unused-for and --keep-bytes count from the builder's last use; run the builder (warm) for every "
         "configuration in use, or prune by --key, --incompatible, --superseded or --for-npu (docs/operator-guide.md, trusted entries)",

@@ -151,7 +151,8 @@ def compile_ended(
     raise CompileError(
         f"the {what} {how}; nothing was published",
         remedy=remedy
-        or f"read its output above (the last lines are kept: cachemgr show {key.short}); the next start retries",
+        or f"read its output (in the pod's log; its last lines are kept: cachemgr show {key.short}); "
+        "the next start retries",
         exit_status=status,
     )
 
