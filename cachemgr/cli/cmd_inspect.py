@@ -30,7 +30,7 @@ from cachemgr.key.cachekey import compute_key
 from cachemgr.key.describe import keyed_pairs
 from cachemgr.key.vllm_rbln import VERSION_ENV
 from cachemgr.ops.attempts import LEGEND, Attempt, FailureHistory, Quarantined
-from cachemgr.ops.explain import Explanation
+from cachemgr.ops.explain import Difference, Explanation
 from cachemgr.ops.explain import explain as explain_key
 from cachemgr.ops.generation import PART_NAMES, Generation
 from cachemgr.ops.image import ImageInfo, resolve_image
@@ -373,6 +373,12 @@ def explain(args: argparse.Namespace, server_argv: list[str], environ: Mapping[s
     return int(ExitCode.OK if found.result == "hit" else ExitCode.NOT_A_HIT)
 
 
+def _by_rules(difference: Difference) -> str:
+    """Another release's rules key some inputs otherwise (``model_impl auto -> (unset)`` under
+    strict rules): said where the rules differ, so no one changes a flag for what the rules did."""
+    return " (and the inputs below may differ by the rules alone)" if difference.field == "rules" else ""
+
+
 def _explain_blocks(x: Explanation) -> Iterator[Block]:
     pairs: list[tuple[str, Any]] = [
         ("result", x.result.upper()),
@@ -394,7 +400,11 @@ def _explain_blocks(x: Explanation) -> Iterator[Block]:
                 use += f"; {e.status}: {e.generation.label()}"
             count = len(near.differences)
             head = f"{rank}. {e.short}  ({count} input{'s differ' if count > 1 else ' differs'}; {use})"
-            lines = [safe(head), f"   {safe(e.name)}", *(f"     {safe(d)}" for d in near.differences)]
+            lines = [
+                safe(head),
+                f"   {safe(e.name)}",
+                *(f"     {safe(d)}{_by_rules(d)}" for d in near.differences),
+            ]
             blocks.append("\n".join(lines))
         yield Text("NEAREST ENTRIES (entry value -> this argv)\n" + "\n".join(blocks))
     yield Text("WHAT TO DO\n" + "\n".join(f"- {safe(line)}" for line in x.advice))
