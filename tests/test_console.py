@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -30,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cachemgr_testkit import terminal
 from cachemgr_testkit.podlib import DEADLINE, Cluster, cluster, free_port, npu_node, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 
@@ -99,32 +98,7 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 def on_pty(*args: str, env: dict[str, str]) -> tuple[int, str]:
     """``cachemgr ARGS`` with stdin, stdout and stderr on one pseudo-terminal: what a person sees, in order."""
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cachemgr", *args],
-        env=env,
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        close_fds=True,
-    )
-    os.close(slave)
-    shown = b""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            shown += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    return proc.wait(timeout=30), shown.decode(errors="replace").replace("\r\n", "\n")
+    return terminal.on_pty([sys.executable, "-m", "cachemgr", *args], env, deadline=DEADLINE)
 
 
 def entries_by_tp(root: Path) -> dict[tuple[str, int], Path]:

@@ -11,7 +11,6 @@ import json
 import os
 import pty
 import re
-import select
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from typing import Any
 import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, compiles, server_argv, vllm_argv
+from cachemgr_testkit.terminal import read_terminal
 
 from cachemgr.core.units import human_bytes
 from cachemgr.ops.meter import interval_from
@@ -263,22 +263,8 @@ def _run_on_pty(argv: list[str], env: dict[str, str], *, stdout_pipe: bool = Fal
     out = subprocess.PIPE if stdout_pipe else slave
     proc = subprocess.Popen(argv, env=env, stdin=slave, stdout=out, stderr=slave, close_fds=True)
     os.close(slave)
-    shown = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            shown += chunk
-        elif proc.poll() is not None:
-            break
+    shown = read_terminal(master, proc, deadline=60)
     stdout = proc.communicate(timeout=30)[0] if stdout_pipe else b""
-    os.close(master)
     return proc.wait(timeout=30), shown.decode(errors="replace"), (stdout or b"").decode()
 
 

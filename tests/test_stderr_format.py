@@ -12,16 +12,12 @@ pod, so a person's ``kubectl exec`` inherits it):
 from __future__ import annotations
 
 import json
-import os
-import pty
-import select
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cachemgr_testkit import terminal
 from cachemgr_testkit.podlib import DEADLINE, Cluster, free_port, run_cli
 from cachemgr_testkit.scenarios import server_argv
 
@@ -135,27 +131,7 @@ def test_run_warm_and_probe_write_the_pods_json_only(pods: Cluster, tmp_path: Pa
 
 def on_pty(*args: str, env: dict[str, str]) -> tuple[int, str]:
     """``cachemgr ARGS`` with stdin, stdout and stderr on one pseudo-terminal, as ``kubectl exec -it``."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cachemgr", *args], env=env, stdin=follower, stdout=follower, stderr=follower
-    )
-    os.close(follower)
-    shown = b""
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([leader], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            shown += chunk
-        elif proc.poll() is not None:
-            break
-    os.close(leader)
-    return proc.wait(timeout=DEADLINE), shown.decode(errors="replace").replace("\r\n", "\n")
+    return terminal.on_pty([sys.executable, "-m", "cachemgr", *args], env, deadline=DEADLINE)
 
 
 def test_on_a_terminal_a_pod_command_in_json_stays_json_and_a_persons_stays_plain(
