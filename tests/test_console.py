@@ -637,6 +637,8 @@ def test_the_demos_inspect_command_works_as_printed(tmp_path: Path) -> None:
     )
     assert shown.returncode == 0, (command, shown.stderr)
     assert shown.stderr == "", (command, shown.stderr)
+    # Nor a paragraph on the entries' generation that cannot be told (the server's versions).
+    assert "cannot be told" not in shown.stdout, shown.stdout
     assert "rebellions/Demo-LLM-8B"[-11:] in shown.stdout
     assert " published" in shown.stdout, shown.stdout
     assert [line.split()[2] for line in done.stdout.splitlines() if " publishing" in line], (

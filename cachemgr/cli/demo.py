@@ -329,9 +329,10 @@ def cachemgr_command() -> list[str]:
 
 def inspect_command(work: Path) -> list[str]:
     """``cachemgr ls`` of the prefill volume, as a shell without the demo pods' environment needs
-    it: their volume, and this image's compiler and NPU as the pods were told them (without those,
-    ``ls`` judges no entry by compiler or NPU and says so in two notes)."""
+    it: their volume, and this image's compiler, NPU and server versions as the pods were told them
+    (without those, ``ls`` judges no entry by compiler, NPU or generation, and says so)."""
     return [
+        "env", *(f"{name}={value}" for name, value in DECLARED_VERSIONS.items()),
         *cachemgr_command(), "ls", "--cache-root", str(work / "prefill-volume"),
         "--compiler-version", _COMPILER, "--npu-type", _NPU,
     ]  # fmt: skip
