@@ -108,8 +108,9 @@ class VerifyReport:
         found = f"found {what} in {len(self.damaged)} of {plural(len(self.items), 'entry')} checked ({names})"
         # Who makes them again, and what to look for: an untrusted entry is no accident of the
         # storage, and only a pod with the signing key replaces it (pods that trust keys wait).
+        them = "them" if len(self.damaged) > 1 else "it"
         again = (
-            "the next pod start compiles them again"
+            f"the next pod start compiles {them} again"
             if not untrusted
             else "a publisher with the signing key (the builder, a warm Job) compiles untrusted ones again, "
             "and pods that trust the keys wait for it"
@@ -127,7 +128,7 @@ class VerifyReport:
             )
         return VolumeError(
             found,
-            remedy=f"run 'cachemgr verify --fix' to move them aside; {again}",
+            remedy=f"run 'cachemgr verify --fix' to move {them} aside; {again}",
             damaged=[i.name for i in self.damaged],
         )
 
