@@ -171,6 +171,11 @@ class Runner:
                 compiled = self._compile_under_lease(root, key, strategy)
                 if compiled.exit_code is not None:
                     return compiled.exit_code
+                if self.options.warm and self.metrics.compiles:
+                    # A warm Job's work ends at its publish: a SIGTERM from here on (its wait for
+                    # the upload) does not turn the published entry into a failed Job.
+                    self.state.phase("stopped", exit_code=0, published=True)
+                    return 0
                 found = compiled.found
             if found is not None and self._use(root, key, found):
                 return self._launch(root, key, found, strategy)
