@@ -166,7 +166,8 @@ def group(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "cachemgr":
         return ".".join(parts[:2]) if len(parts) > 1 else "cachemgr"
-    if parts[0] in sys.stdlib_module_names or parts[0].startswith("_") or parts[0] == "encodings":
+    # org.python.core: copy's look for Jython, a failed import the standard library makes
+    if parts[0] in sys.stdlib_module_names or parts[0].startswith("_") or parts[0] in ("encodings", "org"):
         return "stdlib"
     return f"third-party ({parts[0]})"
 
