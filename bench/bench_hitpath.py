@@ -40,6 +40,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 from bench_warm import (
     BASE_ENV,
@@ -175,7 +176,9 @@ def group(module: str) -> str:
 def imports_by_group(stderr: str) -> tuple[float, dict[str, float], dict[str, float]]:
     """From -X importtime: ms the interpreter imported before the script; self ms by group before
     the launch; self ms of each module before the launch."""
-    before, groups, modules = 0.0, Counter[str](), Counter[str]()
+    before = 0.0
+    groups: dict[str, float] = {}
+    modules: dict[str, float] = {}
     phase = "interpreter"
     for line in stderr.splitlines():
         if line == "BENCH-SCRIPT":
@@ -190,12 +193,25 @@ def imports_by_group(stderr: str) -> tuple[float, dict[str, float], dict[str, fl
         if phase == "interpreter":
             before += ms
         else:
-            groups[group(name)] += ms
-            modules[name] += ms
-    return before, dict(groups), dict(modules)
+            groups[group(name)] = groups.get(group(name), 0.0) + ms
+            modules[name] = modules.get(name, 0.0) + ms
+    return before, groups, modules
 
 
-def trace_once(cmd: list[str], env: dict[str, str], work: Path, *, install: Install) -> dict[str, object]:
+class Trace(NamedTuple):
+    """One traced hit: ms per step, self ms per import group and module, and counts."""
+
+    steps: dict[str, float]
+    groups: dict[str, float]
+    modules: dict[str, float]
+    at_startup: float  # ms of imports the interpreter made before the script
+    cpu: float  # ms of the main thread's CPU time at the spawn
+    dataclasses: float  # how many were created before the launch
+    dataclass_ms: float
+    module_count: float
+
+
+def trace_once(cmd: list[str], env: dict[str, str], work: Path, *, install: Install) -> Trace:
     """One traced hit: ms per step and per import group, from the spawn to the server's first act."""
     trace = work / "trace.json"
     argv = [install.python, "-X", "importtime", "-c", TRACE, *cmd]
@@ -213,27 +229,28 @@ def trace_once(cmd: list[str], env: dict[str, str], work: Path, *, install: Inst
     steps["server exec to its first act"] = (start.server_ns - spans["spawn server"][1]) / 1e6
     steps["other (between the steps)"] = start.spawn_to_server_ms - sum(steps.values())
     steps["total (traced: -X importtime slows it)"] = start.spawn_to_server_ms
-    return {
-        "steps": steps,
-        "groups": groups,
-        "modules": modules,
-        "at_startup": at_startup,
-        "cpu": data["cpu_ns"] / 1e6,
-        "dataclasses": data["dataclasses"][0],
-        "dataclass_ms": data["dataclasses"][1] / 1e6,
-        "module_count": data["modules"],
-    }
+    return Trace(
+        steps=steps,
+        groups=groups,
+        modules=modules,
+        at_startup=at_startup,
+        cpu=data["cpu_ns"] / 1e6,
+        dataclasses=data["dataclasses"][0],
+        dataclass_ms=data["dataclasses"][1] / 1e6,
+        module_count=data["modules"],
+    )
 
 
-def median_of(traces: list[dict[str, object]], field: str, name: str | None = None) -> float:
+def median_of(traces: list[Trace], field: str, name: str | None = None) -> float:
+    """The median of a scalar field, or of one name of a dict field (0 where a trace lacks it)."""
     values = []
     for trace in traces:
-        value = trace[field]
-        values.append(float(value.get(name, 0.0) if isinstance(value, dict) else value))  # type: ignore[arg-type]
+        value = getattr(trace, field)
+        values.append(float(value.get(name, 0.0)) if isinstance(value, dict) else float(value))
     return statistics.median(values)
 
 
-def print_breakdown(this: list[dict[str, object]], that: list[dict[str, object]], label: str) -> None:
+def print_breakdown(this: list[Trace], that: list[Trace], label: str) -> None:
     both = bool(that)
     head = "| step | this, ms | share |" + (f" {label}, ms | this / that |" if both else "")
     rule = "|---|---:|---:|" + ("---:|---:|" if both else "")
@@ -245,7 +262,7 @@ def print_breakdown(this: list[dict[str, object]], that: list[dict[str, object]]
             text += f" {theirs:.1f} | {ratio} |"
         return text
 
-    steps = list(this[0]["steps"])  # type: ignore[arg-type]
+    steps = list(this[0].steps)
     total = median_of(this, "steps", steps[-1])
     print(f"\n### Where the time goes: steps (median of {len(this)} traced runs each)\n")
     print(head)
@@ -265,8 +282,8 @@ def print_breakdown(this: list[dict[str, object]], that: list[dict[str, object]]
     )
     print(f"\n### Imports before the launch, by group (self time, `-X importtime`; median of {len(this)})\n")
     names = sorted(
-        {g for t in this + that for g in t["groups"]}, key=lambda g: -median_of(this + that, "groups", g)
-    )  # type: ignore[attr-defined]
+        {g for t in this + that for g in t.groups}, key=lambda g: -median_of(this + that, "groups", g)
+    )
     imports = sum(median_of(this, "groups", g) for g in names)
     print(head.replace("| step |", "| group |"))
     print(rule)
@@ -300,7 +317,7 @@ def print_breakdown(this: list[dict[str, object]], that: list[dict[str, object]]
             f"| {name} | {form.format(median_of(this, field))} |"
             + (f" {form.format(median_of(that, field))} |" if both else "")
         )
-    costly = Counter({m: median_of(this, "modules", m) for t in this for m in t["modules"]})  # type: ignore[attr-defined]
+    costly = Counter({m: median_of(this, "modules", m) for t in this for m in t.modules})
     print("\nThe costliest modules before the launch (self ms, median): " + ", ".join(
         f"{m} {ms:.1f}" for m, ms in costly.most_common(12)
     ))  # fmt: skip
@@ -354,8 +371,8 @@ def main() -> int:
             )
             env = {**os.environ, **BASE_ENV, "CACHEMGR_CACHE_ROOT": str(root)}
             cmd = cachemgr_argv(key, args.files, args.size, head=[])
-            this: list[dict[str, object]] = []
-            that: list[dict[str, object]] = []
+            this: list[Trace] = []
+            that: list[Trace] = []
             for i in range(args.traces):
                 turn = [("this", args.install, this)]
                 if args.against_install is not None:
