@@ -418,14 +418,14 @@ def handler(command, *rest):
     record("import cachemgr.cli.cmd_run", began)
     def traced_run(args, server_argv, environ):
         began = time.time_ns()
-        import cachemgr.runtime.runner as r, cachemgr.runtime.launcher, cachemgr.runtime.heartbeats as h  # what cmd_run.run imports first
+        import cachemgr.runtime.runner as r, cachemgr.runtime.launch as l, cachemgr.runtime.launcher, cachemgr.runtime.heartbeats as h  # what cmd_run.run imports first
         record("import cachemgr.runtime.runner", began)
         wrap(r.Runner, "__init__", "runner setup (state, heartbeats)")
         wrap(r, "compute_key", "key")
         wrap(r, "open_root", "open root")
         wrap(r, "lookup", "lookup + fast check")
         wrap(h, "register_use", "use record")
-        wrap(r, "build_view", "view")
+        wrap(l, "build_view", "view")  # the launch step builds it (cachemgr.runtime.launch)
         wrap(cachemgr.runtime.launcher, "start", "spawn server")
         return run(args, server_argv, environ)
     return traced_run

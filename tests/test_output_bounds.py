@@ -13,7 +13,6 @@ import random
 import signal
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -173,7 +172,7 @@ def test_failure_records_are_capped_in_size_and_per_key_the_oldest_going_first(r
     }
     written = []
     for index in range(RECORDS_PER_KEY + 5):
-        path = record_failure(cache, digest, replace(identity, pid=1000 + index), huge)
+        path = record_failure(cache, digest, identity._replace(pid=1000 + index), huge)
         assert path is not None
         written.append(path.name)
     names = sorted(p.name for p in _records(root))

@@ -12,7 +12,6 @@ second: no read timeout fires) holds it no longer than its budget (``--budget``,
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import signal
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -138,7 +137,7 @@ def _bounded(args: argparse.Namespace, environ: Mapping[str, str]) -> BoundedRem
         return BoundedRemote(config)
     if budget <= 0:
         raise UsageError(f"--budget {budget:g}s must be more than zero", remedy="pass e.g. --budget 10m")
-    return BoundedRemote(dataclasses.replace(config, budget=budget), budget_name="--budget")
+    return BoundedRemote(config._replace(budget=budget), budget_name="--budget")
 
 
 def _listing(remote: BoundedRemote, signals: _Signals, *, deadline: float) -> RemoteListing:

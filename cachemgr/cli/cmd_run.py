@@ -7,12 +7,11 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cachemgr.core.errors import ConfigError, UsageError
-from cachemgr.core.signing import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
+from cachemgr.core.trust_env import SIGNING_KEY_ENV, TRUSTED_KEYS_ENV
 from cachemgr.core.units import parse_duration
 from cachemgr.key.cachekey import KeyRequest, Strategy, compute_key
 from cachemgr.runtime.state import DEFAULT_STATE_DIR
@@ -91,8 +90,7 @@ def trusted_keys(args: argparse.Namespace) -> TrustedKeys | None:
     return trusted
 
 
-@dataclass(frozen=True)
-class _TrustSetting:
+class _TrustSetting(NamedTuple):
     """A trust setting, given by its variable or its option: read by :meth:`value`."""
 
     attr: str

@@ -28,12 +28,12 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from cachemgr.core.errors import ConfigError, UsageError
+from cachemgr.core.trust_env import SIGNING_KEY_ENV as SIGNING_KEY_ENV  # noqa: PLC0414
+from cachemgr.core.trust_env import TRUSTED_KEYS_ENV as TRUSTED_KEYS_ENV  # noqa: PLC0414
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-SIGNING_KEY_ENV = "CACHEMGR_SIGNING_KEY_FILE"
-TRUSTED_KEYS_ENV = "CACHEMGR_TRUSTED_KEYS"
 # Shown in logs, tables and file names: plain characters only (Nix's own names, such as
 # cache.nixos.org-1, fit).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

@@ -13,9 +13,9 @@ import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.core.versions import release_numbers
@@ -63,15 +63,14 @@ _ENV_EXTRA = ("RBLN_USE_CUSTOM_KERNEL",)
 _ROLE = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
-@dataclass(frozen=True)
-class CacheKey:
+class CacheKey(NamedTuple):
     """A computed key: its digest, the hashed inputs, and where each input came from."""
 
     digest: str
     inputs: Mapping[str, Any]
     sources: Mapping[str, str]
     server: ServerCommand
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = MappingProxyType({})
 
     @property
     def short(self) -> str:
@@ -120,18 +119,48 @@ class CacheKey:
         }
 
 
-@dataclass(frozen=True, kw_only=True)
 class KeyRequest:
-    """Everything a key is computed from; the CLI fills it from flags and the environment."""
+    """Everything a key is computed from; the CLI fills it from flags and the environment.
 
-    argv: Sequence[str]
-    role: str | None
-    strategy: Strategy | None = None
-    compile_cmd: str | None = None
-    key_env: Sequence[str] = ()
-    compiler_version: str | None = None
-    npu_type: str | None = None
-    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    A plain class, not a dataclass: the hit path makes none (docs/benchmarks.md, "The hit path
+    without dataclasses"); ``environ`` defaults to a copy of the process's environment, taken now.
+    """
+
+    __slots__ = (
+        "argv",
+        "compile_cmd",
+        "compiler_version",
+        "environ",
+        "key_env",
+        "npu_type",
+        "role",
+        "strategy",
+    )
+
+    def __init__(
+        self,
+        *,
+        argv: Sequence[str],
+        role: str | None,
+        strategy: Strategy | None = None,
+        compile_cmd: str | None = None,
+        key_env: Sequence[str] = (),
+        compiler_version: str | None = None,
+        npu_type: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.argv = argv
+        self.role = role
+        self.strategy = strategy
+        self.compile_cmd = compile_cmd
+        self.key_env = key_env
+        self.compiler_version = compiler_version
+        self.npu_type = npu_type
+        self.environ: Mapping[str, str] = dict(os.environ) if environ is None else environ
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__ if name != "environ")
+        return f"KeyRequest({shown}, environ=<{len(self.environ)} variables>)"
 
 
 def compute_key(request: KeyRequest) -> CacheKey:

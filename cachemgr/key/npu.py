@@ -23,7 +23,7 @@ import re
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cachemgr.core.errors import ConfigError
 
@@ -54,8 +54,7 @@ SERVER_SETTINGS = ("RBLN_FORCE_NPU_NAME", "RBLN_TARGET_SOC")
 _CHART_SETS = frozenset({"CACHEMGR_NPU_TYPE", "RBLN_FORCE_NPU_NAME"})
 
 
-@dataclass(frozen=True)
-class Npu:
+class Npu(NamedTuple):
     """The resolved NPU name, where it came from, and what the device query cost."""
 
     name: str

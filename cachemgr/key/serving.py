@@ -26,9 +26,9 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from cachemgr.core.errors import ConfigError
 from cachemgr.key.vllm_argv import OWNED, TOP_LEVEL_OPTIONS, flexible_rewrite, serve_parser
@@ -133,8 +133,7 @@ ALWAYS_RUNTIME: frozenset[str] = frozenset(
 _SECRETS = frozenset({"api_key", "hf_token"})  # never in a key, in any release
 
 
-@dataclass(frozen=True)
-class ServerCommand:
+class ServerCommand(NamedTuple):
     """A server argv and what of it goes into the cache key.
 
     ``settings`` is the key's view with :data:`RUNTIME_ONLY` left out (the ``command`` strategy and
@@ -149,12 +148,12 @@ class ServerCommand:
     kind: ServerKind
     model: str | None = None
     revision: str | None = None
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: Mapping[str, Any] = MappingProxyType({})
     dropped: tuple[str, ...] = ()
     unknown: tuple[str, ...] = ()
     port: int | None = None
     host: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = MappingProxyType({})
     unknown_argv: tuple[str, ...] = ()
     option_spans: tuple[tuple[str, int, int], ...] = ()  # (flag, first, end) of each known option in it
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import dataclasses
 import json
 import os
 import subprocess
@@ -282,7 +281,7 @@ def _moved(doc: dict[str, Any]) -> Moved:
 
 def _config_doc(config: RemoteConfig) -> dict[str, Any]:
     """The config as the child rebuilds it (``RemoteConfig(**doc)``): every field, none spelled out."""
-    return dataclasses.asdict(config)
+    return dict(config._asdict())
 
 
 def _child_env() -> dict[str, str]:

@@ -18,7 +18,7 @@ naming the variable; a bad ``--remote`` flag a usage error (64).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cachemgr.core.errors import CacheMgrError, ConfigError, UsageError
 from cachemgr.core.units import parse_duration
@@ -35,8 +35,7 @@ DEFAULT_UPLOAD_WAIT = 30.0
 INSTALL = "pip install 'cachemgr[remote]'"
 
 
-@dataclass(frozen=True, kw_only=True)
-class RemoteConfig:
+class RemoteConfig(NamedTuple):
     """An ``s3://bucket/prefix`` and the limits on using it."""
 
     url: str

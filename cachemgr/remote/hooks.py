@@ -16,7 +16,6 @@ upload (after this pod published a compile)
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import os
 import threading
@@ -302,7 +301,7 @@ def _with_origin(staging: Path, manifest: Manifest, origin: dict[str, Any], *, w
         _local(FileRecord(SUMMARY_NAME, 0, summary_hash) if r.path == SUMMARY_NAME else r, stats)
         for r in manifest.files
     )
-    updated = dataclasses.replace(manifest, files=files, extra={**manifest.extra, "origin": origin})
+    updated = manifest._replace(files=files, extra={**manifest.extra, "origin": origin})
     atomic_write_json(staging / MANIFEST_NAME, updated.to_json(), within=within)
     return updated
 
@@ -311,7 +310,7 @@ def _local(record: FileRecord, stats: dict[str, os.stat_result]) -> FileRecord:
     st = stats.get(record.path)
     if st is None:  # checked a moment ago: something removed it from our private staging since
         raise FileNotFoundError(errno.ENOENT, "gone from staging after its check", record.path)
-    return dataclasses.replace(record, size=st.st_size, mtime_ns=st.st_mtime_ns)
+    return record._replace(size=st.st_size, mtime_ns=st.st_mtime_ns)
 
 
 # --- upload after a local publish -------------------------------------------------------------

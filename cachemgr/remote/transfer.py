@@ -29,7 +29,7 @@ import os
 import queue
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -448,7 +448,7 @@ def _check_download(staging: Path, manifest: Manifest, *, within: Path) -> list[
             problem = _hash_check(local, record)
             if problem is not None:
                 found[record.path] = problem
-    without_mtimes = replace(manifest, files=tuple(replace(r, mtime_ns=None) for r in manifest.files))
+    without_mtimes = manifest._replace(files=tuple(r._replace(mtime_ns=None) for r in manifest.files))
     for problem in check_files(staging, without_mtimes, mode="fast", within=within):
         found.setdefault(problem.path, problem)
     return list(found.values())

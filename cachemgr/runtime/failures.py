@@ -26,7 +26,6 @@ from cachemgr.core.errors import (
 from cachemgr.core.fsutil import is_disk_full
 from cachemgr.core.units import plural
 from cachemgr.runtime.state import StateDirBusy, claim_state_dir
-from cachemgr.volume.failure_records import record_failure
 
 if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey
@@ -100,6 +99,8 @@ def record(
     tail: list[str] | None = None,
 ) -> None:
     """The failure record: the same one-line message as the log and the termination message."""
+    from cachemgr.volume.failure_records import record_failure  # a failure only: not on a hit
+
     record_failure(
         root,
         key.digest,

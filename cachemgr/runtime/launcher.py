@@ -23,9 +23,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NamedTuple
 
 from cachemgr.core.errors import ConfigError, Interrupted
 from cachemgr.core.fsutil import tree_bytes
@@ -273,8 +272,7 @@ def wait_reaping(child: subprocess.Popen[bytes], *, reaper: bool) -> int:
 _WAIT_EVERY = 0.2
 
 
-@dataclass
-class Progress:
+class Progress(NamedTuple):
     """The last observed compile activity, for the state record and stall detection."""
 
     cpu_seconds: float = 0.0

@@ -18,9 +18,8 @@ import json
 import os
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cachemgr.core.errors import CacheMgrError, StateDirInUseError
 from cachemgr.core.log import get_logger
@@ -46,8 +45,7 @@ FAILURE_REASONS: tuple[str, ...] = _failure_reasons()
 FAILURES_FILE = "failures.json"
 
 
-@dataclass(frozen=True)
-class MetricsSnapshot:
+class MetricsSnapshot(NamedTuple):
     """A consistent copy of the counters, safe to render from another thread."""
 
     hits: int
@@ -60,10 +58,10 @@ class MetricsSnapshot:
     failures: dict[str, int]
     phase: str
     phase_seconds: dict[str, float]
-    remote: dict[str, Any] = field(default_factory=dict)
+    remote: dict[str, Any]
+    prefetch: dict[str, Any]
     untrusted: int = 0
     saved_seconds: float = 0.0
-    prefetch: dict[str, Any] = field(default_factory=dict)
     server_failed: int = 0
     resaved_on_hit: int = 0
 
@@ -88,45 +86,47 @@ class MetricsSnapshot:
         }
 
 
-@dataclass
 class Metrics:
-    hits: int = 0
-    misses: int = 0
-    compiles: int = 0
-    compile_seconds: float = 0.0
-    # Compile time this start did not spend: the entry's compile on a hit, less the wait after one.
-    saved_seconds: float = 0.0
-    lease_wait_seconds: float = 0.0
-    damaged: int = 0
-    # Entries not trusted (cachemgr.volume.trust): unsigned, another key's, changed after signing.
-    untrusted: int = 0
-    # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
-    recompiled_on_hit: int = 0
-    # Hits after which the server saved a bundle again, not larger, with other bytes: no alarm, said apart.
-    resaved_on_hit: int = 0
-    # Servers launched on a hit that exited before they were ready (cachemgr.runtime.server_failures).
-    server_failed: int = 0
-    failures: Counter[str] = field(default_factory=Counter)
-    phase: str = "resolving"
-    # Seconds spent in each phase this run, counted when the phase ends.
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    # Failures of earlier containers of this pod (see keep_failures_in).
-    previous_failures: Counter[str] = field(default_factory=Counter)
-    # The remote tier (cachemgr.remote): downloads that replaced a compile, uploads, failures by problem.
-    remote_hits: int = 0
-    remote_misses: int = 0
-    remote_bytes: int = 0
-    remote_seconds: float = 0.0
-    remote_uploads: int = 0
-    remote_upload_bytes: int = 0
-    remote_failures: Counter[str] = field(default_factory=Counter)
-    # The read-ahead after a hit's launch (cachemgr.runtime.prefetch): bytes, seconds, files left by reason.
-    prefetch_bytes: int = 0
-    prefetch_seconds: float = 0.0
-    prefetch_files: int = 0
-    prefetch_skipped: Counter[str] = field(default_factory=Counter)
-    _failures_file: Path | None = field(default=None, repr=False, compare=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    """The counters, incremented by the runner (a plain class: the hit path makes no dataclass)."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.misses = 0
+        self.compiles = 0
+        self.compile_seconds = 0.0
+        # Compile time this start did not spend: the entry's compile on a hit, less the wait after one.
+        self.saved_seconds = 0.0
+        self.lease_wait_seconds = 0.0
+        self.damaged = 0
+        # Entries not trusted (cachemgr.volume.trust): unsigned, another key's, changed after signing.
+        self.untrusted = 0
+        # Hits after which the server compiled anyway (cachemgr.volume.drift): the key missed an input.
+        self.recompiled_on_hit = 0
+        # Hits after which the server saved a bundle again, not larger, with other bytes: no alarm, said apart.
+        self.resaved_on_hit = 0
+        # Servers launched on a hit that exited before they were ready (cachemgr.runtime.server_failures).
+        self.server_failed = 0
+        self.failures: Counter[str] = Counter()
+        self.phase = "resolving"
+        # Seconds spent in each phase this run, counted when the phase ends.
+        self.phase_seconds: dict[str, float] = {}
+        # Failures of earlier containers of this pod (see keep_failures_in).
+        self.previous_failures: Counter[str] = Counter()
+        # The remote tier (cachemgr.remote): downloads that replaced a compile, uploads, failures by problem.
+        self.remote_hits = 0
+        self.remote_misses = 0
+        self.remote_bytes = 0
+        self.remote_seconds = 0.0
+        self.remote_uploads = 0
+        self.remote_upload_bytes = 0
+        self.remote_failures: Counter[str] = Counter()
+        # The read-ahead after a hit's launch (cachemgr.runtime.prefetch): bytes, seconds, files left by reason.
+        self.prefetch_bytes = 0
+        self.prefetch_seconds = 0.0
+        self.prefetch_files = 0
+        self.prefetch_skipped: Counter[str] = Counter()
+        self._failures_file: Path | None = None
+        self._lock = threading.Lock()
 
     def failure(self, reason: str) -> None:
         with self._lock:

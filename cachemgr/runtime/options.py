@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
 from cachemgr.volume.manifest import VerifyMode
@@ -18,8 +17,7 @@ if TYPE_CHECKING:
 OnMiss = Literal["compile", "fail"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class RunOptions:
+class RunOptions(NamedTuple):
     """Everything ``run``/``warm`` take besides the key inputs (see ``cachemgr run --help``)."""
 
     cache_root: Path

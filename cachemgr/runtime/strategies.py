@@ -25,9 +25,8 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 from cachemgr.core import safefs, safewalk
 from cachemgr.core.errors import CompileError, ConfigError
@@ -54,8 +53,7 @@ OUTPUT_DIR = "{output_dir}"
 _LINK_FALLBACK = frozenset({errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK, errno.EOPNOTSUPP})
 
 
-@dataclass(frozen=True)
-class Compiled:
+class Compiled(NamedTuple):
     """How a compile under the lease ended, when it did not fail.
 
     ``exit_code`` None: the flow goes on: with ``found``, to launch that entry at once (it was

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # A pod name used as is in file names: what Kubernetes names pods (DNS-1123: lower-case
 # alphanumerics, '-' and '.'), upper case and '_' too, not starting with a dot, and short.
@@ -28,12 +26,13 @@ def file_safe(name: str) -> str:
     if _PLAIN.fullmatch(name):
         return name
     readable = _UNSAFE.sub("_", name).lstrip("._-")[:_READABLE] or "pod"
+    import hashlib  # an odd pod name only: OpenSSL's load is ~2 ms of a pod's start
+
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return f"{readable}-{digest}"
 
 
-@dataclass(frozen=True)
-class PodIdentity:
+class PodIdentity(NamedTuple):
     """Who is acting: the pod (HOSTNAME in Kubernetes), its node (downward API) and process."""
 
     pod: str
@@ -53,7 +52,7 @@ class PodIdentity:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return dict(self._asdict())
 
     @property
     def file_stem(self) -> str:

@@ -14,9 +14,8 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from cachemgr import __version__
 from cachemgr.core import jsonread, safefs
@@ -36,8 +35,7 @@ _CACHEDIR_TAG = (
 )
 
 
-@dataclass(frozen=True)
-class CacheRoot:
+class CacheRoot(NamedTuple):
     """A cache volume's root directory and the places inside it."""
 
     path: Path

@@ -13,10 +13,10 @@ import errno
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from stat import S_ISREG
-from typing import Any, Literal
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
 
 from cachemgr import __version__
 from cachemgr.core import jsonread, safefs, safewalk
@@ -32,8 +32,10 @@ MANIFEST_FORMAT = 1
 VerifyMode = Literal["fast", "full"]
 
 
-@dataclass(frozen=True, slots=True)  # slots: a hit makes one per file (2,000: 0.5 ms less)
-class FileRecord:
+# NamedTuples, not dataclasses: this module is on every hit, where importing ``dataclasses`` (and
+# with it ``inspect``) and defining one cost a pod's start milliseconds (docs/benchmarks.md, "The
+# hit path without dataclasses"); and a hit makes one FileRecord per file.
+class FileRecord(NamedTuple):
     path: str
     size: int
     xxh3: str
@@ -56,8 +58,7 @@ class FileRecord:
         return data
 
 
-@dataclass(frozen=True)
-class Manifest:
+class Manifest(NamedTuple):
     """What was published: files with sizes and hashes, and the key they were compiled for."""
 
     key: str
@@ -69,14 +70,17 @@ class Manifest:
     strategy: str
     model_name: str = ""
     format: int = MANIFEST_FORMAT
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = MappingProxyType({})
 
     @property
     def total_bytes(self) -> int:
         return sum(record.size for record in self.files)
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {
+            name: dict(value) if isinstance(value, Mapping) else value
+            for name, value in self._asdict().items()
+        }
         data["files"] = [record.to_json() for record in self.files]
         data["total_bytes"] = self.total_bytes
         return data
@@ -86,8 +90,7 @@ class ManifestError(ValueError):
     """A manifest is missing or not a manifest: the entry was never committed or is damaged."""
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """One thing wrong with an entry, in words an operator can act on."""
 
     path: str

@@ -47,9 +47,9 @@ import contextlib
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cachemgr.core import coerce, jsonread, safefs
 from cachemgr.core.fsutil import atomic_write_json_at, touch_at
@@ -78,21 +78,57 @@ _OBSERVE_POLL = 0.25
 Mark = tuple[int, int, int]
 
 
-@dataclass(frozen=True)
 class User:
-    """A pod using an entry, as recorded on the volume."""
+    """A pod using an entry, as recorded on the volume.
 
-    pod: str
-    node: str
-    since: float
-    age: float  # by this node's clock: only a hint, skew shifts it
-    # Older than the in-use window by this node's clock, or from its future: alive only if
-    # ``observe`` sees it beat (see the module docstring).
-    silent: bool = False
-    path: str = field(default="", repr=False, compare=False)
-    mark: Mark | None = field(default=None, repr=False, compare=False)
-    start: str = field(default="other", compare=False)  # how this start got the entry (STARTS)
-    waited_s: float = field(default=0.0, compare=False)
+    Equal by who and when (pod, node, since, age, silent): the record's path, mark and how the
+    start got the entry are not compared. A plain class (this module is on the hit path, which
+    makes no dataclass: docs/benchmarks.md, "The hit path without dataclasses").
+    """
+
+    __slots__ = ("age", "mark", "node", "path", "pod", "silent", "since", "start", "waited_s")
+
+    def __init__(  # noqa: PLR0917 -- read_usage builds it positionally, from a record
+        self,
+        pod: str,
+        node: str,
+        since: float,
+        age: float,  # by this node's clock: only a hint, skew shifts it
+        # Older than the in-use window by this node's clock, or from its future: alive only if
+        # ``observe`` sees it beat (see the module docstring).
+        silent: bool = False,
+        path: str = "",
+        mark: Mark | None = None,
+        start: str = "other",  # how this start got the entry (STARTS)
+        waited_s: float = 0.0,
+    ) -> None:
+        self.pod = pod
+        self.node = node
+        self.since = since
+        self.age = age
+        self.silent = silent
+        self.path = path
+        self.mark = mark
+        self.start = start
+        self.waited_s = waited_s
+
+    def _compared(self) -> tuple[str, str, float, float, bool]:
+        return (self.pod, self.node, self.since, self.age, self.silent)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, User)
+        return self._compared() == other._compared()
+
+    def __hash__(self) -> int:
+        return hash(self._compared())
+
+    def __repr__(self) -> str:
+        return (
+            f"User(pod={self.pod!r}, node={self.node!r}, since={self.since!r}, age={self.age!r}, "
+            f"silent={self.silent!r}, start={self.start!r}, waited_s={self.waited_s!r})"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,8 +155,7 @@ _NAME_MAX = 255
 _RECORD_MAX = 64 * 1024  # a use record is a few hundred bytes
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(NamedTuple):
     """One read of ``usage/<digest>/``: live and silent users, and what was seen, to compare later."""
 
     live: tuple[User, ...] = ()
@@ -132,11 +167,11 @@ class Usage:
     recompiled_on_hit: int = 0  # records of hits that saw the server compile anyway (cachemgr.volume.drift)
     # Pod starts by how they got the entry (STARTS; "other" for a record that does not say):
     # the ended ones by name, the live and silent ones from the records read anyway.
-    starts: Mapping[str, int] = field(default_factory=dict)
+    starts: Mapping[str, int] = MappingProxyType({})
     # Names of ended starts that waited for a peer (their records say how long: stats reads them).
     waited: tuple[str, ...] = ()
     # Pre-ready server exits on a hit, per published copy of the key (cachemgr.volume.serverfail).
-    server_failed: Mapping[str, int] = field(default_factory=dict)
+    server_failed: Mapping[str, int] = MappingProxyType({})
 
     @property
     def records(self) -> frozenset[tuple[str, Mark]]:

@@ -20,15 +20,13 @@ first rename wins; a later one finds the entry there and discards its copy.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import os
 import stat
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from cachemgr.core import jsonread, safefs, safewalk
 from cachemgr.core.errors import CompileError
@@ -69,8 +67,7 @@ if TYPE_CHECKING:
 LookupStatus = Literal["hit", "miss", "damaged", "untrusted"]
 
 
-@dataclass(frozen=True)
-class Lookup:
+class Lookup(NamedTuple):
     """The result of looking for a key's entry: lock-free and read-only."""
 
     status: LookupStatus
@@ -164,7 +161,7 @@ def check_trust(
         return Lookup(
             "untrusted", found.path, found.manifest, signer=verdict.signer, untrusted=verdict.reason
         )
-    return dataclasses.replace(found, signer=verdict.signer)
+    return found._replace(signer=verdict.signer)
 
 
 def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
@@ -190,8 +187,7 @@ def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
 # --- staging and publish ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Staging:
+class Staging(NamedTuple):
     """One compile attempt's private directory on the volume, and its owner record beside it."""
 
     path: Path
@@ -249,8 +245,7 @@ def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Sta
     return staging
 
 
-@dataclass(frozen=True)
-class PublishOutcome:
+class PublishOutcome(NamedTuple):
     published: bool
     path: Path
     manifest: Manifest
@@ -405,8 +400,7 @@ def stale_staging_after(lease_duration: float | None = None) -> float:
     return max(_STAGING_SILENCE_FLOOR, 10 * (lease_duration or 0.0))
 
 
-@dataclass(frozen=True)
-class StagingInfo:
+class StagingInfo(NamedTuple):
     """An attempt directory found on the volume, with what is known of its owner."""
 
     path: Path

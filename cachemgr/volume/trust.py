@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import json
 import math
 import os
@@ -160,7 +159,7 @@ def sign_staging(
         finally:
             os.close(fd)
     listed = sorted([*(r for r in manifest.files if r.path != SIGNATURE_NAME), record], key=lambda r: r.path)
-    return dataclasses.replace(manifest, files=tuple(listed))
+    return manifest._replace(files=tuple(listed))
 
 
 # --- reading and judging -----------------------------------------------------------------------
