@@ -52,7 +52,7 @@ def derive(table: Mapping[str, Any]) -> dict[str, Any]:
         same = answer["server_same"] and answer["compile_same"]
         if variant["id"].endswith(" (default)"):
             if same and answer["path"] == variant["base"]:
-                value = _parsed(variant, dest)
+                value = _parsed(variant, dest, table["release"])
                 if value is not _MISSING and value not in defaults[dest]:
                     defaults[dest].append(value)
             continue
@@ -65,7 +65,7 @@ def derive(table: Mapping[str, Any]) -> dict[str, Any]:
                 defaults.pop(variant["dest"], None)
     ignored = {
         base: sorted(dest for (b, dest), sames in seen.items() if b == base and sames and all(sames))
-        for base in oracle.BASES
+        for base in oracle.bases(table["release"])
     }
     return {"defaults": {k: defaults[k] for k in sorted(defaults)}, "ignored": ignored}
 
@@ -73,9 +73,9 @@ def derive(table: Mapping[str, Any]) -> dict[str, Any]:
 _MISSING = object()
 
 
-def _parsed(variant: Mapping[str, Any], dest: str) -> Any:
+def _parsed(variant: Mapping[str, Any], dest: str, release: str) -> Any:
     """The option's value as cachemgr's own parser stores it (what the key compares)."""
-    argv = oracle.argv_of(variant, _MODEL)
+    argv = oracle.argv_of(variant, _MODEL, release)
     options = parse_server_argv(argv).options
     return options.get(dest, _MISSING)
 
