@@ -1,7 +1,7 @@
 """Derive, from the key oracle's table, what each model path's identity reads of ``vllm serve``'s options.
 
-Writes ``cachemgr/key/vllm_identity.py`` (``--check``: exit 1 if the committed file is not what the
-table gives). Runs in the project's venv (it reads option values with cachemgr's own parser, the one
+Writes ``cachemgr/key/vllm_identity.py`` from 0.12.0's table and ``cachemgr/key/vllm_identity_0_11_2.py``
+from 0.11.2's (``--release``; ``--check``: exit 1 if the committed file is not what the table gives). Runs in the project's venv (it reads option values with cachemgr's own parser, the one
 the key uses); the table is tests/data/oracle/vllm-rbln-RELEASE.json, which scripts/oracle writes from
 the real server code.
 
@@ -36,8 +36,11 @@ from cachemgr_testkit import oracle
 from cachemgr.key.serving import parse_server_argv
 
 REPO = Path(__file__).resolve().parents[2]
-OUTPUT = REPO / "cachemgr" / "key" / "vllm_identity.py"
-TABLES = {"0.12.0": REPO / "tests" / "data" / "oracle" / "vllm-rbln-0.12.0.json"}
+OUTPUTS = {
+    "0.12.0": REPO / "cachemgr" / "key" / "vllm_identity.py",
+    "0.11.2": REPO / "cachemgr" / "key" / "vllm_identity_0_11_2.py",
+}
+TABLES = {release: REPO / "tests" / "data" / "oracle" / f"vllm-rbln-{release}.json" for release in OUTPUTS}
 _MODEL = "/models/m"  # any path: option values never name it but --model/--tokenizer (keyed apart)
 
 
@@ -126,20 +129,22 @@ def _literal(value: Any) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--release", default="0.12.0")
+    parser.add_argument("--release", default="0.12.0", choices=sorted(OUTPUTS))
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is not current")
     args = parser.parse_args()
     table = json.loads(TABLES[args.release].read_text(encoding="utf-8"))
     text = render(args.release, derive(table), table)
+    output = OUTPUTS[args.release]
     if args.check:
-        if OUTPUT.read_text(encoding="utf-8") != text:
+        if output.read_text(encoding="utf-8") != text:
             print(
-                f"{OUTPUT.relative_to(REPO)} is not what {TABLES[args.release].name} gives: rerun tools/oracle/derive.py"
+                f"{output.relative_to(REPO)} is not what {TABLES[args.release].name} gives: "
+                f"rerun tools/oracle/derive.py --release {args.release}"
             )
             return 1
         return 0
-    OUTPUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUTPUT.relative_to(REPO)}", file=sys.stderr)
+    output.write_text(text, encoding="utf-8")
+    print(f"wrote {output.relative_to(REPO)}", file=sys.stderr)
     return 0
 
 
