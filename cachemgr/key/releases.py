@@ -316,7 +316,7 @@ _ENV_0_11 = _env(
 # The same, from 0.11.2's own run of the oracle (cachemgr.key.vllm_identity_0_11_2, derived by
 # tools/oracle/derive.py --release 0.11.2 from vLLM 0.24.0's parser): not 0.12's facts, which were
 # answered by vLLM 0.30 and vllm-rbln 0.12 code. On the optimum path 0.11.2 ignores --dtype (the
-# platform sets float32 whatever is asked, platform.py 384-387) and --model-impl (vLLM's own there).
+# platform sets float32 whatever is asked, platform.py 386) and --model-impl (vLLM's own there).
 _IGNORED_BOTH_0_11 = _flags(identity_0_11.IGNORED["vllm"] & identity_0_11.IGNORED["optimum"])
 VLLM_RBLN_0_11_2 = Release(
     name="vllm-rbln 0.11.2",

@@ -136,7 +136,7 @@ _PAIRS_PER_BASE = 60
 
 # vllm-rbln 0.11.2 (vLLM 0.24.0) where it differs. Its additional_config is a dict vLLM hashes whole;
 # the optimum directory name reads its "rbln_config" only, less the runtime-only keys (dispatch.py
-# 37-103), and the compile takes "rbln_config" as the overrides (model_base.py 181). It has no --rbln-*
+# 39-96), and the compile takes "rbln_config" as the overrides (model_base.py 182). It has no --rbln-*
 # option, so the spelling of one is not tried. Its compiler is a 0.11 (oracle.RELEASES).
 _HINTS_0_11 = {
     **_HINTS,

@@ -672,21 +672,21 @@ class _Release011:
 
     @staticmethod
     def resolved_path() -> str:
-        # VLLM_RBLN_USE_VLLM_MODEL alone picks the path (platform.py 267-305, 381-383); envs reads it
-        # at each access (envs.py 457-461)
+        # VLLM_RBLN_USE_VLLM_MODEL alone picks the path (platform.py 267, 381); envs reads it
+        # at each access (envs.py 458-461)
         from vllm_rbln import envs
 
         return "vllm" if envs.VLLM_RBLN_USE_VLLM_MODEL else "optimum"
 
     @staticmethod
     def cached_model_path(config: Any) -> str:
-        # utils/optimum/converter/dispatch.py 116-121: VLLM_CACHE_ROOT/compiled_models/<name>, the name
-        # from _generate_model_path_name (dispatch.py 59-103), staged in additional_config
+        # utils/optimum/converter/dispatch.py 113-118: VLLM_CACHE_ROOT/compiled_models/<name>, the name
+        # from _generate_model_path_name (dispatch.py 57-96), staged in additional_config
         return str(config.additional_config["cached_model_path"])
 
     @staticmethod
     def compile_spec(config: Any) -> Any:
-        """What ``OptimumModelBase.init_model`` compiles on a miss (model_base.py 179-240): the
+        """What ``OptimumModelBase.init_model`` compiles on a miss (model_base.py 179-240, 0.11.2): the
         overrides from ``additional_config["rbln_config"]``, the devices from the variable."""
         _enter_optimum_package()
         from vllm_rbln import envs
