@@ -262,7 +262,9 @@ def test_an_unknown_flag_is_keyed_as_given_and_nothing_else_comes_with_it() -> N
 @pytest.mark.quick
 def test_vllm_rbln_0_11_2_is_keyed_by_its_own_rules() -> None:
     """0.11.2 envs.py 412-435: 20 variables hashed; vLLM 0.24 hashes additional_config whole; the
-    model path is VLLM_RBLN_USE_VLLM_MODEL alone (--model-impl is vLLM's own flag there, hashed)."""
+    model path is VLLM_RBLN_USE_VLLM_MODEL alone (--model-impl is vLLM's own flag there: hashed into
+    the vLLM-model path's bundle, and read by nothing of the optimum path's, as the key oracle's
+    0.11.2 table answers: vllm/option/--model-impl other, optimum/option/--model-impl other)."""
     old = key(env=RELEASE_0_11)
     assert old.inputs["rules"] == "vllm-rbln 0.11.2"
     assert old.inputs["model_impl"] == "optimum"
@@ -272,7 +274,8 @@ def test_vllm_rbln_0_11_2_is_keyed_by_its_own_rules() -> None:
     assert digest(env={**vllm_path, "VLLM_RBLN_FLASH_CAUSAL_ATTN": "FALSE"}) == digest(
         env={**vllm_path, "VLLM_RBLN_FLASH_CAUSAL_ATTN": "0"}
     )
-    assert digest(["--model-impl", "vllm"], env=RELEASE_0_11) != digest(env=RELEASE_0_11)
+    assert digest(["--model-impl", "vllm"], env=vllm_path) != digest(env=vllm_path)
+    assert digest(["--model-impl", "vllm"], env=RELEASE_0_11) == digest(env=RELEASE_0_11)
     # additional_config whole: what 0.12 would leave out (use_custom_sampler) counts here
     sampler = ["--additional-config", '{"use_custom_sampler": false}']
     assert digest(sampler, env=RELEASE_0_11) != digest(env=RELEASE_0_11)

@@ -3,11 +3,14 @@
 tests/data/oracle/vllm-rbln-0.12.0.json is the real vLLM 0.30.0, vllm-rbln 0.12.0 and optimum-rbln
 0.12.0 code's answer to every variant of its corpus: every ``vllm serve`` option at other values and
 at its default, every variable of both servers' ``envs.py``, spellings, model directory edits,
-images, pairs of options, each against the vLLM-model path and the optimum path. scripts/oracle
-writes it (20 to 40 minutes: it runs the server's code, docs/development.md "The key oracle");
-``scripts/oracle --check`` says whether the committed table is what the pinned releases answer today.
-Here, cachemgr's key of each variant is held to those answers: no false hit (cachemgr's keys equal
-where the server's identity, or what it compiles, differ) and needless misses under 5 %.
+images, pairs of options, each against the vLLM-model path and the optimum path;
+tests/data/oracle/vllm-rbln-0.11.2.json is the same for vLLM 0.24.0, vllm-rbln 0.11.2 and
+optimum-rbln 0.11.2 (its corpus from vLLM 0.24's parser and 0.11.2's ``envs.py``). scripts/oracle
+[RELEASE] writes them (20 to 40 minutes each: it runs the server's code, docs/development.md "The
+key oracle"); ``scripts/oracle --check RELEASE`` says whether the committed table is what the pinned
+releases answer today. Here, cachemgr's key of each variant is held to those answers, for every
+release cachemgr's rules claim: no false hit (cachemgr's keys equal where the server's identity, or
+what it compiles, differ) and needless misses under 5 %.
 """
 
 from __future__ import annotations
@@ -20,26 +23,34 @@ from typing import Any
 import pytest
 from cachemgr_testkit import oracle, oracle_keys
 
-from cachemgr.key import vllm_flags
+from cachemgr.key import releases, vllm_flags
 
 REPO = Path(__file__).resolve().parent.parent
-TABLE = REPO / "tests" / "data" / "oracle" / "vllm-rbln-0.12.0.json"
-# The releases the table must have been made with (tools/oracle/env.sh pins the wheels).
-PINNED = {"vllm": "0.30.0", "vllm-rbln": "0.12.0", "optimum-rbln": "0.12.0", "transformers": "5.15.1"}
-# What cachemgr refuses (exit 78) though the server would start, and why that is right.
-REFUSED_ON_PURPOSE = {
-    # An NPU name written otherwise than RBLN writes it: vllm-rbln hashes it as written but tests its
-    # family upper-cased, so such a pod compiles a CA25's graphs under a signature no other pod has.
+RELEASES = ("0.12.0", "0.11.2")
+# The releases each table must have been made with (tools/oracle/env.sh pins the wheels).
+PINNED = {
+    "0.12.0": {"vllm": "0.30.0", "vllm-rbln": "0.12.0", "optimum-rbln": "0.12.0", "transformers": "5.15.1"},
+    "0.11.2": {"vllm": "0.24.0", "vllm-rbln": "0.11.2", "optimum-rbln": "0.11.2", "transformers": "5.8.1"},
+}
+# An NPU name written otherwise than RBLN writes it: vllm-rbln hashes it as written but tests its
+# family upper-cased, so such a pod compiles a CA25's graphs under a signature no other pod has.
+_NPU_AS_NOT_WRITTEN = {
     "vllm/npu/' RBLN-CR13'",
     "vllm/npu/'rbln-cr13'",
     "optimum/npu/' RBLN-CA25'",
     "optimum/npu/'rbln-ca25'",
 }
+# What cachemgr refuses (exit 78) though the server would start, and why that is right.
+REFUSED_ON_PURPOSE = {"0.12.0": _NPU_AS_NOT_WRITTEN, "0.11.2": _NPU_AS_NOT_WRITTEN}
 
 
-@pytest.fixture(scope="module")
-def table() -> dict[str, Any]:
-    return oracle_keys.load(TABLE)
+def table_path(release: str) -> Path:
+    return REPO / "tests" / "data" / "oracle" / f"vllm-rbln-{release}.json"
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def table(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return oracle_keys.load(table_path(request.param))
 
 
 @pytest.fixture(scope="module")
@@ -59,32 +70,53 @@ def test_needless_misses_are_under_five_percent(rows: list[dict[str, Any]]) -> N
     assert report["needless_share"] < oracle_keys.NEEDLESS_LIMIT, oracle_keys.describe(rows)
 
 
-def test_cachemgr_refuses_only_what_it_must(rows: list[dict[str, Any]]) -> None:
+def test_cachemgr_refuses_only_what_it_must(table: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     refused = set(oracle.report(rows)["cachemgr_refuses"])
-    assert refused == REFUSED_ON_PURPOSE, oracle_keys.describe(rows)
+    assert refused == REFUSED_ON_PURPOSE[table["release"]], oracle_keys.describe(rows)
+
+
+def test_every_release_cachemgr_knows_has_a_table() -> None:
+    """Each release cachemgr's rules claim (cachemgr/key/releases.py) is held to an oracle table."""
+    known = {release.versions["vllm_rbln"] for release in releases.KNOWN}
+    assert known == set(RELEASES)
+    for release in releases.KNOWN:
+        assert (
+            oracle_keys.VERSIONS[release.versions["vllm_rbln"]]["CACHEMGR_VLLM_VERSION"]
+            == release.versions["vllm"]
+        )
 
 
 def test_the_table_is_of_the_pinned_releases(table: dict[str, Any]) -> None:
     """The answers were computed with the releases cachemgr's rules claim, in the locked environment."""
-    assert {k: table["versions"][k] for k in PINNED} == PINNED
-    assert table["lock_sha256"] == oracle.lock_digest("0.12.0"), (
-        "tools/oracle/requirements-0.12.0.txt changed since the table was made: rerun scripts/oracle"
+    release = table["release"]
+    assert {k: table["versions"][k] for k in PINNED[release]} == PINNED[release]
+    assert table["lock_sha256"] == oracle.lock_digest(release), (
+        f"tools/oracle/requirements-{release}.txt changed since the table was made: rerun scripts/oracle {release}"
     )
 
 
 def test_the_corpus_tries_every_option_of_the_parser_on_both_paths(table: dict[str, Any]) -> None:
-    """Every option of the live parser (cachemgr/key/vllm_flags.py, generated from it) is in the corpus,
-    on each model path; a new option makes this fail until the oracle has run again."""
+    """Every option of the live parser is in the corpus, on each model path; a new option makes this
+    fail until the oracle has run again. For 0.12.0 that parser is vLLM 0.30's, which
+    cachemgr/key/vllm_flags.py is generated from; 0.11.2's is vLLM 0.24's, whose options the corpus
+    took from the live parser too (held here to be the same set on both paths)."""
     options = {(v["base"], v["dest"]) for v in table["variants"] if v["kind"] == "option"}
-    for base in oracle.BASES:
-        tried = {dest.replace("_", "-") for b, dest in options if b == base}
-        assert tried == set(vllm_flags.FLAGS) - {"help"}, base
+    tried = {
+        base: {dest.replace("_", "-") for b, dest in options if b == base}
+        for base in oracle.bases(table["release"])
+    }
+    for base, flags in tried.items():
+        if table["release"] == "0.12.0":
+            assert flags == set(vllm_flags.FLAGS) - {"help"}, base
+        assert flags == tried["vllm"], base
 
 
-def test_the_derived_rules_are_what_the_table_gives() -> None:
-    """cachemgr/key/vllm_identity.py is tools/oracle/derive.py's reading of the committed table."""
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_derived_rules_are_what_the_table_gives(release: str) -> None:
+    """cachemgr/key/vllm_identity.py (0.12.0) and vllm_identity_0_11_2.py (0.11.2) are
+    tools/oracle/derive.py's reading of the committed tables."""
     done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "oracle" / "derive.py"), "--check"],
+        [sys.executable, str(REPO / "tools" / "oracle" / "derive.py"), "--release", release, "--check"],
         capture_output=True,
         text=True,
         check=False,

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
 from cachemgr.key import vllm_identity as identity_0_12
+from cachemgr.key import vllm_identity_0_11_2 as identity_0_11
 
 Path = Literal["vllm", "optimum"]
 # How envs.py parses a variable (each a lambda or function there): see cachemgr.key.rbln_env.
@@ -312,15 +313,23 @@ _ENV_0_11 = _env(
     EnvVar(f"{_R}USE_W8A16", "w8a16", None, VLLM_PATH),
 )  # fmt: skip
 
+# The same, from 0.11.2's own run of the oracle (cachemgr.key.vllm_identity_0_11_2, derived by
+# tools/oracle/derive.py --release 0.11.2 from vLLM 0.24.0's parser): not 0.12's facts, which were
+# answered by vLLM 0.30 and vllm-rbln 0.12 code. On the optimum path 0.11.2 ignores --dtype (the
+# platform sets float32 whatever is asked, platform.py 386) and --model-impl (vLLM's own there).
+_IGNORED_BOTH_0_11 = _flags(identity_0_11.IGNORED["vllm"] & identity_0_11.IGNORED["optimum"])
 VLLM_RBLN_0_11_2 = Release(
     name="vllm-rbln 0.11.2",
     versions={"vllm_rbln": "0.11.2", "optimum_rbln": "0.11.2", "vllm": "0.24.0+cpu"},
     env=_ENV_0_11,
-    # vLLM 0.24 config/model.py 369-375, config/parallel.py 764-770
-    runtime_flags=_VLLM_HASH_IGNORES,
-    runtime_flags_vllm_path=frozenset({"enable-prefix-caching"}),  # config/cache.py 204
-    # platform.py 53 (max_num_seqs); gpu_memory_utilization keeps vLLM 0.24's 0.92 (config/cache.py 67)
-    defaults={"max_num_seqs": (1,), "gpu_memory_utilization": (0.92,)},
+    # vLLM 0.24 config/model.py 369-375, config/parallel.py 764-770; and what the oracle found
+    runtime_flags=_VLLM_HASH_IGNORES | _IGNORED_BOTH_0_11,
+    runtime_flags_vllm_path=frozenset({"enable-prefix-caching"})  # config/cache.py 204
+    | _flags(identity_0_11.IGNORED["vllm"]) - _IGNORED_BOTH_0_11,
+    runtime_flags_optimum_path=_flags(identity_0_11.IGNORED["optimum"]) - _IGNORED_BOTH_0_11,
+    # platform.py 53 (max_num_seqs); gpu_memory_utilization keeps vLLM 0.24's 0.92 (config/cache.py 67);
+    # and every option given at the value the server takes as its default (vllm_identity_0_11_2.DEFAULTS)
+    defaults={**identity_0_11.DEFAULTS, "max_num_seqs": (1,), "gpu_memory_utilization": (0.92,)},
     additional_config="whole",
     model_impl="env",
     envs_xxh3="ed1ce65e6d9b9ba97f522e508dfe1203",

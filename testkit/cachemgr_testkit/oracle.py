@@ -54,6 +54,35 @@ BASES: dict[str, dict[str, Any]] = {
 # version), cachemgr from the same packages' metadata or its CACHEMGR_* variables.
 IMAGE = {"compiler": "0.12.0"}
 
+# vllm-rbln 0.11.2 (vLLM 0.24.0) has no --model-impl of its own: VLLM_RBLN_USE_VLLM_MODEL alone picks
+# the path (vllm_rbln/platform.py 267, envs.py), and --model-impl is vLLM's (auto, vllm, transformers,
+# terratorch), so the bases leave it out. The same NPUs as 0.12's bases; its compiler is a 0.11
+# (vllm-rbln 0.11.2's runtime extra asks for rebel-compiler ~=0.11.3).
+BASES_0_11: dict[str, dict[str, Any]] = {
+    "vllm": {
+        "argv": ["vllm", "serve", MODEL],
+        "env": {"RBLN_FORCE_NPU_NAME": "RBLN-CR13", "VLLM_RBLN_USE_VLLM_MODEL": "1"},
+    },
+    "optimum": {
+        "argv": ["vllm", "serve", MODEL, "--block-size", "1024", "--max-model-len", "2048"],
+        "env": {"RBLN_FORCE_NPU_NAME": "RBLN-CA25"},
+    },
+}  # fmt: skip
+
+# Each release the oracle runs: its bases and its image. RELEASES[r]["bases"] has the same two names
+# ("vllm", "optimum") in every release.
+RELEASES: dict[str, dict[str, Any]] = {
+    "0.12.0": {"bases": BASES, "image": IMAGE},
+    "0.11.2": {"bases": BASES_0_11, "image": {"compiler": "0.11.3"}},
+}
+
+
+def bases(release: str) -> dict[str, dict[str, Any]]:
+    """The release's two base configurations, by model path."""
+    found: dict[str, dict[str, Any]] = RELEASES[release]["bases"]
+    return found
+
+
 # A tiny Llama: enough for vLLM to build a configuration and for optimum-rbln to pick a model class.
 _CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -184,21 +213,21 @@ def _apply(root: Path, edit: Mapping[str, Any]) -> None:
         raise ValueError(f"unknown model edit {op!r}")
 
 
-def argv_of(variant: Mapping[str, Any], model: str) -> list[str]:
-    """The variant's full server argv, its model directory at ``model``."""
-    base = BASES[variant["base"]]
+def argv_of(variant: Mapping[str, Any], model: str, release: str) -> list[str]:
+    """The variant's full server argv under ``release``, its model directory at ``model``."""
+    base = bases(release)[variant["base"]]
     argv = list(variant["argv_full"]) if "argv_full" in variant else [*base["argv"], *variant.get("argv", ())]
     return [word.replace(MODEL, model) for word in argv]
 
 
-def env_of(variant: Mapping[str, Any], model: str) -> dict[str, str]:
+def env_of(variant: Mapping[str, Any], model: str, release: str) -> dict[str, str]:
     """The variables the variant's server sees on top of a clean environment (``None``: unset)."""
-    env: dict[str, Any] = {**BASES[variant["base"]]["env"], **variant.get("env", {})}
+    env: dict[str, Any] = {**bases(release)[variant["base"]]["env"], **variant.get("env", {})}
     return {k: v.replace(MODEL, model) for k, v in env.items() if v is not None}
 
 
-def image_of(variant: Mapping[str, Any]) -> dict[str, str]:
-    return {**IMAGE, **variant.get("image", {})}
+def image_of(variant: Mapping[str, Any], release: str) -> dict[str, str]:
+    return {**RELEASES[release]["image"], **variant.get("image", {})}
 
 
 # --- verdicts -------------------------------------------------------------------------------------

@@ -30,6 +30,12 @@ VERSIONS = {
         "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
         "CACHEMGR_TRANSFORMERS_VERSION": "5.15.1",
     },
+    "0.11.2": {
+        "CACHEMGR_VLLM_VERSION": "0.24.0+cpu",
+        "CACHEMGR_VLLM_RBLN_VERSION": "0.11.2",
+        "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.11.2",
+        "CACHEMGR_TRANSFORMERS_VERSION": "5.8.1",
+    },
 }
 NEEDLESS_LIMIT = 0.05
 
@@ -75,16 +81,16 @@ def replay(table: Mapping[str, Any], workdir: Path) -> list[dict[str, Any]]:
 def _key(
     variant: Mapping[str, Any], model: Path, release: str, workdir: Path, no_devices: Path
 ) -> str | None:
-    image = oracle.image_of(variant)
+    image = oracle.image_of(variant, release)
     environ = {
         "HOME": str(workdir / "home"),
         "HF_HUB_OFFLINE": "1",
         "CACHEMGR_RBLN_DEV_DIR": str(no_devices),  # no device answers, as in the oracle
         "CACHEMGR_COMPILER_VERSION": image["compiler"],
         **VERSIONS[release],
-        **oracle.env_of(variant, str(model)),
+        **oracle.env_of(variant, str(model), release),
     }
-    request = KeyRequest(argv=oracle.argv_of(variant, str(model)), role="prefill", environ=environ)
+    request = KeyRequest(argv=oracle.argv_of(variant, str(model), release), role="prefill", environ=environ)
     try:
         return compute_key(request).digest
     except (ConfigError, UsageError):

@@ -134,18 +134,42 @@ _NPUS = {
 }
 _PAIRS_PER_BASE = 60
 
+# vllm-rbln 0.11.2 (vLLM 0.24.0) where it differs. Its additional_config is a dict vLLM hashes whole;
+# the optimum directory name reads its "rbln_config" only, less the runtime-only keys (dispatch.py
+# 39-96), and the compile takes "rbln_config" as the overrides (model_base.py 182). It has no --rbln-*
+# option, so the spelling of one is not tried. Its compiler is a 0.11 (oracle.RELEASES).
+_HINTS_0_11 = {
+    **_HINTS,
+    "additional_config": [
+        '{"enforce_model_fp32": true}',
+        '{"rbln_config": {"tensor_parallel_size": 1}}',
+        '{"rbln_config": {"create_runtimes": false}}',
+    ],
+}
+_SPELLINGS_0_11 = [s for s in _SPELLINGS if s[0] != "rbln flag = additional_config"]
+_IMAGES_0_11: list[tuple[str, dict[str, Any]]] = [
+    ("compiler 0.11.5 (same major.minor)", {"image": {"compiler": "0.11.5"}}),
+    ("compiler 0.12.0", {"image": {"compiler": "0.12.0"}}),
+]
+_BY_RELEASE: dict[str, dict[str, Any]] = {
+    "0.12.0": {"hints": _HINTS, "spellings": _SPELLINGS, "images": _IMAGES},
+    "0.11.2": {"hints": _HINTS_0_11, "spellings": _SPELLINGS_0_11, "images": _IMAGES_0_11},
+}
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=31)
+    parser.add_argument("--release", help="the vllm-rbln release installed here (default: read it)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from identity import Server, _clean_environment  # the same parser the oracle runs
+    import identity  # the same parser the oracle runs
 
-    _clean_environment(Path("/nonexistent-home"), Path("/nonexistent-cache"))
-    serve = _serve_parser(Server().parser)
-    variants = list(corpus(serve, random.Random(args.seed)))
+    identity.set_release(args.release)
+    identity._clean_environment(Path("/nonexistent-home"), Path("/nonexistent-cache"))
+    serve = _serve_parser(identity.Server().parser)
+    variants = list(corpus(serve, random.Random(args.seed), identity.release().name))
     ids = [v["id"] for v in variants]
     if len(ids) != len(set(ids)):
         raise SystemExit(
@@ -161,22 +185,24 @@ def _serve_parser(top: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return sub.choices["serve"]  # type: ignore[no-any-return]
 
 
-def corpus(serve: argparse.ArgumentParser, rng: random.Random) -> Iterator[dict[str, Any]]:
+def corpus(serve: argparse.ArgumentParser, rng: random.Random, release: str) -> Iterator[dict[str, Any]]:
     options = [a for a in serve._actions if a.dest not in _SKIP and a.option_strings]
-    tried: dict[str, list[tuple[str, list[str]]]] = {base: [] for base in oracle.BASES}
-    for base in oracle.BASES:
+    bases = oracle.bases(release)
+    own = _BY_RELEASE[release]
+    tried: dict[str, list[tuple[str, list[str]]]] = {base: [] for base in bases}
+    for base in bases:
         for action in options:
             flag = _long(action)
-            for label, words in _values(action):
+            for label, words in _values(action, own["hints"]):
                 variant = {"id": f"{base}/option/{flag} {label}", "base": base, "argv": words, "kind": "option",
                            "dest": action.dest}  # fmt: skip
                 if label != "(default)":
                     tried[base].append((f"{flag} {label}", words))
                 yield variant
-        yield from _spellings(base)
+        yield from _spellings(base, own["spellings"], bases)
         yield from _environment(base)
         yield from _models(base)
-        yield from _images(base)
+        yield from _images(base, own["images"])
         yield from _pairs(base, tried[base], rng)
 
 
@@ -184,7 +210,7 @@ def _long(action: argparse.Action) -> str:
     return next(o for o in action.option_strings if o.startswith("--"))
 
 
-def _values(action: argparse.Action) -> Iterator[tuple[str, list[str]]]:
+def _values(action: argparse.Action, hints: dict[str, list[str]]) -> Iterator[tuple[str, list[str]]]:
     """(label, argv words) for each value an option is tried at, its default last."""
     flag = _long(action)
     kind = type(action).__name__
@@ -199,7 +225,7 @@ def _values(action: argparse.Action) -> Iterator[tuple[str, list[str]]]:
         else:
             yield ("set", [flag])
         return
-    values: list[str] = list(_HINTS.get(action.dest, []))
+    values: list[str] = list(hints.get(action.dest, []))
     if not values and action.choices is not None:
         values = [str(c) for c in action.choices if c != default and str(c) != str(default)][:3]
     if not values:
@@ -239,8 +265,10 @@ def _default_text(default: Any) -> str | None:
     return None
 
 
-def _spellings(base: str) -> Iterator[dict[str, Any]]:
-    for label, reference, spelled in _SPELLINGS:
+def _spellings(
+    base: str, spellings: list[tuple[str, list[str], list[str]]], bases: dict[str, dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    for label, reference, spelled in spellings:
         ref_id = f"{base}/spelling-ref/{label}"
         yield {"id": ref_id, "base": base, "argv": reference, "kind": "spelling-ref"}
         yield {
@@ -251,7 +279,7 @@ def _spellings(base: str) -> Iterator[dict[str, Any]]:
             "kind": "spelling",
         }
     for label, argv in _WHOLE_SPELLINGS:
-        full = [*argv, *oracle.BASES[base]["argv"][3:]]
+        full = [*argv, *bases[base]["argv"][3:]]
         yield {"id": f"{base}/spelling/{label}", "base": base, "argv_full": full, "kind": "spelling"}
 
 
@@ -312,8 +340,8 @@ def _models(base: str) -> Iterator[dict[str, Any]]:
                "kind": "model"}  # fmt: skip
 
 
-def _images(base: str) -> Iterator[dict[str, Any]]:
-    for label, change in _IMAGES:
+def _images(base: str, images: list[tuple[str, dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    for label, change in images:
         yield {"id": f"{base}/image/{label}", "base": base, **change, "kind": "image"}
     for npu in _NPUS[base]:
         yield {"id": f"{base}/npu/{npu!r}", "base": base, "env": {"RBLN_FORCE_NPU_NAME": npu}, "kind": "npu",

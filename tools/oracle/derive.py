@@ -1,7 +1,7 @@
 """Derive, from the key oracle's table, what each model path's identity reads of ``vllm serve``'s options.
 
-Writes ``cachemgr/key/vllm_identity.py`` (``--check``: exit 1 if the committed file is not what the
-table gives). Runs in the project's venv (it reads option values with cachemgr's own parser, the one
+Writes ``cachemgr/key/vllm_identity.py`` from 0.12.0's table and ``cachemgr/key/vllm_identity_0_11_2.py``
+from 0.11.2's (``--release``; ``--check``: exit 1 if the committed file is not what the table gives). Runs in the project's venv (it reads option values with cachemgr's own parser, the one
 the key uses); the table is tests/data/oracle/vllm-rbln-RELEASE.json, which scripts/oracle writes from
 the real server code.
 
@@ -36,8 +36,11 @@ from cachemgr_testkit import oracle
 from cachemgr.key.serving import parse_server_argv
 
 REPO = Path(__file__).resolve().parents[2]
-OUTPUT = REPO / "cachemgr" / "key" / "vllm_identity.py"
-TABLES = {"0.12.0": REPO / "tests" / "data" / "oracle" / "vllm-rbln-0.12.0.json"}
+OUTPUTS = {
+    "0.12.0": REPO / "cachemgr" / "key" / "vllm_identity.py",
+    "0.11.2": REPO / "cachemgr" / "key" / "vllm_identity_0_11_2.py",
+}
+TABLES = {release: REPO / "tests" / "data" / "oracle" / f"vllm-rbln-{release}.json" for release in OUTPUTS}
 _MODEL = "/models/m"  # any path: option values never name it but --model/--tokenizer (keyed apart)
 
 
@@ -52,7 +55,7 @@ def derive(table: Mapping[str, Any]) -> dict[str, Any]:
         same = answer["server_same"] and answer["compile_same"]
         if variant["id"].endswith(" (default)"):
             if same and answer["path"] == variant["base"]:
-                value = _parsed(variant, dest)
+                value = _parsed(variant, dest, table["release"])
                 if value is not _MISSING and value not in defaults[dest]:
                     defaults[dest].append(value)
             continue
@@ -65,7 +68,7 @@ def derive(table: Mapping[str, Any]) -> dict[str, Any]:
                 defaults.pop(variant["dest"], None)
     ignored = {
         base: sorted(dest for (b, dest), sames in seen.items() if b == base and sames and all(sames))
-        for base in oracle.BASES
+        for base in oracle.bases(table["release"])
     }
     return {"defaults": {k: defaults[k] for k in sorted(defaults)}, "ignored": ignored}
 
@@ -73,9 +76,9 @@ def derive(table: Mapping[str, Any]) -> dict[str, Any]:
 _MISSING = object()
 
 
-def _parsed(variant: Mapping[str, Any], dest: str) -> Any:
+def _parsed(variant: Mapping[str, Any], dest: str, release: str) -> Any:
     """The option's value as cachemgr's own parser stores it (what the key compares)."""
-    argv = oracle.argv_of(variant, _MODEL)
+    argv = oracle.argv_of(variant, _MODEL, release)
     options = parse_server_argv(argv).options
     return options.get(dest, _MISSING)
 
@@ -126,20 +129,22 @@ def _literal(value: Any) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--release", default="0.12.0")
+    parser.add_argument("--release", default="0.12.0", choices=sorted(OUTPUTS))
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is not current")
     args = parser.parse_args()
     table = json.loads(TABLES[args.release].read_text(encoding="utf-8"))
     text = render(args.release, derive(table), table)
+    output = OUTPUTS[args.release]
     if args.check:
-        if OUTPUT.read_text(encoding="utf-8") != text:
+        if output.read_text(encoding="utf-8") != text:
             print(
-                f"{OUTPUT.relative_to(REPO)} is not what {TABLES[args.release].name} gives: rerun tools/oracle/derive.py"
+                f"{output.relative_to(REPO)} is not what {TABLES[args.release].name} gives: "
+                f"rerun tools/oracle/derive.py --release {args.release}"
             )
             return 1
         return 0
-    OUTPUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUTPUT.relative_to(REPO)}", file=sys.stderr)
+    output.write_text(text, encoding="utf-8")
+    print(f"wrote {output.relative_to(REPO)}", file=sys.stderr)
     return 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tools/oracle/env.sh RELEASE: build, once, the environment in which the key oracle runs the real
-# server code for RELEASE (0.12.0: vllm-rbln 0.12.0, optimum-rbln 0.12.0, vLLM 0.30.0), and print
+# server code for RELEASE (0.12.0: vllm-rbln 0.12.0, optimum-rbln 0.12.0, vLLM 0.30.0; 0.11.2:
+# vllm-rbln 0.11.2, optimum-rbln 0.11.2, vLLM 0.24.0), and print
 # its Python. Idempotent: a stamp of this script, the lock and the wheel hashes says the venv is
 # current, and then nothing is downloaded or installed (well under a second).
 #
@@ -14,7 +15,7 @@
 # Where: $CACHEMGR_ORACLE_DIR (default .oracle/ in the checkout, which git ignores)/RELEASE/venv.
 # Time on this machine kind (2 cores): about 2 minutes the first time.
 set -euo pipefail
-release=${1:?usage: tools/oracle/env.sh RELEASE (0.12.0)}
+release=${1:?usage: tools/oracle/env.sh RELEASE (0.12.0 or 0.11.2)}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 lock=$here/tools/oracle/requirements-$release.txt
 case "$release" in
@@ -25,8 +26,15 @@ case "$release" in
       "optimum-rbln==0.12.0 f41708005ff2233a5611bf4c38d914549403a70c9f5bd05dd6b52409ee6d20fd"
     )
     ;;
+  0.11.2)
+    wheels=(
+      "vllm==0.24.0 2d2831aeba311292250df0132dbc4d8e9f42c654536eaec48e6fe58acb1822cf"
+      "vllm-rbln==0.11.2 8d2a336776e7ae15011f4f0d928195ee1fb0fdb3d6cec5e7e6796c91278dd8b1"
+      "optimum-rbln==0.11.2 b8e3802ce08d91b5e02ba917224c96e015c7cf9f6be6f124c1147d3a582e3c00"
+    )
+    ;;
   *)
-    echo "tools/oracle/env.sh: no oracle environment for release $release (known: 0.12.0)" >&2
+    echo "tools/oracle/env.sh: no oracle environment for release $release (known: 0.12.0, 0.11.2)" >&2
     exit 64
     ;;
 esac

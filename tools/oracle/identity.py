@@ -3,7 +3,8 @@
 Runs in the environment tools/oracle/env.sh builds (vLLM 0.30.0, vllm-rbln 0.12.0, optimum-rbln
 0.12.0, transformers 5.15.1, the CPU torch; the stand-in's ``rebel``/``torch.rbln`` import surface
 in place of the RBLN compiler), with standin/cachemgr_standin/pymods and testkit/ on PYTHONPATH.
-scripts/oracle runs it; nothing of cachemgr is imported here.
+scripts/oracle runs it; nothing of cachemgr is imported here. The line numbers cited are 0.12.0's;
+vllm-rbln 0.11.2 (vLLM 0.24.0, ``--release 0.11.2``) differs where ``_Release011`` says.
 
 For a variant (testkit/cachemgr_testkit/oracle.py: an argv, an environment, a model directory,
 an image) it does what ``vllm serve`` does up to the compile, with the server's own functions:
@@ -72,7 +73,9 @@ def main() -> int:
     parser.add_argument("--fidelity", type=int, default=12, help="warm variants also run cold, per base")
     parser.add_argument("--only", nargs="*", help="variant ids (and their references) to run")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--release", help="the vllm-rbln release installed here (default: read it)")
     args = parser.parse_args()
+    set_release(args.release)
     corpus = json.loads(args.corpus.read_text())
     variants = {v["id"]: v for v in corpus["variants"]}
     if args.only:
@@ -162,24 +165,24 @@ class Oracle:
         warm = {vid: v for vid, v in variants.items() if not is_cold(v)}
         rng = random.Random(seed)
         sample: list[str] = []
-        for base in oracle.BASES:
+        for base in _bases():
             ids = sorted(vid for vid, v in warm.items() if v["base"] == base)
             sample += rng.sample(ids, min(fidelity, len(ids)))
         for vid in sample:
             cold_jobs.append([(f"{vid}#cold", warm[vid], self.base_model)])
-        for base in oracle.BASES:
+        for base in _bases():
             cold_jobs.append([(f"base:{base}", _base({"base": base}), self.base_model)])
         # The warm zygotes run beside the cold jobs (each one process at a time).
         zygotes = {
             base: self._start_warm(base, {vid: v for vid, v in warm.items() if v["base"] == base})
-            for base in oracle.BASES
+            for base in _bases()
         }
         results |= self._run_cold(cold_jobs)
         for base, (pid, out) in zygotes.items():
             results |= self._finish_warm(base, pid, out)
         self.raw = results
         _check_fidelity(results, sample)
-        self.base_reads = {base: results[f"base:{base}"].get("reads", []) for base in oracle.BASES}
+        self.base_reads = {base: results[f"base:{base}"].get("reads", []) for base in _bases()}
         return {vid: _answer(vid, variants, results) for vid in variants}
 
     def _run_cold(self, jobs: Sequence[Sequence[tuple[str, Mapping[str, Any], Path]]]) -> dict[str, Any]:
@@ -215,7 +218,7 @@ class Oracle:
             oracle.materialize(path, variant.get("model", ()))
         _set_environment(variant, path, self.home, self.cache_root)
         server = Server()
-        return server.identity(oracle.argv_of(variant, str(path)), path, self.cache_root)
+        return server.identity(oracle.argv_of(variant, str(path), release().name), path, self.cache_root)
 
     def _start_warm(self, base: str, variants: Mapping[str, Any]) -> tuple[int, Path]:
         """A zygote warmed with the base's configuration, a fork per variant; results to a file."""
@@ -244,7 +247,8 @@ class Oracle:
         spec = _base({"base": base})
         _set_environment(spec, self.base_model, self.home, self.cache_root)
         server = Server()
-        first = server.identity(oracle.argv_of(spec, str(self.base_model)), self.base_model, self.cache_root)
+        argv = oracle.argv_of(spec, str(self.base_model), release().name)
+        first = server.identity(argv, self.base_model, self.cache_root)
         out.write(json.dumps({"run": f"base:{base}#warm", "result": first}) + "\n")
         out.flush()
         for n, (vid, variant) in enumerate(variants.items(), 1):
@@ -257,7 +261,7 @@ class Oracle:
     def _warm_child(self, server: Server, variant: Mapping[str, Any]) -> dict[str, Any]:
         _set_environment(variant, self.base_model, self.home, self.cache_root)
         return server.identity(
-            oracle.argv_of(variant, str(self.base_model)), self.base_model, self.cache_root
+            oracle.argv_of(variant, str(self.base_model), release().name), self.base_model, self.cache_root
         )
 
 
@@ -338,7 +342,7 @@ def _first_line(error: BaseException) -> str:
 
 def _check_fidelity(results: Mapping[str, Any], sample: Sequence[str]) -> None:
     """A warm run must answer as a fresh start does: the sample ran both ways."""
-    pairs = [(f"base:{b}#warm", f"base:{b}") for b in oracle.BASES] + [(vid, f"{vid}#cold") for vid in sample]
+    pairs = [(f"base:{b}#warm", f"base:{b}") for b in _bases()] + [(vid, f"{vid}#cold") for vid in sample]
     for warm_id, cold_id in pairs:
         warm, cold = _comparable(results[warm_id]), _comparable(results[cold_id])
         if warm != cold:
@@ -407,8 +411,8 @@ def _fixed(home: Path, cache_root: Path) -> dict[str, str]:
 
 
 def _set_environment(variant: Mapping[str, Any], model: Path, home: Path, cache_root: Path) -> None:
-    image = oracle.image_of(variant)
-    wanted = {**_fixed(home, cache_root), **oracle.env_of(variant, str(model))}
+    image = oracle.image_of(variant, release().name)
+    wanted = {**_fixed(home, cache_root), **oracle.env_of(variant, str(model), release().name)}
     wanted["STANDIN_REBEL_VERSION"] = image["compiler"]
     keep = {"PATH", "PYTHONPATH", "LANG", "LC_ALL", "TMPDIR", "TZ"}
     for name in list(os.environ):
@@ -444,10 +448,10 @@ def _import_third_party(model: Path, home: Path, cache_root: Path) -> None:
         os.close(read)
         code = 0
         try:
-            for base in oracle.BASES:  # both paths: each imports its own modules
+            for base in _bases():  # both paths: each imports its own modules
                 spec = _base({"base": base})
                 _set_environment(spec, model, home, cache_root)
-                Server().identity(oracle.argv_of(spec, str(model)), model, cache_root)
+                Server().identity(oracle.argv_of(spec, str(model), release().name), model, cache_root)
             names = sorted(n for n in sys.modules if not n.startswith(_SERVER_PACKAGES))
             with os.fdopen(write, "w") as stream:
                 json.dump(names, stream)
@@ -490,7 +494,7 @@ class Server:
         began = time.monotonic()
         with _files_read_under(model) as reads:
             config = self.config(argv)
-        impl = _resolved_path()
+        impl = release().resolved_path()
         if impl == "vllm":
             identity, compile_record = _vllm_path(config, cache_root)
         else:
@@ -569,9 +573,8 @@ def _vllm_path(config: Any, cache_root: Path) -> tuple[dict[str, Any], dict[str,
 
 
 def _optimum_path(config: Any, cache_root: Path, model: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    rbln_config = config.additional_config
-    folder = Path(rbln_config.cached_model_path).relative_to(cache_root).as_posix()
-    spec = _compile_spec(config)
+    folder = Path(release().cached_model_path(config)).relative_to(cache_root).as_posix()
+    spec = release().compile_spec(config)
     hf_config = config.model_config.hf_config.to_dict()
     # PretrainedConfig.to_dict writes the running transformers' version, whatever the file said, and
     # the folder the config was read from (--hf-config-path moves it): neither reaches the compile.
@@ -601,13 +604,7 @@ def _compile_spec(config: Any) -> Any:
     its ``compilation`` module and ``utils.optimum``, so the package is entered without its
     ``__init__``.
     """
-    from vllm_rbln.model_executor import models
-
-    name = "vllm_rbln.model_executor.models.optimum"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [os.path.join(next(iter(models.__path__)), "optimum")]
-        sys.modules[name] = package
+    _enter_optimum_package()
     from vllm_rbln.model_executor.models.optimum.compilation import RBLNCompileSpec
     from vllm_rbln.utils.optimum.block_size import get_attn_block_size
 
@@ -624,6 +621,16 @@ def _compile_spec(config: Any) -> Any:
     )
 
 
+def _enter_optimum_package() -> None:
+    from vllm_rbln.model_executor import models
+
+    name = "vllm_rbln.model_executor.models.optimum"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(next(iter(models.__path__)), "optimum")]
+        sys.modules[name] = package
+
+
 def _npu_name() -> str:
     from vllm_rbln.v1.worker import mega_cache
 
@@ -634,6 +641,94 @@ def _rebel_major_minor() -> str:
     from vllm_rbln.v1.worker import mega_cache
 
     return mega_cache._rebel_major_minor()
+
+
+# --- what differs between releases -------------------------------------------------------------
+
+
+class _Release012:
+    """vllm-rbln 0.12.0 (vLLM 0.30.0): the functions above, as they were written for it."""
+
+    name = "0.12.0"
+
+    @staticmethod
+    def resolved_path() -> str:
+        return _resolved_path()
+
+    @staticmethod
+    def cached_model_path(config: Any) -> str:
+        return str(config.additional_config.cached_model_path)
+
+    @staticmethod
+    def compile_spec(config: Any) -> Any:
+        return _compile_spec(config)
+
+
+class _Release011:
+    """vllm-rbln 0.11.2 (vLLM 0.24.0): no RBLNConfig (``additional_config`` stays a dict), no
+    ``--model-impl`` of vllm-rbln's own, the platform a module (``vllm_rbln/platform.py``)."""
+
+    name = "0.11.2"
+
+    @staticmethod
+    def resolved_path() -> str:
+        # VLLM_RBLN_USE_VLLM_MODEL alone picks the path (platform.py 267, 381); envs reads it
+        # at each access (envs.py 458-461)
+        from vllm_rbln import envs
+
+        return "vllm" if envs.VLLM_RBLN_USE_VLLM_MODEL else "optimum"
+
+    @staticmethod
+    def cached_model_path(config: Any) -> str:
+        # utils/optimum/converter/dispatch.py 113-118: VLLM_CACHE_ROOT/compiled_models/<name>, the name
+        # from _generate_model_path_name (dispatch.py 57-96), staged in additional_config
+        return str(config.additional_config["cached_model_path"])
+
+    @staticmethod
+    def compile_spec(config: Any) -> Any:
+        """What ``OptimumModelBase.init_model`` compiles on a miss (model_base.py 179-240, 0.11.2): the
+        overrides from ``additional_config["rbln_config"]``, the devices from the variable."""
+        _enter_optimum_package()
+        from vllm_rbln import envs
+        from vllm_rbln.model_executor.models.optimum.compilation import RBLNCompileSpec
+        from vllm_rbln.utils.optimum.block_size import get_attn_block_size
+
+        return RBLNCompileSpec.for_architecture(
+            config.model_config.hf_config,
+            batch_size=config.scheduler_config.max_num_seqs,
+            block_size=get_attn_block_size(config),
+            max_model_len=config.model_config.max_model_len,
+            num_devices=envs.VLLM_RBLN_NUM_DEVICES_PER_LOCAL_RANK,
+            prefill_chunk_size=config.scheduler_config.max_num_batched_tokens,
+            memory_budget=config.cache_config.gpu_memory_utilization,
+            rbln_overrides=config.additional_config.get("rbln_config", {}),
+        )
+
+
+_ADAPTERS: dict[str, Any] = {"0.12.0": _Release012, "0.11.2": _Release011}
+_CURRENT: list[Any] = [_Release012]  # set_release: the installed release's, before anything runs
+
+
+def release() -> Any:
+    """The adapters of the release being run."""
+    return _CURRENT[0]
+
+
+def set_release(name: str | None) -> None:
+    """Use ``name``'s adapters (default: the installed vllm-rbln's); it must be the installed one."""
+    import importlib.metadata
+
+    installed = importlib.metadata.version("vllm-rbln")
+    name = name or installed
+    if name != installed or name not in _ADAPTERS:
+        raise SystemExit(
+            f"oracle: release {name}, vllm-rbln {installed} installed (known: {sorted(_ADAPTERS)})"
+        )
+    _CURRENT[0] = _ADAPTERS[name]
+
+
+def _bases() -> dict[str, dict[str, Any]]:
+    return oracle.bases(release().name)
 
 
 def _weights(folder: Path) -> dict[str, str]:
