@@ -346,6 +346,38 @@ def test_a_run_that_misses_never_cleans_staging_through_a_symlink(volume: Volume
     assert "symlink" in message
 
 
+def _dead_attempt_with_a_folder_for_its_record(volume: Volume, digest: str) -> Path:
+    """A dead pod's attempt whose owner record someone replaced by a nested folder."""
+    attempt = volume.root / "staging" / digest / "killed.10863.f7b51472"
+    (attempt / "artifacts").mkdir(parents=True)
+    record = attempt.with_name(attempt.name + ".json")
+    (record / "a" / "b").mkdir(parents=True)
+    (record / "a" / "b" / "c.json").write_text("{}")
+    return record
+
+
+def test_a_miss_cleans_a_dead_attempt_whose_record_is_a_folder(volume: Volume) -> None:
+    record = _dead_attempt_with_a_folder_for_its_record(volume, volume.built.miss_key)
+    job = volume.pods.start(
+        "warm",
+        server_argv(free_port()),
+        cache_root=volume.root,
+        command="warm",
+        options=volume.built.miss_options,
+    )
+    assert job.wait_exit() == 0, job.tail()
+    assert not record.exists()
+    assert not record.with_suffix("").exists()
+
+
+def test_prune_stale_staging_removes_a_dead_attempt_whose_record_is_a_folder(volume: Volume) -> None:
+    record = _dead_attempt_with_a_folder_for_its_record(volume, "b" * 32)
+    done = run_cli("prune", "--stale-staging", "--yes", env=volume.env)
+    assert done.returncode == 0, done.stderr
+    assert not record.exists()
+    assert not record.with_suffix("").exists()
+
+
 def test_commands_name_a_layout_directory_replaced_by_a_file(volume: Volume) -> None:
     planted = _plant(volume, "usage", how="file")
     done = run_cli("ls", env=volume.env)

@@ -135,7 +135,7 @@ def _remove_attempt(
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
-    safefs.unlink(root.path, now[0].owner_file)
+    remove_tree(now[0].owner_file, within=root.path)  # a record, or a folder planted as one
     remove_tree(trashed, within=root.path)
     with contextlib.suppress(OSError):
         safefs.rmdir(root.path, item.path.parent)  # the key's staging folder, if this was its last attempt

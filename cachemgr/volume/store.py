@@ -203,16 +203,9 @@ class Staging(NamedTuple):
     def discard(self) -> None:
         """Remove the attempt: its files first, then its owner record."""
         remove_tree(self.path, within=self.within)
-        _unlink(self.owner_file, within=self.within)
+        remove_tree(self.owner_file, within=self.within)  # a folder planted in its place goes too
         with contextlib.suppress(OSError):
             _rmdir(self.path.parent, within=self.within)
-
-
-def _unlink(path: Path, *, within: Path | None) -> None:
-    if within is None:
-        path.unlink(missing_ok=True)
-    else:
-        safefs.unlink(within, path)
 
 
 def _rmdir(path: Path, *, within: Path | None) -> None:
@@ -326,7 +319,7 @@ def commit(root: CacheRoot, staging: Staging, key: CacheKey, manifest: Manifest)
             staging.discard()
             return PublishOutcome(False, target, theirs)
     fsync_dir(root.entries)
-    safefs.unlink(root.path, staging.owner_file)
+    remove_tree(staging.owner_file, within=root.path)
     with contextlib.suppress(OSError):
         safefs.rmdir(root.path, staging.path.parent)
     make_read_only(target, within=root.path)
@@ -481,6 +474,6 @@ def clean_stale_staging(
         safefs.check_dir(root.path, root.staging / digest)  # a link there: exit 74, never followed
     for info, _ in dead_attempts(list_staging(root, digest), stale_after=stale_after, identity=identity):
         remove_tree(info.path, within=root.path)
-        safefs.unlink(root.path, info.owner_file)
+        remove_tree(info.owner_file, within=root.path)  # a record, or a folder planted as one
         removed.append(info.path)
     return removed
