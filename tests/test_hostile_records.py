@@ -195,3 +195,30 @@ def test_a_deep_manifest_in_the_bucket_is_reported_skipped_and_removable(
     removed = _cli(pods, root_b, "prune", "--remote", "--key", planted, "--yes", env=pods_env)
     assert removed.returncode == 0, removed.stderr
     assert not any(name.startswith(f"entries/{planted}/") for name in _names(s3, remote))
+
+
+def test_a_summary_naming_another_full_key_never_hides_a_serving_pod_from_prune(
+    pods: Cluster, root: Path
+) -> None:
+    """Pods record their use under the full key; an entry's name carries its first 16 digits. A
+    summary.json rewritten to name a key with the same 16 digits and another tail showed the
+    entry unused, and prune removed it under the serving pod."""
+    options = _options(pods.work / "compiler.jsonl")
+    pod = pods.start("serving", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("serving")
+    (entry,) = entry_dirs(root)
+    summary = json.loads((entry / "summary.json").read_text())
+    key = summary["key"]
+    forged = key[:16] + ("0" if key[16] != "0" else "1") + key[17:]
+    _plant(entry / "summary.json", json.dumps({**summary, "key": forged}).encode())
+
+    listed = _cli(pods, root, "ls", "-o", "json")
+    (row,) = json.loads(listed.stdout)["items"]
+    assert row["users"], row
+    for selector in (["--key", key[:16]], ["--keep-bytes", "0"], ["--damaged"], ["--unused-for", "0s"]):
+        done = _cli(pods, root, "prune", *selector, "--yes")
+        assert done.returncode in {0, 1}, done.stderr
+        assert entry.is_dir(), f"prune {selector} removed the entry a pod serves from"
+    assert pod.phase == "serving"
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0

@@ -173,14 +173,14 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
         if _in_use_by_prefix(root, item):
             return "in use now"
         item = replace(item, seen=_prefix_seen(root, item))
-    why_not = _come_since_plan(root, item)
+    why_not = _come_since_plan(root, item) or _used_under_another_key(root, item)
     if why_not is not None:
         return why_not
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
     # Step 3 right after the rename, before any fsync: the window for a starting pod stays tiny.
-    if _come_since_plan(root, item) is not None:
+    if _come_since_plan(root, item) is not None or _used_under_another_key(root, item) is not None:
         return _give_back(root, item, trashed)
     fsync_dir(root.entries)
     remove_tree(trashed, within=root.path)
@@ -226,6 +226,17 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
         return None
     came = {x for x in now if x[0].endswith(".json")} - item.seen  # a record new or beating since
     return "in use now" if came else "used since the plan was made"
+
+
+def _used_under_another_key(root: CacheRoot, item: PruneItem) -> str | None:
+    """Users under a key with the entry's 16 digits other than the one the plan read (its
+    summary.json may name a wrong full key; pods record their use under the one they computed)."""
+    if not item.key:
+        return None  # the plan's look was at every key with the 16 digits already
+    others = [d for d in _prefix_digests(root, item) if d != item.key]
+    return (
+        "in use now (under another key with its digits)" if any(has_users(root, d) for d in others) else None
+    )
 
 
 def _prefix_digests(root: CacheRoot, item: PruneItem) -> list[str]:

@@ -169,9 +169,15 @@ class _Context:
     hints: scanhints.Hints | None = None  # a scan for display (ls, du): what did not change
     prefix: str = field(init=False)  # what to put before "<name>/file" (nothing with the fd)
     entries: Path = field(init=False)  # CacheRoot.entries makes a new Path on each access
+    # usage/'s folders by their first 16 digits (an entry's name carries only those).
+    by_digits: dict[str, list[str]] = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "entries", self.root.entries)
+        by_digits: dict[str, list[str]] = {}
+        for digest in self.used or ():
+            by_digits.setdefault(digest[:16], []).append(digest)
+        object.__setattr__(self, "by_digits", by_digits)
         prefix = "" if self.entries_fd is not None else os.fspath(self.entries) + "/"
         object.__setattr__(self, "prefix", prefix)
 
@@ -190,6 +196,18 @@ def _directory(root: CacheRoot, path: Path) -> Iterator[int | None]:
 def _entry_info(ctx: _Context, name: str, hinted: dict[str, Any] | None = None) -> EntryInfo | None:
     """One entry: its summary read now, or ``hinted`` (already checked, cachemgr.ops.scanhints)."""
     summary, problem = (hinted, None) if hinted is not None else _read_summary(ctx, name)
+    other = _another_key(ctx, summary["key"]) if problem is None else None
+    if other is not None and hinted is not None:
+        return _entry_info(ctx, name)  # a hint proves nothing: read the entry now
+    if other is not None and summary.get(_PARSED) is None:
+        # Pods record their use under the full key; a summary naming another key with the same
+        # 16 digits would show an entry in use as unused, and prune would take it. (A key that
+        # key.json's inputs hash to is the entry's own: the other folder is not its pods'.)
+        problem = (
+            f"summary.json names key {summary['key'][:20]!r}... but its pods' use is under "
+            f"{other[:20]!r}...: one was planted or changed (cachemgr verify checks the entry)"
+        )
+        summary = _key_json(ctx, name)
     if problem is not None:
         path = ctx.entries / name
         if ctx.entries_fd is None or not _is_dir_at(ctx.entries_fd, name):
@@ -364,8 +382,8 @@ def _key_json(ctx: _Context, name: str) -> dict[str, Any]:
 
 def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> EntryInfo:
     key = str(known.get("key") or "")
-    if key and not path.name.endswith(key[:16]):
-        key = ""  # key.json of another entry: trust only the name
+    if key and (not path.name.endswith(key[:16]) or _another_key(ctx, key) is not None):
+        key = ""  # key.json of another entry (or not the key its pods use): trust only the name
     usage = _usage(ctx, key) if key else None
     return EntryInfo(
         name=path.name,
@@ -389,6 +407,12 @@ def _damaged(ctx: _Context, path: Path, problem: str, known: dict[str, Any]) -> 
         usage_seen=usage.seen if usage else None,
         starts=usage.starts if usage else {},
     )
+
+
+def _another_key(ctx: _Context, key: str) -> str | None:
+    """A folder in usage/ with ``key``'s 16 digits but not ``key``: pods use another key than
+    the one named (on a sound volume two keys share 16 digits once in 2**64)."""
+    return next((d for d in ctx.by_digits.get(key[:16], ()) if d != key), None)
 
 
 def _usage(ctx: _Context, key: str) -> Usage:
