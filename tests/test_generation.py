@@ -37,6 +37,8 @@ pytestmark = pytest.mark.quick
         ("0.13.0.dev4+gabc", "0.13.0.dev5+gdef", None),  # dev counts of two branches
         ("0.13.0.dev4", "0.13.0", -1),
         ("thirty", "0.30.0", None),
+        ("9" * 5000, "0.30.0", None),  # planted in a key.json: past int()'s 4,300 digits
+        ("0." + "1" * 200, "0.30.0", None),
     ],
 )
 def test_versions_are_ordered_only_where_the_release_process_orders_them(
@@ -86,6 +88,14 @@ def test_the_same_only_where_every_part_is_known_on_both_sides() -> None:
     assert entry.compare(gen()).order is None
     # Nothing in common: nothing can be said.
     assert gen(None, None, vllm_rbln="1").compare(gen(schema=None, vllm="1")).order is None
+
+
+def test_a_schema_that_is_not_a_plain_number_is_unordered_never_a_crash() -> None:
+    # "²".isdigit() is True and int("²") raises; 5,000 digits are past int()'s limit.
+    for odd in ("\u00b2", "9" * 5000, "\uff11"):
+        planted = Generation.of({"schema": odd, "compiler": "0.12"})
+        assert planted.compare(gen("0.12")).order in {None, "unordered"}
+        assert planted.to_json()["schema"] == odd
 
 
 def test_a_newer_key_schema_is_newer_whatever_the_sdk() -> None:
@@ -231,7 +241,8 @@ def test_a_full_volume_names_one_prune_with_every_selector_that_frees_something_
 @pytest.mark.parametrize(
     "planted",
     ["[" * 100_000, "{" * 5000, '{"generation": [["compiler", 12]], "lineage": []}', '{"generation": 1}', 7, None,
-     '{"generation": [["nonsense", "1"]], "lineage": ["a"]}', "x" * 100_000],
+     '{"generation": [["nonsense", "1"]], "lineage": ["a"]}', "x" * 100_000,
+     '{"generation": [[["schema"], "1"]], "lineage": []}', '{"generation": [[{"a": 1}, "1"]], "lineage": []}'],
 )  # fmt: skip
 def test_a_planted_hint_of_what_key_json_says_is_refused_never_a_crash(planted: Any) -> None:
     assert KeyFacts.from_hint(planted) is None

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from packaging.version import Version
 
 # A release with an optional local label: valid PEP 440 whatever it holds, and read the same.
 # ASCII: IGNORECASE alone folds the Kelvin sign, a long s and a dotless i into [a-z], which
@@ -33,6 +37,9 @@ def release_numbers(text: str) -> tuple[int, ...]:
         raise ValueError(f"{text!r} is not a version number") from None
 
 
+_VERSION_MAX = 128  # characters: PEP 440 versions in the wild are a few dozen
+
+
 @functools.lru_cache(maxsize=4096)  # a volume holds a few generations, and ls judges each entry
 def compare_versions(a: str, b: str) -> int | None:
     """-1, 0 or 1 as ``a`` is older than, the same as or newer than ``b``; None when that cannot
@@ -47,21 +54,32 @@ def compare_versions(a: str, b: str) -> int | None:
     """
     if a.strip() == b.strip():
         return 0
-    from packaging.version import InvalidVersion, Version  # inspection only, never the hit path
-
-    try:
-        va, vb = Version(a), Version(b)
-    except InvalidVersion:
+    parsed = _parsed(a, b)
+    if parsed is None:
         return None
+    va, vb = parsed
     ra, rb = _trimmed(va.release), _trimmed(vb.release)
     if ra != rb:
         return -1 if ra < rb else 1
     if va.dev is not None and vb.dev is not None:
         return None  # two dev builds of one release: which holds the other is unknown
-    pa, pb = Version(va.public), Version(vb.public)
+    pa, pb = type(va)(va.public), type(vb)(vb.public)
     if pa == pb:  # one release: the same spelled two ways, or two local builds (no order)
         return 0 if va.local == vb.local else None
     return -1 if pa < pb else 1
+
+
+def _parsed(a: str, b: str) -> tuple[Version, Version] | None:
+    """Both as versions, or None: not a version, or longer than any release spells one (a
+    string read from the volume; a number past int()'s 4,300 digits raises ValueError)."""
+    if len(a) > _VERSION_MAX or len(b) > _VERSION_MAX:
+        return None
+    from packaging.version import InvalidVersion, Version  # inspection only, never the hit path
+
+    try:
+        return Version(a), Version(b)
+    except (InvalidVersion, ValueError):
+        return None
 
 
 def _trimmed(release: tuple[int, ...]) -> tuple[int, ...]:

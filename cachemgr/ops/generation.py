@@ -117,7 +117,7 @@ class Generation:
     def to_json(self) -> dict[str, Any]:
         found = dict(self.parts)
         return {
-            "schema": int(found["schema"]) if found.get("schema", "").isdigit() else found.get("schema"),
+            "schema": found.get("schema") if (n := _schema_number(found.get("schema"))) is None else n,
             "compiler": found.get("compiler"),
             "versions": {p: found[p] for p in PARTS if p in VERSION_ENV and p in found},
         }
@@ -148,10 +148,19 @@ def _compare(mine: tuple[tuple[str, str], ...], others: tuple[tuple[str, str], .
 
 def _order(part: str, mine: str, theirs: str) -> int | None:
     if part == "schema":
-        if not (mine.isdigit() and theirs.isdigit()):
+        a, b = _schema_number(mine), _schema_number(theirs)
+        if a is None or b is None:
             return None if mine != theirs else 0
-        return (int(mine) > int(theirs)) - (int(mine) < int(theirs))
+        return (a > b) - (a < b)
     return compare_versions(mine, theirs)
+
+
+def _schema_number(value: str | None) -> int | None:
+    """A key schema's number; None for anything else ("²" is a digit to str.isdigit, and a
+    planted 5,000-digit one is past int()'s limit)."""
+    if value is None or not (value.isascii() and value.isdigit()) or len(value) > 18:
+        return None
+    return int(value)
 
 
 def named_parts(generations: Iterable[Generation]) -> tuple[str, ...]:
@@ -207,7 +216,12 @@ def _from_hint(text: str) -> KeyFacts | None:
     if not isinstance(parts, list) or not isinstance(lineage, list):
         return None
     if not all(isinstance(x, str) for x in lineage) or not all(
-        isinstance(p, list) and len(p) == 2 and p[0] in PART_NAMES and isinstance(p[1], str) for p in parts
+        isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and p[0] in PART_NAMES
+        and isinstance(p[1], str)
+        for p in parts
     ):
         return None
     return KeyFacts(Generation.of(dict(parts)), tuple(lineage))
