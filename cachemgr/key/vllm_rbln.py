@@ -178,7 +178,7 @@ def redirected_model(model: str, environ: Mapping[str, str]) -> str:
         ) from error
     try:
         mapping: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # vLLM's _maybe_json_dict: any failure is "not JSON"
         mapping = {}
     if not mapping:
         # transformers_utils/utils.py 69-78: "model target" lines; a line of another shape is skipped.
