@@ -250,6 +250,54 @@ def test_a_huge_config_is_refused(env: dict[str, str], tmp_path: Path) -> None:
     assert "bytes" in line
 
 
+def _model_dir(path: Path) -> Path:
+    """A local model directory but for its config.json, which each test plants itself."""
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"w" * 100)
+    return path
+
+
+@pytest.mark.parametrize("command", ["key", "run"])
+def test_a_fifo_as_the_models_config_json_does_not_hang(
+    env: dict[str, str], tmp_path: Path, command: str
+) -> None:
+    """--model-impl auto reads the model's architectures from its config.json: a FIFO there with
+    no writer hung key and run (and a pod blocked in open() ignores SIGTERM)."""
+    model = _model_dir(tmp_path / "llm")
+    os.mkfifo(model / "config.json")
+    code, line = cli([command, "--", "vllm", "serve", str(model)], env, timeout=15)
+    assert code == 78
+    assert f"cannot read the model's config {model / 'config.json'}: it is a FIFO, not a regular file" in line
+
+
+def test_a_huge_config_json_of_the_model_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    """Bounded, not read whole: a config.json is kilobytes, and one past 16 MiB is refused by name."""
+    model = _model_dir(tmp_path / "llm")
+    with (model / "config.json").open("w") as out:
+        out.write('{"architectures": ["LlamaForCausalLM"], "padding": "' + "x" * (17 << 20) + '"}')
+    code, line = cli(["key", "--", "vllm", "serve", str(model)], env)
+    assert code == 78
+    assert "config.json: larger than 16 MiB, not read" in line
+
+
+def test_a_fifo_as_the_model_redirect_file_does_not_hang(env: dict[str, str], tmp_path: Path) -> None:
+    """VLLM_MODEL_REDIRECT_PATH is read before anything else: a FIFO there hung key and run."""
+    fifo = tmp_path / "redirect"
+    os.mkfifo(fifo)
+    code, line = cli(["key", *SERVER], {**env, "VLLM_MODEL_REDIRECT_PATH": str(fifo)}, timeout=15)
+    assert code == 78
+    assert f"cannot read VLLM_MODEL_REDIRECT_PATH {fifo}: it is a FIFO, not a regular file" in line
+    assert "unset VLLM_MODEL_REDIRECT_PATH" in line
+
+
+def test_a_huge_model_redirect_file_is_refused(env: dict[str, str], tmp_path: Path) -> None:
+    table = tmp_path / "redirect"
+    table.write_text("org/other /models/other\n" * 100_000)  # 2.4 MB: read whole before
+    code, line = cli(["key", *SERVER], {**env, "VLLM_MODEL_REDIRECT_PATH": str(table)})
+    assert code == 78
+    assert "larger than 1 MiB, not read" in line
+
+
 @pytest.mark.parametrize(
     "text",
     ['{"phase": "serving", "since": 1, "started_at": 1, "pid": 1e400}', "[" * 5000 + "]" * 5000],

@@ -589,6 +589,15 @@ def test_model_redirect_is_resolved_before_keying(tmp_path: Path) -> None:
 
 
 @pytest.mark.quick
+def test_a_model_redirect_file_nested_too_deep_for_json_is_read_as_lines(tmp_path: Path) -> None:
+    """vLLM's _maybe_json_dict takes any failure of json.loads as "not JSON" and reads the lines:
+    a table nested 100,000 deep made key exit 70 on a RecursionError."""
+    table = tmp_path / "redirect"
+    table.write_text("[" * 100_000)
+    assert digest(env={"VLLM_MODEL_REDIRECT_PATH": str(table)}) == digest()
+
+
+@pytest.mark.quick
 @pytest.mark.parametrize(
     ("argv_extra", "env", "says"),
     [

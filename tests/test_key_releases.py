@@ -9,6 +9,7 @@ Releases: 0.11.2's own rules, and strict rules for any release not checked.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator, Mapping
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 from cachemgr_standin import DECLARED_VERSIONS
+from cachemgr_testkit.podlib import run_cli
 
 from cachemgr.key import rbln_env
 from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
@@ -137,6 +139,34 @@ def test_a_hub_model_is_keyed_by_the_snapshot_the_server_will_load(tmp_path: Pat
     _hf_cache(home, "org/model", "v1", "d" * 40)
     assert key(["--revision", "v1"], env=env).inputs["model"]["snapshot"] == "d" * 40
     assert key(env={"HF_HUB_CACHE": str(home / "hub")}).inputs["model"]["snapshot"] == "b" * 40
+
+
+def test_a_fifo_as_a_hub_ref_is_a_ref_the_cache_does_not_hold(tmp_path: Path) -> None:
+    """refs/main was read with a plain open(): a FIFO there with no writer hung key and run (and a pod
+    blocked in open() ignores SIGTERM). Now it is as if the cache did not hold the ref: keyed without
+    a snapshot, and key says so."""
+    home = tmp_path / "hf"
+    _hf_cache(home, "org/model", "main", "a" * 40)
+    ref = home / "hub" / "models--org--model" / "refs" / "main"
+    ref.unlink()
+    os.mkfifo(ref)
+    env = {**BASE_ENV, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HF_HOME": str(home)}
+    done = run_cli("key", "--role", "prefill", "-o", "json", "--", *ARGV, env=env, timeout=15)  # it hung
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["inputs"]["model"]["snapshot"] is None
+    assert "the snapshot of main is not in this pod's Hugging Face cache" in done.stderr
+
+
+@pytest.mark.quick
+def test_a_hub_ref_larger_than_a_ref_is_not_read_whole(tmp_path: Path) -> None:
+    """A ref is a 40-hex commit; a file of megabytes there is not one (it was read whole before)."""
+    home = tmp_path / "hf"
+    _hf_cache(home, "org/model", "main", "a" * 40)
+    ref = home / "hub" / "models--org--model" / "refs" / "main"
+    ref.write_text("a" * 40 + "\n" * (1 << 20))  # the commit, then a megabyte of padding
+    assert key(env={"HF_HOME": str(home)}).inputs["model"]["snapshot"] is None
+    ref.write_text("a" * 40 + "\n")  # as huggingface_hub writes it
+    assert key(env={"HF_HOME": str(home)}).inputs["model"]["snapshot"] == "a" * 40
 
 
 @pytest.mark.quick

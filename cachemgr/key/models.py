@@ -238,6 +238,7 @@ def _file_xxh3(item: Path) -> str:
 # --- the Hugging Face snapshot of a hub model --------------------------------------------------
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_REF_LIMIT = 4096  # a ref holds a 40-hex commit: more is not a ref
 
 
 def cache_dirs(environ: Mapping[str, str], download_dir: str | None = None) -> list[Path]:
@@ -263,8 +264,10 @@ def hub_snapshot(
     for cache in cache_dirs(environ, download_dir):
         ref = cache / folder / "refs" / wanted
         try:
-            commit = ref.read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError, ValueError):
+            # Bounded, never blocking: a FIFO planted as the ref would hang the pod past its SIGTERM.
+            # It, a file too large to be a ref, or one that is not ASCII, is a ref this cache does not hold.
+            commit = jsonread.read_bytes(os.path.realpath(ref), limit=_REF_LIMIT).decode("ascii").strip()
+        except (OSError, ValueError):  # ValueError: not a regular file, too large, not ASCII
             continue
         if _COMMIT.fullmatch(commit) and (cache / folder / "snapshots" / commit).is_dir():
             return commit

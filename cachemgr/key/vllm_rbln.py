@@ -36,6 +36,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from cachemgr.core import jsonread
 from cachemgr.core.errors import ConfigError
 from cachemgr.core.versions import release_numbers
 
@@ -58,6 +59,7 @@ _MODEL_IMPL_ALIASES: dict[str, ModelImpl] = {
     "vllm": "vllm",
 }
 _CONFIG_LIMIT = 16 << 20  # a config.json is kilobytes; more is not a config
+_REDIRECT_LIMIT = 1 << 20  # a redirect table is a line per model: a megabyte is ~10,000 of them
 # vllm_rbln/envs.py 167-173: a parent's resolved path, inherited by the processes it spawns.
 _RESOLVED_MODEL_IMPL_ENV = "_VLLM_RBLN_RESOLVED_MODEL_IMPL"
 
@@ -164,16 +166,19 @@ def redirected_model(model: str, environ: Mapping[str, str]) -> str:
     if not path or not os.path.exists(path):
         return model
     try:
-        with open(path, encoding="utf-8") as table:
-            text = table.read()
-    except (OSError, UnicodeDecodeError) as error:
+        # Bounded, and never blocking: a FIFO planted there would hang the pod past its SIGTERM (the
+        # server would hang on it too, so it is refused). A link is followed, as the server follows
+        # it: a ConfigMap's files are links.
+        text = jsonread.read_bytes(os.path.realpath(path), limit=_REDIRECT_LIMIT).decode("utf-8")
+    except (OSError, ValueError) as error:  # ValueError: not a regular file, too large, not UTF-8
         raise ConfigError(
             f"cannot read VLLM_MODEL_REDIRECT_PATH {path}: {error}",
-            remedy="fix the file or unset VLLM_MODEL_REDIRECT_PATH",
+            remedy=f"make it a regular file of at most {jsonread.human_limit(_REDIRECT_LIMIT)}, "
+            "or unset VLLM_MODEL_REDIRECT_PATH",
         ) from error
     try:
         mapping: Any = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # vLLM's _maybe_json_dict: any failure is "not JSON"
         mapping = {}
     if not mapping:
         # transformers_utils/utils.py 69-78: "model target" lines; a line of another shape is skipped.
@@ -222,15 +227,38 @@ def auto_path(model: str | None, options: Mapping[str, Any], architectures: froz
     overrides = options.get("hf_overrides")
     named = overrides.get("architectures") if isinstance(overrides, dict) else None
     if named is None:
-        try:
-            with open(os.path.join(source, "config.json"), encoding="utf-8") as file:
-                config = json.loads(file.read(_CONFIG_LIMIT))
-        except (OSError, ValueError, RecursionError):
+        config = _model_config(os.path.join(source, "config.json"))
+        if config is _UNREADABLE:
             return "auto"  # the server reads it again a moment later and says what is wrong
         named = config.get("architectures") if isinstance(config, dict) else None
     if not isinstance(named, list):
         named = []
     return "optimum" if any(isinstance(a, str) and a in architectures for a in named) else "vllm"
+
+
+_UNREADABLE = object()
+
+
+def _model_config(path: str) -> Any:
+    """The config.json at ``path``, or :data:`_UNREADABLE` where the server will say what is wrong.
+
+    Read bounded, never blocking: a FIFO planted as the model's config.json would hang the pod past
+    its SIGTERM, and the server would hang on it too; it and a file too large to be a config are a
+    :class:`ConfigError`. A link is followed (a hub snapshot's files are links to its blobs).
+    """
+    try:
+        raw = jsonread.read_bytes(os.path.realpath(path), limit=_CONFIG_LIMIT)
+    except OSError:
+        return _UNREADABLE
+    except ValueError as error:  # not a regular file, or larger than the limit
+        raise ConfigError(
+            f"cannot read the model's config {path}: {error}",
+            remedy=f"make it the model's config.json, a regular file of at most {jsonread.human_limit(_CONFIG_LIMIT)}",
+        ) from None
+    try:
+        return jsonread.parse(raw, limit=_CONFIG_LIMIT)
+    except ValueError:
+        return _UNREADABLE
 
 
 def never_saved(settings: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
