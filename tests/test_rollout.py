@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_testkit.podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node
+from cachemgr_testkit.podlib import DEADLINE, Cluster, Pod, cluster, free_port, npu_node, skewed_env
 from cachemgr_testkit.scenarios import MODEL, entry_dirs
 
 # Each image as it declares itself to cachemgr; the rest of DECLARED_VERSIONS (vLLM, transformers)
@@ -397,6 +397,62 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
     assert "Run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in message
     assert "removed 1 item of 1" in r.cli("new", "prune", "--incompatible", "--yes")  # the toolbox's shell
     r.serve("new", 4, "new-3")
+
+
+# An image before the old one: its entry is incompatible in the old image's eyes.
+OLDEST = {"CACHEMGR_COMPILER_VERSION": "0.11.2", "CACHEMGR_VLLM_RBLN_VERSION": "0.11.0",
+          "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.11.0"}  # fmt: skip
+
+
+@pytest.mark.parametrize("small", [4 << 20], indirect=True)
+def test_a_full_volumes_advice_says_which_unused_bytes_are_a_newer_images_and_prune_frees_them(
+    small: Rollout,
+) -> None:
+    """An old pod fills a volume holding three generations' entries, none used for 15 days: the
+    one before it (incompatible), its own, and a newer image's (a warm Job ran ahead of a rollout
+    that stalled). The advice counted the newer entry among "unused" without a word, as if this
+    image's own: the operator pruned the newer image's compile unawares. It says so now, and its
+    figure is what the command it names frees, to the byte."""
+    r = small
+    job = r.pods.start("oldest-warm", argv(4), cache_root=r.root, command="warm",
+                       env={**OLDEST, **npu_node(r.pods.work), "VLLM_RBLN_COMPILE_ONLY": "1"})  # fmt: skip
+    assert job.wait_exit() == 0, job.tail()
+    r.warm("old", 4, "old-warm")
+    r.warm("new", 4, "new-warm")
+    later = skewed_env(15 * 86400)
+    pod = r.pods.start("old-1", argv(8), cache_root=r.root, env={**r.image("old"), **later})
+    assert pod.wait_exit() == 73, pod.tail()
+    message = termination(pod)
+    _, new_short = SHORT["sdk"]
+    sizes = {e.name: json.loads((e / "summary.json").read_text())["size_bytes"] for e in entry_dirs(r.root)}
+    assert len(sizes) == 3
+    assert (
+        "prune can free 3.0 MiB of entries no pod uses now: 1.0 MiB incompatible (an older generation: "
+        in message
+    )
+    assert f"2.0 MiB unused for 14d (1.0 MiB of it a newer image's: {new_short})" in message, message
+    assert (
+        "Run 'cachemgr prune --incompatible --unused-for 14d --yes' in a pod that mounts this volume"
+        in message
+    )
+    assert " ... " not in message, "the message fits its line uncut"
+    (failed,) = (r.root / "failures").rglob("*.json")
+    report = json.loads(failed.read_text())["report"]
+    # What the named command frees, typed in a pod of the same image, the same 15 days on.
+    shell = {**r.shell("old"), **later, "PYTHONPATH": later["PYTHONPATH"]}
+    done = subprocess.run(
+        [sys.executable, "-m", "cachemgr", "prune", "--incompatible", "--unused-for", "14d", "--dry-run",
+         "-o", "json"], env=shell, capture_output=True, text=True, timeout=DEADLINE, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)["plan"]
+    planned = [i for i in plan["items"] if i.get("kind") == "entry"]
+    assert sum(i["bytes"] for i in planned) == sum(sizes.values())
+    assert report["prunable_incompatible_bytes"] + report["prunable_unused_bytes"] == sum(sizes.values()), (
+        report
+    )
+    newer = [i for i in planned if i["vs_image"] == "newer"]
+    assert report["prunable_unused_newer_bytes"] == sum(i["bytes"] for i in newer) > 0, report
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from cachemgr_testkit.scenarios import (
     entry_dirs,
     server_argv,
 )
+from cachemgr_testkit.trusted import writable
 
 MiB = 1 << 20
 
@@ -258,3 +259,111 @@ def test_a_start_that_set_its_damaged_entry_aside_learns_the_size_from_it(pods: 
         preflight
     )
     assert "nothing compiled" not in preflight["expected_source"]
+
+
+# --- a planted figure never makes a false "volume full" ------------------------------------------
+
+
+def _rewrite(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """What a writer of the volume does to a record there (a published one is 0444/0555)."""
+    writable(path.parent)
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _warm(pods: Cluster, name: str, root: Path, options: list[str]) -> Pod:
+    pod = pods.start(name, server_argv(free_port()), cache_root=root, command="warm", options=options)
+    pod.wait_exit()
+    return pod
+
+
+def _expected(pod: Pod) -> dict[str, Any]:
+    (found,) = [e for e in pod.log_events() if e["event"] == "space_preflight"]
+    return found
+
+
+def _volume_bytes(root: Path) -> int:
+    st = os.statvfs(root)
+    return st.f_blocks * st.f_frsize
+
+
+@pytest.mark.parametrize("planted", ["1e300", "1e19", "one byte more than the volume"])
+def test_a_planted_entry_size_is_not_learned_and_the_compile_goes_on(
+    pods: Cluster, tmpfs_small: Callable[[int], Path], planted: str
+) -> None:
+    """An entry of the model claiming more bytes than the volume holds (its summary.json rewritten
+    by a writer of the volume) made every other configuration of the model refuse to compile
+    (exit 73, "needs about 1e+300 B"). No entry on a volume is larger than the volume."""
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    assert _warm(pods, "a", root, _command(record, size="512k")).proc.returncode == 0
+    (entry,) = entry_dirs(root)
+    claim = {"1e300": 1e300, "1e19": 10**19}.get(planted, _volume_bytes(root) + 1)
+    _rewrite(entry / "summary.json", lambda summary: summary.update(size_bytes=claim))
+    other = _warm(pods, "b", root, _command(record, size="512k", extra="--tensor-parallel-size 8"))
+    assert other.proc.returncode == 0, other.tail()
+    assert not _expected(other)["expected_source"].startswith("learned from entry"), _expected(other)
+    assert len(entry_dirs(root)) == 2
+
+
+def test_a_real_entry_as_large_as_the_free_space_is_still_learned(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    """The other side of the bound: an entry's size that can be real still stops a compile that
+    cannot fit, before it starts."""
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    assert _warm(pods, "a", root, _command(record, size="3M")).proc.returncode == 0
+    (entry,) = entry_dirs(root)
+    size = json.loads((entry / "summary.json").read_text())["size_bytes"]
+    ballast = root / "ballast"
+    st = os.statvfs(root)
+    ballast.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - size // 2))  # half the entry's size left
+    other = _warm(pods, "b", root, _command(record, size="3M", extra="--tensor-parallel-size 8"))
+    assert other.proc.returncode == 73, other.tail()
+    assert _expected(other)["expected_bytes"] == size
+    assert _expected(other)["expected_source"].startswith("learned from entry"), _expected(other)
+    assert compiles(record) == 1, "the compiler never started"
+
+
+def test_a_planted_disk_full_record_proves_nothing_and_the_compile_goes_on(
+    pods: Cluster, tmpfs_small: Callable[[int], Path]
+) -> None:
+    """A failure record of this key rewritten to say its attempt wrote 1e19 bytes and found 1e300
+    free: each start took that as a lower bound and refused (exit 73), forever."""
+    root = tmpfs_small(8 * MiB)
+    record = pods.work / "compiler.jsonl"
+    options = _command(record, size="512k")
+    assert _warm(pods, "a", root, [*options, "--expected-size", "64Mi"]).proc.returncode == 73
+    (failed,) = (root / "failures").rglob("*.json")
+
+    def plant(data: dict[str, Any]) -> None:
+        data["reason"] = "disk-full"
+        data["bytes_written"] = 10**19
+        data["report"] = {**(data.get("report") or {}), "free_at_start_bytes": 1e300}
+
+    _rewrite(failed, plant)
+    again = _warm(pods, "b", root, options)
+    assert again.proc.returncode == 0, again.tail()
+    assert "earlier attempt" not in _expected(again)["expected_source"], _expected(again)
+    assert len(entry_dirs(root)) == 1
+
+
+def test_a_planted_size_in_a_set_aside_entry_falls_back_to_what_is_left_of_it(
+    pods: Cluster, root: Path
+) -> None:
+    """This key's damaged entry, its summary.json claiming 1e300 bytes, set aside by the next
+    start: that start learned 1e300 from it and refused to compile its replacement."""
+    options = _command(pods.work / "compiler.jsonl", size="2M")
+    assert _warm(pods, "warm-a", root, options).proc.returncode == 0
+    (entry,) = entry_dirs(root)
+    _rewrite(entry / "summary.json", lambda summary: summary.update(size_bytes=1e300))
+    artifact = next(p for p in sorted((entry / "artifacts").rglob("*")) if p.is_file())
+    artifact.unlink()
+    again = _warm(pods, "warm-b", root, [*options, "--verify", "full"])
+    assert again.proc.returncode == 0, again.tail()
+    found = _expected(again)
+    assert found["expected_source"].startswith("learned from this key's entry set aside as damaged"), found
+    assert "what is left of it" in found["expected_source"], found
+    assert 0 < found["expected_bytes"] < 2 * MiB, found

@@ -3,6 +3,12 @@ operator's ``--expected-size``, else what earlier compiles of the same model too
 pipeline-parallel degree: each rank's output grows with PP) or what an attempt that ran out of
 space proved it needs, else an estimate from the weights, else this key's own entry set aside as
 damaged. cachemgr.ops.space compares it with the volume's free space.
+
+Every figure but the operator's and the weights' is read from the volume, where anyone who can
+write it can plant one: a size recorded there counts only as a whole number of bytes from 0 to the
+volume's own size (statvfs of the cache root). Everything on the volume was written to it, so a
+larger figure (1e300 in a planted summary.json) is no size of anything there; it is skipped, and
+the estimate comes from the next figure or source, never a false "volume full".
 """
 
 from __future__ import annotations
@@ -15,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.core import jsonread, safefs
-from cachemgr.core.coerce import number
 from cachemgr.core.fsutil import tree_bytes
 from cachemgr.core.units import human_bytes
 from cachemgr.key.cachekey import CacheKey, digest_of
@@ -49,7 +54,8 @@ def expected_size(
     """The operator's figure, else learned from earlier compiles, else estimated from the weights."""
     if given is not None:
         return Expectation(given, "--expected-size")
-    learned = _learned(root, key, entries)
+    volume = _volume_bytes(root)
+    learned = _learned(root, key, entries, volume)
     if learned is not None:
         return learned
     weights = _weight_bytes(key)
@@ -59,7 +65,7 @@ def expected_size(
         return Expectation(
             estimate, f"estimated from the weights ({human_bytes(weights)} x {WEIGHTS_FACTOR} x PP {pp})"
         )
-    aside = _set_aside(root, key)
+    aside = _set_aside(root, key, volume)
     if aside is not None:
         return aside
     return Expectation(
@@ -69,9 +75,29 @@ def expected_size(
     )
 
 
-def _set_aside(root: CacheRoot, key: CacheKey) -> Expectation | None:
+def _volume_bytes(root: CacheRoot) -> int | None:
+    """The volume's size as the space check measures it (None: statvfs cannot tell)."""
+    try:
+        st = os.statvfs(root.path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def _on_volume(value: Any, volume: int | None) -> int | None:
+    """A size read from the volume, if it can be one: a whole number of bytes, not negative, and
+    no larger than the volume (None: not a size of anything on it, planted or damaged)."""
+    if isinstance(value, float) and value.is_integer():  # false for inf and nan
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value if volume is None or value <= volume else None
+
+
+def _set_aside(root: CacheRoot, key: CacheKey, volume: int | None) -> Expectation | None:
     """This key's own entry, moved to quarantine/ as damaged (a moment ago, by this very start,
-    as often as not): the size it was published with, else what is left of it."""
+    as often as not): the size it was published with (if it can be a size on this volume), else
+    what is left of it."""
     copies = [n for n in safefs.listdir(root.path, root.quarantine) if n.startswith(key.entry_name + ".")]
     for name in sorted(copies, reverse=True):  # NAME.<UTC stamp>.<random>: the newest first
         path = root.quarantine / name
@@ -81,7 +107,8 @@ def _set_aside(root: CacheRoot, key: CacheKey) -> Expectation | None:
             safefs.open_dir(root.path, path) as fd,
         ):
             summary = jsonread.read(SUMMARY_NAME, dir_fd=fd, limit=1 << 20)
-            published = int(number(summary.get("size_bytes")) or 0) if isinstance(summary, dict) else 0
+            claimed = summary.get("size_bytes") if isinstance(summary, dict) else None
+            published = _on_volume(claimed, volume) or 0
         try:
             found = published or tree_bytes(path, within=root.path)
         except (OSError, safefs.UnsafePathError):
@@ -95,12 +122,18 @@ def _set_aside(root: CacheRoot, key: CacheKey) -> Expectation | None:
     return None
 
 
-def _learned(root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...]) -> Expectation | None:
+def _learned(
+    root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...], volume: int | None
+) -> Expectation | None:
+    """The largest of this model's entries (scaled by PP) and of what this key's attempts that ran
+    out of space proved, counting only sizes that can be sizes on this volume (``_on_volume``)."""
     model_id = digest_of(key.inputs["model"])[:16]
     pp = key.server.pipeline_parallel_size
     best: tuple[int, str, bool] | None = None
     for entry in entries:
         if entry.model_id != model_id or entry.status == "damaged" or not entry.size_bytes:
+            continue
+        if _on_volume(entry.size_bytes, volume) is None:
             continue
         scaled = entry.size_bytes * pp // max(1, entry.pipeline_parallel_size)
         if best is None or scaled > best[0]:
@@ -115,24 +148,22 @@ def _learned(root: CacheRoot, key: CacheKey, entries: tuple[EntryInfo, ...]) -> 
                 False,
             )
     for record in failures(root, key.digest):
-        failed = _failed_attempt(record)
+        failed = _failed_attempt(record, volume)
         if failed is not None and (best is None or failed[0] >= best[0]):
             best = failed
     return Expectation(*best) if best else None
 
 
-def _failed_attempt(record: Mapping[str, Any]) -> tuple[int, str, bool] | None:
+def _failed_attempt(record: Mapping[str, Any], volume: int | None) -> tuple[int, str, bool] | None:
     """What an attempt that ran out of space proved: it needs more than it wrote, and more than
-    the volume had free when it started (it filled that). A lower bound, never an estimate."""
+    the volume had free when it started (it filled that). A lower bound, never an estimate; a
+    figure that cannot be a size on this volume proves nothing."""
     if record.get("reason") != "disk-full":
         return None
     report = record.get("report")
     report = report if isinstance(report, Mapping) else {}
-    try:
-        written = int(record.get("bytes_written") or 0)
-        free = int(report.get("free_at_start_bytes") or 0)
-    except (TypeError, ValueError):
-        return None
+    written = _on_volume(record.get("bytes_written"), volume) or 0
+    free = _on_volume(report.get("free_at_start_bytes"), volume) or 0
     if not (written or free):
         return None
     if free > written:

@@ -231,6 +231,16 @@ class Prunable:
         return sum(e.size_bytes for e in self.unused)
 
     @property
+    def unused_newer(self) -> tuple[EntryInfo, ...]:
+        """Of the unused, a newer image's (a rollout's warm Job ran ahead of its pods, or stalled):
+        ``--unused-for`` removes them too, though no generation selector of this image ever does."""
+        return tuple(e for e in self.unused if e.status == "newer")
+
+    @property
+    def unused_newer_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.unused_newer)
+
+    @property
     def kept_bytes(self) -> int:
         return sum(e.size_bytes for e in self.kept)
 

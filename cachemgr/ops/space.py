@@ -136,7 +136,15 @@ class DiskReport:
             if entries
         ]
         if found.unused:
-            parts.append(f"{human_bytes(found.unused_bytes)} unused for {human_duration(UNUSED_AFTER)}")
+            newer = found.unused_newer
+            of_newer = (
+                f" ({human_bytes(found.unused_newer_bytes)} of it a newer image's: {labels(e.generation for e in newer)})"
+                if newer
+                else ""
+            )
+            parts.append(
+                f"{human_bytes(found.unused_bytes)} unused for {human_duration(UNUSED_AFTER)}{of_newer}"
+            )
         if parts:
             return f"; prune can free {human_bytes(self._freeable)} of entries no pod uses now: {', '.join(parts)}"
         if not found.kept:
@@ -209,6 +217,7 @@ class DiskReport:
             "prunable_incompatible": [e.name for e in self.prunable.incompatible],
             "prunable_unused_bytes": self.prunable.unused_bytes,
             "prunable_unused": [e.name for e in self.prunable.unused],
+            "prunable_unused_newer_bytes": self.prunable.unused_newer_bytes,
             "prunable_superseded_bytes": self.prunable.superseded_bytes,
             "prunable_superseded": [e.name for e in self.prunable.superseded],
             "older_in_use_bytes": self.prunable.kept_bytes,
