@@ -15,6 +15,7 @@ bucket) would, real pods and the real CLI; the bucket is a real S3 server (``wee
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -222,3 +223,42 @@ def test_a_summary_naming_another_full_key_never_hides_a_serving_pod_from_prune(
     assert pod.phase == "serving"
     pod.signal(signal.SIGTERM)
     assert pod.wait_exit() == 0
+
+
+def test_a_warm_job_whose_publish_lost_to_a_planted_entry_checks_that_entry(
+    pods: Cluster, root: Path, tmp_path: Path
+) -> None:
+    """A warm Job whose publish found an entry already there (a peer's, or one planted during its
+    compile) keeps that one; it must then look it up as any other, not report its own publish."""
+    record, saved, name_file, done = (tmp_path / n for n in ("compiler.jsonl", "saved", "name", "planted"))
+    plant = tmp_path / "plant.sh"
+    plant.write_text(
+        "#!/bin/sh\n"
+        f"if [ -d {saved} ] && [ ! -e {done} ]; then\n"
+        f"  touch {done}; cp -a {saved} {root}/entries/$(cat {name_file})\n"
+        "fi\n"
+        'exec "$@"\n'
+    )
+    plant.chmod(0o755)
+    options = ["--strategy", "command", "--compile-cmd", f"{plant} {compile_cmd(record)}"]
+    job = pods.start("first", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert job.wait_exit() == 0, job.tail()
+    (entry,) = entry_dirs(root)
+    shutil.copytree(entry, saved, symlinks=True)
+    writable(saved)
+    artifact = max(
+        (p for p in (saved / "artifacts").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size
+    )
+    data = bytearray(artifact.read_bytes())
+    data[0] ^= 0xFF  # the same size, other bytes: only a content check tells
+    artifact.write_bytes(bytes(data))
+    name_file.write_text(entry.name)
+    writable(entry)
+    shutil.rmtree(entry)
+
+    job = pods.start("second", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert job.wait_exit() == 0, job.tail()
+    assert done.exists(), "the planted entry was put in place during the compile"
+    checked = _cli(pods, root, "verify")
+    assert checked.returncode == 0, f"the warm Job left a damaged entry published:\n{checked.stderr}"
+    assert compiles(record) == 3, "the damaged entry was set aside and the key compiled again"

@@ -93,6 +93,7 @@ class Runner:
         self.preflight_found: Preflight | None = None
         self.key: CacheKey | None = None  # once resolved
         self._missed = False
+        self._published_here = False  # this start's own publish landed (not a peer's, kept instead)
         self._upload: Upload | None = None
         self._fetched: FetchOutcome | None = None
         self.read_only = False  # the volume cannot be written by this pod (set once it is opened)
@@ -171,9 +172,10 @@ class Runner:
                 compiled = self._compile_under_lease(root, key, strategy)
                 if compiled.exit_code is not None:
                     return compiled.exit_code
-                if self.options.warm and self.metrics.compiles:
+                if self.options.warm and self._published_here:
                     # A warm Job's work ends at its publish: a SIGTERM from here on (its wait for
-                    # the upload) does not turn the published entry into a failed Job.
+                    # the upload) does not turn the published entry into a failed Job. A peer's
+                    # entry kept instead of ours is looked up (verified, trusted) as any other.
                     self.state.phase("stopped", exit_code=0, published=True)
                     return 0
                 found = compiled.found
@@ -394,6 +396,7 @@ class Runner:
             strategy=str(key.inputs["strategy"]),
             signer=self.options.signing_key,
         )
+        self._published_here = outcome.published
         self.metrics.compiles += 1
         self.metrics.compile_seconds += seconds
         log.info(
