@@ -173,9 +173,8 @@ class Runner:
                 if compiled.exit_code is not None:
                     return compiled.exit_code
                 if self.options.warm and self._published_here:
-                    # A warm Job's work ends at its publish: a SIGTERM from here on (its wait for
-                    # the upload) does not turn the published entry into a failed Job. A peer's
-                    # entry kept instead of ours is looked up (verified, trusted) as any other.
+                    # A warm Job's work ends at its own publish: a SIGTERM in its upload wait does not
+                    # fail it (a peer's entry kept instead of ours is looked up as any other).
                     self.state.phase("stopped", exit_code=0, published=True)
                     return 0
                 found = compiled.found
@@ -455,10 +454,8 @@ class Runner:
 
     def _use(self, root: CacheRoot, key: CacheKey, found: Lookup) -> bool:
         """Record this pod's use of the entry; False if it was pruned meanwhile (look again).
-
         On a read-only volume without a writable usage/ there is no record: the use is in the
-        pod's state record only, and prune cannot see it (docs/design.md, "The threat model").
-        """
+        pod's state record only, and prune cannot see it (docs/design.md, "The threat model")."""
         if not self.records_use:
             return self.published(root, key)
         if self.metrics.compiles:
