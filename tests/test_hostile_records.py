@@ -15,8 +15,10 @@ bucket) would, real pods and the real CLI; the bucket is a real S3 server (``wee
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,8 @@ from cachemgr_testkit.podlib import Cluster, free_port, run_cli, wait_for
 from cachemgr_testkit.s3server import BUCKET, S3Server
 from cachemgr_testkit.scenarios import compile_cmd, compiles, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key, writable
+
+from cachemgr.volume.records import OBSERVE_SECONDS
 
 DEEP = b"[" * 200_000 + b"]" * 200_000
 
@@ -262,3 +266,28 @@ def test_a_warm_job_whose_publish_lost_to_a_planted_entry_checks_that_entry(
     checked = _cli(pods, root, "verify")
     assert checked.returncode == 0, f"the warm Job left a damaged entry published:\n{checked.stderr}"
     assert compiles(record) == 3, "the damaged entry was set aside and the key compiled again"
+
+
+def test_folders_planted_under_an_entrys_digits_cost_prune_one_watch_at_most(
+    pods: Cluster, root: Path
+) -> None:
+    """Prune looks for users under every key with an entry's 16 digits. Folders planted there with
+    old records are watched once, together (one OBSERVE_SECONDS window), and names that are no
+    key's are not a pod's: not watched at all. Each planted folder cost two windows before."""
+    options = _options(pods.work / "compiler.jsonl")
+    job = pods.start("warm", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert job.wait_exit() == 0, job.tail()
+    (entry,) = entry_dirs(root)
+    digits = entry.name.rsplit("__", 1)[-1]
+    old = time.time() - 3600
+    for tail in ("0" * 16, "1" * 16, "2" * 16, "zz1", "zz2"):
+        folder = root / "usage" / (digits + tail)
+        folder.mkdir(parents=True)
+        (folder / "ghost.json").write_text("{}")
+        os.utime(folder / "ghost.json", (old, old))
+    started = time.monotonic()
+    done = _cli(pods, root, "prune", "--key", digits, "--yes")
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    assert entry_dirs(root) == []
+    assert took < 2 * OBSERVE_SECONDS, f"prune took {took:.1f}s: a watch per planted folder"

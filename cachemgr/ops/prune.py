@@ -55,9 +55,10 @@ from cachemgr.ops.prune_plan import (
     plan_prune,
 )
 from cachemgr.ops.scan import Compat, scan
+from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.records import Mark, read_usage, record_mark
+from cachemgr.volume.records import Mark, observe, read_usage, record_mark
 from cachemgr.volume.store import StagingInfo, list_staging
 
 if TYPE_CHECKING:
@@ -173,14 +174,18 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
         if _in_use_by_prefix(root, item):
             return "in use now"
         item = replace(item, seen=_prefix_seen(root, item))
-    why_not = _come_since_plan(root, item) or _used_under_another_key(root, item)
+    # Every key with the entry's 16 digits, as seen now: its summary may name a wrong full key,
+    # and pods record their use under the one they computed.
+    digests = _prefix_digests(root, item) if item.key else []
+    around = _seen_of(root, digests)
+    why_not = _come_since_plan(root, item) or _used_under_another_key(root, item, digests)
     if why_not is not None:
         return why_not
     trashed = _to_trash(root, item)
     if trashed is None:
         return "already gone"
     # Step 3 right after the rename, before any fsync: the window for a starting pod stays tiny.
-    if _come_since_plan(root, item) is not None or _used_under_another_key(root, item) is not None:
+    if _come_since_plan(root, item) is not None or (item.key and _prefix_seen(root, item) != around):
         return _give_back(root, item, trashed)
     fsync_dir(root.entries)
     remove_tree(trashed, within=root.path)
@@ -228,20 +233,23 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
     return "in use now" if came else "used since the plan was made"
 
 
-def _used_under_another_key(root: CacheRoot, item: PruneItem) -> str | None:
+def _used_under_another_key(root: CacheRoot, item: PruneItem, digests: list[str]) -> str | None:
     """Users under a key with the entry's 16 digits other than the one the plan read (its
-    summary.json may name a wrong full key; pods record their use under the one they computed)."""
+    summary.json may name a wrong full key; pods record their use under the one they computed).
+    Silent records of all of them are watched at once: one window, however many folders."""
     if not item.key:
         return None  # the plan's look was at every key with the 16 digits already
-    others = [d for d in _prefix_digests(root, item) if d != item.key]
-    return (
-        "in use now (under another key with its digits)" if any(has_users(root, d) for d in others) else None
-    )
+    usages = [read_usage(root, d) for d in digests if d != item.key]
+    if any(u.live for u in usages) or observe(user for u in usages for user in u.silent):
+        return "in use now (under another key with its digits)"
+    return None
 
 
 def _prefix_digests(root: CacheRoot, item: PruneItem) -> list[str]:
+    """The keys in usage/ with the entry's 16 digits (a pod names its folder by its key: any
+    other name there is not a pod's)."""
     prefix = item.name.rsplit("__", 1)[-1]
-    return [d for d in safefs.listdir(root.path, root.usage) if d.startswith(prefix)]
+    return [d for d in safefs.listdir(root.path, root.usage) if d.startswith(prefix) and DIGEST.fullmatch(d)]
 
 
 def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
@@ -250,8 +258,12 @@ def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
 
 def _prefix_seen(root: CacheRoot, item: PruneItem) -> frozenset[tuple[str, Mark]]:
     """The usage folders of every key with the entry's 16 digits, as one ``seen``."""
+    return _seen_of(root, _prefix_digests(root, item))
+
+
+def _seen_of(root: CacheRoot, digests: list[str]) -> frozenset[tuple[str, Mark]]:
     seen: set[tuple[str, Mark]] = set()
-    for digest in _prefix_digests(root, item):
+    for digest in digests:
         usage = read_usage(root, digest)
         seen.update((f"{digest}/{name}", mark) for name, mark in usage.seen)
     return frozenset(seen)
