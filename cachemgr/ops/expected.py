@@ -8,7 +8,9 @@ Every figure but the operator's and the weights' is read from the volume, where 
 write it can plant one: a size recorded there counts only as a whole number of bytes from 0 to the
 volume's own size (statvfs of the cache root). Everything on the volume was written to it, so a
 larger figure (1e300 in a planted summary.json) is no size of anything there; it is skipped, and
-the estimate comes from the next figure or source, never a false "volume full".
+the estimate comes from the next figure or source, never a false "volume full". An entry of the
+model counts for no more than its files hold (a summary rewritten to just under the volume's size
+is bounded by one walk of that entry, on a miss only).
 """
 
 from __future__ import annotations
@@ -130,23 +132,32 @@ def _learned(
     model_id = digest_of(key.inputs["model"])[:16]
     pp = key.server.pipeline_parallel_size
     best: tuple[int, str, bool] | None = None
-    for entry in entries:
-        if entry.model_id != model_id or entry.status == "damaged" or not entry.size_bytes:
-            continue
-        if _on_volume(entry.size_bytes, volume) is None:
-            continue
-        scaled = entry.size_bytes * pp // max(1, entry.pipeline_parallel_size)
-        if best is None or scaled > best[0]:
+    claims = sorted(
+        (
+            (entry.size_bytes * pp // max(1, entry.pipeline_parallel_size), entry)
+            for entry in entries
+            if entry.model_id == model_id
+            and entry.status != "damaged"
+            and entry.size_bytes
+            and _on_volume(entry.size_bytes, volume) is not None
+        ),
+        key=lambda claim: claim[0],
+        reverse=True,
+    )
+    for claimed, entry in claims:
+        if best is not None and claimed <= best[0]:
+            break  # the largest that holds what it claims is found: no other can beat it
+        # What its files hold, not only what its summary says (a writer can rewrite that): one
+        # walk of one entry, most often, on a miss about to compile for minutes.
+        size = min(entry.size_bytes, tree_bytes(entry.path, within=root.path))
+        scaled = size * pp // max(1, entry.pipeline_parallel_size)
+        if size and (best is None or scaled > best[0]):
             note = (
                 f", scaled by PP {entry.pipeline_parallel_size} -> {pp}"
                 if entry.pipeline_parallel_size != pp
                 else ""
             )
-            best = (
-                scaled,
-                f"learned from entry {entry.short} ({human_bytes(entry.size_bytes)}{note})",
-                False,
-            )
+            best = (scaled, f"learned from entry {entry.short} ({human_bytes(size)}{note})", False)
     for record in failures(root, key.digest):
         failed = _failed_attempt(record, volume)
         if failed is not None and (best is None or failed[0] >= best[0]):
