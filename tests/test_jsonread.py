@@ -163,3 +163,22 @@ def test_anything_but_a_regular_file_is_damage_never_followed_nor_waited_on(tmp_
     (tmp_path / "list.json").write_text("[1]")
     with pytest.raises(ValueError, match="a JSON array, not an object"):
         jsonread.read_object(tmp_path / "list.json")
+
+
+def test_a_pod_local_file_is_followed_in_one_open_and_must_lead_to_a_regular_file(tmp_path: Path) -> None:
+    """``follow``: a ConfigMap's file is a link into its ``..data`` folder, swapped whole on an
+    update. One open follows it (no path resolved first and opened later, which an update between
+    the two turns into "no such file"); a FIFO behind the link still never blocks."""
+    data = tmp_path / "..2026_a"
+    data.mkdir()
+    (data / "config.json").write_text('{"a": 1}')
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "config.json").symlink_to("..data/config.json")
+    assert jsonread.read(tmp_path / "config.json", follow=True) == {"a": 1}
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "to-fifo.json").symlink_to("fifo")
+    with pytest.raises(NotRegularError, match="FIFO"):
+        jsonread.read(tmp_path / "to-fifo.json", follow=True)
+    (tmp_path / "loop.json").symlink_to("loop.json")
+    with pytest.raises(OSError, match="symbolic links"):  # unreadable (ELOOP), not "not a regular file"
+        jsonread.read(tmp_path / "loop.json", follow=True)

@@ -75,16 +75,21 @@ def human_limit(size: int) -> str:
 
 
 @contextlib.contextmanager
-def open_regular(name: str | Path, *, dir_fd: int | None = None) -> Iterator[int]:
+def open_regular(name: str | Path, *, dir_fd: int | None = None, follow: bool = False) -> Iterator[int]:
     """A descriptor of the regular file ``name`` (in ``dir_fd``, a folder reached safely, when given).
 
     ``FileNotFoundError`` if it is missing, :class:`NotRegularError` if it is anything but a
     regular file (a symlink is never followed, a FIFO never blocks), ``OSError`` otherwise.
+    ``follow``: a symlink is followed in the same open (a pod-local file the server follows too,
+    such as a ConfigMap's), and what it leads to must be a regular file.
     """
     try:
-        fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, READ_FLAGS & ~os.O_NOFOLLOW if follow else READ_FLAGS, dir_fd=dir_fd)
     except OSError as error:
-        if error.errno in {errno.ELOOP, errno.ENXIO, errno.EISDIR}:  # a symlink; a socket; a folder
+        if error.errno in {errno.ELOOP, errno.ENXIO, errno.EISDIR} and not (
+            follow and error.errno == errno.ELOOP
+        ):
+            # a symlink (followed: a loop of links, unreadable as any); a socket; a folder
             raise NotRegularError(f"it is {_what(name, dir_fd)}, not a regular file") from None
         raise
     try:
@@ -119,16 +124,20 @@ def read_fd(fd: int, *, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_bytes(name: str | Path, *, dir_fd: int | None = None, limit: int = JSON_LIMIT) -> bytes:
+def read_bytes(
+    name: str | Path, *, dir_fd: int | None = None, limit: int = JSON_LIMIT, follow: bool = False
+) -> bytes:
     """The bytes of the regular file ``name``, bounded: :func:`open_regular`, then :func:`read_fd`."""
-    with open_regular(name, dir_fd=dir_fd) as fd:
+    with open_regular(name, dir_fd=dir_fd, follow=follow) as fd:
         return read_fd(fd, limit=limit)
 
 
-def read(name: str | Path, *, dir_fd: int | None = None, limit: int = JSON_LIMIT) -> Any:
+def read(
+    name: str | Path, *, dir_fd: int | None = None, limit: int = JSON_LIMIT, follow: bool = False
+) -> Any:
     """The JSON document in the file ``name``: ``FileNotFoundError`` if absent, ``ValueError`` if
     damaged (not a regular file, too large, not JSON, out of bounds), ``OSError`` if unreadable."""
-    return parse(read_bytes(name, dir_fd=dir_fd, limit=limit), limit=limit)
+    return parse(read_bytes(name, dir_fd=dir_fd, limit=limit, follow=follow), limit=limit)
 
 
 def read_object(name: str | Path, *, dir_fd: int | None = None, limit: int = JSON_LIMIT) -> dict[str, Any]:

@@ -218,7 +218,7 @@ def _is_model_file(item: Path) -> bool:
 def _model_json(item: Path) -> Any:
     try:
         # A hub snapshot's files are links to its blobs: followed here (the server follows them too).
-        data = jsonread.read(os.path.realpath(item))
+        data = jsonread.read(item, follow=True)
     except ValueError:  # not JSON, too deep, too large, not a regular file: keyed by its bytes
         return {"unparsable_bytes": item.stat().st_size, "xxh3": _file_xxh3(item)}
     if isinstance(data, dict) and item.name == "config.json":
@@ -266,7 +266,7 @@ def hub_snapshot(
         try:
             # Bounded, never blocking: a FIFO planted as the ref would hang the pod past its SIGTERM.
             # It, a file too large to be a ref, or one that is not ASCII, is a ref this cache does not hold.
-            commit = jsonread.read_bytes(os.path.realpath(ref), limit=_REF_LIMIT).decode("ascii").strip()
+            commit = jsonread.read_bytes(ref, limit=_REF_LIMIT, follow=True).decode("ascii").strip()
         except (OSError, ValueError):  # ValueError: not a regular file, too large, not ASCII
             continue
         if _COMMIT.fullmatch(commit) and (cache / folder / "snapshots" / commit).is_dir():

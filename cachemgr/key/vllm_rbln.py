@@ -169,7 +169,7 @@ def redirected_model(model: str, environ: Mapping[str, str]) -> str:
         # Bounded, and never blocking: a FIFO planted there would hang the pod past its SIGTERM (the
         # server would hang on it too, so it is refused). A link is followed, as the server follows
         # it: a ConfigMap's files are links.
-        text = jsonread.read_bytes(os.path.realpath(path), limit=_REDIRECT_LIMIT).decode("utf-8")
+        text = jsonread.read_bytes(path, limit=_REDIRECT_LIMIT, follow=True).decode("utf-8")
     except (OSError, ValueError) as error:  # ValueError: not a regular file, too large, not UTF-8
         raise ConfigError(
             f"cannot read VLLM_MODEL_REDIRECT_PATH {path}: {error}",
@@ -247,7 +247,7 @@ def _model_config(path: str) -> Any:
     :class:`ConfigError`. A link is followed (a hub snapshot's files are links to its blobs).
     """
     try:
-        raw = jsonread.read_bytes(os.path.realpath(path), limit=_CONFIG_LIMIT)
+        raw = jsonread.read_bytes(path, limit=_CONFIG_LIMIT, follow=True)
     except OSError:
         return _UNREADABLE
     except ValueError as error:  # not a regular file, or larger than the limit
