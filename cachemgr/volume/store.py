@@ -319,10 +319,13 @@ def commit(root: CacheRoot, staging: Staging, key: CacheKey, manifest: Manifest)
             staging.discard()
             return PublishOutcome(False, target, theirs)
     fsync_dir(root.entries)
-    remove_tree(staging.owner_file, within=root.path)
+    make_read_only(target, within=root.path)
+    # Bookkeeping after the publish: the entry is there whatever happens to it (a folder or a
+    # link planted as the owner record is left to the next cleaner, never a failed publish).
+    with contextlib.suppress(OSError, safefs.UnsafePathError):
+        remove_tree(staging.owner_file, within=root.path)
     with contextlib.suppress(OSError):
         safefs.rmdir(root.path, staging.path.parent)
-    make_read_only(target, within=root.path)
     return PublishOutcome(True, target, manifest)
 
 
