@@ -291,3 +291,22 @@ def test_folders_planted_under_an_entrys_digits_cost_prune_one_watch_at_most(
     assert done.returncode == 0, done.stderr
     assert entry_dirs(root) == []
     assert took < 2 * OBSERVE_SECONDS, f"prune took {took:.1f}s: a watch per planted folder"
+
+
+def test_prune_that_cannot_remove_an_item_says_what_to_fix(pods: Cluster, root: Path) -> None:
+    """A file planted where a key's usage folder would be (with the entry's 16 digits) is refused,
+    never read through; prune removes what it can and its one error line names the item and why,
+    not only "mount it read-write"."""
+    options = _options(pods.work / "compiler.jsonl")
+    job = pods.start("warm", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert job.wait_exit() == 0, job.tail()
+    (entry,) = entry_dirs(root)
+    digits = entry.name.rsplit("__", 1)[-1]
+    (root / "usage" / (digits + "0" * 16)).write_text("{}")
+    done = _cli(pods, root, "prune", "--key", digits, "--yes")
+    assert done.returncode == 74, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "could not remove" in line]
+    assert entry.name in line
+    assert "regular file" in line
+    assert "fix what it names" in line.lower()
+    assert entry.is_dir(), "nothing is removed on a guess"

@@ -273,7 +273,8 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
         item, why = done.failed[0]
         raise VolumeError(
             f"could not remove {len(done.failed)} of {plural(len(plan.items), 'item')} ({item.name}: {why})",
-            remedy="run prune where the compile cache PVC is mounted read-write",
+            remedy="fix what it names and run prune again (a read-only mount: run prune where the compile "
+            "cache PVC is mounted read-write)",
         )
     return 0
 
