@@ -98,6 +98,11 @@ def test_a_schema_that_is_not_a_plain_number_is_unordered_never_a_crash() -> Non
         assert planted.to_json()["schema"] == odd
 
 
+def test_a_schema_of_true_is_no_schema() -> None:
+    assert Generation.of_inputs({"schema": True, "compiler": "0.12"}).get("schema") is None
+    assert Generation.of_inputs({"schema": 2, "compiler": "0.12"}).get("schema") == "2"
+
+
 def test_a_newer_key_schema_is_newer_whatever_the_sdk() -> None:
     assert gen(schema=2).compare(gen(schema=1)).order == "newer"
     assert Compat("0.12", "RBLN-CA25").judge(_facts(gen(schema=0)))[0] == "incompatible"

@@ -94,7 +94,7 @@ class Generation:
         versions = as_dict(inputs.get("versions"))
         return cls.of(
             {
-                "schema": inputs.get("schema") if isinstance(inputs.get("schema"), int) else None,
+                "schema": inputs.get("schema") if type(inputs.get("schema")) is int else None,  # not a bool
                 "compiler": inputs.get("compiler") if isinstance(inputs.get("compiler"), str) else None,
                 **{p: v for p, v in versions.items() if p in VERSION_ENV and isinstance(v, str)},
             }
