@@ -58,7 +58,7 @@ from cachemgr.ops.scan import Compat, scan
 from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.records import Mark, observe, read_usage, record_mark
+from cachemgr.volume.records import Mark, read_usage, record_mark
 from cachemgr.volume.store import StagingInfo, list_staging
 
 if TYPE_CHECKING:
@@ -235,12 +235,8 @@ def _come_since_plan(root: CacheRoot, item: PruneItem) -> str | None:
 
 def _used_under_another_key(root: CacheRoot, item: PruneItem, digests: list[str]) -> str | None:
     """Users under a key with the entry's 16 digits other than the one the plan read (its
-    summary.json may name a wrong full key; pods record their use under the one they computed).
-    Silent records of all of them are watched at once: one window, however many folders."""
-    if not item.key:
-        return None  # the plan's look was at every key with the 16 digits already
-    usages = [read_usage(root, d) for d in digests if d != item.key]
-    if any(u.live for u in usages) or observe(user for u in usages for user in u.silent):
+    summary.json may name a wrong full key; pods record their use under the one they computed)."""
+    if has_users(root, *(d for d in digests if d != item.key)):
         return "in use now (under another key with its digits)"
     return None
 
@@ -253,7 +249,7 @@ def _prefix_digests(root: CacheRoot, item: PruneItem) -> list[str]:
 
 
 def _in_use_by_prefix(root: CacheRoot, item: PruneItem) -> bool:
-    return any(has_users(root, digest) for digest in _prefix_digests(root, item))
+    return has_users(root, *_prefix_digests(root, item))
 
 
 def _prefix_seen(root: CacheRoot, item: PruneItem) -> frozenset[tuple[str, Mark]]:

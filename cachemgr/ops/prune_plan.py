@@ -373,9 +373,11 @@ def _trash_leftovers(root: CacheRoot, kept: list[tuple[str, str]]) -> list[Prune
     return items
 
 
-def has_users(root: CacheRoot, key: str) -> bool:
-    usage = read_usage(root, key)
-    return bool(usage.live or observe(usage.silent))
+def has_users(root: CacheRoot, *keys: str) -> bool:
+    """A live user under any of ``keys``; their silent records are watched together (one
+    OBSERVE_SECONDS window, however many folders)."""
+    usages = [read_usage(root, key) for key in keys]
+    return any(u.live for u in usages) or bool(observe(user for u in usages for user in u.silent))
 
 
 def _trashed_key(root: CacheRoot, path: Path) -> str | None:
