@@ -592,9 +592,10 @@ def test_a_real_prometheus_fires_on_real_pods(work: Path, tmpfs_small: Any, tmp_
                 wanted = {"CachemgrRecompiledOnHit", "CachemgrVolumeNearlyFull", "CachemgrNextCompileWontFit"}
                 return alerts if wanted <= set(alerts) else None
 
-            alerts = wait_for(
-                fired, timeout=45, every=0.5, what=f"the alerts to fire:\n{_state(server, pods)}"
-            )
+            try:
+                alerts = wait_for(fired, timeout=45, every=0.5, what="the alerts to fire")
+            except AssertionError as error:  # what Prometheus and the pods show at the deadline
+                raise AssertionError(f"{error}\n{_state(server, pods)}") from None
     (hit,) = alerts["CachemgrRecompiledOnHit"]
     assert hit["labels"]["pod"] == "drifted"
     assert re.fullmatch(r"[0-9a-f]{32}", hit["labels"]["key"])
