@@ -481,6 +481,60 @@ def unit_tests(scrapes: dict[str, list[Sample]], rule: dict[str, Any]) -> list[d
             ],
         }
     )
+    # The recording rules over the two serving pods as scraped: one compiled (a miss), one hit.
+    names = (
+        "cachemgr_cache_hits_total",
+        "cachemgr_cache_misses_total",
+        "cachemgr_saved_seconds_total",
+        "cachemgr_compile_seconds_total",
+        "cachemgr_compiles_total",
+        "cachemgr_info",
+        "cachemgr_volume_free_bytes",
+    )
+    scraped = {(n, name): find(scrapes[n], name) for n in ("cold", "drifted") for name in names}
+    assert (
+        scraped["cold", "cachemgr_cache_misses_total"].value
+        == scraped["drifted", "cachemgr_cache_hits_total"].value
+        == 1
+    )
+    assert scraped["cold", "cachemgr_compiles_total"].value == 1
+
+    def total(name: str) -> float:
+        return sum(scraped[n, name].value for n in ("cold", "drifted"))
+
+    def record(name: str, value: float, **extra: str) -> dict[str, Any]:
+        labels = ",".join(f"{k}={json.dumps(v)}" for k, v in sorted({**role_labels(), **extra}.items()))
+        return {
+            "expr": name,
+            "eval_time": "4m",
+            "exp_samples": [{"labels": f"{name}{{{labels}}}", "value": value}],
+        }
+
+    tests.append(
+        {
+            "name": "the recording rules",
+            "input_series": [
+                *(series(sample, n, timeline(*[sample.value] * 5)) for (n, _), sample in scraped.items()),
+                series(generation, "cold", timeline(*[generation.value] * 5)),
+                series(generation, "drifted", timeline(*[generation.value] * 5)),
+            ],
+            "promql_expr_test": [
+                record("cachemgr:cache_hit_ratio:pods", 0.5),
+                record("cachemgr:saved_seconds:pods", total("cachemgr_saved_seconds_total")),
+                record("cachemgr:compile_seconds:pods", total("cachemgr_compile_seconds_total")),
+                record("cachemgr:compiles:per_key", 1, key=key),
+                record(
+                    "cachemgr:generation_bytes:max",
+                    generation.value,
+                    generation=dict(generation.labels)["generation"],
+                ),
+                record(
+                    "cachemgr:volume_free_bytes:min",
+                    min(scraped[n, "cachemgr_volume_free_bytes"].value for n in ("cold", "drifted")),
+                ),
+            ],
+        }
+    )
     # Healthy pods as scraped: nothing fires.
     tests.append(
         {
