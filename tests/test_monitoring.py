@@ -39,7 +39,7 @@ from cachemgr_testkit.monitoring import (
     target_labels,
     tool,
 )
-from cachemgr_testkit.podlib import Cluster, cluster, free_port, status_port, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, status_port, wait_for
 from cachemgr_testkit.scenarios import vllm_argv
 
 from cachemgr.cli.main import build_parser
@@ -207,6 +207,18 @@ def test_promtool_checks_the_rendered_rules(work: Path, rule: dict[str, Any]) ->
 # --- real pods: their scrapes --------------------------------------------------------------------
 
 
+def compiled_then_drifted(
+    pods: Cluster, root: Path, *, cold_env: dict[str, str] | None = None
+) -> tuple[Pod, Pod]:
+    """A pod that compiles and serves, then one that hits its entry and whose server compiles
+    anyway (the stand-in finds graphs missing from the bundle: recompiled_on_hit)."""
+    cold = pods.start("cold", vllm_argv(free_port(), *VLLM), cache_root=root, options=STATUS, env=cold_env)
+    cold.wait_phase("serving")
+    extra = {"STANDIN_EXTRA_GRAPHS": "1"}
+    drifted = pods.start("drifted", vllm_argv(free_port(), *VLLM), cache_root=root, options=STATUS, env=extra)
+    return cold, drifted
+
+
 @pytest.fixture(scope="module")
 def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list[Sample]]]:
     """Scrapes of real pods in each state the alerts watch: one that compiled and serves (its remote
@@ -221,15 +233,7 @@ def scrapes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, list
     }
     env = {"HF_HOME": str(work / "hf"), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"}
     with cluster(work, **env) as pods:
-        cold = pods.start("cold", vllm_argv(free_port(), *VLLM), cache_root=root, options=STATUS, env=remote)
-        cold.wait_phase("serving")
-        drifted = pods.start(
-            "drifted",
-            vllm_argv(free_port(), *VLLM),
-            cache_root=root,
-            options=STATUS,
-            env={"STANDIN_EXTRA_GRAPHS": "1"},
-        )
+        cold, drifted = compiled_then_drifted(pods, root, cold_env=remote)
         other = vllm_argv(free_port(), *VLLM, "--max-model-len", "2048")
         stall = [*STATUS, "--stall-timeout", "2s"]
         stalled = pods.start("stalled", other, cache_root=root, options=stall, env={"STANDIN_HANG": "1"})
@@ -628,15 +632,7 @@ def test_a_real_prometheus_fires_on_real_pods(work: Path, tmpfs_small: Any, tmp_
     )
     rules = rules_file(tmp_path, rule)
     with cluster(tmp_path, HF_HOME=str(tmp_path / "hf")) as pods:
-        cold = pods.start("cold", vllm_argv(free_port(), *VLLM), cache_root=volume, options=STATUS)
-        cold.wait_phase("serving")
-        drifted = pods.start(
-            "drifted",
-            vllm_argv(free_port(), *VLLM),
-            cache_root=volume,
-            options=STATUS,
-            env={"STANDIN_EXTRA_GRAPHS": "1"},
-        )
+        cold, drifted = compiled_then_drifted(pods, volume)
         drifted.wait_phase("serving")
         targets = {pod.name: status_port(pod) for pod in (cold, drifted)}
         with prometheus(tmp_path, targets, rules) as server:
