@@ -153,6 +153,20 @@ def test_thresholds_durations_severities_and_labels_come_from_the_values(work: P
             assert selector.startswith('cluster="eu-1",namespace="serving"'), selector
 
 
+def test_commands_that_change_the_volume_run_where_it_is_writable(work: Path) -> None:
+    """A read-only serving pod (trust's builder mode) cannot prune: with a toolbox, the alerts send
+    the volume's commands there; the pod's own questions (show, verify, logs) stay with the pod."""
+    toolbox = "deploy/modelserver-toolbox-{{ $labels.app_kubernetes_io_component }} -- cachemgr"
+    for values, where in (({}, "deploy/modelserver-{{"), ({"toolbox": {"enabled": True}}, toolbox)):
+        alerts = alerts_of(prometheus_rule(work, merge(values, {"prefill": {"replicas": 1}})))
+        for name in ("CachemgrVolumeNearlyFull", "CachemgrNextCompileWontFit", "CachemgrDamagedEntries"):
+            description = " ".join(alerts[name]["annotations"]["description"].split())
+            assert where in description, (name, description)
+        recompiled = " ".join(alerts["CachemgrRecompiledOnHit"]["annotations"]["description"].split())
+        assert "{{ $labels.pod }} -- cachemgr show" in recompiled
+        assert f"{where.split(' -- ')[0]}" in recompiled.split("cachemgr show")[1]
+
+
 def test_no_rule_without_pods_and_none_unless_asked(work: Path) -> None:
     assert not by_kind(render(work, {}), "PrometheusRule")
     assert not by_kind(render(work, {}), "ConfigMap")
