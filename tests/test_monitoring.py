@@ -678,3 +678,30 @@ def _state(server: Any, pods: Cluster) -> str:
     except OSError as error:
         firing = [f"(no answer: {error})"]
     return f"firing: {firing}\n{server.tail()}\n" + "\n".join(f"{p.name}: {p.phase}" for p in pods.pods)
+
+
+def test_docs_kubernetes_md_names_each_alert_with_its_severity_and_installs_what_it_says(
+    work: Path, rule: dict[str, Any]
+) -> None:
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    section = text[text.index("## Alerts and the dashboard") : text.index("## Logs")]
+    documented = dict(re.findall(r"^\| `(Cachemgr\w+)` \((\w+)\) \|", section, re.M))
+    assert documented == {name: alert["labels"]["severity"] for name, alert in alerts_of(rule).items()}
+    for record in records_of(rule):
+        assert f"`{record}`" in section, record
+    (command,) = re.findall(r"```sh\n(helm upgrade --install .*?)```", section, re.DOTALL)
+    words = shlex.split(command.replace("\\\n", " "))
+    values: dict[str, Any] = {}
+    for setting in (words[i + 1] for i, word in enumerate(words) if word == "--set"):
+        path, value = setting.split("=", 1)
+        node = values
+        *parents, last = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value == "true" if value in ("true", "false") else value
+    docs = render(work, values)
+    (shown,) = by_kind(docs, "PrometheusRule")
+    assert shown["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert by_kind(docs, "PodMonitor")[0]["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (config,) = by_kind(docs, "ConfigMap")
+    assert config["metadata"]["labels"]["grafana_dashboard"] == "1"
