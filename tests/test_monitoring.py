@@ -623,12 +623,22 @@ def test_the_dashboard_configmap_is_labelled_for_the_grafana_sidecar(work: Path)
         work,
         merge(
             MONITORING,
-            {"metrics": {"grafanaDashboard": {"namespace": "monitoring", "labels": {"dash": "yes"}}}},
+            {
+                "metrics": {
+                    "grafanaDashboard": {
+                        "namespace": "monitoring",
+                        "labels": {"dash": "yes", "grafana_dashboard": None},
+                    }
+                }
+            },
         ),
     )
     (config,) = by_kind(moved, "ConfigMap")
     assert config["metadata"]["namespace"] == "monitoring"
     assert config["metadata"]["labels"]["dash"] == "yes"
+    assert "grafana_dashboard" not in config["metadata"]["labels"], (
+        "null drops the default (the README says so)"
+    )
 
 
 # --- a real Prometheus ---------------------------------------------------------------------------
