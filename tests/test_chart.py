@@ -87,7 +87,11 @@ MATRIX: dict[str, dict[str, Any]] = {
         WARM,
         {
             "toolbox": {"enabled": True},
-            "metrics": {"podMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kps"}}},
+            "metrics": {
+                "podMonitor": {"enabled": True, "interval": "30s", "labels": {"release": "kps"}},
+                "prometheusRule": {"enabled": True, "labels": {"release": "kps"}},
+                "grafanaDashboard": {"enabled": True},
+            },
         },
     ),
 }
@@ -440,8 +444,9 @@ def test_helm_lint_strict_passes_on_the_defaults_and_the_matrix(work: Path) -> N
 
 
 def test_every_render_of_the_matrix_passes_kubernetes_validate_strict(work: Path) -> None:
-    """Every object but the PodMonitor, whose CRD kubernetes-validate does not know: test_chart_ops
-    checks its selector and port against the pods instead."""
+    """Every object but the PodMonitor and the PrometheusRule, whose CRDs kubernetes-validate does not
+    know: test_chart_ops checks the PodMonitor's selector and port against the pods instead, and
+    test_monitoring the PrometheusRule's shape and, with promtool, its rules."""
     paths = []
     custom = 0
     for name, values in MATRIX.items():
@@ -452,7 +457,7 @@ def test_every_render_of_the_matrix_passes_kubernetes_validate_strict(work: Path
         custom += len(docs) - len(known)
         paths.append(work / f"render-{name}.yaml")
         paths[-1].write_text(yaml.safe_dump_all(known))
-    assert custom == 1, "the matrix's one PodMonitor"
+    assert custom == 2, "the matrix's one PodMonitor and one PrometheusRule"
     result = subprocess.run(
         [venv_tool("kubernetes-validate"), "--strict", "--kubernetes-version", "1.33.0", *map(str, paths)],
         capture_output=True,
@@ -635,6 +640,7 @@ def flatten(values: Any, prefix: str = "") -> dict[str, Any]:
         "podAnnotations",
         "podLabels",
         "existingClaims",
+        "labels",
     }
     if isinstance(values, dict) and values and prefix.rsplit(".", 1)[-1] not in free:
         out: dict[str, Any] = {}

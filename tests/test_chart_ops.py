@@ -280,7 +280,7 @@ def test_the_podmonitor_scrapes_every_serving_pod_and_nothing_else(work: Path) -
         assert endpoint["port"] in ports
     status_server = (ROOT / "cachemgr" / "runtime" / "status_server.py").read_text()
     assert f'route == "{endpoint["path"]}"' in status_server, "the path cachemgr serves its metrics on"
-    assert spec["podTargetLabels"] == ["app.kubernetes.io/component"]
+    assert spec["podTargetLabels"] == ["app.kubernetes.io/instance", "app.kubernetes.io/component"]
     assert not by_kind(render(work, WARM), "PodMonitor"), "opt-in"
     zero = render(work, merge(MONITOR, {"prefill": {"replicas": 0}, "decode": {"replicas": 0}}))
     assert not by_kind(zero, "PodMonitor"), "no pods, nothing to scrape"

@@ -442,7 +442,18 @@ def test_no_string_value_can_add_fields_to_an_object_even_past_the_schema(work: 
     payload = "".join(f"\n{' ' * n}hostPID: true" for n in range(0, 14, 2))
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
     base = merge(
-        TEST_IMAGE, merge(WARM, {"toolbox": {"enabled": True}, "metrics": {"podMonitor": {"enabled": True}}})
+        TEST_IMAGE,
+        merge(
+            WARM,
+            {
+                "toolbox": {"enabled": True},
+                "metrics": {
+                    "podMonitor": {"enabled": True},
+                    "prometheusRule": {"enabled": True},
+                    "grafanaDashboard": {"enabled": True},
+                },
+            },
+        ),
     )
     leaves = string_leaves(merge(defaults, base))
     assert len(leaves) >= 15, leaves

@@ -143,7 +143,14 @@ def _exported(tmp_path: Path) -> set[str]:
     from cachemgr.runtime.status_metrics import measure_volume
 
     state = StateWriter(tmp_path / "state", stall_timeout=60.0)
-    state.phase("compiling", no_progress_s=1.0, staging_bytes=10, stalled=False)
+    state.phase(
+        "compiling",
+        no_progress_s=1.0,
+        staging_bytes=10,
+        stalled=False,
+        expected_compile_s=60.0,
+        expected_bytes=99,
+    )
     metrics = Metrics()
     volume = VolumeWatch(tmp_path, metrics)
     (tmp_path / "entries").mkdir()

@@ -391,6 +391,19 @@ def test_metrics_parse_and_count_what_happened(pods: Cluster, root: Path) -> Non
     cold_compile = samples["cachemgr_compile_seconds_total"]
     assert samples["cachemgr_saved_seconds_total"] == 0, "the compiling pod saved nothing"
     assert samples["cachemgr_cache_entries"] == 1
+    # The room the next compile and the next generation need (the PrometheusRule's volume alerts).
+    listed = json.loads(
+        run_cli("ls", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)}).stdout
+    )["items"]
+    (entry,) = [item for item in listed if item["kind"] == "entry"]
+    assert (
+        samples["cachemgr_cache_largest_entry_bytes"]
+        == entry["size_bytes"]
+        == samples["cachemgr_cache_bytes"]
+    )
+    generation = f"compiler {entry['compiler']}, vllm-rbln {entry['generation']['versions']['vllm_rbln']}"
+    assert samples[f"cachemgr_generation_bytes{{generation={generation}}}"] == entry["size_bytes"]
+    assert samples[f"cachemgr_generation_entries{{generation={generation}}}"] == 1
     assert samples["cachemgr_volume_free_bytes"] > 0
     assert samples["cachemgr_volume_size_bytes"] >= samples["cachemgr_volume_free_bytes"]
     assert samples["cachemgr_phase{phase=serving}"] == 1
@@ -505,3 +518,31 @@ def test_the_probe_imports_only_the_standard_library(tmp_path: Path) -> None:
     assert "cachemgr.runtime.probes" in loaded
     heavy = sorted(m for m in loaded if m.split(".")[0] in _HEAVY or m in _HEAVY)
     assert heavy == [], f"cachemgr probe must stay stdlib-only, but loaded {heavy}"
+
+
+@pytest.mark.quick
+def test_generation_series_are_bounded_and_escaped_whatever_key_json_says() -> None:
+    """A generation's label is key.json's text, anyone's to write: a planted one cannot add series
+    without bound, nor carry control characters or a megabyte into Prometheus."""
+    from types import SimpleNamespace
+
+    from cachemgr.ops.generation import Generation
+    from cachemgr.runtime.status_metrics import GENERATION_LABEL_MAX, GENERATION_SERIES, generation_figures
+
+    def entry(compiler: str, size: int) -> Any:
+        return SimpleNamespace(
+            generation=Generation.of({"compiler": compiler, "vllm_rbln": "0.12.0"}), size_bytes=size
+        )
+
+    planted = [entry(f"9.{n}\x1b[2J" + "x" * 5000, 10 + n) for n in range(50)]
+    found = generation_figures(
+        [entry("0.12", 1000), entry("0.12", 500), *planted, SimpleNamespace(generation=None, size_bytes=7)]
+    )
+    assert len(found) == GENERATION_SERIES
+    assert found[0] == ("compiler 0.12, vllm-rbln 0.12.0", 1500, 2)
+    assert found[-1][0] == "other generations"
+    assert sum(size for _, size, _ in found) == 1500 + sum(10 + n for n in range(50)) + 7
+    assert sum(count for _, _, count in found) == 53
+    for name, _, _ in found:
+        assert len(name) <= GENERATION_LABEL_MAX, name
+        assert name.isprintable(), name

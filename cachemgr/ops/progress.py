@@ -309,6 +309,15 @@ class CompileProgress:
         self.peak_staged = 0  # a lower bound for what the compile writes, if it fails
         self._log.due()  # the first event comes one interval in: "compiling" was just logged
 
+    @property
+    def expected_seconds(self) -> float | None:
+        """How long this compile should take, learned from an earlier one (None: nothing to learn from)."""
+        return self._duration.seconds
+
+    @property
+    def expected_bytes(self) -> int | None:
+        return self._expected[0]
+
     def snapshot(
         self,
         *,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cachemgr import __version__
+from cachemgr.core.printable import safe
+from cachemgr.ops.entryinfo import EntryInfo
 from cachemgr.ops.scan import scan, total_bytes
 from cachemgr.ops.space import VolumeSpace
 from cachemgr.runtime.metrics import FAILURE_REASONS, Metrics
@@ -43,6 +45,11 @@ class VolumeFigures:
     size_bytes: int | None = None
     cache_bytes: int | None = None
     entries: int | None = None
+    # The largest published entry (damaged ones aside): the room the next compile of this role needs.
+    largest_entry_bytes: int | None = None
+    # (generation, bytes, entries), largest first (:func:`generation_figures`): what a rollout's
+    # second generation needs beside the first.
+    generations: tuple[tuple[str, int, int], ...] = ()
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -53,6 +60,11 @@ class VolumeFigures:
             "size_bytes": self.size_bytes,
             "cache_bytes": self.cache_bytes,
             "entries": self.entries,
+            "largest_entry_bytes": self.largest_entry_bytes,
+            "generations": [
+                {"generation": name, "bytes": size, "entries": count}
+                for name, size, count in self.generations
+            ],
             "error": self.error,
         }
 
@@ -70,9 +82,44 @@ def measure_volume(cache_root: Path) -> VolumeFigures:
         found = scan(open_root(cache_root, create=False), with_staging=False, hints=True)
     except OSError as error:  # VolumeError is one: no layout yet, or a newer one
         return VolumeFigures(**{**figures.__dict__, "error": str(error)})
+    usable = [e for e in found.entries if e.status != "damaged"]
     return VolumeFigures(
-        **{**figures.__dict__, "cache_bytes": total_bytes(found.entries), "entries": len(found.entries)}
+        **{
+            **figures.__dict__,
+            "cache_bytes": total_bytes(found.entries),
+            "entries": len(found.entries),
+            "largest_entry_bytes": max((e.size_bytes for e in usable), default=0),
+            "generations": generation_figures(usable),
+        }
     )
+
+
+# A label value is the volume's text (key.json's versions, anyone's to write): bounded in length
+# and in number of series, so a planted key.json cannot blow up Prometheus's series count.
+GENERATION_SERIES = 8
+GENERATION_LABEL_MAX = 120
+OTHER_GENERATIONS = "other generations"
+
+
+def generation_figures(entries: Iterable[EntryInfo]) -> tuple[tuple[str, int, int], ...]:
+    """Bytes and entries by generation, named by compiler and vllm-rbln as ``du`` and ``ls`` name
+    them (stable as generations come and go), largest first; past :data:`GENERATION_SERIES`, the
+    rest summed under ``other generations``."""
+    found: dict[str, list[int]] = {}
+    for entry in entries:
+        gen = entry.generation
+        name = safe(gen.label() if gen is not None else "unknown generation")[:GENERATION_LABEL_MAX]
+        figures = found.setdefault(name, [0, 0])
+        figures[0] += entry.size_bytes
+        figures[1] += 1
+    ranked = sorted(found.items(), key=lambda item: (-item[1][0], item[0]))
+    kept = [(name, size, count) for name, (size, count) in ranked[: GENERATION_SERIES - 1]]
+    rest = ranked[GENERATION_SERIES - 1 :]
+    if len(rest) == 1:
+        kept.append((rest[0][0], rest[0][1][0], rest[0][1][1]))
+    elif rest:
+        kept.append((OTHER_GENERATIONS, sum(r[1][0] for r in rest), sum(r[1][1] for r in rest)))
+    return tuple(kept)
 
 
 class VolumeWatch:
@@ -247,6 +294,21 @@ class RunCollector:
             "1 while a compile has shown no progress for --stall-timeout",
             1.0 if stalled(state, time.time()) else 0.0,
         )
+        for metric, text, known in (
+            (
+                "cachemgr_compile_expected_seconds",
+                "How long the compile under way should take: an earlier compile of its model and compiler",
+                "expected_compile_s",
+            ),
+            (
+                "cachemgr_compile_expected_bytes",
+                "Bytes the compile under way is expected to write (--expected-size, learned or estimated)",
+                "expected_bytes",
+            ),
+        ):
+            value = detail.get(known)
+            if state.phase == "compiling" and isinstance(value, int | float) and not isinstance(value, bool):
+                yield _gauge(metric, text, float(value))
         if "no_progress_s" in detail:
             yield _gauge(
                 "cachemgr_compile_no_progress_seconds",
@@ -267,6 +329,11 @@ class RunCollector:
             ("cachemgr_volume_free_bytes", "Free bytes on the cache volume (statvfs)", figures.free_bytes),
             ("cachemgr_volume_size_bytes", "Size of the cache volume in bytes (statvfs)", figures.size_bytes),
             (
+                "cachemgr_cache_largest_entry_bytes",
+                "Bytes of the largest published entry on the cache volume: the room the next compile needs",
+                figures.largest_entry_bytes,
+            ),
+            (
                 "cachemgr_volume_measured_timestamp_seconds",
                 "When the volume figures were last measured",
                 figures.measured_at,
@@ -274,6 +341,23 @@ class RunCollector:
         ):
             if value is not None:
                 yield _gauge(name, text, float(value))
+        if figures.entries is None:
+            return
+        by_bytes = GaugeMetricFamily(
+            "cachemgr_generation_bytes",
+            "Bytes of published entries on the cache volume by generation (compiler, vllm-rbln)",
+            labels=["generation"],
+        )
+        by_count = GaugeMetricFamily(
+            "cachemgr_generation_entries",
+            "Published entries on the cache volume by generation (compiler, vllm-rbln)",
+            labels=["generation"],
+        )
+        for generation, size, count in figures.generations:
+            by_bytes.add_metric([generation], float(size))
+            by_count.add_metric([generation], float(count))
+        yield by_bytes
+        yield by_count
 
 
 def _counter(name: str, text: str, value: float) -> CounterMetricFamily:

@@ -114,6 +114,12 @@ class Strategy:
             interval=self.pod.options.progress_interval,
             bar=self.pod.options.warm,  # a Job run by hand on a terminal; pods log compile_progress
         )
+        # For /metrics: the compile's progress and ETA, and what its peers' wait is held to.
+        expected = {
+            "expected_compile_s": self._progress.expected_seconds,
+            "expected_bytes": self._progress.expected_bytes,
+        }
+        self.pod.state.update(detail={k: v for k, v in expected.items() if v is not None})
 
     def _stop_progress(self, *, staged: Path | None = None) -> None:
         reporter, self._progress = self._progress, None
