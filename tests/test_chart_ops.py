@@ -155,9 +155,17 @@ def test_the_hook_job_is_the_warm_job_under_a_fixed_name(work: Path) -> None:
             "helm.sh/hook-delete-policy": "before-hook-creation",
             "helm.sh/hook-output-log-policy": "hook-failed",
         }
-        assert job["spec"] == workload(list(plain.values()), "Job", role)["spec"], (
-            "the same pod, the same key"
+        # The same pod, the same key; but the hook knows it is one (issue 40): its full volume's
+        # remedy says what works before any pod rolls.
+        spec, plain_spec = job["spec"], workload(list(plain.values()), "Job", role)["spec"]
+        env = container(job)["env"]
+        assert {"name": "CACHEMGR_WARM_HOOK", "value": "pre-upgrade"} in env
+        assert all(
+            e["name"] != "CACHEMGR_WARM_HOOK"
+            for e in container(workload(list(plain.values()), "Job", role))["env"]
         )
+        env.remove({"name": "CACHEMGR_WARM_HOOK", "value": "pre-upgrade"})
+        assert spec == plain_spec, "the same pod, the same key"
     # The longest release name still fits a label value (the Job's name labels its pods).
     long = template_text(values | {}, work=work, release="r" * 53, extra=("--is-upgrade",))
     assert long.returncode == 0, long.stderr

@@ -4,6 +4,7 @@ tests/test_rollout.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +242,49 @@ def test_a_full_volume_names_one_prune_with_every_selector_that_frees_something_
     assert len(remedy) <= MESSAGE_LIMIT // 2, remedy
     assert len(report.what()) <= MESSAGE_LIMIT, report.what()
     assert " ... " not in report.error().one_line()
+
+
+def test_a_compile_that_filled_the_volume_mid_rollout_keeps_its_whole_remedy_in_the_line() -> None:
+    """Issue 40: mid-compile, the remedy (give it more than X; raise the size; or let every old pod
+    go first, then prune) passed half the line's room and was cut in its middle, on what to do:
+    "or let every old  ... Unavailable: replicas)". The what gives way instead."""
+    users = tuple(User(pod=f"{POD}{n}", node="n", since=1.0, age=1.0) for n in range(5))
+    kept = entry("aaaa", gen("0.11", vllm_rbln="0.11.2"), users=users, size_bytes=150 << 30)
+    report = _report(entries=[kept], written=40 << 30, free_at_start=49 << 30)
+    remedy = report.remedy()
+    assert len(remedy) > MESSAGE_LIMIT // 2, "the long case: it needs more than half the line"
+    line = report.error().one_line()
+    assert remedy[:1].upper() + remedy[1:] in line, line
+    assert "or let every old pod go first (rollingUpdate.maxUnavailable: replicas), then run" in line
+    assert len(line) <= MESSAGE_LIMIT + MESSAGE_LIMIT // 2 + 4, len(line)
+
+
+def test_a_full_volume_at_the_pre_upgrade_hook_says_what_works_before_any_pod_rolls() -> None:
+    """Issue 40: Helm runs the hook before any Deployment changes, so "let every old pod go first"
+    cannot work there. The hook's remedy: the size both generations need, as a number (what the
+    volume holds now and this compile), a prune of what no pod uses, or warm.hook off."""
+    users = (User(pod=f"{POD}0", node="n", since=1.0, age=1.0),)
+    kept = entry("aaaa", gen("0.11", vllm_rbln="0.11.2"), users=users, size_bytes=150 << 30)
+    report = dataclasses.replace(_report(entries=[kept]), hook=True)
+    remedy = report.remedy()
+    assert "maxUnavailable" not in remedy, remedy
+    assert "let every old pod" not in remedy, remedy
+    # 199 GiB used of 200 GiB, and 150 GiB to compile: 349 GiB.
+    assert (
+        "raise storage.compileCache.size to 349.0 GiB or more (what it holds now and this compile)" in remedy
+    )
+    assert "the pre-upgrade hook runs before any pod rolls" in remedy
+    assert (
+        "or set warm.hook=false (the Job then runs beside the rollout; once the old pods are gone " in remedy
+    )
+    assert "'cachemgr prune --incompatible --yes' frees theirs)" in remedy
+    assert " ... " not in report.error().one_line()
+    assert report.to_json()["hook"] is True
+    # With something no pod uses, the prune that frees it now works at the hook too.
+    unused = entry("bbbb", gen("0.10", vllm_rbln="0.10.0"), last_used_at=0.0, created_at=0.0)
+    remedy = dataclasses.replace(_report(entries=[unused]), hook=True).remedy()
+    assert "or run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in remedy
+    assert "or set warm.hook=false (the Job then runs beside the rollout)" in remedy
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -368,7 +369,7 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
     # The warm Job before the rollout (a pre-upgrade hook): the new entry cannot fit beside the
     # old one its pods use. It fails, so that nothing rolls into pods that would crash-loop.
     job = r.pods.start("new-warm", argv(4), cache_root=r.root, command="warm",
-                       env={**r.image("new"), "VLLM_RBLN_COMPILE_ONLY": "1"})  # fmt: skip
+                       env={**r.image("new"), "VLLM_RBLN_COMPILE_ONLY": "1", "CACHEMGR_WARM_HOOK": "pre-upgrade"})  # fmt: skip
     assert job.wait_exit() == 73, job.tail()
     pod = r.pods.start("new-1", argv(4), cache_root=r.root, env=r.image("new"))
     assert pod.wait_exit() == 73, pod.tail()
@@ -378,13 +379,33 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
             in message
         )
         assert "in 1 entry, in use by old-1. " in message
-        assert (
-            "Raise storage.compileCache.size (only where the StorageClass allows volume expansion)" in message
-        )
-        assert "or let every old pod go first (rollingUpdate.maxUnavailable: replicas)" in message
-        assert "then run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in message
-        assert "(the chart's toolbox: toolbox.enabled=true)" in message
         assert " ... " not in message, "the message fits its line uncut"
+    message = termination(pod)
+    assert "Raise storage.compileCache.size (only where the StorageClass allows volume expansion)" in message
+    assert "or let every old pod go first (rollingUpdate.maxUnavailable: replicas)" in message
+    assert "then run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in message
+    assert "(the chart's toolbox: toolbox.enabled=true)" in message
+    # The hook (issue 40) runs before any pod rolls: no old pod can go first. The size both
+    # generations need, as a number (what the volume holds now and this compile), or warm.hook off.
+    message = termination(job)
+    assert "maxUnavailable" not in message, message
+    assert "let every old pod" not in message, message
+    free = re.search(r"([0-9.]+) KiB free of 1.5 MiB; this compile needs about 1.0 MiB", message)
+    size = re.search(
+        r"The pre-upgrade hook runs before any pod rolls: raise storage.compileCache.size to ([0-9.]+) MiB",
+        message,
+    )
+    assert free, message
+    assert size, message
+    assert abs(float(size[1]) - (1.5 - float(free[1]) / 1024 + 1.0)) < 0.05, message
+    assert (
+        "or more (what it holds now and this compile) where the StorageClass allows volume expansion"
+        in message
+    )
+    assert (
+        "or set warm.hook=false (the Job then runs beside the rollout; once the old pods are gone " in message
+    )
+    assert "'cachemgr prune --incompatible --yes' frees theirs)." in message
     # The old pods go: the next start says what frees the space now, and that command frees it.
     stop(old)
     pod = r.pods.start("new-2", argv(4), cache_root=r.root, env=r.image("new"))
@@ -595,3 +616,4 @@ def test_prune_remote_has_no_superseded(tmp_path: Path) -> None:
         )  # fmt: skip
     assert done.returncode == 64, done.stderr
     assert "prune --remote has no --superseded" in done.stderr
+
