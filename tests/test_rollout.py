@@ -617,3 +617,31 @@ def test_prune_remote_has_no_superseded(tmp_path: Path) -> None:
     assert done.returncode == 64, done.stderr
     assert "prune --remote has no --superseded" in done.stderr
 
+
+@pytest.mark.parametrize("rollout", ["sdk"], indirect=True)
+def test_explain_in_an_old_pod_compares_an_input_two_rules_name_differently_as_one(rollout: Rollout) -> None:
+    """Issue 40: the newer image keys strictly (a release cachemgr was not checked against), with
+    --model-impl among the serving flags; the old image's 0.12 rules key it as the model path.
+    For the same argv, explain in an old pod reported "serving settings differ (--model-impl vllm
+    -> (unset))" and "the model path differs": one input, named twice. It says the rules differ."""
+    r = rollout
+    impl = ["--model-impl", "vllm"]
+    env = {**r.image("new"), "VLLM_RBLN_COMPILE_ONLY": "1"}
+    job = r.pods.start("new-warm", [*argv(4), *impl], cache_root=r.root, command="warm", env=env)
+    assert job.wait_exit() == 0, job.tail()
+    result = r.json("old", "explain", "--", *argv(4), *impl, code=1)
+    (near,) = result["nearest"]
+    fields = {d["field"] for d in near["differences"]}
+    assert "rules" in fields, fields
+    assert not {"model_impl", "serving.model_impl"} & fields, near["differences"]
+    assert near["renamed"] == [{"entry_field": "serving.model_impl", "field": "model_impl", "value": "vllm"}]
+    advice = "\n".join(result["advice"])
+    assert "serving settings differ" not in advice, advice
+    assert "the model path differs" not in advice, advice
+    assert "the two rules differ in what they key and in what they call it" in advice, advice
+    assert "(serving.model_impl there is model_impl here, vllm in both: not a difference)" in advice, advice
+    # Another value is one difference, under this image's name for it.
+    result = r.json("old", "explain", "--", *argv(4), "--model-impl", "optimum", code=1)
+    (near,) = result["nearest"]
+    (changed,) = [d for d in near["differences"] if d["field"].endswith("model_impl")]
+    assert changed == {"field": "model_impl", "entry": "vllm", "here": "optimum"}, near["differences"]
