@@ -645,3 +645,51 @@ def test_explain_in_an_old_pod_compares_an_input_two_rules_name_differently_as_o
     (near,) = result["nearest"]
     (changed,) = [d for d in near["differences"] if d["field"].endswith("model_impl")]
     assert changed == {"field": "model_impl", "entry": "vllm", "here": "optimum"}, near["differences"]
+
+
+# --- helm rollback, and the room for two generations (docs/operator-guide.md, issue 40) ------------
+
+
+@pytest.mark.parametrize("rollout", ["sdk"], indirect=True)
+def test_a_rollback_hits_the_old_entries_and_after_a_prune_compiles_each_once(rollout: Rollout) -> None:
+    """The guide's "Rolling back", statement by statement: a rollback before the prune hits the old
+    entries (nothing compiles); after 'prune --incompatible' the old image compiles each key once
+    again (its pods share the compile); pods with --on-miss fail exit 69 until the old image's
+    warm Job (or one old pod) has compiled; the new image's entries stay, "newer" to the old one."""
+    r = rollout
+    stop(r.serve("old", 4, "old-1"))
+    r.warm("new", 4, "new-warm")
+    new_1 = r.serve("new", 4, "new-1")
+    before = r.pods.compiles()
+    back = r.serve("old", 4, "rollback-1")  # the rollback: an old pod, the old entry still there
+    assert r.pods.compiles() == before, "a rollback before the prune compiles nothing"
+    stop(back)
+    assert "removed 1 item of 1" in r.cli("new", "prune", "--incompatible", "--yes")
+    # The rollback after the prune: onMiss=fail pods stop with 69 (a miss) ...
+    failing = r.pods.start("rollback-fail", argv(4), cache_root=r.root, options=["--on-miss", "fail"],
+                           env=r.image("old"))  # fmt: skip
+    assert failing.wait_exit() == 69, failing.tail()
+    assert "cachemgr warm" in termination(failing), termination(failing)
+    # ... until the old image's warm Job compiles the key, once; then every old pod hits it.
+    r.warm("old", 4, "rollback-warm")
+    assert r.pods.compiles() == before + 1
+    r.serve("old", 4, "rollback-2")
+    served = r.pods.start("rollback-3", argv(4), cache_root=r.root, options=["--on-miss", "fail"],
+                          env=r.image("old"))  # fmt: skip
+    served.wait_phase("serving")
+    assert r.pods.compiles() == before + 1, "one compile for the rollback"
+    assert new_1.proc.poll() is None, "the new pod serves on"
+    assert "nothing to prune" in r.cli("old", "prune", "--incompatible", "--superseded", "--yes")
+    assert "newer: compiler 0.13" in r.cli("old", "ls"), "the new image's entry stays for the next upgrade"
+
+
+@pytest.mark.parametrize("small", [5 << 19], indirect=True)
+def test_a_volume_of_two_generations_and_room_holds_a_rollout(small: Rollout) -> None:
+    """The guide's "How large for two generations": while old pods serve, the volume holds the old
+    generation's entries and the new one's beside them. With room for both (here 2.5 MiB for two
+    entries of 1.0 MiB) the warm Job fits and says so; 1.5 MiB did not (exit 73, above)."""
+    r = small
+    r.serve("old", 4, "old-1")
+    line = r.warm("new", 4, "new-warm")
+    assert line.startswith("warm: both generations fit"), line
+    r.serve("new", 4, "new-1")
