@@ -398,3 +398,14 @@ def test_each_command_of_the_references_table_documents_its_exit_where_no_volume
         assert re.search(rf"\b{code}\b[^;]*volume", codes), (
             f"cachemgr {command} exits {code} unmounted; its row: {codes}"
         )
+
+
+@pytest.mark.parametrize("value", ["post-upgrade", "pre-upgrade\n", "\x1b[31mred", "x" * 5000])
+def test_a_warm_hook_variable_no_chart_sets_is_a_configuration_error(env: dict[str, str], value: str) -> None:
+    """CACHEMGR_WARM_HOOK is the chart's (pre-upgrade on a hook Job): anything else is exit 78, one
+    escaped line; a serving pod's run does not read it."""
+    code, line = cli(["warm", *SERVER], {**env, "CACHEMGR_WARM_HOOK": value})
+    assert code == 78, line
+    assert "CACHEMGR_WARM_HOOK" in line
+    assert "\x1b" not in line
+    assert len(line) < 400, line

@@ -300,3 +300,19 @@ def test_a_planted_hint_of_what_key_json_says_is_refused_never_a_crash(planted: 
 def test_what_key_json_says_goes_to_the_hints_and_back() -> None:
     facts = _facts(gen("0.13", vllm_rbln="0.13.0", transformers="5.15.1"))
     assert KeyFacts.from_hint(facts.to_hint()) == facts
+
+
+def test_explains_comparison_across_rules_is_linear_in_a_hostile_key_json() -> None:
+    """A key.json is the volume's: any number of fields. Pairing the inputs two rules name
+    differently (issue 40) must not be quadratic in them (explain would hang on a planted one)."""
+    import time
+
+    from cachemgr.ops.explain import _compare
+
+    theirs = {"rules": "strict", **{f"serving.f{n}": n for n in range(20_000)}, "serving.model_impl": "vllm"}
+    here = {"rules": "vllm-rbln 0.12.0", **{f"rbln.f{n}": n for n in range(20_000)}, "model_impl": "vllm"}
+    started = time.monotonic()
+    diffs, renamed = _compare(theirs, here)
+    assert time.monotonic() - started < 60, "quadratic: 4e8 calls at this size, minutes at least"
+    assert len(renamed) == 20_001
+    assert [d.field for d in diffs] == ["rules"]

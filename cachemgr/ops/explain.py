@@ -218,20 +218,26 @@ def _compare(
     def leaf(d: Difference) -> str:
         return d.field.rsplit(".", 1)[-1]
 
-    only_theirs = [d for d in diffs if d.here is None and d.entry is not None]
-    only_here = [d for d in diffs if d.entry is None and d.here is not None]
+    # One pass each way (a key.json is the volume's: any number of fields, none trusted).
+    sides: dict[str, tuple[list[Difference], list[Difference]]] = defaultdict(lambda: ([], []))
+    for d in diffs:
+        if d.entry is not None and d.here is None:
+            sides[leaf(d)][0].append(d)
+        elif d.entry is None and d.here is not None:
+            sides[leaf(d)][1].append(d)
+    replaced: dict[str, Difference | None] = {}
     renamed = []
-    for there in only_theirs:
-        same = [d for d in only_here if leaf(d) == leaf(there)]
-        if len(same) != 1 or [leaf(d) for d in only_theirs].count(leaf(there)) != 1:
+    for there, mine in sides.values():
+        if len(there) != 1 or len(mine) != 1:
             continue  # only where one input on each side can be meant
-        mine = same[0]
-        diffs.remove(there)
-        if there.entry == mine.here:
-            diffs.remove(mine)
-            renamed.append(Renamed(there.field, mine.field, mine.here))
+        replaced[there[0].field] = None
+        if there[0].entry == mine[0].here:
+            replaced[mine[0].field] = None
+            renamed.append(Renamed(there[0].field, mine[0].field, mine[0].here))
         else:
-            diffs[diffs.index(mine)] = Difference(mine.field, there.entry, mine.here)
+            replaced[mine[0].field] = Difference(mine[0].field, there[0].entry, mine[0].here)
+    kept = [replaced.get(d.field, d) for d in diffs]
+    diffs = [d for d in kept if d is not None]
     return tuple(diffs), tuple(renamed)
 
 
