@@ -420,6 +420,28 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
     r.serve("new", 4, "new-3")
 
 
+@pytest.mark.parametrize("small", [3 << 19], indirect=True)
+def test_a_compile_that_fills_the_volume_mid_rollout_ends_on_its_whole_remedy(small: Rollout) -> None:
+    """Issue 40: the exit-73 line of a compile that filled the volume while an older generation's
+    pods serve was cut in the middle of its remedy ("or let every old  ... Unavailable: replicas)"),
+    in the termination message kubectl describe shows. The what gives way, never what to do."""
+    r = small
+    r.serve("old", 4, "old-1")
+    env = {**r.image("new"), "STANDIN_ARTIFACT_BYTES": str(2 << 20)}  # more than is left
+    pod = r.pods.start("new-1", argv(4), cache_root=r.root, env=env, options=["--space-check", "warn"])
+    assert pod.wait_exit() == 73, pod.tail()
+    message = termination(pod)
+    assert "were free when the compile started" in message, message
+    _what, remedy = message.split(". Give it more than ", 1)
+    assert remedy.endswith(
+        "of free space; raise storage.compileCache.size (only where the StorageClass allows volume expansion); "
+        "or let every old pod go first (rollingUpdate.maxUnavailable: replicas), then run "
+        "'cachemgr prune --incompatible --yes' in a pod that mounts this volume (the chart's toolbox: "
+        "toolbox.enabled=true)."
+    ), message
+    assert " ... " not in remedy, message
+
+
 # An image before the old one: its entry is incompatible in the old image's eyes.
 OLDEST = {"CACHEMGR_COMPILER_VERSION": "0.11.2", "CACHEMGR_VLLM_RBLN_VERSION": "0.11.0",
           "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.11.0"}  # fmt: skip
