@@ -374,3 +374,38 @@ def test_a_role_other_than_prefill_or_decode_is_keyed_as_written_as_the_referenc
     (row,) = [line for line in reference.splitlines() if line.startswith("| `CACHEMGR_ROLE`")]
     assert "keyed as written" in row
     assert "a misspelt role (`prefil`) compiles entries of its own" in row
+
+
+# What each inspection command needs to get as far as the volume (its own arguments).
+_TO_THE_VOLUME = {"show": ["abc"], "explain": SERVER, "prune": ["--incompatible", "--yes"]}
+
+
+def test_each_command_of_the_references_table_documents_its_exit_where_no_volume_is_mounted(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 40: the reference's table of commands omitted 74 for du, locks, stats, show and prune,
+    which all exit 74 when the volume is not mounted. Each command of the table, run where no
+    volume is, exits with a code its row documents for the volume."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "reference.md").read_text()
+    rows = re.findall(r"^\| `cachemgr (\w+)[^`]*` \| [^|]+ \| (.+) \|$", text, flags=re.MULTILINE)
+    commands = [command for command, _ in rows]
+    assert set(commands) >= {"ls", "show", "explain", "du", "verify", "prune", "locks", "stats"}, commands
+    env = {**env, "CACHEMGR_CACHE_ROOT": str(tmp_path / "not-mounted")}
+    for command, codes in rows:
+        code, line = cli([command, *_TO_THE_VOLUME.get(command, [])], env)
+        assert code == 74, (command, code, line)
+        assert "does not exist. Mount the compile cache PVC there" in line, line
+        assert re.search(rf"\b{code}\b[^;]*volume", codes), (
+            f"cachemgr {command} exits {code} unmounted; its row: {codes}"
+        )
+
+
+@pytest.mark.parametrize("value", ["post-upgrade", "pre-upgrade\n", "\x1b[31mred", "x" * 5000])
+def test_a_warm_hook_variable_no_chart_sets_is_a_configuration_error(env: dict[str, str], value: str) -> None:
+    """CACHEMGR_WARM_HOOK is the chart's (pre-upgrade on a hook Job): anything else is exit 78, one
+    escaped line; a serving pod's run does not read it."""
+    code, line = cli(["warm", *SERVER], {**env, "CACHEMGR_WARM_HOOK": value})
+    assert code == 78, line
+    assert "CACHEMGR_WARM_HOOK" in line
+    assert "\x1b" not in line
+    assert len(line) < 400, line

@@ -90,6 +90,20 @@ def test_readwriteonce_notes_promise_no_scale_out(work: Path) -> None:
     assert "No scale-out: the volume attaches to one node" in text
 
 
+def test_notes_give_the_compile_time_measured_only_for_the_model_it_was_measured_for(work: Path) -> None:
+    """Issue 40: the NOTES said "about 11 minutes for MiniMax-M2.7" whatever model the values serve."""
+    assert "compiles (about 11 minutes for MiniMax-M2.7), once per role" in flat(notes({}, work))
+    other = ["vllm", "serve", "meta-llama/Llama-3.1-8B", "--model-impl", "vllm"]
+    for values in ({"decode": {"args": other}}, {"prefill": {"args": other}, "decode": {"args": other}}):
+        text = flat(notes(values, work))
+        assert "11 minutes" not in text, text
+        assert "MiniMax" not in text, text
+        assert "compiles (as long as its model takes), once per role" in text
+    # A role at 0 serves nothing: the one that runs decides.
+    text = flat(notes({"prefill": {"replicas": 0, "args": other}}, work))
+    assert "compiles (about 11 minutes for MiniMax-M2.7)" in text
+
+
 def test_notes_with_both_roles_at_zero_say_nothing_runs(work: Path) -> None:
     text = flat(notes({"prefill": {"replicas": 0}, "decode": {"replicas": 0}}, work))
     assert "Nothing runs: prefill.replicas and decode.replicas are both 0" in text
@@ -155,9 +169,17 @@ def test_the_hook_job_is_the_warm_job_under_a_fixed_name(work: Path) -> None:
             "helm.sh/hook-delete-policy": "before-hook-creation",
             "helm.sh/hook-output-log-policy": "hook-failed",
         }
-        assert job["spec"] == workload(list(plain.values()), "Job", role)["spec"], (
-            "the same pod, the same key"
+        # The same pod, the same key; but the hook knows it is one (issue 40): its full volume's
+        # remedy says what works before any pod rolls.
+        spec, plain_spec = job["spec"], workload(list(plain.values()), "Job", role)["spec"]
+        env = container(job)["env"]
+        assert {"name": "CACHEMGR_WARM_HOOK", "value": "pre-upgrade"} in env
+        assert all(
+            e["name"] != "CACHEMGR_WARM_HOOK"
+            for e in container(workload(list(plain.values()), "Job", role))["env"]
         )
+        env.remove({"name": "CACHEMGR_WARM_HOOK", "value": "pre-upgrade"})
+        assert spec == plain_spec, "the same pod, the same key"
     # The longest release name still fits a label value (the Job's name labels its pods).
     long = template_text(values | {}, work=work, release="r" * 53, extra=("--is-upgrade",))
     assert long.returncode == 0, long.stderr

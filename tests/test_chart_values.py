@@ -10,6 +10,8 @@ README lists them, and ``TEMPLATE_ONLY`` below holds the two lists together.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import re
 from pathlib import Path
@@ -203,6 +205,18 @@ REFUSALS: dict[str, tuple[dict[str, Any], list[str]]] = {
         ["probes.readiness.healthTimeout 5 must be below probes.readiness.timeoutSeconds 5"],
     ),
     "a hook with no warm Job": ({"warm": {"hook": True}}, ["/warm/hook", "false while no warm Job runs"]),
+    "every spelling of an option the chart owns": (
+        {"cachemgr": {"extraArgs": ["--compiler", "0.12"]}},
+        ["/cachemgr/extraArgs/0", "other than --compiler-version", "the version the image holds"],
+    ),
+    "a selector label in podLabels": (
+        {"podLabels": {"app.kubernetes.io/component": "prefill"}},
+        ["/podLabels/app.kubernetes.io~1component", "use a label of your own"],
+    ),
+    "a CPU warm Job of a model off the vLLM-model path": (
+        merge(WARM, {"decode": {"args": ["vllm", "serve", "m", "--model-impl", "optimum"]}}),
+        ["/decode/args", "--model-impl vllm", "warm.npus"],
+    ),
     "a toolbox without ReadWriteMany": (
         merge(RWO, {"toolbox": {"enabled": True}}),
         ["/toolbox/enabled", "false without ReadWriteMany"],
@@ -327,6 +341,8 @@ def test_numbers_in_the_args_are_accepted_and_rendered_as_strings(work: Path) ->
                 1000000,
                 "--x",
                 True,
+                "--model-impl",
+                "vllm",
             ]
         }
     }
@@ -344,48 +360,197 @@ def test_numbers_in_the_args_are_accepted_and_rendered_as_strings(work: Path) ->
         ]
 
 
-# --- trust the chart renders: never overridden through cachemgr.extraArgs (issue 33) ------------------------
+# --- what the chart sets itself: never overridden through cachemgr.extraArgs (issues 33, 40) ---------------
+
+RUN = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+ENV_OF = re.compile(r"\[env (CACHEMGR_[A-Z_]+)")
 
 
-def words_that_set(dest: str) -> set[str]:
-    """Every option word ``cachemgr run`` reads as ``dest``: the option, its = form, and each
-    abbreviation argparse accepts (allow_abbrev), found by parsing each prefix with the real parser."""
-    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
-    run = sub.choices["run"]
-    (option,) = [o for a in run._actions if a.dest == dest for o in a.option_strings]
+def spellings(dest: str) -> set[str]:
+    """Every word ``cachemgr run`` reads as ``dest``: the option, its = form, and each abbreviation
+    argparse accepts (allow_abbrev), found by parsing each prefix with the real parser."""
+    (action,) = [a for a in RUN._actions if a.dest == dest]
+    default = getattr(RUN.parse_args([]), dest, None)
+    value = action.choices[-1] if action.choices else "9091"  # a value every type here takes
     found = set()
-    for end in range(3, len(option) + 1):
-        prefix = option[:end]
-        for argv in ([prefix, "x"], [f"{prefix}=x"]):
-            try:
-                parsed = run.parse_args(argv)
-            except UsageError:  # an ambiguous prefix: cachemgr's parser refuses it itself
+    for option in action.option_strings:
+        for end in range(3, len(option) + 1) if option.startswith("--") else [len(option)]:
+            prefix = option[:end]
+            if dest == "help":
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(UsageError):
+                    try:
+                        RUN.parse_args([prefix])
+                    except SystemExit as stop:
+                        found |= {prefix} if stop.code == 0 else set()
                 continue
-            if getattr(parsed, dest) == "x":
-                found.add(argv[0])
+            for argv in ([prefix, value], [f"{prefix}={value}"]):
+                try:
+                    parsed = RUN.parse_args(argv)
+                except UsageError:  # an ambiguous prefix: cachemgr's parser refuses it itself
+                    continue
+                if getattr(parsed, dest) != default:
+                    found.add(prefix)
     return found
 
 
+def owned_options(work: Path) -> set[str]:
+    """The ``cachemgr run`` options (by dest) the chart decides: those whose variable it renders in a
+    serving pod or a warm Job or refuses in extraEnv, those its values write into CACHEMGR_RUN_ARGS,
+    and --help, which ends cachemgr before it runs (a warm Job would succeed having compiled nothing)."""
+    everything = merge(
+        WARM,
+        {
+            "trust": {"trustedKeys": TRUSTED, **SIGNING},
+            "remote": {"url": "s3://bucket/prefix", "endpoint": "http://minio:9000"},
+            "cachemgr": {"onMiss": "fail", "stallTimeout": "15m"},
+        },
+    )
+    docs = render(work, everything)
+    envs = [container(workload(docs, kind, role))["env"] for kind in ("Deployment", "Job") for role in ROLES]
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    refused = {
+        name
+        for rule in schema["$defs"]["extraEnv"]["items"]["properties"]["name"]["allOf"]
+        for name in rule["if"]["enum"]
+    }
+    named = {e["name"] for env in envs for e in env} | refused
+    owned = {a.dest for a in RUN._actions if (m := ENV_OF.search(a.help or "")) and m.group(1) in named}
+    base = vars(RUN.parse_args([]))
+    for env in envs:
+        run_args = next(e["value"] for e in env if e["name"] == "CACHEMGR_RUN_ARGS")
+        owned |= {
+            dest for dest, value in vars(RUN.parse_args(run_args.split())).items() if value != base[dest]
+        }
+    return owned | {"help"}
+
+
+def extra_args_rules() -> dict[str, tuple[set[str], str]]:
+    """The schema's refusals of cachemgr.extraArgs words, by the option they refuse: the words each
+    pattern names, and its reason."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    rules = {}
+    for rule in schema["properties"]["cachemgr"]["properties"]["extraArgs"]["items"]["allOf"]:
+        pattern = rule["if"].get("pattern")
+        if pattern is None:
+            continue
+        found = re.fullmatch(r"\^\(([-a-z|]+)\)\(=\.\*\)\?\$", pattern)
+        assert found, pattern
+        words = set(found.group(1).split("|"))
+        (dest,) = {a.dest for a in RUN._actions for w in words if w in a.option_strings}
+        rules[dest] = (words, rule["then"]["const"])
+    return rules
+
+
+def test_the_chart_refuses_every_spelling_of_every_option_it_owns_as_the_parser_reads_it(work: Path) -> None:
+    """Issue 40: ``--compiler-version 0.12``, ``--compiler 0.12``, ``--npu-type``, ``--cache-root``,
+    ``--role`` passed lint and reached the serving pods and the warm Job, overriding what the chart
+    refuses in extraEnv. The schema's list is held to cachemgr's own parser, both ways: a new option
+    of the chart's, or a new option of cachemgr that makes an abbreviation ambiguous or unique,
+    fails here until the schema follows."""
+    owned = owned_options(work)
+    assert {"compiler_version", "npu_type", "cache_root", "role", "trusted_keys", "status_port"} <= owned
+    rules = extra_args_rules()
+    assert {dest: words for dest, (words, _) in rules.items()} == {dest: spellings(dest) for dest in owned}
+    assert {"--compiler", "--compiler-version", "--ro", "--n", "--ca", "--t", "--si", "-h"} <= set().union(
+        *(words for words, _ in rules.values())
+    )
+    # Every spelling, alone and in its = form (the empty value too: --trusted-keys= would be the
+    # open mode, silently, issue 33), in one render: each item refused with its option's reason.
+    words = sorted(w for ws, _ in rules.values() for w in ws)
+    extra = [form for word in words for form in (word, f"{word}=0.12", f"{word}=")]
+    values = merge(TEST_IMAGE, merge(WARM, {"cachemgr": {"extraArgs": extra}}))
+    for message in (refusal(values, work=work), lint(values, work)[1]):
+        for index, word in enumerate(extra):
+            dest = next(d for d, (ws, _) in rules.items() if word.split("=")[0] in ws)
+            assert f"at '/cachemgr/extraArgs/{index}': value must be '{rules[dest][1]}'" in message, word
+    for dest, (_, reason) in rules.items():
+        option = next(
+            o for a in RUN._actions if a.dest == dest for o in a.option_strings if o.startswith("--")
+        )
+        assert option in reason.split(":")[0], reason
+
+
 def test_extra_args_cannot_override_the_trust_the_chart_renders(work: Path) -> None:
-    words = words_that_set("trusted_keys") | words_that_set("signing_key_file")
-    assert {"--trusted-keys", "--trusted-keys=x", "--signing-key-file=x", "--trust", "--si=x"} <= words
-    # The empty value too: --trusted-keys= would be the open mode, silently (issue 33).
-    words |= {"--trusted-keys=", "--signing-key-file="}
-    trust = merge(WARM, {"trust": {"trustedKeys": TRUSTED, **SIGNING}})
-    for word in sorted(words):
-        extra = [word] if "=" in word else [word, "x"]
-        message = refusal(merge(merge(TEST_IMAGE, trust), {"cachemgr": {"extraArgs": extra}}), work=work)
-        assert "/cachemgr/extraArgs/0" in message, (word, message)
-        assert "trust.trustedKeys and trust.signingKeySecret" in message, message
     # In the open mode as well: extraArgs must not turn trust on behind the chart's back either.
-    assert "/cachemgr/extraArgs/0" in refusal(
+    message = refusal(
         merge(TEST_IMAGE, {"cachemgr": {"extraArgs": ["--trusted-keys", TRUSTED[0]]}}), work=work
     )
-    # Other options pass, and reach cachemgr as written.
-    for ok in (["--wait-timeout", "2h"], ["--stall-timeout=15m"], ["--status-port", "9091"]):
-        docs = render(work, {"cachemgr": {"extraArgs": ok}})
-        env = {e["name"]: e.get("value") for e in container(workload(docs, "Deployment", "prefill"))["env"]}
-        assert env["CACHEMGR_RUN_ARGS"].endswith(" ".join(ok))
+    assert "/cachemgr/extraArgs/0" in message
+    assert "trust.trustedKeys and trust.signingKeySecret" in message, message
+    # Other options pass, and reach cachemgr as written, in the serving pods and the warm Jobs.
+    for ok in (["--wait-timeout", "2h"], ["--verify=full"], ["--lease-duration", "60s"], ["--key-env", "X"]):
+        docs = render(work, merge(WARM, {"cachemgr": {"extraArgs": ok}}))
+        for kind in ("Deployment", "Job"):
+            env = {e["name"]: e.get("value") for e in container(workload(docs, kind, "prefill"))["env"]}
+            assert env["CACHEMGR_RUN_ARGS"].endswith(" ".join(ok))
+
+
+# --- labels the chart selects on; args a CPU warm Job cannot compile (issue 40) -----------------------------
+
+
+def test_pod_labels_cannot_set_a_label_any_selector_of_the_chart_uses(work: Path) -> None:
+    """A podLabels key the chart also sets repeated the key in the pod template (the API server
+    refuses it) or took a pod out of its Deployment's selector. The schema's list is every label
+    a selector of the chart's objects names; any other label passes to every pod."""
+    docs = render(
+        work, merge(WARM, {"metrics": {"podMonitor": {"enabled": True}}, "toolbox": {"enabled": True}})
+    )
+    selected: set[str] = set()
+    for doc in docs:
+        selector = doc["spec"].get("selector") or {}
+        selected |= set(selector.get("matchLabels") or {})
+        selected |= {e["key"] for e in selector.get("matchExpressions") or []}
+        if doc["kind"] == "Service":
+            selected |= set(selector)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["podLabels"]["properties"]) == selected
+    for label in sorted(selected):
+        message = refusal(merge(TEST_IMAGE, {"podLabels": {label: "x"}}), work=work)
+        assert f"/podLabels/{label.replace('/', '~1')}" in message, message
+    docs = render(work, merge(WARM, {"podLabels": {"team": "serving", "app.kubernetes.io/part-of": "llm"}}))
+    for kind, role in (("Deployment", "prefill"), ("Job", "decode")):
+        labels = workload(docs, kind, role)["spec"]["template"]["metadata"]["labels"]
+        assert (labels["team"], labels["app.kubernetes.io/part-of"]) == ("serving", "llm"), labels
+
+
+# (args, what cachemgr warm on a CPU node does with them): the chart's rule must agree.
+CPU_WARM_ARGS = [
+    ["vllm", "serve", "m", "--model-impl", "vllm"],
+    ["vllm", "serve", "m", "--model-impl=vllm", "--max-model-len", "4096"],
+    ["vllm", "serve", "m", "--model_impl", "vllm"],
+    ["vllm", "serve", "m"],
+    ["vllm", "serve", "m", "--model-impl", "optimum"],
+    ["vllm", "serve", "m", "--model-impl=transformers"],
+    ["vllm", "serve", "m", "--model-impl", "auto"],
+    ["vllm", "serve", "vllm", "--model-impl", "optimum"],
+    ["vllm", "serve", "m", "--model-impl", "vllm", "--model-impl=optimum"],
+]
+# A schema cannot see which word follows which: one of these anywhere counts as naming its path,
+# stricter than cachemgr warm (a model served as "auto" must be named another way on a CPU node).
+STRICTER = [
+    ["vllm", "serve", "m", "--model-impl", "vllm", "--served-model-name", "auto"],
+    ["vllm", "serve", "m", "--model-impl=optimum", "--model-impl", "vllm"],
+]
+
+
+@pytest.mark.parametrize("args", CPU_WARM_ARGS + STRICTER, ids=lambda a: " ".join(a[3:]) or "no flag")
+def test_lint_refuses_the_args_a_cpu_warm_job_cannot_compile_as_cachemgr_warm_does(
+    args: list[str], work: Path
+) -> None:
+    """Issue 40: args a warm Job on a CPU node cannot compile (no --model-impl vllm) passed lint, and
+    with warm.hook every upgrade failed at the hook (exit 78). Lint refuses exactly what cachemgr
+    warm refuses, read by the real parser; with NPUs for the warm Jobs, or no warm Job, it passes."""
+    from cachemgr.key.serving import parse_server_argv
+    from cachemgr.key.vllm_rbln import cpu_compile_refusal
+
+    warm_refuses = cpu_compile_refusal(parse_server_argv(args).settings, {}) is not None or args in STRICTER
+    values = merge(TEST_IMAGE, merge(WARM, {"prefill": {"args": args}}))
+    passed, output = lint(values, work)
+    assert passed is not warm_refuses, output
+    if warm_refuses:
+        assert "at '/prefill/args': value must be 'args naming the vLLM-model path" in output, output
+    assert lint(merge(values, {"warm": {"npus": 8}}), work)[0]
+    assert lint(merge(values, {"prefill": {"warm": False}}), work)[0]
 
 
 # --- the schema itself ----------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ tests/test_rollout.py."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -243,6 +244,49 @@ def test_a_full_volume_names_one_prune_with_every_selector_that_frees_something_
     assert " ... " not in report.error().one_line()
 
 
+def test_a_compile_that_filled_the_volume_mid_rollout_keeps_its_whole_remedy_in_the_line() -> None:
+    """Issue 40: mid-compile, the remedy (give it more than X; raise the size; or let every old pod
+    go first, then prune) passed half the line's room and was cut in its middle, on what to do:
+    "or let every old  ... Unavailable: replicas)". The what gives way instead."""
+    users = tuple(User(pod=f"{POD}{n}", node="n", since=1.0, age=1.0) for n in range(5))
+    kept = entry("aaaa", gen("0.11", vllm_rbln="0.11.2"), users=users, size_bytes=150 << 30)
+    report = _report(entries=[kept], written=40 << 30, free_at_start=49 << 30)
+    remedy = report.remedy()
+    assert len(remedy) > MESSAGE_LIMIT // 2, "the long case: it needs more than half the line"
+    line = report.error().one_line()
+    assert remedy[:1].upper() + remedy[1:] in line, line
+    assert "or let every old pod go first (rollingUpdate.maxUnavailable: replicas), then run" in line
+    assert len(line) <= MESSAGE_LIMIT + MESSAGE_LIMIT // 2 + 4, len(line)
+
+
+def test_a_full_volume_at_the_pre_upgrade_hook_says_what_works_before_any_pod_rolls() -> None:
+    """Issue 40: Helm runs the hook before any Deployment changes, so "let every old pod go first"
+    cannot work there. The hook's remedy: the size both generations need, as a number (what the
+    volume holds now and this compile), a prune of what no pod uses, or warm.hook off."""
+    users = (User(pod=f"{POD}0", node="n", since=1.0, age=1.0),)
+    kept = entry("aaaa", gen("0.11", vllm_rbln="0.11.2"), users=users, size_bytes=150 << 30)
+    report = dataclasses.replace(_report(entries=[kept]), hook=True)
+    remedy = report.remedy()
+    assert "maxUnavailable" not in remedy, remedy
+    assert "let every old pod" not in remedy, remedy
+    # 199 GiB used of 200 GiB, and 150 GiB to compile: 349 GiB.
+    assert (
+        "raise storage.compileCache.size to 349.0 GiB or more (what it holds now and this compile)" in remedy
+    )
+    assert "the pre-upgrade hook runs before any pod rolls" in remedy
+    assert (
+        "or set warm.hook=false (the Job then runs beside the rollout; once the old pods are gone " in remedy
+    )
+    assert "'cachemgr prune --incompatible --yes' frees theirs)" in remedy
+    assert " ... " not in report.error().one_line()
+    assert report.to_json()["hook"] is True
+    # With something no pod uses, the prune that frees it now works at the hook too.
+    unused = entry("bbbb", gen("0.10", vllm_rbln="0.10.0"), last_used_at=0.0, created_at=0.0)
+    remedy = dataclasses.replace(_report(entries=[unused]), hook=True).remedy()
+    assert "or run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in remedy
+    assert "or set warm.hook=false (the Job then runs beside the rollout)" in remedy
+
+
 @pytest.mark.parametrize(
     "planted",
     ["[" * 100_000, "{" * 5000, '{"generation": [["compiler", 12]], "lineage": []}', '{"generation": 1}', 7, None,
@@ -256,3 +300,19 @@ def test_a_planted_hint_of_what_key_json_says_is_refused_never_a_crash(planted: 
 def test_what_key_json_says_goes_to_the_hints_and_back() -> None:
     facts = _facts(gen("0.13", vllm_rbln="0.13.0", transformers="5.15.1"))
     assert KeyFacts.from_hint(facts.to_hint()) == facts
+
+
+def test_explains_comparison_across_rules_is_linear_in_a_hostile_key_json() -> None:
+    """A key.json is the volume's: any number of fields. Pairing the inputs two rules name
+    differently (issue 40) must not be quadratic in them (explain would hang on a planted one)."""
+    import time
+
+    from cachemgr.ops.explain import _compare
+
+    theirs = {"rules": "strict", **{f"serving.f{n}": n for n in range(20_000)}, "serving.model_impl": "vllm"}
+    here = {"rules": "vllm-rbln 0.12.0", **{f"rbln.f{n}": n for n in range(20_000)}, "model_impl": "vllm"}
+    started = time.monotonic()
+    diffs, renamed = _compare(theirs, here)
+    assert time.monotonic() - started < 60, "quadratic: 4e8 calls at this size, minutes at least"
+    assert len(renamed) == 20_001
+    assert [d.field for d in diffs] == ["rules"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -368,7 +369,7 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
     # The warm Job before the rollout (a pre-upgrade hook): the new entry cannot fit beside the
     # old one its pods use. It fails, so that nothing rolls into pods that would crash-loop.
     job = r.pods.start("new-warm", argv(4), cache_root=r.root, command="warm",
-                       env={**r.image("new"), "VLLM_RBLN_COMPILE_ONLY": "1"})  # fmt: skip
+                       env={**r.image("new"), "VLLM_RBLN_COMPILE_ONLY": "1", "CACHEMGR_WARM_HOOK": "pre-upgrade"})  # fmt: skip
     assert job.wait_exit() == 73, job.tail()
     pod = r.pods.start("new-1", argv(4), cache_root=r.root, env=r.image("new"))
     assert pod.wait_exit() == 73, pod.tail()
@@ -378,13 +379,33 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
             in message
         )
         assert "in 1 entry, in use by old-1. " in message
-        assert (
-            "Raise storage.compileCache.size (only where the StorageClass allows volume expansion)" in message
-        )
-        assert "or let every old pod go first (rollingUpdate.maxUnavailable: replicas)" in message
-        assert "then run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in message
-        assert "(the chart's toolbox: toolbox.enabled=true)" in message
         assert " ... " not in message, "the message fits its line uncut"
+    message = termination(pod)
+    assert "Raise storage.compileCache.size (only where the StorageClass allows volume expansion)" in message
+    assert "or let every old pod go first (rollingUpdate.maxUnavailable: replicas)" in message
+    assert "then run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in message
+    assert "(the chart's toolbox: toolbox.enabled=true)" in message
+    # The hook (issue 40) runs before any pod rolls: no old pod can go first. The size both
+    # generations need, as a number (what the volume holds now and this compile), or warm.hook off.
+    message = termination(job)
+    assert "maxUnavailable" not in message, message
+    assert "let every old pod" not in message, message
+    free = re.search(r"([0-9.]+) KiB free of 1.5 MiB; this compile needs about 1.0 MiB", message)
+    size = re.search(
+        r"The pre-upgrade hook runs before any pod rolls: raise storage.compileCache.size to ([0-9.]+) MiB",
+        message,
+    )
+    assert free, message
+    assert size, message
+    assert abs(float(size[1]) - (1.5 - float(free[1]) / 1024 + 1.0)) < 0.05, message
+    assert (
+        "or more (what it holds now and this compile) where the StorageClass allows volume expansion"
+        in message
+    )
+    assert (
+        "or set warm.hook=false (the Job then runs beside the rollout; once the old pods are gone " in message
+    )
+    assert "'cachemgr prune --incompatible --yes' frees theirs)." in message
     # The old pods go: the next start says what frees the space now, and that command frees it.
     stop(old)
     pod = r.pods.start("new-2", argv(4), cache_root=r.root, env=r.image("new"))
@@ -397,6 +418,28 @@ def test_a_full_volume_mid_rollout_says_the_older_generation_holds_it_and_what_f
     assert "Run 'cachemgr prune --incompatible --yes' in a pod that mounts this volume" in message
     assert "removed 1 item of 1" in r.cli("new", "prune", "--incompatible", "--yes")  # the toolbox's shell
     r.serve("new", 4, "new-3")
+
+
+@pytest.mark.parametrize("small", [3 << 19], indirect=True)
+def test_a_compile_that_fills_the_volume_mid_rollout_ends_on_its_whole_remedy(small: Rollout) -> None:
+    """Issue 40: the exit-73 line of a compile that filled the volume while an older generation's
+    pods serve was cut in the middle of its remedy ("or let every old  ... Unavailable: replicas)"),
+    in the termination message kubectl describe shows. The what gives way, never what to do."""
+    r = small
+    r.serve("old", 4, "old-1")
+    env = {**r.image("new"), "STANDIN_ARTIFACT_BYTES": str(2 << 20)}  # more than is left
+    pod = r.pods.start("new-1", argv(4), cache_root=r.root, env=env, options=["--space-check", "warn"])
+    assert pod.wait_exit() == 73, pod.tail()
+    message = termination(pod)
+    assert "were free when the compile started" in message, message
+    _what, remedy = message.split(". Give it more than ", 1)
+    assert remedy.endswith(
+        "of free space; raise storage.compileCache.size (only where the StorageClass allows volume expansion); "
+        "or let every old pod go first (rollingUpdate.maxUnavailable: replicas), then run "
+        "'cachemgr prune --incompatible --yes' in a pod that mounts this volume (the chart's toolbox: "
+        "toolbox.enabled=true)."
+    ), message
+    assert " ... " not in remedy, message
 
 
 # An image before the old one: its entry is incompatible in the old image's eyes.
@@ -595,3 +638,80 @@ def test_prune_remote_has_no_superseded(tmp_path: Path) -> None:
         )  # fmt: skip
     assert done.returncode == 64, done.stderr
     assert "prune --remote has no --superseded" in done.stderr
+
+
+@pytest.mark.parametrize("rollout", ["sdk"], indirect=True)
+def test_explain_in_an_old_pod_compares_an_input_two_rules_name_differently_as_one(rollout: Rollout) -> None:
+    """Issue 40: the newer image keys strictly (a release cachemgr was not checked against), with
+    --model-impl among the serving flags; the old image's 0.12 rules key it as the model path.
+    For the same argv, explain in an old pod reported "serving settings differ (--model-impl vllm
+    -> (unset))" and "the model path differs": one input, named twice. It says the rules differ."""
+    r = rollout
+    impl = ["--model-impl", "vllm"]
+    env = {**r.image("new"), "VLLM_RBLN_COMPILE_ONLY": "1"}
+    job = r.pods.start("new-warm", [*argv(4), *impl], cache_root=r.root, command="warm", env=env)
+    assert job.wait_exit() == 0, job.tail()
+    result = r.json("old", "explain", "--", *argv(4), *impl, code=1)
+    (near,) = result["nearest"]
+    fields = {d["field"] for d in near["differences"]}
+    assert "rules" in fields, fields
+    assert not {"model_impl", "serving.model_impl"} & fields, near["differences"]
+    assert near["renamed"] == [{"entry_field": "serving.model_impl", "field": "model_impl", "value": "vllm"}]
+    advice = "\n".join(result["advice"])
+    assert "serving settings differ" not in advice, advice
+    assert "the model path differs" not in advice, advice
+    assert "the two rules differ in what they key and in what they call it" in advice, advice
+    assert "(serving.model_impl there is model_impl here, vllm in both: not a difference)" in advice, advice
+    # Another value is one difference, under this image's name for it.
+    result = r.json("old", "explain", "--", *argv(4), "--model-impl", "optimum", code=1)
+    (near,) = result["nearest"]
+    (changed,) = [d for d in near["differences"] if d["field"].endswith("model_impl")]
+    assert changed == {"field": "model_impl", "entry": "vllm", "here": "optimum"}, near["differences"]
+
+
+# --- helm rollback, and the room for two generations (docs/operator-guide.md, issue 40) ------------
+
+
+@pytest.mark.parametrize("rollout", ["sdk"], indirect=True)
+def test_a_rollback_hits_the_old_entries_and_after_a_prune_compiles_each_once(rollout: Rollout) -> None:
+    """The guide's "Rolling back", statement by statement: a rollback before the prune hits the old
+    entries (nothing compiles); after 'prune --incompatible' the old image compiles each key once
+    again (its pods share the compile); pods with --on-miss fail exit 69 until the old image's
+    warm Job (or one old pod) has compiled; the new image's entries stay, "newer" to the old one."""
+    r = rollout
+    stop(r.serve("old", 4, "old-1"))
+    r.warm("new", 4, "new-warm")
+    new_1 = r.serve("new", 4, "new-1")
+    before = r.pods.compiles()
+    back = r.serve("old", 4, "rollback-1")  # the rollback: an old pod, the old entry still there
+    assert r.pods.compiles() == before, "a rollback before the prune compiles nothing"
+    stop(back)
+    assert "removed 1 item of 1" in r.cli("new", "prune", "--incompatible", "--yes")
+    # The rollback after the prune: onMiss=fail pods stop with 69 (a miss) ...
+    failing = r.pods.start("rollback-fail", argv(4), cache_root=r.root, options=["--on-miss", "fail"],
+                           env=r.image("old"))  # fmt: skip
+    assert failing.wait_exit() == 69, failing.tail()
+    assert "cachemgr warm" in termination(failing), termination(failing)
+    # ... until the old image's warm Job compiles the key, once; then every old pod hits it.
+    r.warm("old", 4, "rollback-warm")
+    assert r.pods.compiles() == before + 1
+    r.serve("old", 4, "rollback-2")
+    served = r.pods.start("rollback-3", argv(4), cache_root=r.root, options=["--on-miss", "fail"],
+                          env=r.image("old"))  # fmt: skip
+    served.wait_phase("serving")
+    assert r.pods.compiles() == before + 1, "one compile for the rollback"
+    assert new_1.proc.poll() is None, "the new pod serves on"
+    assert "nothing to prune" in r.cli("old", "prune", "--incompatible", "--superseded", "--yes")
+    assert "newer: compiler 0.13" in r.cli("old", "ls"), "the new image's entry stays for the next upgrade"
+
+
+@pytest.mark.parametrize("small", [5 << 19], indirect=True)
+def test_a_volume_of_two_generations_and_room_holds_a_rollout(small: Rollout) -> None:
+    """The guide's "How large for two generations": while old pods serve, the volume holds the old
+    generation's entries and the new one's beside them. With room for both (here 2.5 MiB for two
+    entries of 1.0 MiB) the warm Job fits and says so; 1.5 MiB did not (exit 73, above)."""
+    r = small
+    r.serve("old", 4, "old-1")
+    line = r.warm("new", 4, "new-warm")
+    assert line.startswith("warm: both generations fit"), line
+    r.serve("new", 4, "new-1")

@@ -184,6 +184,7 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         stall_timeout=_seconds(args.stall_timeout, "--stall-timeout") or 1800.0,
         status_port=args.status_port,
         warm=warm,
+        hook=warm and _warm_hook(environ),
         progress_interval=interval_from(args.progress_interval, environ),
         remote=remote_config(args.remote, environ),
         signing_key=signing_key,
@@ -191,6 +192,17 @@ def run_options(args: argparse.Namespace, *, warm: bool, environ: Mapping[str, s
         prefetch=_prefetch_mode(args.prefetch),
         on_server_failure=_server_failure_policy(args.on_server_failure, environ),
     )
+
+
+def _warm_hook(environ: Mapping[str, str]) -> bool:
+    """``CACHEMGR_WARM_HOOK``: the chart sets ``pre-upgrade`` on a warm Job it runs as a Helm hook."""
+    value = environ.get("CACHEMGR_WARM_HOOK", "")
+    if value not in {"", "pre-upgrade"}:
+        raise ConfigError(
+            f"CACHEMGR_WARM_HOOK {value[:40]!r} is not a hook cachemgr knows",
+            remedy="leave it to the chart, which sets pre-upgrade on a warm Job it runs as a Helm hook, or unset it",
+        )
+    return value == "pre-upgrade"
 
 
 _DIGITS = re.compile("[0-9]{1,6}")  # ASCII only: str.isdigit() takes '²', which int() refuses

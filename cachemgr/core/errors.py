@@ -28,7 +28,7 @@ class ExitCode(enum.IntEnum):
     CONFIG = 78  # EX_CONFIG: key inputs undeterminable, or configuration invalid
 
 
-MESSAGE_LIMIT = 600  # characters of a message's "what" (the remedy gets half): one readable line
+MESSAGE_LIMIT = 600  # characters of a message's "what" and of its remedy, both at most 900: one readable line
 
 
 def shorten(text: str, limit: int) -> str:
@@ -67,8 +67,11 @@ class CacheMgrError(Exception):
         Capped: a message quotes its input (a path, a model name, a flag's value), and a 100 KB
         input must not make a 100 KB line.
         """
-        remedy = self.remedy[:1].upper() + self.remedy[1:]
-        return f"{shorten(self.what, MESSAGE_LIMIT)}. {shorten(remedy, MESSAGE_LIMIT // 2)}."
+        remedy = shorten(self.remedy[:1].upper() + self.remedy[1:], MESSAGE_LIMIT)
+        # The line's room is MESSAGE_LIMIT and a half: a long remedy takes it from the what, whose
+        # middle is cut instead (a cut must never fall on what to do, issue 40).
+        what = shorten(self.what, max(MESSAGE_LIMIT + MESSAGE_LIMIT // 2 - len(remedy), MESSAGE_LIMIT // 2))
+        return f"{what}. {remedy}."
 
     def __str__(self) -> str:
         return self.one_line()

@@ -62,12 +62,30 @@ class Difference:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """One input two releases' rules name differently, with the same value on both sides (strict
+    rules key --model-impl among the serving flags, 0.12's as the model path): no difference."""
+
+    entry_field: str
+    field: str
+    value: Any
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entry_field": self.entry_field, "field": self.field, "value": self.value}
+
+
+@dataclass(frozen=True)
 class Nearest:
     entry: EntryInfo
     differences: tuple[Difference, ...]
+    renamed: tuple[Renamed, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.entry.to_json(), "differences": [d.to_json() for d in self.differences]}
+        return {
+            **self.entry.to_json(),
+            "differences": [d.to_json() for d in self.differences],
+            "renamed": [r.to_json() for r in self.renamed],
+        }
 
 
 @dataclass(frozen=True)
@@ -170,16 +188,57 @@ def _rank(key: CacheKey, candidates: list[EntryInfo], warnings: list[str]) -> li
             warnings.append(f"{entry.name}: key.json is missing or damaged; it cannot be compared")
             continue
         theirs = _flat(inputs)
-        fields = sorted(set(here) | set(theirs), key=_field_rank)
-        diffs = tuple(
-            Difference(f, theirs.get(f), here.get(f)) for f in fields if theirs.get(f) != here.get(f)
-        )
+        diffs, renamed = _compare(theirs, here)
         model_differs = any(d.field.startswith("model") for d in diffs)
         ranked.append(
-            (len(diffs), model_differs, -(entry.last_used_at or entry.created_at or 0.0), entry, diffs)
+            (
+                len(diffs),
+                model_differs,
+                -(entry.last_used_at or entry.created_at or 0.0),
+                entry,
+                diffs,
+                renamed,
+            )
         )
     ranked.sort(key=lambda r: r[:3])
-    return [Nearest(entry, diffs) for *_, entry, diffs in ranked]
+    return [Nearest(entry, diffs, renamed) for *_, entry, diffs, renamed in ranked]
+
+
+def _compare(
+    theirs: dict[str, Any], here: dict[str, Any]
+) -> tuple[tuple[Difference, ...], tuple[Renamed, ...]]:
+    """The inputs that differ, like compared with like: where the two keys come from different
+    rules, an input one names ``serving.model_impl`` and the other ``model_impl`` (each absent
+    from the other side) is one input, a difference only if its values differ (issue 40)."""
+    fields = sorted(set(here) | set(theirs), key=_field_rank)
+    diffs = [Difference(f, theirs.get(f), here.get(f)) for f in fields if theirs.get(f) != here.get(f)]
+    if theirs.get("rules") == here.get("rules"):
+        return tuple(diffs), ()
+
+    def leaf(d: Difference) -> str:
+        return d.field.rsplit(".", 1)[-1]
+
+    # One pass each way (a key.json is the volume's: any number of fields, none trusted).
+    sides: dict[str, tuple[list[Difference], list[Difference]]] = defaultdict(lambda: ([], []))
+    for d in diffs:
+        if d.entry is not None and d.here is None:
+            sides[leaf(d)][0].append(d)
+        elif d.entry is None and d.here is not None:
+            sides[leaf(d)][1].append(d)
+    replaced: dict[str, Difference | None] = {}
+    renamed = []
+    for there, mine in sides.values():
+        if len(there) != 1 or len(mine) != 1:
+            continue  # only where one input on each side can be meant
+        replaced[there[0].field] = None
+        if there[0].entry == mine[0].here:
+            replaced[mine[0].field] = None
+            renamed.append(Renamed(there[0].field, mine[0].field, mine[0].here))
+        else:
+            replaced[mine[0].field] = Difference(mine[0].field, there[0].entry, mine[0].here)
+    kept = [replaced.get(d.field, d) for d in diffs]
+    diffs = [d for d in kept if d is not None]
+    return tuple(diffs), tuple(renamed)
 
 
 def _flat(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -341,7 +400,7 @@ def _differences_advice(key: CacheKey, nearest: Nearest, entries: tuple[EntryInf
             f"serving settings differ ({flags}): each combination compiles its own graphs. If intended, the first "
             "pod compiles once and the others reuse it; if not, pass the entry's values"
         )
-    advice += _keyed_advice(by_top)
+    advice += _keyed_advice(by_top, nearest.renamed)
     if "env" in by_top:
         names = ", ".join(d.field.split(".", 1)[-1] for d in by_top["env"])
         advice.append(
@@ -376,17 +435,21 @@ def _generation_advice(key: CacheKey, near: EntryInfo, by_top: Mapping[str, list
     return ["the nearest entry was keyed by another cachemgr key schema: it is never reused"]
 
 
-def _keyed_advice(by_top: Mapping[str, list[Difference]]) -> list[str]:
+def _keyed_advice(by_top: Mapping[str, list[Difference]], renamed: tuple[Renamed, ...] = ()) -> list[str]:
     """The inputs the server's release rules add (cachemgr.key.vllm_key): what each difference means."""
     advice = []
     if "rules" in by_top:
         rules = by_top["rules"][0]
+        named = "; ".join(
+            f"{r.entry_field} there is {r.field} here, {_value(r.value)} in both" for r in renamed
+        )
         advice.append(
             "the nearest entry was keyed by a cachemgr without per-release rules: it is never reused; prune it "
             "once no pod runs that cachemgr"
             if rules.entry is None
             else f"the nearest entry was keyed by the rules of {_value(rules.entry)}, this argv by {_value(rules.here)}: "
-            "another server release compiles again"
+            "another server release compiles again, and the two rules differ in what they key"
+            + (f" and in what they call it ({named}: not a difference)" if named else "")
         )
     if "model_impl" in by_top:
         advice.append(

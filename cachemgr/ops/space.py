@@ -77,6 +77,9 @@ class DiskReport:
     free_at_start: int | None = None  # statvfs when the compile started (None: before it did)
     # What the compiler printed (a copytree error lists every file): the report's, not the line's.
     printed: str = ""
+    # A warm Job run as the chart's pre-upgrade hook (CACHEMGR_WARM_HOOK): Helm runs it before any
+    # Deployment changes, so no old pod can go first, and the remedy says what works there.
+    hook: bool = False
 
     @property
     def filled_bytes(self) -> int:
@@ -173,9 +176,6 @@ class DiskReport:
         """At most what one line's remedy holds (core.errors.MESSAGE_LIMIT): one prune command
         with every selector that frees something, where to run it, and the chart key."""
         found = self.prunable
-        steps = []
-        if self.filled_bytes and self.needed_bytes is not None:
-            steps.append(f"give it more than {human_bytes(self.needed_bytes)} of free space")
         selectors = [
             flag
             for flag, entries in (
@@ -185,6 +185,11 @@ class DiskReport:
             )
             if entries
         ]
+        if self.hook:
+            return self._hook_remedy(selectors)
+        steps = []
+        if self.filled_bytes and self.needed_bytes is not None:
+            steps.append(f"give it more than {human_bytes(self.needed_bytes)} of free space")
         raise_it = f"raise {CHART_KEY} (only where the StorageClass allows volume expansion)"
         if selectors:
             steps.append(f"run 'cachemgr prune {' '.join(selectors)} --yes' {WHERE_TO_PRUNE}")
@@ -197,6 +202,29 @@ class DiskReport:
             )
         else:
             steps += ["nothing can be pruned now ('cachemgr du' shows what uses the space)", f"or {raise_it}"]
+        return "; ".join(steps)
+
+    def _hook_remedy(self, selectors: list[str]) -> str:
+        """The pre-upgrade hook runs while every old pod serves: letting them go first cannot
+        help there. What can: room for both generations (the number), a prune of what no pod
+        uses, or the warm Job beside the rollout (warm.hook off)."""
+        needed = self.needed_bytes
+        size = (
+            f" to {human_bytes(self.total_bytes - self.free_bytes + needed)} or more (what it holds now and this compile)"
+            if needed is not None
+            else ""
+        )
+        steps = [
+            f"the pre-upgrade hook runs before any pod rolls: raise {CHART_KEY}{size} where the StorageClass "
+            "allows volume expansion"
+        ]
+        if selectors:
+            steps.append(f"or run 'cachemgr prune {' '.join(selectors)} --yes' {WHERE_TO_PRUNE}")
+        later = self.prunable.older_selectors if self.prunable.kept else ""
+        steps.append(
+            "or set warm.hook=false (the Job then runs beside the rollout"
+            + (f"; once the old pods are gone 'cachemgr prune {later} --yes' frees theirs)" if later else ")")
+        )
         return "; ".join(steps)
 
     def to_json(self) -> dict[str, Any]:
@@ -224,6 +252,7 @@ class DiskReport:
             "older_in_use": [e.name for e in self.prunable.kept],
             "older_in_use_by": list(self.prunable.kept_pods),
             "chart_key": CHART_KEY,
+            "hook": self.hook,
         }
 
     def error(self) -> DiskFullError:
@@ -243,6 +272,7 @@ def disk_report(
     written: int = 0,
     free_at_start: int | None = None,
     printed: str = "",
+    hook: bool = False,
 ) -> DiskReport:
     """Measure the volume and the cache now and build the report.
 
@@ -261,6 +291,7 @@ def disk_report(
         written_bytes=written,
         free_at_start=free_at_start,
         printed=printed,
+        hook=hook,
     )
 
 
@@ -284,6 +315,7 @@ def preflight(
     given: int | None,
     check: SpaceCheck,
     environ: Mapping[str, str] | None = None,
+    hook: bool = False,
 ) -> Preflight:
     """Stop before compiling when the volume (or the pod's $TMPDIR) cannot hold the expected output."""
     entries = scan(root, compat=_compat(key), with_staging=False).entries
@@ -317,6 +349,7 @@ def preflight(
         expected=expectation,
         cause="checked before compiling",
         prunable=prunable_now(entries),
+        hook=hook,
     )
     if check == "warn":
         log.warning("space_preflight_short", message=report.what(), remedy=report.remedy())

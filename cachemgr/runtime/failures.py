@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from cachemgr.key.cachekey import CacheKey
     from cachemgr.runtime import launcher
     from cachemgr.runtime.metrics import Metrics
+    from cachemgr.runtime.options import RunOptions
     from cachemgr.runtime.state import StateWriter
     from cachemgr.volume.identity import PodIdentity
     from cachemgr.volume.layout import CacheRoot
@@ -67,13 +68,20 @@ def as_reported(
     given: int | None,
     written: int = 0,
     free_at_start: int | None = None,
+    hook: bool = False,
 ) -> CacheMgrError | None:
-    """The documented error for a failed attempt; None for a signal (nothing to record)."""
+    """The documented error for a failed attempt; None for a signal (nothing to record).
+    ``hook``: a warm Job run as the chart's pre-upgrade hook (its full volume's remedy differs)."""
     from cachemgr.ops.space import disk_report
 
     if isinstance(error, Interrupted):
         return None
-    figures: dict[str, Any] = {"given": given, "written": written, "free_at_start": free_at_start}
+    figures: dict[str, Any] = {
+        "given": given,
+        "written": written,
+        "free_at_start": free_at_start,
+        "hook": hook,
+    }
     if isinstance(error, DiskFullSeenError):
         return disk_report(root, key, cause=str(error), printed=error.line, **figures).error()
     if isinstance(error, CacheMgrError):
@@ -201,12 +209,13 @@ def unreadable_entry(error: OSError, root: CacheRoot, key: CacheKey) -> VolumeEr
     )
 
 
-def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, *, given: int | None) -> CacheMgrError:
+def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, options: RunOptions) -> CacheMgrError:
     """Creating a staging directory failed: the full space report on a full volume."""
     from cachemgr.ops.space import disk_report
 
     if is_disk_full(error):
-        return disk_report(root, key, cause=f"creating staging: {error.strerror}", given=given).error()
+        cause = f"creating staging: {error.strerror}"
+        return disk_report(root, key, cause=cause, given=options.expected_size, hook=options.hook).error()
     return VolumeError(
         f"cannot create a staging directory under {root.staging}: {error.strerror}",
         remedy="check that the compile cache PVC is mounted read-write",

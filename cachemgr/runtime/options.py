@@ -35,6 +35,9 @@ class RunOptions(NamedTuple):
     stall_timeout: float = 1800.0
     status_port: int | None = None
     warm: bool = False
+    # A warm Job run as the chart's pre-upgrade hook (CACHEMGR_WARM_HOOK, which the chart sets):
+    # a full volume's remedy says what works before any pod rolls.
+    hook: bool = False
     # compile_progress and waiting_for_compile, at most once per this (cachemgr.ops.progress.DEFAULT_INTERVAL)
     progress_interval: float = 30.0
     remote: RemoteConfig | None = None  # the remote tier (cachemgr.remote); off by default

@@ -314,7 +314,7 @@ class Runner:
             return open_root(self.options.cache_root, create=True)
         except DiskFullError as error:
             raise disk_report(
-                root, key, cause=error.what, given=self.options.expected_size
+                root, key, cause=error.what, given=self.options.expected_size, hook=self.options.hook
             ).error() from error
 
     def _compile_under_lease(self, root: CacheRoot, key: CacheKey, strategy: Strategy) -> Compiled:
@@ -357,6 +357,7 @@ class Runner:
                 given=self.options.expected_size,
                 check=self.options.space_check,
                 environ=self.environ,
+                hook=self.options.hook,
             )
         except CacheMgrError as error:
             failures.record(root, key, self.identity, error)
@@ -372,7 +373,7 @@ class Runner:
         try:
             staging = create_staging(root, key, self.identity)
         except OSError as error:
-            raise failures.staging_failed(error, root, key, given=self.options.expected_size) from error
+            raise failures.staging_failed(error, root, key, self.options) from error
         self.beats.add(staging.owner_file, within=root.path)
         return staging
 

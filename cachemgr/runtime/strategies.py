@@ -182,6 +182,7 @@ class Strategy:
             given=self.pod.options.expected_size,
             written=written,
             free_at_start=found.space.free_bytes if found is not None else None,
+            hook=self.pod.options.hook,
         )
         if reported is None:
             return

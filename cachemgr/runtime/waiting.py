@@ -122,7 +122,8 @@ class Waiting:
             raise failures.interrupted(self.pod.relay) from None
         except OSError as error:
             # Taking the lease writes its marker file: on a full volume that write fails first.
-            reported = failures.as_reported(error, root, key, given=self.pod.options.expected_size)
+            options = self.pod.options
+            reported = failures.as_reported(error, root, key, given=options.expected_size, hook=options.hook)
             if reported is None:
                 raise
             failures.record(root, key, self.pod.identity, reported)

@@ -151,6 +151,11 @@ app.kubernetes.io/component: {{ .component }}
 - name: CACHEMGR_SIGNING_KEY_FILE
   value: {{ printf "/etc/cachemgr/signing/%s" $v.trust.signingKeySecret.key | quote }}
 {{- end }}
+{{- if .hook }}
+# The warm Job runs as the pre-upgrade hook, before any pod rolls (its remedies say what works then).
+- name: CACHEMGR_WARM_HOOK
+  value: pre-upgrade
+{{- end }}
 {{- if .warm }}
 # vllm-rbln compiles with no NPU when told the target; neither enters the key.
 - name: VLLM_RBLN_COMPILE_ONLY
