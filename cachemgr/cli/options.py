@@ -25,6 +25,30 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     ) -> None:
         super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """An option's help, broken at spaces only: a flag (``--max-model-len``), a path or a URL
+        is never cut at a hyphen, and a word longer than the room stays whole."""
+        import textwrap  # only when help is shown
+
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """The description and examples as written where they fit the terminal; a paragraph wider
+        than it is reflowed, and an example too long for it is continued after `` \\`` (it still
+        copies and runs whole: cachemgr.cli.render.fit_command)."""
+        from cachemgr.cli.render import fit_command, fit_text  # only when help is shown
+
+        room = width + len(indent)
+        out = []
+        for paragraph in text.split("\n\n"):
+            lines = [indent + line for line in paragraph.split("\n")]
+            if lines[0].strip() == "examples:":
+                lines[1:] = [fit_command(line, room) for line in lines[1:]]
+            elif any(len(line) > room for line in lines):
+                lines = [fit_text(indent + " ".join(line.strip() for line in lines), room, hang=0)]
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
 
 def _columns() -> int:
     try:
