@@ -176,11 +176,19 @@ _OUTPUT_HELP = {
 }
 
 
-def output_form(forms: tuple[str, ...]) -> Any:
+class OutputForm:
     """``-o``'s value: one of ``forms``, or ``jsonpath=``/``custom-columns=`` with their text (a
-    usage error names the forms); the template is checked when it is used."""
+    usage error names the forms); the template is checked when it is used. ``forms`` is what
+    ``cachemgr completion`` offers after ``-o`` (``jsonpath=`` for ``jsonpath=TEMPLATE``)."""
 
-    def parse(text: str) -> str:
+    def __init__(self, forms: tuple[str, ...]) -> None:
+        self.forms = forms
+
+    def candidates(self) -> list[str]:
+        return [form.partition("=")[0] + "=" if "=" in form else form for form in self.forms]
+
+    def __call__(self, text: str) -> str:
+        forms = self.forms
         form, eq, template = text.partition("=")
         if form in forms and not eq:
             return text
@@ -196,8 +204,6 @@ def output_form(forms: tuple[str, ...]) -> Any:
         shown = ", ".join(f.partition("=")[0] + ("=..." if "=" in f else "") for f in forms)
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an output format ({shown})")
 
-    return parse
-
 
 def add_output(parser: argparse.ArgumentParser, *forms: str, sort: bool = False) -> None:
     """``-o`` with the forms this command has (a command with ``json`` takes ``jsonpath=`` and
@@ -208,7 +214,7 @@ def add_output(parser: argparse.ArgumentParser, *forms: str, sort: bool = False)
     parser.add_argument(
         "-o",
         "--output",
-        type=output_form(forms),
+        type=OutputForm(forms),
         default="table",
         metavar="FORMAT",
         help="output format: " + "; ".join(f"{f}: {_OUTPUT_HELP[f]}" for f in forms),
