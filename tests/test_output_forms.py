@@ -129,6 +129,8 @@ def test_every_line_a_person_reads_fits_80_columns(cache: Built) -> None:
     commands = [
         ["ls"], ["du"], ["locks"], ["stats"], ["verify"], ["show", key], ["show", cache.failed_key[:12]],
         ["explain", "--", *vllm(16)], ["key", "--", *vllm(16)], ["prune", "--incompatible", "--dry-run"],
+        # Issue 40: a nested input's name of 49 columns made the key's inputs 81 wide.
+        ["key", "--", *vllm(8), "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 5}'],
     ]  # fmt: skip
     for args in commands:
         done = cli(*args, env=cache.env)

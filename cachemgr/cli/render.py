@@ -390,7 +390,9 @@ def emit_data(obj: Any, style: Style, *, kind: str, long: bool = False) -> None:
 # --- small helpers ---------------------------------------------------------------------------------
 
 INPUT_COLUMNS = (
-    Column("input", "input"),
+    # A nested input's name (serving.speculative_config.num_speculative_tokens) gives way last,
+    # from its start: its end names the input.
+    Column("input", "input", shrink="tail", least=20, give=-1),
     Column("value", "value", shrink="head", least=16),
     Column("source", "source", shrink="head", least=12, give=1),
 )
