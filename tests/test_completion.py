@@ -163,3 +163,72 @@ def test_the_key_list_is_bounded_plain_and_never_fails(tmp_path: Path) -> None:
             check=False,
         )
         assert (done.returncode, done.stdout, done.stderr) == (0, "", ""), done
+
+
+# --- -o / --output (issue 40) ---------------------------------------------------------------------
+
+LS_FORMS = {"table", "wide", "json", "yaml", "name", "jsonpath=", "custom-columns="}
+
+
+def test_bash_completes_the_output_forms_each_command_has(tmp_path: Path) -> None:
+    """Completion offered nothing after ``-o``: each command's forms now, and no space after one
+    whose text follows its ``=`` (bash's ``compopt -o nospace``, asked in the completion itself)."""
+    bash = a_shell("bash")
+    (tmp_path / "c.bash").write_text(script("bash"))
+    probe = f"""source {tmp_path / "c.bash"}
+complete_line() {{ COMP_WORDS=("$@"); COMP_CWORD=$(( $# - 1 )); COMPREPLY=(); _cachemgr_complete; printf '%s\\n' "${{COMPREPLY[@]}}"; }}
+compopt() {{ echo "compopt $*"; }}  # bash's own refuses outside a real completion: say what was asked
+echo '--- ls'; complete_line cachemgr ls -o ''
+echo '--- ls-j'; complete_line cachemgr ls --output j
+echo '--- key'; complete_line cachemgr key -o ''
+echo '--- custom'; complete_line cachemgr ls -o cu
+echo '--- registered'; complete -p cachemgr
+"""
+    shown = subprocess.run([bash, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    parts = dict(part.split("\n", 1) for part in shown.stdout.split("--- ")[1:])
+    assert set(parts["ls"].split()) == LS_FORMS, parts
+    assert parts["ls-j"].split() == ["json", "jsonpath="], parts
+    assert set(parts["key"].split()) == LS_FORMS - {"name"}, "key has no -o name"
+    assert parts["custom"].split() == ["compopt", "-o", "nospace", "custom-columns="], parts
+    assert "-F _cachemgr_complete cachemgr" in parts["registered"], parts
+
+
+def test_fish_completes_the_output_forms_too(tmp_path: Path) -> None:
+    fish = a_shell("fish")
+    (tmp_path / "cachemgr.fish").write_text(script("fish"))
+    probe = (
+        f"source {tmp_path / 'cachemgr.fish'}; "
+        "echo '--- ls'; complete -C 'cachemgr ls -o '; "
+        "echo '--- key'; complete -C 'cachemgr key --output '; "
+        "echo '--- stats'; complete -C 'cachemgr stats -o js'"
+    )
+    shown = subprocess.run([fish, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    parts = {
+        p.split("\n", 1)[0]: {line.split("\t")[0] for line in p.split("\n")[1:] if line}
+        for p in shown.stdout.split("--- ")[1:]
+    }
+    assert parts["ls"] == LS_FORMS, parts
+    assert parts["key"] == LS_FORMS - {"name"}, parts
+    assert parts["stats"] == {"json", "jsonpath="}, parts
+
+
+def test_zsh_adds_the_output_forms_with_no_space_after_an_equals(tmp_path: Path) -> None:
+    """The action zsh's ``_arguments`` runs after ``ls -o``, run by zsh with ``compadd`` saying
+    what it was given (outside a completion widget zsh's own adds nothing)."""
+    zsh = a_shell("zsh")
+    text = script("zsh")
+    checked = subprocess.run([zsh, "-n"], input=text, text=True, capture_output=True, check=False)
+    assert checked.returncode == 0, checked.stderr
+    ls = text[text.index("_shtab_cachemgr_ls_options=(") :]
+    line = next(line for line in ls.splitlines() if line.lstrip().startswith("{-o,--output}"))
+    action = line[line.index("]:FORMAT:") + len("]:FORMAT:") : line.rindex('"')]
+    assert action[0] + action[-1] == "{}", action
+    probe = f'compadd() {{ print -r -- "$*" }}\n{action[1:-1]}\n'
+    shown = subprocess.run([zsh, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    plain, texts = shown.stdout.splitlines()
+    assert plain.split()[0] == "--"
+    assert set(plain.split()[1:]) == LS_FORMS - {"jsonpath=", "custom-columns="}
+    assert texts.split() == ["-S", "--", "jsonpath=", "custom-columns="], "no suffix: the text follows"

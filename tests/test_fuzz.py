@@ -18,7 +18,13 @@ a container's usual limit of 1,024 open files (``setrlimit`` in the child):
 * four pods at once, each with the remote tier: an open ``run`` and the signing builder's
   ``warm`` of the signed key, a signing, trusting ``run`` of the unsigned key, and an open ``run``
   of the key whose compile a golden pod left half done (its lease, holder, progress and attempt);
-* ``ls`` and ``verify`` again, on what the pods left.
+* ``ls`` and ``verify`` again, on what the pods left;
+* an operator's input (issue 40): a generated ``-o jsonpath=`` template for ``ls`` and ``show``,
+  ``-o custom-columns=`` with ``--sort-by``, and ``--sort-by`` on ``ls``, ``locks``, ``stats`` or
+  ``verify`` (cachemgr_testkit.fuzz.operator_*: nested past the bound and 400 deep, numbers of
+  5,000 digits, slice steps of 0, odd unicode, quotes and escapes), on the planted volume; and,
+  in bulk and in this process, ``OPERATOR_INPUTS`` of them per trial against the documents real
+  ``ls``, ``show``, ``locks``, ``stats`` and ``verify`` print of the golden volume.
 
 After each trial these must hold:
 
@@ -26,7 +32,7 @@ After each trial these must hold:
 2. no command and no pod past its deadline (60 s a command, 90 s a pod to serve or exit);
 3. every exit code is the command's own (``verify`` 0 or 74, ``explain`` 0 or 1, ``show`` 0 or
    66, the rest 0), or 74 with an error line naming a path the trial planted (the documented
-   refusal of a layout folder replaced);
+   refusal of a layout folder replaced); with an operator's input also 64, with one error line;
 4. the pods serve (``run``) or finish (``warm``, exit 0), or exit 74 as in 3;
 5. nothing a command prints to a terminal holds a character that is not printable (the volume's
    text is escaped: core/printable.py);
@@ -68,6 +74,9 @@ from cachemgr_testkit.fuzz import (
     content,
     copy_tree,
     hostile_name,
+    operator_columns,
+    operator_path,
+    operator_template,
     pick_target,
     plant_node,
     volume_targets,
@@ -350,6 +359,26 @@ class Trial:
                 ["prune", "--remote", "--dry-run", "--stale-staging", "--unused-for", "0s"],
                 self.remote,
             ),
+            *self.operator_commands(key_a, trust),
+        ]
+
+    def operator_commands(
+        self, key: str, trust: dict[str, str]
+    ) -> list[tuple[str, list[str], dict[str, str]]]:
+        """An operator's input against what the trial planted: a generated template, columns and
+        ``--sort-by`` (cachemgr_testkit.fuzz.operator_*), as ``operator:COMMAND``: exit 64 with one
+        line where the input is bad, the command's own exits where it is not."""
+        rng = self.rng
+        sorter = rng.choice(["ls", "locks", "stats", "verify"])
+        return [
+            ("operator:ls", ["ls", "-o", f"jsonpath={operator_template(rng)}"], {}),
+            ("operator:show", ["show", key[:12], "-o", f"jsonpath={operator_template(rng)}"], trust),
+            (
+                "operator:ls",
+                ["ls", "-o", f"custom-columns={operator_columns(rng)}", "--sort-by", operator_path(rng)],
+                {},
+            ),
+            (f"operator:{sorter}", [sorter, "--sort-by", operator_path(rng)], {}),
         ]
 
     def run_commands(self, *, after: bool) -> None:
@@ -378,7 +407,15 @@ class Trial:
         self.outcomes[f"{name}:{done.returncode}"] += 1
         said = f"`cachemgr {' '.join(args)}` exited {done.returncode} in {time.monotonic() - started:.1f}s"
         found = self._failure(said, done.returncode, err, _allowed(name))
-        shown = [line for line in (out + err).splitlines() if not line.isprintable()]
+        if name.startswith("operator:"):
+            found += _operator_failure(said, done.returncode, err)
+        # A tab is printed where an operator's template asks for one ({"\t"}), and only then.
+        tabs = name.startswith("operator:") and any("\\t" in arg for arg in args)
+        shown = [
+            line
+            for line in (out + err).splitlines()
+            if not line.replace("\t" if tabs else "", "").isprintable()
+        ]
         if shown:
             found.append(f"{said} and printed a character that is not printable: {shown[0]!r}"[:600])
         return found
@@ -466,8 +503,28 @@ def _reachable(root: Path, folder: Path) -> bool:
 
 
 def _allowed(name: str) -> set[int]:
-    # verify 66, show 66: the entry named is gone (a plant replaced entries/, or a pod set it aside)
+    # verify 66, show 66: the entry named is gone (a plant replaced entries/, or a pod set it aside);
+    # operator:COMMAND: an operator's template, columns or --sort-by, bad input (64) or not.
+    if name.startswith("operator:"):
+        return _allowed(name.partition(":")[2]) | {64}
     return {"verify": {0, 66, 74}, "explain": {0, 1}, "show": {0, 66}}.get(name, {0})
+
+
+def _operator_failure(said: str, code: int, err: str) -> list[str]:
+    """Bad operator input is one line that says why (issue 40): the error, once, and no more."""
+    if code != 64:
+        return []
+    errors = [
+        line for line in err.splitlines() if line.startswith("cachemgr ") or '"event": "failed"' in line
+    ]
+    others = [
+        line
+        for line in err.splitlines()
+        if not line.startswith(("cachemgr ", "note: ", "warning: ", "  ", "{"))
+    ]
+    if len(errors) != 1 or others:
+        return [f"{said}: not one error line:\n{err[-1500:]}"]
+    return []
 
 
 def _make_canary(path: Path) -> Path:
@@ -534,3 +591,84 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
     replay = f"replay: CACHEMGR_FUZZ_SEED={SEED} CACHEMGR_FUZZ_TRIALS={TRIALS} .venv/bin/pytest tests/test_fuzz.py -k 'trial{index:03d}'"
     plants = "\n".join(f"  {plant}" for plant in trial.plants)
     assert not trial.violations, "\n".join([*trial.violations, f"plants:\n{plants}", replay])
+
+
+# --- operator input, in bulk ----------------------------------------------------------------------
+
+OPERATOR_INPUTS = 100  # generated inputs per trial's worth (CACHEMGR_FUZZ_TRIALS): in-process, ~0.1 s each
+
+
+def test_operator_input_against_real_documents(golden: Golden, tmp_path: Path, totals: Totals) -> None:
+    """Issue 40: generated templates, columns and ``--sort-by`` (cachemgr_testkit.fuzz.operator_*)
+    against the documents real ``ls``, ``show``, ``locks`` and ``stats`` print of the golden volume,
+    through the code ``-o jsonpath=``, ``-o custom-columns=`` and ``--sort-by`` run, in this process
+    (the trials run a few through the CLI, on planted volumes). Each ends in output or a
+    :class:`UsageError` of one line; never another exception; every line printed is printable
+    (a tab only where the template asks for one)."""
+    import io
+    from contextlib import redirect_stdout
+
+    from cachemgr.cli.documents import document, emit_custom_columns
+    from cachemgr.cli.jsonpath import render
+    from cachemgr.core.errors import UsageError
+    from cachemgr.core.printable import safe
+
+    root = tmp_path / "volume"
+    copy_tree(golden.root, root)
+    env = _cli_env(root)
+    args = [["ls"], ["show", golden.keys["A"][:12]], ["locks"], ["stats"], ["verify"]]
+    docs = [json.loads(_cli_json(a, env)) for a in args]
+    rng = random.Random(f"{SEED}:operator")
+    violations: list[str] = []
+    for _ in range(OPERATOR_INPUTS * TRIALS):
+        doc = rng.choice(docs)
+        form = rng.choice(["jsonpath", "custom-columns", "sort-by"])
+        text = (
+            operator_template(rng)
+            if form == "jsonpath"
+            else operator_columns(rng)
+            if form == "custom-columns"
+            else operator_path(rng)
+        )
+        out = io.StringIO()
+        try:
+            with redirect_stdout(out):
+                if form == "jsonpath":
+                    out.write(render(text, doc, escape=safe))
+                elif form == "custom-columns":
+                    emit_custom_columns(doc, text, headers=True)
+                else:
+                    document(doc["kind"], doc.get("items", doc), sort_by=text)
+        except UsageError as error:
+            totals.outcomes[f"operator-{form}:64"] += 1
+            if "\n" in error.one_line() or safe(error.one_line()) != error.one_line():
+                violations.append(
+                    f"{form} {text[:300]!r}: not one printable line: {error.one_line()[:300]!r}"
+                )
+            continue
+        except Exception as error:  # the invariant: nothing but a usage error
+            violations.append(f"{form} {text[:300]!r}: {type(error).__name__}: {str(error)[:300]}")
+            continue
+        totals.outcomes[f"operator-{form}:0"] += 1
+        tabs = "\\t" in text
+        bad = [
+            line
+            for line in out.getvalue().splitlines()
+            if not line.replace("\t" if tabs else "", "").isprintable()
+        ]
+        if bad:
+            violations.append(f"{form} {text[:300]!r} printed {bad[0][:200]!r}")
+    totals.plants.update({"operator-input": OPERATOR_INPUTS * TRIALS})
+    totals.violations += violations
+    assert not violations, "\n".join(
+        [*violations[:20], f"replay: CACHEMGR_FUZZ_SEED={SEED} CACHEMGR_FUZZ_TRIALS={TRIALS}"]
+    )
+
+
+def _cli_json(args: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "cachemgr", *args, "-o", "json"],
+        env=env, capture_output=True, text=True, timeout=COMMAND_DEADLINE, check=False,
+    )  # fmt: skip
+    assert done.returncode in (0, 74), done.stderr
+    return done.stdout

@@ -360,7 +360,8 @@ def test_inspecting_a_directory_no_pod_used_says_it_may_be_the_wrong_path(
     for command in (["ls"], ["du"], ["locks"], ["stats"], ["verify"]):
         done = cli(*command, env=env)
         assert done.returncode == 0, done.stderr
-        (note,) = [line for line in done.stderr.splitlines() if "cachemgr-layout.json" in line]
+        said = re.sub(r"\n  ", " ", done.stderr)  # a note wider than 80 columns continues two in
+        (note,) = [line for line in said.splitlines() if "cachemgr-layout.json" in line]
         assert note.startswith(f"note: {elsewhere} has no cachemgr-layout.json"), note
         assert "set CACHEMGR_CACHE_ROOT (or --cache-root) to where the PVC is mounted" in note
     assert os.listdir(elsewhere) == [], "inspection never creates the layout"

@@ -4,7 +4,9 @@ and ``completion --keys PREFIX``, which the scripts call to complete a KEY.
 shtab writes the script from the argparse parser, so every command, option and choice completes as
 the parser has them today (whoever added them); it is imported here only, and nothing else pays for
 it. Directories complete where an option takes one; a KEY (``show``, ``verify``, ``prune --key``,
-``push``) completes to the keys and entry names of the volume in ``CACHEMGR_CACHE_ROOT``.
+``push``) completes to the keys and entry names of the volume in ``CACHEMGR_CACHE_ROOT``; ``-o``
+to the output forms that command has (``json``, ``wide``, ``jsonpath=``...), with no space after a
+form whose text follows its ``=``.
 
 That listing is made for a shell waiting on a keystroke, from what anyone can write: it reads the
 directory listings of ``entries/``, ``staging/`` and ``failures/`` and nothing inside them (no
@@ -22,6 +24,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from cachemgr.cli.options import OutputForm
 from cachemgr.core.errors import UsageError
 
 LIMIT = 500  # candidates at most: a shell shows them all, and more is no help to a person
@@ -51,21 +54,68 @@ def completion(args: argparse.Namespace, _server_argv: list[str], environ: Mappi
         )
     import shtab  # the completion command only
 
-    parser = _parser_with_completers(shtab.DIRECTORY)
-    sys.stdout.write(shtab.complete(parser, shell=args.shell, preamble=_PREAMBLE.get(args.shell, "")))
+    parser, forms = _parser_with_completers(shtab.DIRECTORY)
+    preamble = "\n".join([_PREAMBLE.get(args.shell, ""), *_forms_functions(args.shell, forms)]).strip()
+    sys.stdout.write(shtab.complete(parser, shell=args.shell, preamble=preamble))
+    sys.stdout.write(_NO_SPACE_AFTER_EQUALS.get(args.shell, ""))
     return 0
 
 
-def _parser_with_completers(directory: Any) -> argparse.ArgumentParser:
+def _parser_with_completers(directory: Any) -> tuple[argparse.ArgumentParser, list[list[str]]]:
+    """The parser with what shtab completes for each action, and the sets of ``-o`` forms."""
     from cachemgr.cli.main import build_parser
 
     parser = build_parser()
+    forms: list[list[str]] = []
     for command, action in _actions(parser, ""):
         if _DIRECTORY_OPTIONS.intersection(action.option_strings):
             action.complete = directory  # type: ignore[attr-defined]  # shtab reads this attribute
         elif (command, action.dest) in _KEY_ARGUMENTS:
             action.complete = _KEYS  # type: ignore[attr-defined]
-    return parser
+        elif isinstance(action.type, OutputForm):
+            candidates = action.type.candidates()
+            if candidates not in forms:
+                forms.append(candidates)
+            action.complete = _forms_action(forms.index(candidates), candidates)  # type: ignore[attr-defined]
+    return parser, forms
+
+
+def _forms_action(number: int, candidates: list[str]) -> dict[str, str]:
+    """What each shell runs to complete ``-o``: bash a function of the preamble (it takes the
+    word), zsh's ``_arguments`` an action that adds a form taking text (``jsonpath=``) with no
+    space after it, fish a word list."""
+    texts = " ".join(c for c in candidates if c.endswith("="))
+    plain = " ".join(c for c in candidates if not c.endswith("="))
+    return {
+        "bash": f"_cachemgr_output_forms_{number}",
+        "zsh": f"{{compadd -- {plain}; compadd -S '' -- {texts}}}",
+        "fish": " ".join(candidates),
+    }
+
+
+def _forms_functions(shell: str, forms: list[list[str]]) -> list[str]:
+    """bash: one function per set of ``-o`` forms, called with the word being completed."""
+    if shell != "bash":
+        return []
+    return [
+        f'_cachemgr_output_forms_{number}() {{\n  compgen -W "{" ".join(candidates)}" -- "$1"\n}}'
+        for number, candidates in enumerate(forms)
+    ]
+
+
+# bash adds a space after the one candidate it completes: none after "jsonpath=", whose template
+# follows. shtab's function fills COMPREPLY (a function run in a subshell cannot say this).
+_NO_SPACE_AFTER_EQUALS = {
+    "bash": """
+_cachemgr_complete() {
+  _shtab_cachemgr "$@"
+  if [[ ${#COMPREPLY[@]} -eq 1 && ${COMPREPLY[0]} == *= ]]; then
+    compopt -o nospace 2>/dev/null || :
+  fi
+}
+complete -o bashdefault -F _cachemgr_complete cachemgr
+"""
+}
 
 
 def _actions(parser: argparse.ArgumentParser, command: str) -> Iterator[tuple[str, argparse.Action]]:

@@ -53,7 +53,7 @@ def _add_run_command(sub: Any, name: str) -> None:
             name,
             "the pod entrypoint: reuse or compile once, then launch and supervise the server",
             "Computes the key of -- SERVER ARGV, loads the role's published entry or takes the key's lease\n"
-            "and compiles it once (peers wait), then runs the server on a pod-local view of the entry.\n"
+            "and compiles it once (peers wait), then runs the server on a pod-local view of the entry.\n\n"
             "Usage: cachemgr run [options] -- SERVER ARGV",
             [
                 f"cachemgr run --status-port 9090 -- {_SERVER} --port 8000",
@@ -66,7 +66,8 @@ def _add_run_command(sub: Any, name: str) -> None:
             name,
             "fill the cache for this argv (a Job before a rollout) and exit 0",
             "The same flow as 'run', for a Job: it exits 0 once the entry is published (or was there),\n"
-            "with a one-line summary, and writes no probe state. Usage: cachemgr warm [options] -- SERVER ARGV",
+            "with a one-line summary, and writes no probe state.\n\n"
+            "Usage: cachemgr warm [options] -- SERVER ARGV",
             [
                 f"cachemgr warm -- {_SERVER} --model-impl vllm",
                 f"cachemgr warm --remote s3://bucket/prod -- {_SERVER}",

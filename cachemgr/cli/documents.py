@@ -103,14 +103,16 @@ def emit_document(
 def emit_custom_columns(doc: Mapping[str, Any], spec: str, *, headers: bool) -> None:
     """One row per item of a list (else one for the object), as kubectl: ``<none>`` where a column
     finds nothing, several values joined by commas, three spaces between columns."""
-    from cachemgr.cli.jsonpath import parse_columns, show
+    from cachemgr.cli.jsonpath import Budget, parse_columns, show
 
     columns = parse_columns(spec)
     items = doc.get("items")
     rows = items if isinstance(items, list) else [doc]
+    budget = Budget(spec)
     cells = [
         [
-            ",".join(show(v, safe) for v in path.find(row, doc) if v is not None) or "<none>"
+            budget.take(",".join(show(v, safe) for v in path.find(row, doc, budget=budget) if v is not None))
+            or "<none>"
             for _, path in columns
         ]
         for row in rows
@@ -119,6 +121,8 @@ def emit_custom_columns(doc: Mapping[str, Any], spec: str, *, headers: bool) -> 
     if not lines:
         return
     widths = [max(len(line[i]) for line in lines) for i in range(len(columns))]
+    # Padded, every row is as wide as the widest: the cells were counted, the padding is counted now.
+    budget.spend(max(0, len(lines) * (sum(widths) + 3 * len(widths)) - budget.chars))
     out = [
         "   ".join(f"{text:<{w}}" for text, w in zip(line, widths, strict=True)).rstrip() for line in lines
     ]

@@ -19,6 +19,13 @@ Several results of one expression are printed separated by a space, as kubectl d
 it is, ``true``/``false``, a number, an object or a list as compact JSON, ``null`` and a missing
 field as nothing. Recursive descent (``..``) and functions are not supported: they are a usage
 error naming what is.
+
+A template is the operator's input, and bad input is a usage error (exit 64) with the reason, never
+a crash: the parser bounds what it takes before Python would choke on it or loop for ever. Filters
+and ranges nest at most :data:`MAX_DEPTH` deep (a filter inside a filter recurses), a number (an
+index, a slice's bound, a literal) has at most :data:`MAX_NUMBER` characters (past 4,300 digits
+``int()`` refuses, and far sooner the number means nothing here), a slice's step is never 0, and
+the work one template, set of columns or ``--sort-by`` does is bounded (:class:`Budget`).
 """
 
 from __future__ import annotations
@@ -26,14 +33,20 @@ from __future__ import annotations
 import json
 import operator
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cachemgr.core.errors import UsageError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
+_SLICE = re.compile(r"(-?[0-9]*):(-?[0-9]*)(?::(-?[0-9]+))?")
+_INDEX = re.compile(r"-?[0-9]+")
+MAX_DEPTH = 32  # filters inside filters, ranges inside ranges: kubectl's templates use two or three
+MAX_NUMBER = 64  # characters of a number: an index of a list on a volume needs 6
+MAX_VALUES = 2_000_000  # values looked at: a range over 10,000 entries printing 20 fields looks at 400,000
+MAX_OUTPUT = 32 << 20  # characters a template may print: ls -o json of 10,000 entries is ~12 Mi
 _OPS = ("==", "!=", "<=", ">=", "<", ">")
 _MISSING = object()
 
@@ -48,7 +61,32 @@ def _error(message: str, text: str) -> UsageError:
 
 # --- paths -------------------------------------------------------------------------------------
 
-Step = Callable[[Any], Iterable[Any]]
+
+class Budget:
+    """The work one template, one set of columns or one ``--sort-by`` may do (:data:`MAX_VALUES`
+    values looked at, :data:`MAX_OUTPUT` characters printed): ranges over the document inside
+    ranges over it multiply, as do filters over every item for every row; the product is the
+    operator's to narrow, and a usage error says so instead of a command that never ends."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.values, self.chars = text, 0, 0
+
+    def count(self, values: int) -> None:
+        self.values += values
+        if self.values > MAX_VALUES:
+            raise _error(f"it looks at more than {MAX_VALUES:,} values: narrow it", self.text)
+
+    def take(self, part: str) -> str:
+        self.spend(len(part))
+        return part
+
+    def spend(self, chars: int) -> None:
+        self.chars += chars
+        if self.chars > MAX_OUTPUT:
+            raise _error(f"its output passes {MAX_OUTPUT >> 20} Mi characters: narrow it", self.text)
+
+
+Step = Callable[[Any, Budget], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -59,24 +97,27 @@ class Path:
     steps: tuple[Step, ...]
     root: bool = False  # starts at the document ($), not the current element (@, or a bare .)
 
-    def find(self, current: Any, document: Any | None = None) -> list[Any]:
+    def find(self, current: Any, document: Any | None = None, *, budget: Budget | None = None) -> list[Any]:
+        budget = budget or Budget(self.text)
         values = [document if self.root and document is not None else current]
         for step in self.steps:
-            values = [found for value in values for found in step(value) if found is not _MISSING]
+            values = [found for value in values for found in step(value, budget) if found is not _MISSING]
+            budget.count(len(values))
         return values
 
 
-def parse_path(text: str) -> Path:
-    """``.items[*].key`` (braces around it allowed, as kubectl allows them in custom-columns)."""
+def parse_path(text: str, *, depth: int = 0, whole: str | None = None) -> Path:
+    """``.items[*].key`` (braces around it allowed, as kubectl allows them in custom-columns);
+    inside a filter, ``depth`` filters deep in the path ``whole`` (which errors name)."""
     body = text.strip()
     if body.startswith("{") and body.endswith("}"):
         body = body[1:-1].strip()
-    return _Parser(body, text).path()
+    return _Parser(body, whole or text, depth).path()
 
 
 class _Parser:
-    def __init__(self, body: str, text: str) -> None:
-        self.body, self.text, self.at = body, text, 0
+    def __init__(self, body: str, text: str, depth: int) -> None:
+        self.body, self.text, self.at, self.depth = body, text, 0, depth
 
     def path(self) -> Path:
         root = False
@@ -119,14 +160,19 @@ class _Parser:
         if inside == "*":
             return _every
         if inside.startswith("?(") and inside.endswith(")"):
-            return _filter(inside[2:-1].strip(), self.text)
+            if self.depth >= MAX_DEPTH:
+                raise _error(f"filters nested more than {MAX_DEPTH} deep", self.text)
+            return _filter(inside[2:-1].strip(), self.text, self.depth + 1)
         if inside[:1] in "'\"" and inside[-1:] == inside[:1] and len(inside) >= 2:
             return _field(inside[1:-1])
-        if re.fullmatch(r"-?\d*:-?\d*(?::-?\d+)?", inside):
-            parts = [int(p) if p else None for p in inside.split(":")]
-            return _slice(slice(*parts))
-        if re.fullmatch(r"-?\d+", inside):
-            return _index(int(inside))
+        found = _SLICE.fullmatch(inside)
+        if found:
+            start, stop, step = (_integer(p, self.text) if p else None for p in found.groups())
+            if step == 0:
+                raise _error(f"[{inside}]: a slice's step cannot be 0", self.text)
+            return _slice(slice(start, stop, step))
+        if _INDEX.fullmatch(inside):
+            return _index(_integer(inside, self.text))
         raise _error(f"[{inside}] is not an index, a slice, [*], a quoted name or a filter", self.text)
 
     def _closing(self) -> int:
@@ -146,21 +192,31 @@ class _Parser:
         raise _error("a [ without its ]", self.text)
 
 
+def _integer(text: str, whole: str) -> int:
+    return int(_bounded(text, whole))
+
+
+def _bounded(number: str, whole: str) -> str:
+    if len(number) > MAX_NUMBER:
+        raise _error(f"a number of {len(number):,} characters (at most {MAX_NUMBER})", whole)
+    return number
+
+
 def _field(name: str) -> Step:
-    def step(value: Any) -> Iterable[Any]:
+    def step(value: Any, _budget: Budget) -> list[Any]:
         return [value.get(name, _MISSING)] if isinstance(value, dict) else []
 
     return step
 
 
-def _every(value: Any) -> Iterable[Any]:
+def _every(value: Any, _budget: Budget) -> list[Any]:
     if isinstance(value, dict):
         return list(value.values())
     return list(value) if isinstance(value, list) else []
 
 
 def _index(number: int) -> Step:
-    def step(value: Any) -> Iterable[Any]:
+    def step(value: Any, _budget: Budget) -> list[Any]:
         if isinstance(value, list) and -len(value) <= number < len(value):
             return [value[number]]
         return []
@@ -169,42 +225,48 @@ def _index(number: int) -> Step:
 
 
 def _slice(part: slice) -> Step:
-    def step(value: Any) -> Iterable[Any]:
+    def step(value: Any, _budget: Budget) -> list[Any]:
         return value[part] if isinstance(value, list) else []
 
     return step
 
 
-def _filter(condition: str, text: str) -> Step:
+def _filter(condition: str, text: str, depth: int) -> Step:
     op, at = _operator(condition)
     left, right = (condition[:at], condition[at + len(op) :]) if op else (condition, "")
     if not left.strip().startswith("@"):
         raise _error(f"a filter compares @ or a field of it, not {left.strip()!r}", text)
-    field = parse_path(left.strip())
+    field = parse_path(left.strip(), depth=depth, whole=text)
     literal = _literal(right.strip(), text) if op else None
 
-    def keep(item: Any) -> bool:
-        found = field.find(item)
+    def keep(item: Any, budget: Budget) -> bool:
+        found = field.find(item, budget=budget)
         if op is None:
             return bool(found) and found[0] not in (None, False, 0, "", [], {})
         return any(_compare(value, op, literal) for value in found)
 
-    def step(value: Any) -> Iterable[Any]:
+    def step(value: Any, budget: Budget) -> list[Any]:
         items = value if isinstance(value, list) else list(value.values()) if isinstance(value, dict) else []
-        return [item for item in items if keep(item)]
+        budget.count(len(items))
+        return [item for item in items if keep(item, budget)]
 
     return step
 
 
 def _operator(condition: str) -> tuple[str | None, int]:
-    """The comparison in a filter and where it is: the first outside quotes."""
-    quote = ""
+    """The comparison in a filter and where it is: the first outside quotes and outside the
+    brackets of a filter inside it (``@.users[?(@.pod == "p")] ``: that one is the inner's)."""
+    quote, depth = "", 0
     for i, char in enumerate(condition):
         if quote:
             quote = "" if char == quote else quote
         elif char in "'\"":
             quote = char
-        else:
+        elif char in "[(":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+        elif depth == 0:
             for op in _OPS:
                 if condition.startswith(op, i):
                     return op, i
@@ -215,6 +277,7 @@ def _literal(text: str, whole: str) -> Any:
     if text[:1] in "'\"" and text[-1:] == text[:1] and len(text) >= 2:
         return text[1:-1]
     if _NUMBER.fullmatch(text):
+        _bounded(text, whole)
         return float(text) if any(c in text for c in ".eE") else int(text)
     if text in ("true", "false", "null"):
         return {"true": True, "false": False, "null": None}[text]
@@ -253,20 +316,22 @@ class _Node:
 def render(template: str, document: Any, *, escape: Callable[[str], str]) -> str:
     """``template`` applied to ``document``; every value taken from it goes through ``escape``."""
     nodes = _parse_template(template)
-    return "".join(_render(nodes, document, document, escape))
+    budget = Budget(template)
+    return "".join(budget.take(part) for part in _render(nodes, document, document, escape, budget))
 
 
 def _render(
-    nodes: Sequence[_Node], current: Any, document: Any, escape: Callable[[str], str]
+    nodes: Sequence[_Node], current: Any, document: Any, escape: Callable[[str], str], budget: Budget
 ) -> Iterator[str]:
     for node in nodes:
+        budget.count(1)
         if node.kind == "text":
             yield node.text
         elif node.kind == "path" and node.path is not None:
-            yield " ".join(show(value, escape) for value in node.path.find(current, document))
+            yield " ".join(show(value, escape) for value in node.path.find(current, document, budget=budget))
         elif node.path is not None:
-            for item in node.path.find(current, document):
-                yield from _render(node.body, item, document, escape)
+            for item in node.path.find(current, document, budget=budget):
+                yield from _render(node.body, item, document, escape, budget)
 
 
 def show(value: Any, escape: Callable[[str], str]) -> str:
@@ -296,6 +361,8 @@ def _parse_template(template: str) -> tuple[_Node, ...]:
         expression = template[start + 1 : end].strip()
         at = end + 1
         if expression.startswith("range "):
+            if len(stack) > MAX_DEPTH:
+                raise _error(f"ranges nested more than {MAX_DEPTH} deep", template)
             stack.append(([], parse_path(expression[6:].strip())))
         elif expression == "end":
             if len(stack) == 1:
@@ -371,8 +438,10 @@ def sort_key(path: Path) -> Callable[[Any], tuple[int, Any]]:
     """``--sort-by``: items by the first value ``path`` finds in each; numbers by value, everything
     else by its text; items without one first (as kubectl puts empty values)."""
 
+    budget = Budget(path.text)
+
     def key(item: Any) -> tuple[int, Any]:
-        found = [v for v in path.find(item, item) if v is not None]
+        found = [v for v in path.find(item, item, budget=budget) if v is not None]
         if not found:
             return (0, 0)
         value = found[0]

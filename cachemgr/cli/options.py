@@ -25,6 +25,30 @@ class Formatter(argparse.RawDescriptionHelpFormatter):
     ) -> None:
         super().__init__(prog, indent_increment, max_help_position, width or _columns() - 2)
 
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        """An option's help, broken at spaces only: a flag (``--max-model-len``), a path or a URL
+        is never cut at a hyphen, and a word longer than the room stays whole."""
+        import textwrap  # only when help is shown
+
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """The description and examples as written where they fit the terminal; a paragraph wider
+        than it is reflowed, and an example too long for it is continued after `` \\`` (it still
+        copies and runs whole: cachemgr.cli.render.fit_command)."""
+        from cachemgr.cli.render import fit_command, fit_text  # only when help is shown
+
+        room = width + len(indent)
+        out = []
+        for paragraph in text.split("\n\n"):
+            lines = [indent + line for line in paragraph.split("\n")]
+            if lines[0].strip() == "examples:":
+                lines[1:] = [fit_command(line, room) for line in lines[1:]]
+            elif any(len(line) > room for line in lines):
+                lines = [fit_text(indent + " ".join(line.strip() for line in lines), room, hang=0)]
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
 
 def _columns() -> int:
     try:
@@ -152,11 +176,19 @@ _OUTPUT_HELP = {
 }
 
 
-def output_form(forms: tuple[str, ...]) -> Any:
+class OutputForm:
     """``-o``'s value: one of ``forms``, or ``jsonpath=``/``custom-columns=`` with their text (a
-    usage error names the forms); the template is checked when it is used."""
+    usage error names the forms); the template is checked when it is used. ``forms`` is what
+    ``cachemgr completion`` offers after ``-o`` (``jsonpath=`` for ``jsonpath=TEMPLATE``)."""
 
-    def parse(text: str) -> str:
+    def __init__(self, forms: tuple[str, ...]) -> None:
+        self.forms = forms
+
+    def candidates(self) -> list[str]:
+        return [form.partition("=")[0] + "=" if "=" in form else form for form in self.forms]
+
+    def __call__(self, text: str) -> str:
+        forms = self.forms
         form, eq, template = text.partition("=")
         if form in forms and not eq:
             return text
@@ -172,8 +204,6 @@ def output_form(forms: tuple[str, ...]) -> Any:
         shown = ", ".join(f.partition("=")[0] + ("=..." if "=" in f else "") for f in forms)
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an output format ({shown})")
 
-    return parse
-
 
 def add_output(parser: argparse.ArgumentParser, *forms: str, sort: bool = False) -> None:
     """``-o`` with the forms this command has (a command with ``json`` takes ``jsonpath=`` and
@@ -184,7 +214,7 @@ def add_output(parser: argparse.ArgumentParser, *forms: str, sort: bool = False)
     parser.add_argument(
         "-o",
         "--output",
-        type=output_form(forms),
+        type=OutputForm(forms),
         default="table",
         metavar="FORMAT",
         help="output format: " + "; ".join(f"{f}: {_OUTPUT_HELP[f]}" for f in forms),

@@ -12,9 +12,10 @@ Every command builds its result as blocks (:class:`Table`, :class:`Pairs`, :clas
   document, in kubectl's envelope (cachemgr.cli.documents); ``name``: ``KIND/NAME`` lines;
 * ``--sort-by JSONPATH``: a list's rows (and items) in that order.
 
-Prose and ``name  value`` lines are wrapped to the width too (a word longer than the room, a
-path, is never cut; a quoted line of a program's output, ``| ...``, is shown as it was);
-``-o wide`` wraps nothing. With ``--no-headers`` the rows of a command that prints several kinds
+Prose and ``name  value`` lines are wrapped to the width too, and so are the notes and warnings
+:func:`tell` writes on stderr (a word longer than the room, a path, is never cut; a quoted line
+of a program's output, ``| ...``, is shown as it was); ``-o wide`` wraps nothing, and nothing for
+machines (the data forms, a JSON stderr) is ever wrapped. With ``--no-headers`` the rows of a command that prints several kinds
 of table (``ls``: entries, attempts, failures, quarantine; ``du``) start with their kind, so that
 a script tells them apart.
 
@@ -181,8 +182,9 @@ def _sorted_rows(block: Table, style: Style) -> Sequence[Mapping[str, Any]]:
 
 def fit_text(text: str, width: int, *, hang: int = 2) -> str:
     """Prose wrapped to ``width``: each line on its own, continued under itself indented by two
-    (under the text of a ``- `` item); a word longer than the room is never cut, and a quoted line
-    of a program's output (``| ...``) is left as it was written."""
+    (under the text of a ``- `` item); a word longer than the room is never cut (a ``note:`` or
+    ``warning:`` keeps it beside it, as a bullet does), and a quoted line of a program's output
+    (``| ...``) is left as it was written."""
     import textwrap  # only where a line is too long
 
     out = []
@@ -191,19 +193,61 @@ def fit_text(text: str, width: int, *, hang: int = 2) -> str:
             out.append(line)
             continue
         indent = line[: len(line) - len(line.lstrip())]
-        bullet = re.match(r"(- |\d+\. )", line[len(indent) :])
-        mark = bullet[0] if bullet else ""  # a bullet keeps its first word beside it
+        bullet = re.match(r"- |\d+\. |(note|warning): ", line[len(indent) :])
+        mark = bullet[0] if bullet else ""  # a bullet or a label keeps its first word beside it
+        under = len(mark) if bullet and not bullet[1] else hang  # a label's text continues two in
         out.append(
             textwrap.fill(
                 line.strip()[len(mark) :],
                 width,
                 initial_indent=indent + mark,
-                subsequent_indent=indent + " " * (len(mark) if mark else hang),
+                subsequent_indent=indent + " " * under,
                 break_long_words=False,
                 break_on_hyphens=False,
             )
         )
     return "\n".join(out)
+
+
+def fit_command(line: str, width: int) -> str:
+    """A shell command line wrapped to ``width`` so that it still copies and runs whole: broken
+    only at spaces outside quotes, each line but the last ending in `` \\`` (the shell joins
+    them), continued four columns further in; a word longer than the room stays whole."""
+    if len(line) <= width:
+        return line
+    lead = line[: len(line) - len(line.lstrip())]
+    words = _shell_words(line.strip())
+    lines, current = [], lead
+    for i, word in enumerate(words):
+        room = width if i == len(words) - 1 else width - 2  # room for the " \\" of a continued line
+        if current.strip() and len(current) + 1 + len(word) > room:
+            lines.append(current + " \\")
+            current = lead + "    " + word
+        else:
+            current = f"{current} {word}" if current.strip() else current + word
+    return "\n".join([*lines, current])
+
+
+def _shell_words(text: str) -> list[str]:
+    """``text`` split at the spaces a shell splits at (not inside quotes, not escaped), each word
+    kept as written (its quotes too)."""
+    words, word, quote, escaped = [], "", "", False
+    for char in text:
+        if escaped:
+            word, escaped = word + char, False
+        elif char == "\\" and quote != "'":
+            word, escaped = word + char, True
+        elif quote:
+            word, quote = word + char, "" if char == quote else quote
+        elif char in "'\"":
+            word, quote = word + char, char
+        elif char == " ":
+            if word:
+                words.append(word)
+            word = ""
+        else:
+            word += char
+    return [*words, word] if word else words
 
 
 def show(blocks: Iterable[Block], style: Style) -> None:
@@ -346,7 +390,9 @@ def emit_data(obj: Any, style: Style, *, kind: str, long: bool = False) -> None:
 # --- small helpers ---------------------------------------------------------------------------------
 
 INPUT_COLUMNS = (
-    Column("input", "input"),
+    # A nested input's name (serving.speculative_config.num_speculative_tokens) gives way last,
+    # from its start: its end names the input.
+    Column("input", "input", shrink="tail", least=20, give=-1),
     Column("value", "value", shrink="head", least=16),
     Column("source", "source", shrink="head", least=12, give=1),
 )
@@ -418,8 +464,9 @@ def entry_row(
 
 def tell(kind: Literal["note", "warning"], lines: Iterable[str]) -> None:
     """Notes and warnings: to stderr, so that ``-o json`` output always parses. A person's
-    ``note: ...`` line, escaped; where stderr is JSON, an event of that name whose ``message`` is
-    the line (every line on a JSON stderr is one: docs/reference.md)."""
+    ``note: ...`` line, escaped and wrapped to the terminal's width as tables are (80 columns
+    without one); where stderr is JSON, an event of that name whose ``message`` is the line,
+    never wrapped (every line on a JSON stderr is one: docs/reference.md)."""
     from cachemgr.core.log import configured_format, get_logger
 
     if configured_format() == "json":
@@ -427,8 +474,10 @@ def tell(kind: Literal["note", "warning"], lines: Iterable[str]) -> None:
         for line in lines:
             (log.warning if kind == "warning" else log.info)(kind, message=line)
         return
+    width = terminal_width()
     for line in lines:
-        print(f"{kind}: {safe(line)}", file=sys.stderr)
+        # Wrapped as prose is: continued two columns in, a path or a command never cut inside.
+        print(fit_text(f"{kind}: {safe(line)}", width), file=sys.stderr)
 
 
 def section(title: str, body: str) -> str:

@@ -16,6 +16,9 @@ A plant picks a place and puts something there that no cachemgr writes:
 
 In the bucket the same contents go into objects: an entry's manifest, one of its files, and a
 manifest under an entry name nobody uploaded.
+
+An operator's input is generated too (:func:`operator_template`, :func:`operator_columns`,
+:func:`operator_path`): the templates, columns and ``--sort-by`` an operator types.
 """
 
 from __future__ import annotations
@@ -266,3 +269,157 @@ def pick_target(rng: random.Random, targets: list[Path], root: Path) -> Path:
 def copy_tree(source: Path, target: Path) -> None:
     """A copy of a golden volume, modes, times and links kept (``cp -a``'s job, in Python)."""
     shutil.copytree(source, target, symlinks=True)
+
+
+# --- operator input (issue 40): templates, columns and --sort-by as an operator may type them ------
+#
+# Generated over the fields ``ls`` and ``show`` documents have, and hostile: filters and ranges
+# nested past the parser's bound (32) and 400 deep, numbers of 4,301 and 5,000 digits, slice steps
+# of 0, odd unicode (right-to-left marks, combining accents, astral, lone surrogates) in quoted
+# names, escapes and quotes where they do not belong, blocks left open. Literal text a template
+# prints is printable (an operator's own escape sequence would be theirs); names, filters and
+# headers may hold anything but NUL (argv cannot).
+
+OPERATOR_FIELDS = (
+    "items", "kind", "key", "short", "entry", "model", "role", "status", "size_bytes", "users", "pod",
+    "node", "since", "generation", "versions", "compiler", "files", "inputs", "sources", "failures",
+    "attempts", "signer", "apiVersion", "origin", "starts", "hits", "created_at", "missing",
+)  # fmt: skip
+ODD_NAMES = ("日本語", "e\u0301", "🙂", "\u202egnp", "\x1b[31m", "a\nb", "\udcff", "tab\there", "a.b", "a]b")
+ODD_TEXT = ("日本語 ", "e\u0301", "🙂", "ǅ", " | ", "%s", "\\", "'", '"', ",", ":", "=", "KEY", "-")
+DEPTHS = (1, 1, 2, 3, 31, 32, 33, 400)
+ARGV_WORD = 32_000  # characters (4 bytes at most each): Linux takes no argv word past 128 KiB
+DIGITS = (1, 1, 2, 19, 64, 65, 4301, 5000)
+
+
+def _number(rng: random.Random) -> str:
+    digits = rng.choice(DIGITS)
+    text = str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(digits - 1))
+    return ("-" if rng.random() < 0.3 else "") + text
+
+
+def _literal(rng: random.Random) -> str:
+    pick = rng.random()
+    if pick < 0.35:
+        return _number(rng) + rng.choice(["", "", ".5", "e3", f"e{_number(rng)}"])
+    if pick < 0.7:
+        quote = rng.choice("'\"")
+        return quote + rng.choice([*OPERATOR_FIELDS, *ODD_NAMES, "published", ""]) + quote
+    return rng.choice(["true", "false", "null", "nul", "@", "'open", "[", ")"])
+
+
+def _step(rng: random.Random, depth: int) -> str:
+    """One step of a path: a field, ``[*]``, an index, a slice, a quoted name, a filter, or garbage."""
+
+    def sliced() -> str:
+        ends = [rng.choice(["", _number(rng)]) for _ in range(2)]
+        return f"[{ends[0]}:{ends[1]}{rng.choice(['', '', ':0', ':-0', f':{_number(rng)}', ':1'])}]"
+
+    def quoted() -> str:
+        quote = rng.choice("'\"")
+        return f"[{quote}{rng.choice([*ODD_NAMES, *OPERATOR_FIELDS])}{quote}]"
+
+    steps: list[tuple[float, Callable[[], str]]] = [
+        (0.4, lambda: "." + rng.choice(OPERATOR_FIELDS)),
+        (0.1, lambda: rng.choice(["[*]", ".*", "[ * ]"])),
+        (0.1, lambda: f"[{_number(rng)}]"),
+        (0.1, sliced),
+        (0.08, quoted),
+        (0.17, lambda: _filter(rng, depth)),
+        (
+            0.05,
+            lambda: rng.choice(["..", "[", "[?(", ")", "]", "[]", "[?()]", ".", "['", "[-]", "[1:2:3:4]"]),
+        ),
+    ]
+    weights, makers = zip(*steps, strict=True)
+    return rng.choices(makers, weights=weights)[0]()
+
+
+def _filter(rng: random.Random, depth: int) -> str:
+    """``[?(@.a OP literal)]``, sometimes holding a filter in its path: nested ``depth`` deep."""
+    inner = "@" + "".join(_step(rng, 0) for _ in range(rng.randint(0, 2)) if depth <= 1)
+    if depth > 1:
+        inner = "@." + rng.choice(OPERATOR_FIELDS) + _filter(rng, depth - 1)
+    op = rng.choice(["==", "!=", "<", "<=", ">", ">=", "", "=", "=~"])
+    right = f" {op} {_literal(rng)}" if op else ""
+    return f"[?({inner}{right})]"
+
+
+TAME_PATHS = (
+    ".key", ".size_bytes", ".users[*].pod", "{.model}", ".generation.versions", ".users[0].since",
+    '.files[?(@.a)]', "$.kind", ".status", ".users[-1:].node", '.generation[?(@ != "x")]',
+)  # fmt: skip
+
+
+def operator_path(rng: random.Random) -> str:
+    """A JSONPath as ``--sort-by``, a custom column or a template's block takes it; a third of
+    them one that works (a field of every item, of some, of none)."""
+    if rng.random() < 0.33:
+        return rng.choice(TAME_PATHS)
+    return _path(rng)[:ARGV_WORD]
+
+
+def _path(rng: random.Random) -> str:
+    start = rng.choice(["", ".", "$", "@", "{", ""])
+    steps = []
+    for _ in range(rng.randint(1, 5)):
+        if rng.random() < 0.15:
+            steps.append(_filter(rng, rng.choice(DEPTHS)))
+        else:
+            steps.append(_step(rng, 1))
+    path = start + "".join(steps).lstrip(".") if start == "" else start + "".join(steps)
+    return path + ("}" if start == "{" else "")
+
+
+TAME_TEMPLATES = (
+    '{range .items[*]}{.short}{"\\t"}{.model}{"\\t"}{.status}{"\\n"}{end}',
+    "{.items[*].model}",
+    '{range .items[?(@.kind=="entry")]}{.entry} {.users[*].pod} {.generation}{"\\n"}{end}',
+    "{$}",
+    "{.items[-1:]}",
+    '{range .items[*]}{.signer}{.origin}{.problem}{"\\n"}{end}',
+    '{.inputs}{"\\n"}{.sources}{"\\n"}{.failures[*].reason}{"\\n"}{.attempts[*].pod}',
+    "{.entry.status} {.entry.users[*].node} {.lease}",
+)
+
+
+def operator_template(rng: random.Random) -> str:
+    """A ``-o jsonpath=`` template: text, blocks, literals, ranges (nested, sometimes past bound);
+    a third of them a template that works, printing what the volume holds (hostile where planted)."""
+    if rng.random() < 0.33:
+        return rng.choice(TAME_TEMPLATES)
+    return _template(rng)[:ARGV_WORD]
+
+
+def _template(rng: random.Random) -> str:
+    parts: list[str] = []
+    for _ in range(rng.randint(1, 6)):
+        pick = rng.random()
+        if pick < 0.2:
+            parts.append(rng.choice(ODD_TEXT))
+        elif pick < 0.55:
+            parts.append("{" + operator_path(rng).strip("{}") + "}")
+        elif pick < 0.7:
+            parts.append(
+                rng.choice(['{"\\n"}', '{"\\t"}', "{'text'}", '{"\\""}', '{"\\x1b"}', "{'}", "{@}", "{$}"])
+            )
+        elif pick < 0.95:
+            depth = rng.choice(DEPTHS)
+            over = rng.choice(["{range .items[*]}", "{range @.users[*]}", "{range $.items[*]}", "{range .*}"])
+            if over.startswith("{range $") and depth > 3:
+                over = "{range .items[*]}"  # ranges over $ inside ranges over $ multiply: a few, not 400
+            body = "{" + operator_path(rng).strip("{}") + "}"
+            ends = "{end}" * (depth if rng.random() < 0.9 else max(0, depth - 1))
+            parts.append(over * depth + body + ends)
+        else:
+            parts.append(rng.choice(["{", "}", "{end}", "{range}", "{range .items[*]}", "{{}}"]))
+    return "".join(parts)
+
+
+def operator_columns(rng: random.Random) -> str:
+    """A ``-o custom-columns=`` spec: headers (odd ones too) and paths, separated by commas."""
+    columns = []
+    for _ in range(rng.randint(1, 4)):
+        header = rng.choice(["KEY", "SIZE", "日本", "A B", "E\u0301", "", "X:Y", "H,I"])
+        columns.append(f"{header}:{operator_path(rng)}" if rng.random() < 0.95 else header)
+    return ",".join(columns)[:ARGV_WORD]
