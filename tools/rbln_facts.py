@@ -211,7 +211,11 @@ def sources(src: Path, release: str) -> Sources:
 
 
 def releases_in(src: Path) -> list[str]:
-    return sorted(p.name.split("-", 1)[1] for p in src.glob("vllm_rbln-*") if p.is_dir())
+    """The releases of the manifest the oracle runs whose wheels are unpacked under ``src`` (a
+    code-identical release has no facts of its own: tools/gen_rules.py compares its wheel)."""
+    from cachemgr_testkit import manifest
+
+    return [r for r in manifest.oracle_releases() if (src / f"vllm_rbln-{r}").is_dir()]
 
 
 def _read(path: Path) -> str:
@@ -294,11 +298,9 @@ class _NoServerImports:
             raise ImportError(f"{name}: not imported to read a default")
 
 
-def executed_defaults(path: Path) -> dict[str, Any]:
-    """Each entry of ``environment_variables`` run on an empty environment: its default, as the
-    release computes it. envs.py is executed without its imports of the server (each name they bind
-    is a stub: an empty table, a no-op logger); an entry that raises or imports the server maps to
-    the marker ``{"$depends": reason}``."""
+def envs_namespace(path: Path, environ: dict[str, str]) -> Any:
+    """The release's envs.py executed without its imports of the server (each name they bind is a
+    stub: an empty table, a no-op logger), ``os.environ`` being ``environ``: its namespace."""
     import os
     import types
 
@@ -308,24 +310,31 @@ def executed_defaults(path: Path) -> dict[str, Any]:
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-            if module and module.split(".")[0] in _SERVER_PACKAGES:
-                stubs |= {(a.asname or a.name).split(".")[0]: _Stub() for a in node.names}
+            if module and module.split(".", maxsplit=1)[0] in _SERVER_PACKAGES:
+                stubs |= {(a.asname or a.name).split(".", maxsplit=1)[0]: _Stub() for a in node.names}
                 continue
         body.append(node)
     tree.body = body
-    environ: dict[str, str] = {}
-    scope: dict[str, Any] = {"__name__": "envs_under_probe", **stubs}
+    scope: dict[str, Any] = {"__name__": f"envs_under_probe_{abs(hash(path))}", **stubs}
+    exec(compile(tree, str(path), "exec"), scope)  # noqa: S102 - the release's own envs.py, stubbed
+    scope["os"] = types.SimpleNamespace(environ=environ, getenv=environ.get, path=os.path)
+    return types.SimpleNamespace(**scope)
+
+
+def executed_defaults(path: Path) -> dict[str, Any]:
+    """Each entry of ``environment_variables`` run on an empty environment: its default, as the
+    release computes it (:func:`envs_namespace`); an entry that raises or imports the server (which
+    is refused meanwhile) maps to the marker ``{"$depends": reason}``."""
     blocker = _NoServerImports()
     sys.meta_path.insert(0, blocker)
     try:
-        exec(compile(tree, str(path), "exec"), scope)  # noqa: S102 - the release's own envs.py, stubbed
-        scope["os"] = types.SimpleNamespace(environ=environ, getenv=environ.get, path=os.path)
+        module = envs_namespace(path, {})
         defaults: dict[str, Any] = {}
-        for name, entry in scope["environment_variables"].items():
+        for name, entry in module.environment_variables.items():
             if not callable(entry):
                 continue
             try:
-                defaults[name] = entry()  # its globals are `scope`: os.environ is the empty mapping
+                defaults[name] = entry()  # its globals are the namespace: os.environ is the empty mapping
             except Exception as error:  # noqa: BLE001 - the entry cannot say alone: recorded as such
                 defaults[name] = {"$depends": f"{type(error).__name__}: {error}"}
         return defaults

@@ -116,6 +116,7 @@ def vllm_config(
         "defaulted": list(defaulted),
         "model_impl": keyed_impl,
         "uncacheable": layout + vllm_rbln.uncacheable(server.settings, environ, impl=keyed_impl),
+        "layout_uncacheable": layout,
     }
     if model != server.model:
         details["model_redirected_to"] = model

@@ -479,8 +479,11 @@ class Server:
     def __init__(self) -> None:
         import rebel  # noqa: F401  # the stand-in: installs the rebel.* / torch.rbln import surface
         from vllm.entrypoints.cli import serve
-        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
         from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        cli_env_setup = _first_of(
+            "cli_env_setup", "vllm.entrypoints.serve.utils.api_utils", "vllm.entrypoints.utils"
+        )
 
         cli_env_setup()
         # As vllm.entrypoints.cli.main.main() builds it (the serve subcommand alone: the others add
@@ -519,6 +522,21 @@ class Server:
             args.model = args.model_tag
         engine_args = vllm.AsyncEngineArgs.from_cli_args(args)
         return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+def _first_of(name: str, *modules: str) -> Any:
+    """``name`` from the first of ``modules`` that has it: a function vLLM moved between releases
+    (``cli_env_setup``: ``vllm/entrypoints/utils.py`` in 0.22, ``serve/utils/api_utils.py`` later)."""
+    import importlib
+
+    for module in modules:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    raise ImportError(f"{name} is in none of {modules}")
 
 
 _READS: list[tuple[str, set[str]]] = []
@@ -676,7 +694,7 @@ def _rebel_major_minor() -> str:
 class _Release012:
     """vllm-rbln 0.12.0 (vLLM 0.30.0): the functions above, as they were written for it."""
 
-    name = "0.12.0"  # set_release names the installed one
+    name = ""  # set_release names the installed release
 
     @staticmethod
     def resolved_path() -> str:
@@ -695,7 +713,7 @@ class _Release011:
     """vllm-rbln 0.11.2 (vLLM 0.24.0): no RBLNConfig (``additional_config`` stays a dict), no
     ``--model-impl`` of vllm-rbln's own, the platform a module (``vllm_rbln/platform.py``)."""
 
-    name = "0.11.2"  # set_release names the installed one
+    name = ""  # set_release names the installed release
 
     @staticmethod
     def resolved_path() -> str:
