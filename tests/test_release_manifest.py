@@ -229,3 +229,28 @@ def test_warm_refuses_and_run_passes_through_what_cannot_be_cached(tmp_path: Pat
     done = run_cli("key", "--", *argv, env={**BASE_ENV, **env, "CACHEMGR_ROLE": "prefill"})
     assert done.returncode == 0, done.stderr
     assert "the RBLN compiler caches its graphs itself" in done.stdout, done.stdout
+
+
+@pytest.mark.quick
+def test_what_is_loadable_and_what_drifted_follow_the_releases_layouts(tmp_path: Path) -> None:
+    """runtime/loadable.py and volume/drift.py took both layouts for every release; they take the
+    key's release's layouts for its model paths now."""
+    from cachemgr.runtime.loadable import why_not_loadable
+    from cachemgr.volume import drift
+
+    bundle = tmp_path / "rbln" / "m-1" / "sig" / "rank0" / "mega_cache.bin"
+    bundle.parent.mkdir(parents=True)
+    bundle.write_bytes(b"graphs")
+    assert why_not_loadable(tmp_path, strategy="vllm") is None
+    assert why_not_loadable(tmp_path, strategy="vllm", layouts=("bundle",)) is None
+    why = why_not_loadable(tmp_path, strategy="vllm", layouts=("optimum_dir",))
+    assert why is not None
+    assert "compiled_models" in why
+    assert "mega_cache.bin" not in why
+    rel = "rbln/m-1/sig/rank0/mega_cache.bin"
+    assert drift._is_compiled(rel, drift.LAYOUTS)
+    assert not drift._is_compiled(rel, ("optimum_dir",))
+    assert not drift._is_compiled("compiled_models/x/rbln_config.json", ("bundle",))
+    # the key says which: 0.11.1's optimum path, 0.12.0's two paths
+    assert key("0.11.1", "optimum").details["layouts"] == ["optimum_dir"]
+    assert key("0.12.0", "vllm").details["layouts"] == ["bundle"]

@@ -75,6 +75,7 @@ def vllm_config(
     model = vllm_rbln.redirected_model(server.model, environ) if server.model else server.model
     impl, paths = model_path(release, server, environ, model=model)
     layout = release.uncacheable(paths)  # a path whose artifacts the compiler keeps (0.11.1's vLLM path)
+    release_layouts = release.layouts
     release = release.on_paths(paths)  # a path the oracle did not check is keyed strictly by itself
     inputs: dict[str, Any] = {"rules": release.name}
     sources: dict[str, str] = {"rules": release.describe()}
@@ -117,6 +118,8 @@ def vllm_config(
         "model_impl": keyed_impl,
         "uncacheable": layout + vllm_rbln.uncacheable(server.settings, environ, impl=keyed_impl),
         "layout_uncacheable": layout,
+        # how the release lays out the artifacts of the paths this key may take (runtime.loadable, drift)
+        "layouts": sorted({release_layouts.get(p, "compiler") for p in paths} - {"compiler"}),
     }
     if model != server.model:
         details["model_redirected_to"] = model
