@@ -254,3 +254,23 @@ def test_what_is_loadable_and_what_drifted_follow_the_releases_layouts(tmp_path:
     # the key says which: 0.11.1's optimum path, 0.12.0's two paths
     assert key("0.11.1", "optimum").details["layouts"] == ["optimum_dir"]
     assert key("0.12.0", "vllm").details["layouts"] == ["bundle"]
+
+
+@pytest.mark.quick
+def test_a_release_without_an_oracle_table_is_written_strict_on_every_path() -> None:
+    """Adding a release needed a placeholder module first (the rules imported what only the oracle
+    produces); the generator writes its rules from the facts alone, strict on every path."""
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import gen_rules
+    finally:
+        sys.path.remove(str(REPO / "tools"))
+    text = gen_rules.render_release(manifest.release("0.11.1"), gen_rules.facts_of("0.11.1"), has_table=False)
+    assert "vllm_identity" not in text, "nothing the oracle makes is imported"
+    scope: dict[str, Any] = {}
+    exec(compile(text, "rules_without_a_table.py", "exec"), scope)
+    rules = scope["RELEASE"]
+    assert rules.checked == frozenset()
+    for paths in ({"vllm"}, {"optimum"}):
+        assert rules.on_paths(frozenset(paths)).strict
+    assert rules.env["VLLM_RBLN_AUTO_PORT"].default is False, "the facts are the release's own"

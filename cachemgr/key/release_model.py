@@ -107,15 +107,7 @@ class Release(NamedTuple):
         if self.strict or not unchecked:
             return self
         names = " and ".join(_PATH_NAMES[p] for p in unchecked)
-        return Release(
-            name="strict",
-            versions={},
-            env={},
-            runtime_flags=frozenset(),
-            runtime_flags_vllm_path=frozenset(),
-            defaults={},
-            additional_config="whole",
-            model_impl="env",
+        return STRICT._replace(
             layouts=self.layouts,
             why_strict=f"{self.name}'s {names} was not checked against the server's code",
         )
