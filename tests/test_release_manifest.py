@@ -274,3 +274,13 @@ def test_a_release_without_an_oracle_table_is_written_strict_on_every_path() -> 
     for paths in ({"vllm"}, {"optimum"}):
         assert rules.on_paths(frozenset(paths)).strict
     assert rules.env["VLLM_RBLN_AUTO_PORT"].default is False, "the facts are the release's own"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("release", ["0.11.1", "0.11.2.post1"])
+def test_the_added_releases_are_keyed_by_checked_rules(release: str) -> None:
+    """vllm-rbln 0.11.1 (its optimum path checked by the oracle) and 0.11.2.post1 (0.11.2's code)."""
+    found = key(release, "optimum")
+    assert found.inputs["rules"] == f"vllm-rbln {release}"
+    assert not any("strict" in note for note in found.notes), found.notes
+    assert "optimum" in releases.named(release).checked
