@@ -10,8 +10,8 @@ Two layers (tools/rbln_facts.py says how the wheels are fetched and unpacked):
   are re-derived and must be equal, every pinned fact is where cachemgr's comments cite it (LINES),
   and the real ``vllm_rbln.envs`` parses every variable as cachemgr's table does.
 
-A new SDK release: unpack its wheels, ``tools/rbln_facts.py --release X --write tests/data/rbln_facts``,
-read the diff, add the release to the table until these pass.
+A new SDK release: docs/development.md, "Adding a release" (one manifest entry, tools/gen_rules.py
+--src DIR, read the diff).
 """
 
 from __future__ import annotations

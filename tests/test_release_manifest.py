@@ -203,8 +203,8 @@ def test_the_vllm_model_path_of_a_release_whose_compiler_caches_it_cannot_be_cac
     found = key("0.11.1", "vllm")
     assert found.details["layout_uncacheable"], found.details
     assert "the RBLN compiler caches its graphs itself" in found.details["uncacheable"][0]
-    assert not key("0.11.1", "optimum").details["layout_uncacheable"]
-    assert not key("0.12.0", "vllm").details["layout_uncacheable"]
+    assert not key("0.11.1", "optimum").details.get("layout_uncacheable")
+    assert not key("0.12.0", "vllm").details.get("layout_uncacheable")
 
 
 def test_warm_refuses_and_run_passes_through_what_cannot_be_cached(tmp_path: Path) -> None:

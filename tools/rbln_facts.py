@@ -8,15 +8,15 @@ one release and derives two kinds of facts, each with its ``file:line``:
 - the release's table (``--table``, or ``--write DIR`` to update tests/data/rbln_facts/): every
   variable of vllm-rbln's ``envs.environment_variables`` with how it is parsed, ``RBLN_COMPILE_ENV``,
   the RBLNConfig fields (0.12), what vLLM's config hashes ignore, the platform's defaults, the
-  optimum runtime-only keys, the model-path rule and the pinned versions. cachemgr's
-  ``cachemgr.key.releases`` entry for the release must say the same: tests/test_rbln_facts.py holds
-  it to the checked-in JSON in CI, and the JSON to the wheels where they are unpacked;
+  optimum runtime-only keys, the model-path rule and the pinned versions; tools/gen_rules.py writes
+  the release's rules from it, tests/test_rbln_facts.py holds the rules to the checked-in JSON in
+  CI, and the JSON to the wheels where they are unpacked;
 - pinned code facts (``FACTS``, for vllm-rbln 0.12.0): patterns cachemgr's comments cite by line;
   tests/test_rbln_facts.py fails when one moves.
 
-Adding a release is a reviewed table change: unpack its wheels, ``--write``, read the JSON diff,
-add the entry to ``cachemgr.key.releases.KNOWN`` (and give the stand-in its behaviour) until the
-test passes. Sources, one directory per wheel::
+Adding a release (docs/development.md, "Adding a release"): one entry in tools/releases/manifest.toml,
+then tools/gen_rules.py --src DIR, which calls this tool's ``release_table`` and writes the release's
+rules from the facts; read the diff. Sources, one directory per wheel::
 
     for p in vllm-rbln==0.12.0 optimum-rbln==0.12.0 vllm==0.30.0 vllm-rbln==0.11.2 optimum-rbln==0.11.2 vllm==0.24.0
     do pip download --no-deps -d /tmp/wheels "$p"; done

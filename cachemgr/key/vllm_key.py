@@ -117,10 +117,14 @@ def vllm_config(
         "defaulted": list(defaulted),
         "model_impl": keyed_impl,
         "uncacheable": layout + vllm_rbln.uncacheable(server.settings, environ, impl=keyed_impl),
-        "layout_uncacheable": layout,
-        # how the release lays out the artifacts of the paths this key may take (runtime.loadable, drift)
-        "layouts": sorted({release_layouts.get(p, "compiler") for p in paths} - {"compiler"}),
     }
+    # How the release lays out the artifacts of the paths this key may take (runtime.loadable, drift),
+    # where it is not both vllm-rbln layouts; and a path whose artifacts cachemgr cannot hold.
+    layouts = sorted({release_layouts.get(p, "compiler") for p in paths} - {"compiler"})
+    if layouts != ["bundle", "optimum_dir"]:
+        details["layouts"] = layouts
+    if layout:
+        details["layout_uncacheable"] = layout
     if model != server.model:
         details["model_redirected_to"] = model
     # vLLM's ModelConfig.compute_hash hashes the revision (config/model.py), which the vLLM-model path's
