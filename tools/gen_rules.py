@@ -55,7 +55,12 @@ def module_of(release: str) -> str:
 
 
 def facts_of(release: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FACTS / f"vllm-rbln-{release}.json").read_text(encoding="utf-8"))
+    path = FACTS / f"vllm-rbln-{release}.json"
+    if not path.is_file():
+        raise SystemExit(
+            f"{path.relative_to(REPO)} is missing: run tools/gen_rules.py --src DIR (the unpacked wheels)"
+        )
+    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
 
 
@@ -147,7 +152,10 @@ def render_release(entry: manifest.Release, facts: Mapping[str, Any], has_table:
     overrides = overrides_for(entry.name)
     rbln_fields = fields(facts, overrides)
     checked = set(entry.checked) if has_table else set()
-    assert facts["versions"] == entry.versions, f"{entry.name}: the manifest and the wheels disagree"
+    if facts["versions"] != entry.versions:
+        raise SystemExit(
+            f"{entry.name}: the manifest says {entry.versions}, its wheels {facts['versions']}: fix the manifest entry"
+        )
     lines = _header(entry, checked, has_table)
     lines += _env_lines(facts, env(facts, rbln_fields))
     lines += _field_lines(facts, rbln_fields)
