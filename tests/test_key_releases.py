@@ -375,10 +375,10 @@ def test_an_installed_envs_py_equal_to_the_checked_one_is_the_table_and_is_not_i
 
     from cachemgr.key import releases
 
-    same = releases.VLLM_RBLN_0_12_0._replace(
+    same = releases.named("0.12.0")._replace(
         envs_xxh3=xxhash.xxh3_128_hexdigest((image_envs / "envs.py").read_bytes())
     )
-    monkeypatch.setattr(releases, "KNOWN", (same, releases.VLLM_RBLN_0_11_2))
+    monkeypatch.setattr(releases, "KNOWN", (same, releases.named("0.11.2")))
     found = key(VLLM_PATH, env={"VLLM_RBLN_NEW_KNOB": "on"})
     assert found.sources["env"] == "vllm_rbln/envs.py of this image: the checked vllm-rbln 0.12.0 file"
     assert found.inputs["env"] == {}, "the table's names: this file is the one it was checked against"
@@ -388,7 +388,7 @@ def test_an_installed_envs_py_equal_to_the_checked_one_is_the_table_and_is_not_i
 @pytest.mark.quick
 def test_the_images_own_envs_module_is_read_where_installed(image_envs: Path) -> None:
     found = key(VLLM_PATH, env={"VLLM_RBLN_NUM_HIDDEN_LAYERS": "02", "VLLM_RBLN_NEW_KNOB": "on"})
-    assert found.sources["env"] == "vllm_rbln.envs 0.12.0 (this image)"
+    assert found.sources["env"] == "vllm_rbln/envs.py 0.12.0 (this image, read)"
     # its parser (int: 02 is 2), and what it hashes that the table does not know: keyed, as given
     assert found.inputs["env"] == {"VLLM_RBLN_NEW_KNOB": "on", "VLLM_RBLN_NUM_HIDDEN_LAYERS": 2}
     # another version of vllm_rbln installed than the key's: the table decides
@@ -446,3 +446,37 @@ def test_explain_with_an_unknown_flag_says_what_is_keyed_and_exits_1_on_a_miss(t
     as_json = run_cli("explain", "-o", "json", "--", *argv, env=_cli_env(tmp_path))
     assert as_json.returncode == 1
     assert json.loads(as_json.stdout)["result"] == "miss"
+
+
+@pytest.mark.quick
+def test_an_image_envs_py_that_imports_vllm_is_read_not_imported(image_envs: Path) -> None:
+    """0.11.1's envs.py imports vLLM and merges vLLM's own table into its own: importing it cost 2 s a
+    key and made every vLLM variable (VLLM_API_KEY, VLLM_PORT, VLLM_HOST_IP) look like one of
+    vllm-rbln's, keyed raw into key.json on the shared volume. It is read, never imported."""
+    vllm = image_envs.parent / "vllm"
+    vllm.mkdir()
+    marker = image_envs.parent / "vllm-imported"
+    (vllm / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\nraise RuntimeError('imported')\n")
+    (image_envs / "envs.py").write_text(
+        "import os\n"
+        "from vllm.envs import environment_variables as vllm_envs\n"
+        "from vllm_rbln.logger import init_logger\n"
+        "environment_variables = {\n"
+        "    **vllm_envs,\n"
+        '    "VLLM_RBLN_NUM_HIDDEN_LAYERS": (lambda: int(os.environ.get("VLLM_RBLN_NUM_HIDDEN_LAYERS", 0))),\n'
+        '    "VLLM_RBLN_NEW_KNOB": lambda: os.environ.get("VLLM_RBLN_NEW_KNOB", ""),\n'
+        '    "VLLM_RBLN_API_KEY": lambda: os.environ.get("VLLM_RBLN_API_KEY", ""),\n'
+        "}\n"
+        "vllm_envs.update(environment_variables)\n"
+    )
+    secrets = {
+        "VLLM_API_KEY": "sk-1",
+        "VLLM_PORT": "8001",
+        "VLLM_HOST_IP": "10.0.0.9",
+        "VLLM_RBLN_API_KEY": "k",
+    }
+    found = key(VLLM_PATH, env={"VLLM_RBLN_NUM_HIDDEN_LAYERS": "02", "VLLM_RBLN_NEW_KNOB": "on", **secrets})
+    assert not marker.exists(), "the key imported vLLM"
+    assert "vllm_rbln.envs" not in sys.modules
+    assert found.sources["env"] == "vllm_rbln/envs.py 0.12.0 (this image, read)"
+    assert found.inputs["env"] == {"VLLM_RBLN_NEW_KNOB": "on", "VLLM_RBLN_NUM_HIDDEN_LAYERS": 2}

@@ -1,16 +1,15 @@
 """The key held to the server's own identity, computed by the real server code (the key oracle).
 
-tests/data/oracle/vllm-rbln-0.12.0.json is the real vLLM 0.30.0, vllm-rbln 0.12.0 and optimum-rbln
-0.12.0 code's answer to every variant of its corpus: every ``vllm serve`` option at other values and
-at its default, every variable of both servers' ``envs.py``, spellings, model directory edits,
-images, pairs of options, each against the vLLM-model path and the optimum path;
-tests/data/oracle/vllm-rbln-0.11.2.json is the same for vLLM 0.24.0, vllm-rbln 0.11.2 and
-optimum-rbln 0.11.2 (its corpus from vLLM 0.24's parser and 0.11.2's ``envs.py``). scripts/oracle
-[RELEASE] writes them (20 to 40 minutes each: it runs the server's code, docs/development.md "The
-key oracle"); ``scripts/oracle --check RELEASE`` says whether the committed table is what the pinned
-releases answer today. Here, cachemgr's key of each variant is held to those answers, for every
-release cachemgr's rules claim: no false hit (cachemgr's keys equal where the server's identity, or
-what it compiles, differ) and needless misses under 5 %.
+tests/data/oracle/vllm-rbln-RELEASE.json is, for each release of tools/releases/manifest.toml the
+oracle has run, the real vLLM, vllm-rbln and optimum-rbln code's answer to every variant of its
+corpus: every ``vllm serve`` option at other values and at its default, every variable of both
+servers' ``envs.py``, spellings, model directory edits, images, pairs of options, each against each
+model path the manifest says the oracle checks (its corpus from the release's own parser and
+``envs.py``). scripts/oracle [RELEASE] writes them (10 to 40 minutes each: it runs the server's
+code, docs/development.md "The key oracle"); ``scripts/oracle --check RELEASE`` says whether the
+committed table is what the pinned releases answer today. Here, cachemgr's key of each variant is
+held to those answers, for every release cachemgr's rules claim: no false hit (cachemgr's keys
+equal where the server's identity, or what it compiles, differ) and needless misses under 5 %.
 """
 
 from __future__ import annotations
@@ -21,17 +20,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_testkit import oracle, oracle_keys
+from cachemgr_testkit import manifest, oracle, oracle_keys
 
 from cachemgr.key import releases, vllm_flags
 
 REPO = Path(__file__).resolve().parent.parent
-RELEASES = ("0.12.0", "0.11.2")
-# The releases each table must have been made with (tools/oracle/env.sh pins the wheels).
-PINNED = {
-    "0.12.0": {"vllm": "0.30.0", "vllm-rbln": "0.12.0", "optimum-rbln": "0.12.0", "transformers": "5.15.1"},
-    "0.11.2": {"vllm": "0.24.0", "vllm-rbln": "0.11.2", "optimum-rbln": "0.11.2", "transformers": "5.8.1"},
-}
+# Every release the oracle has run (tools/releases/manifest.toml names them; each has its table).
+RELEASES = tuple(r for r in manifest.oracle_releases() if (oracle.REPO / "tests" / "data" / "oracle" /
+                                                            f"vllm-rbln-{r}.json").is_file())  # fmt: skip
+
+
+def pinned(release: str) -> dict[str, str]:
+    """The versions the release's table must have been made with (tools/oracle/env.sh pins the wheels)."""
+    entry = manifest.release(release)
+    wheels = {w.name: w.version for w in entry.wheels}
+    return {**wheels, "transformers": entry.transformers}
+
+
 # An NPU name written otherwise than RBLN writes it: vllm-rbln hashes it as written but tests its
 # family upper-cased, so such a pod compiles a CA25's graphs under a signature no other pod has.
 _NPU_AS_NOT_WRITTEN = {
@@ -41,21 +46,30 @@ _NPU_AS_NOT_WRITTEN = {
     "optimum/npu/'rbln-ca25'",
 }
 # What cachemgr refuses (exit 78) though the server would start, and why that is right.
-REFUSED_ON_PURPOSE = {"0.12.0": _NPU_AS_NOT_WRITTEN, "0.11.2": _NPU_AS_NOT_WRITTEN}
+# (each base's own NPU: a release whose vLLM-model path the oracle does not check has no such variant)
+
+
+def refused_on_purpose(release: str) -> set[str]:
+    return {v for v in _NPU_AS_NOT_WRITTEN if v.split("/")[0] in manifest.release(release).checked}
 
 
 def table_path(release: str) -> Path:
     return REPO / "tests" / "data" / "oracle" / f"vllm-rbln-{release}.json"
 
 
-@pytest.fixture(scope="module", params=RELEASES)
+# Each release keyed by a table: its own, or that of the release whose code it is (same_code_as), keyed
+# under its own versions.
+KEYED = tuple(name for name in manifest.names() if manifest.release(name).oracle in RELEASES)
+
+
+@pytest.fixture(scope="module", params=KEYED)
 def table(request: pytest.FixtureRequest) -> dict[str, Any]:
-    return oracle_keys.load(table_path(request.param))
+    return {**oracle_keys.load(table_path(manifest.release(request.param).oracle)), "keyed_as": request.param}
 
 
 @pytest.fixture(scope="module")
 def rows(table: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    return oracle_keys.replay(table, tmp_path_factory.mktemp("oracle"))
+    return oracle_keys.replay(table, tmp_path_factory.mktemp("oracle"), as_release=table["keyed_as"])
 
 
 def test_no_false_hits(rows: list[dict[str, Any]]) -> None:
@@ -72,14 +86,16 @@ def test_needless_misses_are_under_five_percent(rows: list[dict[str, Any]]) -> N
 
 def test_cachemgr_refuses_only_what_it_must(table: dict[str, Any], rows: list[dict[str, Any]]) -> None:
     refused = set(oracle.report(rows)["cachemgr_refuses"])
-    assert refused == REFUSED_ON_PURPOSE[table["release"]], oracle_keys.describe(rows)
+    assert refused == refused_on_purpose(table["release"]), oracle_keys.describe(rows)
 
 
-def test_every_release_cachemgr_knows_has_a_table() -> None:
-    """Each release cachemgr's rules claim (cachemgr/key/releases.py) is held to an oracle table."""
-    known = {release.versions["vllm_rbln"] for release in releases.KNOWN}
-    assert known == set(RELEASES)
+def test_every_release_cachemgr_checks_has_a_table() -> None:
+    """Each release whose rules say a path was checked (cachemgr/key/releases.py) is held to an oracle
+    table, its own or that of the release whose code it is; and a release without one is strict."""
     for release in releases.KNOWN:
+        own = release.same_code_as or release.versions["vllm_rbln"]
+        if release.checked:
+            assert own in RELEASES, release.name
         assert (
             oracle_keys.VERSIONS[release.versions["vllm_rbln"]]["CACHEMGR_VLLM_VERSION"]
             == release.versions["vllm"]
@@ -89,7 +105,7 @@ def test_every_release_cachemgr_knows_has_a_table() -> None:
 def test_the_table_is_of_the_pinned_releases(table: dict[str, Any]) -> None:
     """The answers were computed with the releases cachemgr's rules claim, in the locked environment."""
     release = table["release"]
-    assert {k: table["versions"][k] for k in PINNED[release]} == PINNED[release]
+    assert {k: table["versions"][k] for k in pinned(release)} == pinned(release)
     assert table["lock_sha256"] == oracle.lock_digest(release), (
         f"tools/oracle/requirements-{release}.txt changed since the table was made: rerun scripts/oracle {release}"
     )
@@ -97,8 +113,8 @@ def test_the_table_is_of_the_pinned_releases(table: dict[str, Any]) -> None:
 
 def test_the_corpus_tries_every_option_of_the_parser_on_both_paths(table: dict[str, Any]) -> None:
     """Every option of the live parser is in the corpus, on each model path; a new option makes this
-    fail until the oracle has run again. For 0.12.0 that parser is vLLM 0.30's, which
-    cachemgr/key/vllm_flags.py is generated from; 0.11.2's is vLLM 0.24's, whose options the corpus
+    fail until the oracle has run again. For the release whose vLLM cachemgr/key/vllm_flags.py is
+    generated from, that is its parser; another release's is its own vLLM's, whose options the corpus
     took from the live parser too (held here to be the same set on both paths)."""
     options = {(v["base"], v["dest"]) for v in table["variants"] if v["kind"] == "option"}
     tried = {
@@ -106,14 +122,14 @@ def test_the_corpus_tries_every_option_of_the_parser_on_both_paths(table: dict[s
         for base in oracle.bases(table["release"])
     }
     for base, flags in tried.items():
-        if table["release"] == "0.12.0":
+        if manifest.release(table["release"]).vllm.startswith(vllm_flags.VLLM_VERSION + "+"):
             assert flags == set(vllm_flags.FLAGS) - {"help"}, base
-        assert flags == tried["vllm"], base
+        assert flags == next(iter(tried.values())), base
 
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_derived_rules_are_what_the_table_gives(release: str) -> None:
-    """cachemgr/key/vllm_identity.py (0.12.0) and vllm_identity_0_11_2.py (0.11.2) are
+    """Each release's cachemgr/key/<identity>.py (the manifest names it) is
     tools/oracle/derive.py's reading of the committed tables."""
     done = subprocess.run(
         [sys.executable, str(REPO / "tools" / "oracle" / "derive.py"), "--release", release, "--check"],

@@ -10,8 +10,8 @@ Two layers (tools/rbln_facts.py says how the wheels are fetched and unpacked):
   are re-derived and must be equal, every pinned fact is where cachemgr's comments cite it (LINES),
   and the real ``vllm_rbln.envs`` parses every variable as cachemgr's table does.
 
-A new SDK release: unpack its wheels, ``tools/rbln_facts.py --release X --write tests/data/rbln_facts``,
-read the diff, add the release to the table until these pass.
+A new SDK release: docs/development.md, "Adding a release" (one manifest entry, tools/gen_rules.py
+--src DIR, read the diff).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -76,10 +77,17 @@ def _tool() -> ModuleType:
 
 
 def snapshot(release: Release) -> dict[str, Any]:
+    """The facts the release's rules were generated from (a code-identical release's: its code's)."""
     data: dict[str, Any] = json.loads(
-        (SNAPSHOTS / f"vllm-rbln-{release.versions['vllm_rbln']}.json").read_text()
+        (SNAPSHOTS / f"vllm-rbln-{release.same_code_as or release.versions['vllm_rbln']}.json").read_text()
     )
     return data
+
+
+def _overrides(what: str) -> set[str]:
+    with (REPO / "tools" / "releases" / "overrides.toml").open("rb") as handle:
+        items = tomllib.load(handle)["override"]
+    return {flag for item in items if item["what"] == what for flag in item["add"]}
 
 
 # --- the table against the derived facts (CI) -------------------------------------------------------
@@ -95,7 +103,7 @@ def test_every_checked_release_has_its_derived_facts_checked_in() -> None:
 @pytest.mark.parametrize("release", KNOWN, ids=lambda r: r.name)
 def test_the_release_table_says_what_the_code_says(release: Release) -> None:
     facts = snapshot(release)
-    assert dict(release.versions) == facts["versions"]
+    assert dict(release.versions) == facts["versions"] or release.same_code_as
     assert release.envs_xxh3 == facts["envs_xxh3"], "an installed envs.py equal to this file is the table"
     # every variable of envs.environment_variables, parsed as envs.py parses it
     assert set(release.env) == set(facts["env"])
@@ -106,17 +114,21 @@ def test_the_release_table_says_what_the_code_says(release: Release) -> None:
             assert list(var.sources) == fact["reads"], name
     # what the bundle signature hashes (RBLN_COMPILE_ENV) is compiled on the vLLM-model path...
     hashed = {n for n, v in release.env.items() if "vllm" in v.compiled_on and v.field is None}
-    assert hashed == set(facts["rbln_compile_env"])
-    # ...what is not, is compiled nowhere, or through the RBLNConfig field it sets
-    assert {n for n in release.env if n not in hashed} == set(facts["rbln_non_compile_env"])
-    assert {n for n, v in release.env.items() if not v.compiled_on} <= set(facts["rbln_non_compile_env"])
+    if facts["rbln_compile_env"] is None:  # no partition to read (0.11.1): every variable counts there
+        assert hashed == set(release.env)
+        assert "vllm" not in release.checked, "a path with no signature to read is not a checked one"
+    else:
+        assert hashed == set(facts["rbln_compile_env"])
+        # ...what is not, is compiled nowhere, or through the RBLNConfig field it sets
+        assert {n for n in release.env if n not in hashed} == set(facts["rbln_non_compile_env"])
+        assert {n for n, v in release.env.items() if not v.compiled_on} <= set(facts["rbln_non_compile_env"])
     # the optimum path compiles from what names its directory
     optimum_env = {n for n, v in release.env.items() if "optimum" in v.compiled_on and v.field is None}
     assert optimum_env == set(facts["optimum_name_env"])
     # the flags left out by reading are fields vLLM's config hashes ignore (those the key oracle found
     # by running the server are held by tests/test_oracle.py instead)
     ignored = facts["vllm_hash_ignored"]
-    for flag in releases._VLLM_HASH_IGNORES:
+    for flag in _overrides("runtime_flags"):
         assert flag.replace("-", "_") in ignored["ModelConfig"] + ignored["ParallelConfig"], flag
     assert "enable_prefix_caching" in ignored["CacheConfig"]
     # the server's defaults
@@ -133,7 +145,7 @@ def test_the_release_table_says_what_the_code_says(release: Release) -> None:
 
 @pytest.mark.quick
 def test_the_rbln_fields_are_what_config_py_declares() -> None:
-    release = releases.VLLM_RBLN_0_12_0
+    release = releases.named("0.12.0")
     facts = snapshot(release)["rbln_config"]
     assert set(release.rbln_fields) == set(facts["fields"])
     for name, spec in release.rbln_fields.items():
@@ -165,8 +177,8 @@ def test_the_rbln_fields_are_what_config_py_declares() -> None:
 
 @pytest.mark.quick
 def test_any_other_release_is_keyed_strictly() -> None:
-    known = dict(releases.VLLM_RBLN_0_12_0.versions)
-    assert release_for(known) is releases.VLLM_RBLN_0_12_0
+    known = dict(releases.named("0.12.0").versions)
+    assert release_for(known) is releases.named("0.12.0")
     for name, other in (
         ("vllm_rbln", "0.13.0"),
         ("optimum_rbln", "0.12.1"),
@@ -174,12 +186,12 @@ def test_any_other_release_is_keyed_strictly() -> None:
         ("vllm", "0.30.1+cpu"),
     ):
         assert release_for({**known, name: other}) is STRICT, (name, other)
-    assert release_for({**known, "transformers": "9.9"}) is releases.VLLM_RBLN_0_12_0, "not a server release"
+    assert release_for({**known, "transformers": "9.9"}) is releases.named("0.12.0"), "not a server release"
 
 
 @pytest.mark.quick
 def test_the_stand_in_declares_the_pinned_versions() -> None:
-    facts = snapshot(releases.VLLM_RBLN_0_12_0)
+    facts = snapshot(releases.named("0.12.0"))
     assert facts["versions"]["vllm"] == standin.VLLM_VERSION == "0.30.0+cpu"
     assert facts["versions"]["vllm_rbln"] == standin.VLLM_RBLN_VERSION
     assert facts["versions"]["optimum_rbln"] == standin.OPTIMUM_RBLN_VERSION
@@ -213,6 +225,8 @@ def facts() -> dict[str, str]:
 @wheels
 @pytest.mark.parametrize("release", KNOWN, ids=lambda r: r.name)
 def test_the_checked_in_facts_are_the_wheels(release: Release) -> None:
+    if release.same_code_as:
+        pytest.skip("its facts are its wheel's RECORD against its code's: tools/gen_rules.py --check")
     tool = _tool()
     derived = tool.release_table(tool.sources(SRC, release.versions["vllm_rbln"]))
     assert json.loads(json.dumps(derived)) == snapshot(release), (
@@ -306,14 +320,10 @@ SAMPLES: dict[str, list[str | None]] = {
 }
 
 
-def _envs_module(release: str) -> ModuleType:
-    path = SRC / f"vllm_rbln-{release}" / "vllm_rbln" / "envs.py"
-    spec = importlib.util.spec_from_file_location(f"vllm_rbln_envs_{release.replace('.', '_')}", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # envs.py imports only os and typing
-    return module
+def _envs_module(release: str) -> Any:
+    """The release's envs.py executed as the tool executes it: without its imports of vLLM (0.11.1
+    imports vLLM's table to merge it), every other line its own."""
+    return _tool().envs_namespace(SRC / f"vllm_rbln-{release}" / "vllm_rbln" / "envs.py", {})
 
 
 @wheels
@@ -323,7 +333,7 @@ def test_the_real_envs_module_parses_as_the_table(release: Release) -> None:
     cachemgr's parse agree (or both refuse: the server fails, the key says unparsed)."""
     module = _envs_module(release.versions["vllm_rbln"])
     assert set(module.environment_variables) == set(release.env)
-    assert set(module.RBLN_COMPILE_ENV) == {
+    assert set(getattr(module, "RBLN_COMPILE_ENV", release.env)) == {
         n for n, v in release.env.items() if "vllm" in v.compiled_on and v.field is None
     }
     for name, var in release.env.items():
@@ -332,8 +342,8 @@ def test_the_real_envs_module_parses_as_the_table(release: Release) -> None:
                 environ = {} if value is None else {var.sources[0]: value}
                 if other is not None:
                     environ[var.sources[1]] = other
-                if var.kind == "num_devices" and release.name.endswith("0.11.2") and other is not None:
-                    continue  # 0.11.2 logs a deprecation through vllm there
+                if var.kind == "num_devices" and not release.rbln_fields and other is not None:
+                    continue  # 0.11 logs a deprecation through vllm there
                 ours = rbln_env.parse(var, environ, npu="RBLN-CA25")
                 try:
                     theirs = _rehomed_with_helpers(module, name)(environ)
@@ -344,7 +354,7 @@ def test_the_real_envs_module_parses_as_the_table(release: Release) -> None:
                 assert ours == theirs, (name, environ)
 
 
-def _rehomed_with_helpers(module: ModuleType, name: str) -> Any:
+def _rehomed_with_helpers(module: Any, name: str) -> Any:
     """The module's function for ``name`` with ``os.environ`` being the given mapping, helpers included."""
 
     def run(environ: dict[str, str]) -> Any:
@@ -398,4 +408,72 @@ def test_auto_takes_the_optimum_path_for_the_architectures_optimum_rbln_implemen
                 if k is None and isinstance(v, ast.Name)
             ]
             tables[target.id] = keys | {a for name in spread for a in tables.get(name, set())}
-    assert tables["_RBLN_SUPPORTED_MODELS"] == set(releases.VLLM_RBLN_0_12_0.optimum_architectures)
+    assert tables["_RBLN_SUPPORTED_MODELS"] == set(releases.named("0.12.0").optimum_architectures)
+
+
+# --- probe, do not branch: a release of another shape -----------------------------------------------
+
+# The shape of vllm-rbln 0.11.1's envs.py: it imports vLLM, merges vLLM's own table into its own, has
+# no RBLN_COMPILE_ENV partition, and VLLM_RBLN_AUTO_PORT follows a device-tensor default of False.
+_ENVS_0_11_1_SHAPE = """\
+import os
+from vllm.envs import environment_variables as vllm_envs
+from vllm_rbln.logger import init_logger
+logger = init_logger(__name__)
+
+
+def use_auto_port() -> bool:
+    raw = os.environ.get("VLLM_RBLN_AUTO_PORT")
+    if raw is not None:
+        return raw.lower() in ("true", "1")
+    return os.environ.get("VLLM_RBLN_USE_DEVICE_TENSOR", "False").lower() in ("true", "1")
+
+
+def get_use_w8a16() -> bool:
+    from vllm.platforms import current_platform
+    return current_platform.get_device_name() != "RBLN-CR13"
+
+
+environment_variables = {
+    **vllm_envs,
+    "VLLM_RBLN_USE_DEVICE_TENSOR": (
+        lambda: os.environ.get("VLLM_RBLN_USE_DEVICE_TENSOR", "False").lower() in ("true", "1")
+    ),
+    "VLLM_RBLN_AUTO_PORT": use_auto_port,
+    "VLLM_RBLN_USE_W8A16": get_use_w8a16,
+}
+vllm_envs.update(environment_variables)
+"""
+
+
+@pytest.mark.quick
+def test_the_facts_of_a_merged_table_without_partitions_come_from_executing_it(tmp_path: Path) -> None:
+    """rbln_facts crashed on 0.11.1's table (a ``**`` entry has no key) and wrote AUTO_PORT's default
+    as True from a hard-coded copy; each default is now what the entry returns, run without vLLM."""
+    tool = _tool()
+    rbln = tmp_path / "vllm_rbln-9.9.9"
+    (rbln / "vllm_rbln").mkdir(parents=True)
+    (rbln / "vllm_rbln" / "envs.py").write_text(_ENVS_0_11_1_SHAPE)
+    table = tool.env_table(tool.Sources(rbln, tmp_path / "o", tmp_path / "v"))
+    assert table["merged"] == ["vllm_envs"]
+    assert table["rbln_compile_env"] is None
+    assert table["rbln_non_compile_env"] is None
+    assert table["env"]["VLLM_RBLN_AUTO_PORT"]["kind"] == "auto_port"
+    assert table["env"]["VLLM_RBLN_AUTO_PORT"]["default"] is False
+    assert table["env"]["VLLM_RBLN_USE_DEVICE_TENSOR"]["default"] is False
+    assert table["env"]["VLLM_RBLN_USE_W8A16"]["default"] is None, "it asks the platform: no default alone"
+    assert "vllm" not in sys.modules or not hasattr(sys.modules["vllm"], "envs")
+
+
+@pytest.mark.quick
+def test_auto_port_follows_the_releases_own_device_tensor_default() -> None:
+    """key/rbln_env.py read an unset VLLM_RBLN_USE_DEVICE_TENSOR as True in every release."""
+    sources = ("VLLM_RBLN_AUTO_PORT", "VLLM_RBLN_USE_DEVICE_TENSOR")
+    off = releases.EnvVar("VLLM_RBLN_AUTO_PORT", "auto_port", False, reads=sources)
+    on = releases.EnvVar("VLLM_RBLN_AUTO_PORT", "auto_port", True, reads=sources)
+    assert rbln_env.parse(off, {}) is False
+    assert rbln_env.parse(on, {}) is True
+    assert rbln_env.parse(off, {"VLLM_RBLN_USE_DEVICE_TENSOR": "1"}) is True
+    assert rbln_env.parse(on, {"VLLM_RBLN_AUTO_PORT": "0"}) is False
+    assert releases.named("0.11.1").env["VLLM_RBLN_AUTO_PORT"].default is False
+    assert releases.named("0.12.0").env["VLLM_RBLN_AUTO_PORT"].default is True

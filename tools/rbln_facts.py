@@ -8,15 +8,15 @@ one release and derives two kinds of facts, each with its ``file:line``:
 - the release's table (``--table``, or ``--write DIR`` to update tests/data/rbln_facts/): every
   variable of vllm-rbln's ``envs.environment_variables`` with how it is parsed, ``RBLN_COMPILE_ENV``,
   the RBLNConfig fields (0.12), what vLLM's config hashes ignore, the platform's defaults, the
-  optimum runtime-only keys, the model-path rule and the pinned versions. cachemgr's
-  ``cachemgr.key.releases`` entry for the release must say the same: tests/test_rbln_facts.py holds
-  it to the checked-in JSON in CI, and the JSON to the wheels where they are unpacked;
+  optimum runtime-only keys, the model-path rule and the pinned versions; tools/gen_rules.py writes
+  the release's rules from it, tests/test_rbln_facts.py holds the rules to the checked-in JSON in
+  CI, and the JSON to the wheels where they are unpacked;
 - pinned code facts (``FACTS``, for vllm-rbln 0.12.0): patterns cachemgr's comments cite by line;
   tests/test_rbln_facts.py fails when one moves.
 
-Adding a release is a reviewed table change: unpack its wheels, ``--write``, read the JSON diff,
-add the entry to ``cachemgr.key.releases.KNOWN`` (and give the stand-in its behaviour) until the
-test passes. Sources, one directory per wheel::
+Adding a release (docs/development.md, "Adding a release"): one entry in tools/releases/manifest.toml,
+then tools/gen_rules.py --src DIR, which calls this tool's ``release_table`` and writes the release's
+rules from the facts; read the diff. Sources, one directory per wheel::
 
     for p in vllm-rbln==0.12.0 optimum-rbln==0.12.0 vllm==0.30.0 vllm-rbln==0.11.2 optimum-rbln==0.11.2 vllm==0.24.0
     do pip download --no-deps -d /tmp/wheels "$p"; done
@@ -211,7 +211,11 @@ def sources(src: Path, release: str) -> Sources:
 
 
 def releases_in(src: Path) -> list[str]:
-    return sorted(p.name.split("-", 1)[1] for p in src.glob("vllm_rbln-*") if p.is_dir())
+    """The releases of the manifest the oracle runs whose wheels are unpacked under ``src`` (a
+    code-identical release has no facts of its own: tools/gen_rules.py compares its wheel)."""
+    from cachemgr_testkit import manifest
+
+    return [r for r in manifest.oracle_releases() if (src / f"vllm_rbln-{r}").is_dir()]
 
 
 def _read(path: Path) -> str:
@@ -249,13 +253,17 @@ _ENV_SHAPES: tuple[tuple[str, str], ...] = (
     ("str", r"lambda: os\.environ\.get\('(?P<name>\w+)', '(?P<default>[^']*)'\)"),
     ("opt_int", r"lambda: int\(size\) if \(size := os\.environ\.get\('(?P<name>\w+)'\)\) else None"),
 )
+# envs.py's named parsers: how cachemgr.key.rbln_env parses each (its Kind). Their defaults are not
+# written here: every default is what the release's own entry returns on an empty environment
+# (executed_defaults), so a release that changes one (0.11.1's VLLM_RBLN_AUTO_PORT) says so itself.
 _ENV_FUNCTIONS = {
-    "get_num_devices_per_local_rank": ("num_devices", 1),
-    "get_decode_batch_bucket_strategy": ("bucket_strategy", "exponential"),
-    "get_decode_batch_bucket_manual_buckets": ("int_list", []),
-    "use_auto_port": ("auto_port", True),
-    "get_use_w8a16": ("w8a16", None),
+    "get_num_devices_per_local_rank": "num_devices",
+    "get_decode_batch_bucket_strategy": "bucket_strategy",
+    "get_decode_batch_bucket_manual_buckets": "int_list",
+    "use_auto_port": "auto_port",
+    "get_use_w8a16": "w8a16",
 }
+_SERVER_PACKAGES = ("vllm", "vllm_rbln", "optimum", "rebel", "torch")
 
 
 def _assigned(tree: ast.Module, name: str) -> ast.expr:
@@ -270,38 +278,109 @@ def _assigned(tree: ast.Module, name: str) -> ast.expr:
     raise KeyError(name)
 
 
+class _Stub(dict):  # type: ignore[type-arg]
+    """What a server import of envs.py stands for while its entries run: an empty table (vLLM's
+    ``environment_variables``, merged in by 0.11.1), and any attribute or call (a logger)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return _Stub()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _Stub()
+
+
+class _NoServerImports:
+    """A meta-path finder that refuses the server's packages: an entry that imports one (0.11's
+    ``get_use_w8a16`` asks vLLM's platform) has no default of its own."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name.split(".", maxsplit=1)[0] in _SERVER_PACKAGES:
+            raise ImportError(f"{name}: not imported to read a default")
+
+
+def envs_namespace(path: Path, environ: dict[str, str]) -> Any:
+    """The release's envs.py executed without its imports of the server (each name they bind is a
+    stub: an empty table, a no-op logger), ``os.environ`` being ``environ``: its namespace."""
+    import os
+    import types
+
+    tree = ast.parse(_read(path))
+    body: list[ast.stmt] = []
+    stubs: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            if module and module.split(".", maxsplit=1)[0] in _SERVER_PACKAGES:
+                stubs |= {(a.asname or a.name).split(".", maxsplit=1)[0]: _Stub() for a in node.names}
+                continue
+        body.append(node)
+    tree.body = body
+    scope: dict[str, Any] = {"__name__": f"envs_under_probe_{abs(hash(path))}", **stubs}
+    exec(compile(tree, str(path), "exec"), scope)  # noqa: S102 - the release's own envs.py, stubbed
+    scope["os"] = types.SimpleNamespace(environ=environ, getenv=environ.get, path=os.path)
+    return types.SimpleNamespace(**scope)
+
+
+def executed_defaults(path: Path) -> dict[str, Any]:
+    """Each entry of ``environment_variables`` run on an empty environment: its default, as the
+    release computes it (:func:`envs_namespace`); an entry that raises or imports the server (which
+    is refused meanwhile) maps to the marker ``{"$depends": reason}``."""
+    blocker = _NoServerImports()
+    sys.meta_path.insert(0, blocker)
+    try:
+        module = envs_namespace(path, {})
+        defaults: dict[str, Any] = {}
+        for name, entry in module.environment_variables.items():
+            if not callable(entry):
+                continue
+            try:
+                defaults[name] = entry()  # its globals are the namespace: os.environ is the empty mapping
+            except Exception as error:  # noqa: BLE001 - the entry cannot say alone: recorded as such
+                defaults[name] = {"$depends": f"{type(error).__name__}: {error}"}
+        return defaults
+    finally:
+        sys.meta_path.remove(blocker)
+
+
 def env_table(src: Sources) -> dict[str, Any]:
-    """envs.environment_variables: each name with how it is parsed, and the two partitions."""
+    """envs.environment_variables: each name with how it is parsed and its executed default, what
+    it merges in (0.11.1 spreads vLLM's own table into it), and the partitions where envs.py has them."""
     path = src.rbln / "vllm_rbln" / "envs.py"
     tree = ast.parse(_read(path))
     table = _assigned(tree, "environment_variables")
     assert isinstance(table, ast.Dict)
+    defaults = executed_defaults(path)
     env: dict[str, Any] = {}
+    merged: list[str] = []
     for key, value in zip(table.keys, table.values, strict=True):
+        if key is None:  # {**vllm_envs, ...}: another table merged in, not a variable of vllm-rbln's
+            merged.append(ast.unparse(value))
+            continue
         assert isinstance(key, ast.Constant)
         text = " ".join(ast.unparse(value).split())
         entry: dict[str, Any] = {"kind": "unknown", "line": value.lineno, "code": text}
         if isinstance(value, ast.Name) and value.id in _ENV_FUNCTIONS:
-            kind, default = _ENV_FUNCTIONS[value.id]
-            entry = {"kind": kind, "default": default, "line": value.lineno}
+            entry = {"kind": _ENV_FUNCTIONS[value.id], "line": value.lineno}
         for kind, shape in _ENV_SHAPES:
             if (m := re.fullmatch(shape, text)) is not None:
-                default: Any = m.groupdict().get("default")
-                if kind == "bool":
-                    default = str(default).lower() in ("true", "1")
-                elif kind == "int":
-                    default = int(str(default))
-                entry = {"kind": kind, "default": default, "line": value.lineno}
+                entry = {"kind": kind, "line": value.lineno}
                 if m["name"] != key.value:
                     entry["reads"] = [m["name"]]
+        if entry["kind"] != "unknown":
+            default = defaults.get(str(key.value))
+            # a default the entry cannot compute alone (it asks the platform): None, keyed as read
+            entry["default"] = None if isinstance(default, dict) and "$depends" in default else default
         env[str(key.value)] = entry
-    partitions = {
-        name: sorted(ast.literal_eval(_assigned(tree, name).args[0]))  # type: ignore[attr-defined]
-        for name in ("RBLN_COMPILE_ENV", "RBLN_NON_COMPILE_ENV")
-    }
+    partitions: dict[str, Any] = {}
+    for name in ("RBLN_COMPILE_ENV", "RBLN_NON_COMPILE_ENV"):
+        try:
+            partitions[name.lower()] = sorted(ast.literal_eval(_assigned(tree, name).args[0]))  # type: ignore[attr-defined]
+        except KeyError:  # 0.11.1: no mega-cache, no partition (None: not the same as empty)
+            partitions[name.lower()] = None
     return {
         "env": env,
-        **{k.lower(): v for k, v in partitions.items()},
+        "merged": merged,
+        **partitions,
         # what cachemgr compares an installed envs.py with (cachemgr/key/rbln_env.py)
         "envs_xxh3": xxhash.xxh3_128_hexdigest(path.read_bytes()),
         "cite": f"{path.relative_to(src.rbln.parent)}",
@@ -428,7 +507,49 @@ def release_table(src: Sources) -> dict[str, Any]:
         "optimum_runtime_keys": sorted(ast.literal_eval(runtime_keys.group(1))) if runtime_keys else [],
         "optimum_name_env": sorted(set(re.findall(r"envs\.(VLLM_RBLN_\w+)", name_fn))),
         "optimum_name_fields": sorted(set(re.findall(r"rbln_config\.(\w+)", name_fn))),
+        "optimum_architectures": optimum_architectures(src),
+        # how each model path's compiled artifacts lie (cachemgr.key.release_model.Layout), probed:
+        # no mega_cache module, no bundle (0.11.1: the RBLN compiler caches the vLLM-model path)
+        "layouts": {
+            "vllm": "bundle"
+            if (src.rbln / "vllm_rbln" / "v1" / "worker" / "mega_cache.py").is_file()
+            else "compiler",
+            "optimum": "optimum_dir" if '"compiled_models"' in dispatch else "compiler",
+        },
+        # every file of the vllm-rbln wheel with its sha256 (its RECORD, less the dist-info): what
+        # tools/gen_rules.py compares to recognise a release whose code is another's
+        "record": wheel_record(src.rbln),
     }
+
+
+def wheel_record(unpacked: Path) -> dict[str, str]:
+    """The wheel's RECORD (path -> sha256, urlsafe base64 as pip writes it), less its dist-info."""
+    (info,) = unpacked.glob("*.dist-info")
+    record: dict[str, str] = {}
+    for line in _read(info / "RECORD").splitlines():
+        path, digest, _size = line.rsplit(",", 2)
+        if digest and not path.split("/")[0].endswith(".dist-info"):
+            record[path] = digest.removeprefix("sha256=")
+    return dict(sorted(record.items()))
+
+
+def optimum_architectures(src: Sources) -> list[str]:
+    """utils/optimum/registry.py's _RBLN_SUPPORTED_MODELS: every _RBLN_*_MODELS dict merged into it
+    (what --model-impl auto sends to the optimum path)."""
+    registry = src.rbln / "vllm_rbln" / "utils" / "optimum" / "registry.py"
+    tables: dict[str, set[str]] = {}
+    for node in ast.parse(_read(registry)).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and isinstance(value, ast.Dict):
+            keys = {k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)}
+            spread = [
+                v.id
+                for k, v in zip(value.keys, value.values, strict=True)
+                if k is None and isinstance(v, ast.Name)
+            ]
+            tables[target.id] = keys | {a for name in spread for a in tables.get(name, set())}
+    return sorted(tables.get("_RBLN_SUPPORTED_MODELS", set()))
 
 
 def _read_or_empty(path: Path) -> str:

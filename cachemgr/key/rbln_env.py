@@ -8,18 +8,19 @@ it fail at start, so nothing compiled for it is ever reused: it is keyed as ``{"
 
 Where the image has ``vllm_rbln`` installed, its ``envs.py`` decides. Byte for byte the release's
 (its xxh3-128 is in the table, the usual case), it is the table, which tests/test_rbln_facts.py holds
-to that very file: one read of 20 KB, where importing it would cost some 4 ms at every pod start.
-Otherwise (a patched build) the module is imported, if its version is the release's (its package
-``__init__`` imports nothing, and ``envs.py`` only ``os`` and ``typing``): a variable it names that the
-table does not, or one its ``RBLN_COMPILE_ENV`` adds, is keyed (raw, strictly), and the plain
-``lambda`` parsers are its own, run on the request's environment. Its named functions are not
-called: some import ``vllm`` (0.11.2's ``get_use_w8a16``, the deprecation warning of
-``get_num_devices_per_local_rank``), which is neither cheap nor safe in cachemgr's process.
+to that very file: one read of 20 KB. Otherwise (a patched build of the release's version) the file
+is read, never imported: importing it imports vLLM where the release's envs.py does (0.11.1 merges
+vLLM's own table into its own: 2 s, and every vLLM variable, ``VLLM_API_KEY`` among them, would look
+like one of vllm-rbln's). Its source is parsed: a variable it names that the table does not, or one
+its ``RBLN_COMPILE_ENV`` adds, is keyed (raw, strictly; never one whose name says it is a secret),
+and its plain ``lambda`` parsers are compiled alone and run on the request's environment. Its named functions are not called: some import ``vllm``.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,6 +29,8 @@ import xxhash
 
 from cachemgr.key.releases import EnvVar, Path, Release
 
+# A secret never enters a key (key.json lies on the volume, readable by every pod of the role).
+SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY")
 _W8A8_CAPABLE = frozenset({"RBLN-CR13", "RBLN-CR23"})  # vllm_rbln 0.11.2 envs.py 87
 _BUCKET_STRATEGIES = frozenset({"exponential", "exp", "linear", "manual"})  # 0.12.0 envs.py 107
 
@@ -95,8 +98,10 @@ def _w8a16(_var: EnvVar, raw: str | None, _environ: Mapping[str, str], npu: str)
 
 
 def _auto_port(var: EnvVar, raw: str | None, environ: Mapping[str, str], _npu: str) -> bool:
-    """use_auto_port (envs.py 149-158): its own value, else VLLM_RBLN_USE_DEVICE_TENSOR's."""
-    return (raw if raw is not None else environ.get(var.sources[1], "True")).lower() in ("true", "1")
+    """use_auto_port (envs.py 149-158): its own value, else VLLM_RBLN_USE_DEVICE_TENSOR's, whose
+    default is the release's (0.12.0 and 0.11.2: true; 0.11.1: false), the default of both unset."""
+    fallback = environ.get(var.sources[1], str(var.default))
+    return (raw if raw is not None else fallback).lower() in ("true", "1")
 
 
 _PARSERS: dict[str, Callable[[EnvVar, str | None, Mapping[str, str], str], Any]] = {
@@ -132,7 +137,9 @@ def keyed_env(
     if image is not None:
         # What this image's vllm-rbln hashes or names beyond the checked table: keyed as given.
         extra = (image.compile_env | image.names) - set(release.env)
-        keyed |= {name: environ[name] for name in sorted(extra) if name in environ}
+        keyed |= {
+            name: environ[name] for name in sorted(extra) if name in environ and not SECRET.search(name)
+        }
         # ...and what it hashes that the table says no path compiles from (a patched build): keyed too.
         keyed |= {
             name: parse(release.env[name], environ, npu=npu)
@@ -165,7 +172,7 @@ def read(release: Release, var: EnvVar, environ: Mapping[str, str], *, npu: str)
 class ImageEnvs:
     """What the installed ``vllm_rbln.envs`` says: its names, its compile set, its pure parsers."""
 
-    def __init__(self, module: types.ModuleType | None, source: str) -> None:
+    def __init__(self, module: Any, source: str) -> None:
         self.source = source
         self.compile_env = frozenset(getattr(module, "RBLN_COMPILE_ENV", ()))
         table = getattr(module, "environment_variables", {})
@@ -199,24 +206,67 @@ _identical: dict[str, str] = {}
 
 
 def _load(release: Release, wanted: str) -> ImageEnvs | None:
-    import importlib  # only on the vllm strategy's key path, once per process
-    import importlib.util
+    import importlib.util  # only on the vllm strategy's key path, once per process
 
     try:
-        spec = importlib.util.find_spec("vllm_rbln")
+        spec = importlib.util.find_spec("vllm_rbln")  # finds the package without importing it
         if spec is None or not spec.submodule_search_locations:
             return None  # not installed: the usual case outside the modelserver image
-        envs_py = os.path.join(next(iter(spec.submodule_search_locations)), "envs.py")
-        with open(envs_py, "rb") as source:
-            if xxhash.xxh3_128_hexdigest(source.read()) == release.envs_xxh3:
-                _identical[release.name] = f"vllm_rbln/envs.py of this image: the checked {release.name} file"
-                return None
-        version = importlib.import_module("vllm_rbln._version").__version__
+        folder = next(iter(spec.submodule_search_locations))
+        with open(os.path.join(folder, "envs.py"), "rb") as source:
+            text = source.read()
+        if xxhash.xxh3_128_hexdigest(text) == release.envs_xxh3:
+            _identical[release.name] = f"vllm_rbln/envs.py of this image: the checked {release.name} file"
+            return None
+        version = _version_of(os.path.join(folder, "_version.py"))
         if version != wanted:
             return None
-        return ImageEnvs(importlib.import_module("vllm_rbln.envs"), f"vllm_rbln.envs {version} (this image)")
+        return ImageEnvs(_probed(text), f"vllm_rbln/envs.py {version} (this image, read)")
     except Exception:  # noqa: BLE001 - an odd installation must not stop the key: the table decides
         return None
+
+
+def _version_of(path: str) -> str | None:
+    """``__version__`` of vllm_rbln/_version.py (setuptools-scm writes it), read, not imported."""
+    with open(path, encoding="utf-8") as source:
+        for node in ast.parse(source.read()).body:
+            if isinstance(node, ast.Assign) and any(
+                getattr(t, "id", None) == "__version__" for t in node.targets
+            ):
+                # `__version__ = version = '0.11.2'`: a chained assignment of a constant
+                value = ast.literal_eval(node.value)
+                return value if isinstance(value, str) else None
+    return None
+
+
+def _probed(text: bytes) -> types.SimpleNamespace:
+    """What envs.py says, from its source: the names of ``environment_variables`` (another table
+    merged in with ``**`` is not vllm-rbln's), ``RBLN_COMPILE_ENV`` where it has one, and its plain
+    lambdas compiled alone with ``os`` in scope."""
+    tree = ast.parse(text)
+    table: dict[str, Any] = {}
+    compile_env: frozenset[str] = frozenset()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+        value = getattr(node, "value", None)
+        name = getattr(target, "id", None)
+        if name == "environment_variables" and isinstance(value, ast.Dict):
+            for key, entry in zip(value.keys, value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    table[key.value] = _lambda(entry)
+        elif name == "RBLN_COMPILE_ENV" and isinstance(value, ast.Call) and value.args:
+            compile_env = frozenset(ast.literal_eval(value.args[0]))
+    return types.SimpleNamespace(environment_variables=table, RBLN_COMPILE_ENV=compile_env)
+
+
+def _lambda(node: ast.expr) -> Any:
+    """A ``lambda`` entry compiled alone (its globals: ``os``), else None (a named function)."""
+    if not isinstance(node, ast.Lambda):
+        return None
+    code = compile(ast.Expression(node), "<vllm_rbln/envs.py>", "eval")
+    return eval(code, {"os": os, "__builtins__": __builtins__})  # noqa: S307 - a lambda of the image's envs.py
 
 
 def _rehomed(fn: types.FunctionType) -> Callable[[Mapping[str, str]], Any]:

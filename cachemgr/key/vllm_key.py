@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from cachemgr.key import vllm_rbln
 from cachemgr.key.models import resolve_weights
-from cachemgr.key.rbln_env import keyed_env, parse, present, read
+from cachemgr.key.rbln_env import SECRET, keyed_env, parse, present, read
 from cachemgr.key.releases import BOTH, Path, RblnField, Release
 from cachemgr.key.serving import ALWAYS_RUNTIME, RUNTIME_ONLY, ServerCommand
 
@@ -47,8 +47,6 @@ ALWAYS_RUNTIME_ENV = frozenset(
     }
 )  # fmt: skip
 _STRICT_ENV = re.compile(r"^_?(VLLM|RBLN)_")
-# A secret never enters a key (key.json lies on the volume, readable by every pod of the role).
-_SECRET = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|API_KEY|ACCESS_KEY|PRIVATE_KEY")
 
 
 class VllmConfig(NamedTuple):
@@ -76,12 +74,16 @@ def vllm_config(
     # vLLM applies VLLM_MODEL_REDIRECT_PATH to the model string before anything reads it.
     model = vllm_rbln.redirected_model(server.model, environ) if server.model else server.model
     impl, paths = model_path(release, server, environ, model=model)
+    layout = release.uncacheable(paths)  # a path whose artifacts the compiler keeps (0.11.1's vLLM path)
+    release_layouts = release.layouts
+    release = release.on_paths(paths)  # a path the oracle did not check is keyed strictly by itself
     inputs: dict[str, Any] = {"rules": release.name}
     sources: dict[str, str] = {"rules": release.describe()}
     notes: list[str] = []
     if release.strict:
+        why = release.why_strict or "this cachemgr was not checked against that release"
         notes.append(
-            f"{_versions_text(versions)}: this cachemgr was not checked against that release, so the key is "
+            f"{_versions_text(versions)}: {why}, so the key is "
             "strict (every VLLM_*/RBLN_* variable, every flag but the ones runtime-only in every release, "
             "additional_config whole): pods reuse only what was compiled with exactly their settings"
         )
@@ -101,7 +103,7 @@ def vllm_config(
         env = {
             k: v
             for k, v in environ.items()
-            if _STRICT_ENV.match(k) and k not in ALWAYS_RUNTIME_ENV and not _SECRET.search(k)
+            if _STRICT_ENV.match(k) and k not in ALWAYS_RUNTIME_ENV and not SECRET.search(k)
         }
         env_source = "environment (every VLLM_*/RBLN_* variable: strict)"
     else:
@@ -114,8 +116,15 @@ def vllm_config(
         "dropped": list(dropped),
         "defaulted": list(defaulted),
         "model_impl": keyed_impl,
-        "uncacheable": vllm_rbln.uncacheable(server.settings, environ, impl=keyed_impl),
+        "uncacheable": layout + vllm_rbln.uncacheable(server.settings, environ, impl=keyed_impl),
     }
+    # How the release lays out the artifacts of the paths this key may take (runtime.loadable, drift),
+    # where it is not both vllm-rbln layouts; and a path whose artifacts cachemgr cannot hold.
+    layouts = sorted({release_layouts.get(p, "compiler") for p in paths} - {"compiler"})
+    if layouts != ["bundle", "optimum_dir"]:
+        details["layouts"] = layouts
+    if layout:
+        details["layout_uncacheable"] = layout
     if model != server.model:
         details["model_redirected_to"] = model
     # vLLM's ModelConfig.compute_hash hashes the revision (config/model.py), which the vLLM-model path's

@@ -3,13 +3,16 @@
 The last step of the flow (cachemgr.runtime.runner): the hit's view (cachemgr.runtime.views),
 the spawn, readiness (cachemgr.runtime.health), the read-ahead hooked up after the spawn
 (cachemgr.runtime.prefetch), and the wait, reaping orphans, for the server's exit code. A warm
-Job ends here without a server.
+Job ends here without a server. A configuration whose artifacts cachemgr cannot hold (its model
+path's layout: the compiler caches them itself) starts its server without the cache:
+:func:`pass_through`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from cachemgr.core.errors import ConfigError
 from cachemgr.core.fsutil import remove_tree
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import release as release_logs
@@ -78,6 +81,32 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         raise server_failures.recorded(
             pod, root, key, found, error
         )  # beside the entry: ls, show, prune --key
+    pod.state.phase("stopped", exit_code=code)
+    return code
+
+
+def pass_through(pod: Pod, key: CacheKey) -> int:
+    """``run`` for a configuration cachemgr cannot cache: the server, started as given, supervised
+    until it exits; nothing looked up, leased, compiled for or published. ``warm`` refuses it (78)."""
+    why = "; ".join(key.details["layout_uncacheable"])
+    if pod.options.warm:
+        raise ConfigError(
+            f"warm cannot cache key {key.short}: {why}",
+            remedy="nothing to warm for this configuration: its pods compile as they start "
+            "('cachemgr run' starts the server without the cache)",
+        )
+    log.warning("not_cacheable", key=key.short, reason=why, note="the server starts without the cache")
+    url = pod.health_url(key)
+    pod.state.update(health_url=url)
+    pod.enter("launching", entry=None)
+    argv, env = key.server.argv, dict(pod.environ)
+    child = pod.relay.spawn(lambda: launcher.start(argv, env=env, capture="tail", what="server"))
+    output = ServerOutput(child)
+    release_logs()
+    watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
+    code = launcher.wait_reaping(child, reaper=pod.reaper)
+    pod.server_exited.set()
+    output.join(timeout=_OUTPUT_GRACE)
     pod.state.phase("stopped", exit_code=code)
     return code
 

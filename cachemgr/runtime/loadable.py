@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cachemgr.core import jsonread, safefs, safewalk
+from cachemgr.volume.drift import LAYOUTS
 
 BUNDLE = "mega_cache.bin"
 RBLN_CONFIG = "rbln_config.json"
@@ -32,19 +33,21 @@ _CONFIG_LIMIT = 16 << 20  # an rbln_config.json is kilobytes; anything this larg
 _DEPTH = 8  # submodules of submodules (a VLM's vision tower); deeper is not a model
 
 
-def why_not_loadable(artifacts: Path, *, strategy: str) -> str | None:
-    """None when ``artifacts`` holds something the server will load, else why not (one clause)."""
+def why_not_loadable(artifacts: Path, *, strategy: str, layouts: tuple[str, ...] = LAYOUTS) -> str | None:
+    """None when ``artifacts`` holds something the server will load, else why not (one clause);
+    for the vllm strategy, in one of ``layouts`` (the key's release's, for its model paths)."""
     if strategy == "vllm":
-        found = [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
+        found = []
+        if "optimum_dir" in layouts:
+            found = [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
         problems = [why for why in (missing_graphs(p.parent) for p in found) if why]
         if problems:
             return problems[0]
-        if found or _bundles(artifacts):
+        if found or ("bundle" in layouts and _bundles(artifacts)):
             return None
-        return (
-            f"the server saved no compiled model under {artifacts} (no compiled_models/*/{RBLN_CONFIG}, "
-            f"no rbln/**/rank*/{BUNDLE})"
-        )
+        looked = [f"compiled_models/*/{RBLN_CONFIG}"] * ("optimum_dir" in layouts)
+        looked += [f"rbln/**/rank*/{BUNDLE}"] * ("bundle" in layouts)
+        return f"the server saved no compiled model under {artifacts} (no {', no '.join(looked)})"
     if _any_file(artifacts):
         return None
     return f"the compile command wrote no file into {artifacts}"

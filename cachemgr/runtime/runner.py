@@ -18,10 +18,9 @@ but holds no signing key) never compiles: on a miss it takes a trusted copy from
 tier if it can write the volume, else waits for a publisher (``--on-miss compile``) or fails
 as ``--on-miss fail`` does. On a read-only volume a hit writes nothing there at all.
 
-This module is the flow only. How a key compiles and how its server is pointed at an entry is
-its strategy's (cachemgr.runtime.strategies); failures become errors and records in
-cachemgr.runtime.failures; the launch step is cachemgr.runtime.launch; views, health checks and
-heartbeats have modules of their own.
+This module is the flow only. How a key compiles and how its server is pointed at an entry is its
+strategy's (cachemgr.runtime.strategies); failures become errors and records in cachemgr.runtime.failures;
+the launch step (and the pass-through of what cannot be cached) is cachemgr.runtime.launch.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
 from cachemgr.runtime import failures, launcher
 from cachemgr.runtime.health import StallWatch, default_health_url
 from cachemgr.runtime.heartbeats import Heartbeats
-from cachemgr.runtime.launch import launch
+from cachemgr.runtime.launch import launch, pass_through
 from cachemgr.runtime.metrics import Metrics
 from cachemgr.runtime.options import RunOptions
 from cachemgr.runtime.state import Phase, StateWriter
@@ -147,6 +146,8 @@ class Runner:
 
     def _run(self) -> int:
         key = self._resolve()
+        if key.details.get("layout_uncacheable"):  # the compiler keeps them (0.11.1's vLLM path); warm: 78
+            return pass_through(self, key)
         strategy = STRATEGIES[str(key.inputs["strategy"])](self)
         root = open_root(self.options.cache_root, create=False)
         self.read_only = is_read_only(root.path)

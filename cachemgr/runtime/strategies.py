@@ -142,7 +142,7 @@ class Strategy:
         serving unpublished; a compile that is all there is (warm, compile-only) has failed."""
         from cachemgr.runtime.loadable import why_not_loadable
 
-        why = why_not_loadable(staging.artifacts, strategy=self.name)
+        why = why_not_loadable(staging.artifacts, strategy=self.name, layouts=_layouts(key))
         if why is None:
             return True
         cannot = "; ".join(key.details.get("uncacheable", ())) or "see the server's output"
@@ -383,9 +383,16 @@ class VllmStrategy(Strategy):
                 "cannot be told (rebel's bundles are not shown to be byte-stable), so this is no alarm",
             )
 
-        watch = drift.DriftWatch(view, found.manifest, report=report, note=note)
+        watch = drift.DriftWatch(view, found.manifest, report=report, note=note, layouts=_layouts(key))
         watch.start(serving=lambda: pod.state.current.phase == "serving", exited=pod.server_exited)
         return watch
+
+
+def _layouts(key: CacheKey) -> tuple[str, ...]:
+    """How the key's release lays out its model paths' artifacts (cachemgr.key.release_model)."""
+    from cachemgr.volume.drift import LAYOUTS
+
+    return tuple(key.details.get("layouts") or LAYOUTS)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (CommandStrategy, VllmStrategy)}

@@ -57,6 +57,10 @@ RESAVED_EVENT = "resaved_on_hit"
 # so it is never read as a use record, and prune drops it with the entry's other bookkeeping.
 RECORD_PREFIX = RECOMPILED_PREFIX  # one name, kept in cachemgr.volume.records
 _SHOWN = 20  # paths named in the log line and the record; the count says how many in all
+# How vllm-rbln lays compiled artifacts out (cachemgr.key.release_model.Layout): "optimum_dir"
+# (compiled_models/<name>/) and "bundle" (rbln/**/mega_cache.bin). A key's release says which its model
+# paths use (key.details["layouts"]); both, where it does not say.
+LAYOUTS: tuple[str, ...] = ("bundle", "optimum_dir")
 _POLL = 0.5
 _RECORD_MAX = 1 << 20  # a record names at most _SHOWN paths: one larger was planted
 
@@ -69,9 +73,15 @@ class Drift(NamedTuple):
 
 
 def new_artifacts(
-    view: Path, manifest: Manifest, memo: dict[tuple[str, int, int], str] | None = None, *, deep: bool = True
+    view: Path,
+    manifest: Manifest,
+    memo: dict[tuple[str, int, int], str] | None = None,
+    *,
+    deep: bool = True,
+    layouts: tuple[str, ...] = LAYOUTS,
 ) -> Drift:
-    """Compiled artifacts in ``view`` that the entry does not hold, and those the server re-saved."""
+    """Compiled artifacts in ``view`` that the entry does not hold, and those the server re-saved;
+    compiled artifacts are those of ``layouts`` (the key's release's, for its model paths)."""
     cut = len(ARTIFACTS) + 1
     known = {
         record.path[cut:]: record for record in manifest.files if record.path.startswith(ARTIFACTS + "/")
@@ -82,7 +92,7 @@ def new_artifacts(
     # vLLM's modelinfos/ is not the compile's.
     with safefs.open_tree(view, within=None) as top:
         for rel, item, _ in safewalk.walk(top, enter=lambda rel: rel != "modelinfos"):
-            if item.is_dir(follow_symlinks=False) or not _is_compiled(rel):
+            if item.is_dir(follow_symlinks=False) or not _is_compiled(rel, layouts):
                 continue
             if rel not in known:
                 compiled.append(rel)
@@ -119,13 +129,13 @@ def _resaved(
     return False, f"re-saved with other content, same size ({st.st_size} bytes)"
 
 
-def _is_compiled(rel: str) -> bool:
+def _is_compiled(rel: str, layouts: tuple[str, ...]) -> bool:
     parts = rel.split("/")
     if any(part.endswith(".tmp") for part in parts):
         return False
     if parts[0] == "compiled_models":
-        return len(parts) > 1
-    return parts[0] == "rbln" and parts[-1] == "mega_cache.bin"
+        return len(parts) > 1 and "optimum_dir" in layouts
+    return parts[0] == "rbln" and parts[-1] == "mega_cache.bin" and "bundle" in layouts
 
 
 class DriftWatch:
@@ -138,8 +148,10 @@ class DriftWatch:
         *,
         report: Callable[[list[str]], None],
         note: Callable[[list[str]], None] | None = None,
+        layouts: tuple[str, ...] = LAYOUTS,
     ) -> None:
         self._view = view
+        self._layouts = layouts
         self._manifest = manifest
         self._report = report
         self._note = note
@@ -156,7 +168,7 @@ class DriftWatch:
         """
         deep = self._exited is None or not self._exited.is_set()
         with self._lock:
-            found = new_artifacts(self._view, self._manifest, self._hashes, deep=deep)
+            found = new_artifacts(self._view, self._manifest, self._hashes, deep=deep, layouts=self._layouts)
             new = [p for p in found.compiled if p not in self._seen]
             noted = [p for p in found.resaved if p not in self._seen]
             self._seen.update(new, noted)

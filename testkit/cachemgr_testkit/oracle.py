@@ -32,6 +32,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from cachemgr_testkit import manifest
+
+REPO = manifest.REPO
+
 MODEL = "{model}"  # in a variant's argv: the path of its model directory
 
 # The two model paths of vllm-rbln 0.12, each with what it needs to build a configuration here:
@@ -50,10 +54,6 @@ BASES: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-# What the image holds, as each side learns it: the server from its packages (the stand-in rebel's
-# version), cachemgr from the same packages' metadata or its CACHEMGR_* variables.
-IMAGE = {"compiler": "0.12.0"}
-
 # vllm-rbln 0.11.2 (vLLM 0.24.0) has no --model-impl of its own: VLLM_RBLN_USE_VLLM_MODEL alone picks
 # the path (vllm_rbln/platform.py 267, envs.py), and --model-impl is vLLM's (auto, vllm, transformers,
 # terratorch), so the bases leave it out. The same NPUs as 0.12's bases; its compiler is a 0.11
@@ -69,18 +69,20 @@ BASES_0_11: dict[str, dict[str, Any]] = {
     },
 }  # fmt: skip
 
-# Each release the oracle runs: its bases and its image. RELEASES[r]["bases"] has the same two names
-# ("vllm", "optimum") in every release.
-RELEASES: dict[str, dict[str, Any]] = {
-    "0.12.0": {"bases": BASES, "image": IMAGE},
-    "0.11.2": {"bases": BASES_0_11, "image": {"compiler": "0.11.3"}},
-}
-
 
 def bases(release: str) -> dict[str, dict[str, Any]]:
-    """The release's two base configurations, by model path."""
-    found: dict[str, dict[str, Any]] = RELEASES[release]["bases"]
-    return found
+    """The release's base configurations, by model path: one per path the manifest says the oracle
+    checked. Which argv picks a path is the release's own rule (tests/data/rbln_facts/, from its
+    code): vllm-rbln's --model-impl then VLLM_RBLN_USE_VLLM_MODEL (0.12), or the variable alone (0.11)."""
+    entry = manifest.release(release)
+    found = BASES if model_impl_rule(entry.oracle) == "flag_then_env" else BASES_0_11
+    return {path: found[path] for path in entry.checked}
+
+
+def model_impl_rule(release: str) -> str:
+    facts = REPO / "tests" / "data" / "rbln_facts" / f"vllm-rbln-{release}.json"
+    rule: str = json.loads(facts.read_text(encoding="utf-8"))["model_impl_rule"]
+    return rule
 
 
 # A tiny Llama: enough for vLLM to build a configuration and for optimum-rbln to pick a model class.
@@ -227,7 +229,7 @@ def env_of(variant: Mapping[str, Any], model: str, release: str) -> dict[str, st
 
 
 def image_of(variant: Mapping[str, Any], release: str) -> dict[str, str]:
-    return {**RELEASES[release]["image"], **variant.get("image", {})}
+    return {"compiler": manifest.release(release).compiler, **variant.get("image", {})}
 
 
 # --- verdicts -------------------------------------------------------------------------------------
@@ -267,12 +269,9 @@ def report(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def lock_file(release: str) -> Path:
     """The pinned environment the answers were computed in (tools/oracle/env.sh installs it)."""
-    return REPO / "tools" / "oracle" / f"requirements-{release}.txt"
+    return manifest.release(release).lock
 
 
 def lock_digest(release: str) -> str:

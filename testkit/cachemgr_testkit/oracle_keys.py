@@ -19,23 +19,18 @@ from typing import Any
 
 from cachemgr.core.errors import ConfigError, UsageError
 from cachemgr.key.cachekey import KeyRequest, compute_key
-from cachemgr_testkit import oracle
+from cachemgr_testkit import manifest, oracle
 
 # What the oracle's image holds, as cachemgr reads it (its CACHEMGR_* variables stand for the
-# packages' metadata here): the release the table was made with.
+# packages' metadata here): the release the table was made with, per release of the manifest.
 VERSIONS = {
-    "0.12.0": {
-        "CACHEMGR_VLLM_VERSION": "0.30.0+cpu",
-        "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
-        "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
-        "CACHEMGR_TRANSFORMERS_VERSION": "5.15.1",
-    },
-    "0.11.2": {
-        "CACHEMGR_VLLM_VERSION": "0.24.0+cpu",
-        "CACHEMGR_VLLM_RBLN_VERSION": "0.11.2",
-        "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.11.2",
-        "CACHEMGR_TRANSFORMERS_VERSION": "5.8.1",
-    },
+    name: {
+        "CACHEMGR_VLLM_VERSION": release.vllm,
+        "CACHEMGR_VLLM_RBLN_VERSION": name,
+        "CACHEMGR_OPTIMUM_RBLN_VERSION": release.optimum_rbln,
+        "CACHEMGR_TRANSFORMERS_VERSION": release.transformers,
+    }
+    for name, release in ((n, manifest.release(n)) for n in manifest.names())
 }
 NEEDLESS_LIMIT = 0.05
 
@@ -45,10 +40,12 @@ def load(path: Path) -> dict[str, Any]:
     return table
 
 
-def replay(table: Mapping[str, Any], workdir: Path) -> list[dict[str, Any]]:
-    """Every variant's verdict: cachemgr's keys of it and of its reference, against the answer."""
+def replay(table: Mapping[str, Any], workdir: Path, *, as_release: str | None = None) -> list[dict[str, Any]]:
+    """Every variant's verdict: cachemgr's keys of it and of its reference, against the answer; keyed
+    under ``as_release``'s versions if given (a release whose code is the table's: the same answers)."""
     variants = {v["id"]: v for v in table["variants"]}
     release = table["release"]
+    versions = VERSIONS[as_release or release]
     empty = workdir / "no-devices"
     empty.mkdir(exist_ok=True)
     base_model = oracle.materialize(workdir / "models" / "base")
@@ -58,15 +55,29 @@ def replay(table: Mapping[str, Any], workdir: Path) -> list[dict[str, Any]]:
         if variant.get("model"):
             path = workdir / "models" / "edited"
             ref = variants[variant["ref"]] if variant.get("ref") else {"base": variant["base"]}
-            ref_key = _key(ref, oracle.materialize(path, ref.get("model", ())), release, workdir, empty)
-            mine = _key(variant, oracle.materialize(path, variant["model"]), release, workdir, empty)
+            ref_key = _key(
+                ref,
+                oracle.materialize(path, ref.get("model", ())),
+                release,
+                workdir,
+                empty,
+                versions=versions,
+            )
+            mine = _key(
+                variant,
+                oracle.materialize(path, variant["model"]),
+                release,
+                workdir,
+                empty,
+                versions=versions,
+            )
         else:
             ref_id = variant.get("ref") or f"base:{variant['base']}"
             if ref_id not in keys:
                 ref = variants.get(ref_id) or {"base": variant["base"]}
-                keys[ref_id] = _key(ref, base_model, release, workdir, empty)
+                keys[ref_id] = _key(ref, base_model, release, workdir, empty, versions=versions)
             ref_key = keys[ref_id]
-            mine = _key(variant, base_model, release, workdir, empty)
+            mine = _key(variant, base_model, release, workdir, empty, versions=versions)
         equal = None if mine is None or ref_key is None else mine == ref_key
         rows.append(
             {
@@ -79,7 +90,13 @@ def replay(table: Mapping[str, Any], workdir: Path) -> list[dict[str, Any]]:
 
 
 def _key(
-    variant: Mapping[str, Any], model: Path, release: str, workdir: Path, no_devices: Path
+    variant: Mapping[str, Any],
+    model: Path,
+    release: str,
+    workdir: Path,
+    no_devices: Path,
+    *,
+    versions: Mapping[str, str],
 ) -> str | None:
     image = oracle.image_of(variant, release)
     environ = {
@@ -87,7 +104,7 @@ def _key(
         "HF_HUB_OFFLINE": "1",
         "CACHEMGR_RBLN_DEV_DIR": str(no_devices),  # no device answers, as in the oracle
         "CACHEMGR_COMPILER_VERSION": image["compiler"],
-        **VERSIONS[release],
+        **versions,
         **oracle.env_of(variant, str(model), release),
     }
     request = KeyRequest(argv=oracle.argv_of(variant, str(model), release), role="prefill", environ=environ)

@@ -137,7 +137,7 @@ _PAIRS_PER_BASE = 60
 # vllm-rbln 0.11.2 (vLLM 0.24.0) where it differs. Its additional_config is a dict vLLM hashes whole;
 # the optimum directory name reads its "rbln_config" only, less the runtime-only keys (dispatch.py
 # 39-96), and the compile takes "rbln_config" as the overrides (model_base.py 182). It has no --rbln-*
-# option, so the spelling of one is not tried. Its compiler is a 0.11 (oracle.RELEASES).
+# option, so the spelling of one is not tried. Its compiler is a 0.11 (the manifest's).
 _HINTS_0_11 = {
     **_HINTS,
     "additional_config": [
@@ -151,9 +151,11 @@ _IMAGES_0_11: list[tuple[str, dict[str, Any]]] = [
     ("compiler 0.11.5 (same major.minor)", {"image": {"compiler": "0.11.5"}}),
     ("compiler 0.12.0", {"image": {"compiler": "0.12.0"}}),
 ]
-_BY_RELEASE: dict[str, dict[str, Any]] = {
-    "0.12.0": {"hints": _HINTS, "spellings": _SPELLINGS, "images": _IMAGES},
-    "0.11.2": {"hints": _HINTS_0_11, "spellings": _SPELLINGS_0_11, "images": _IMAGES_0_11},
+# By the release's model-path rule (oracle.model_impl_rule, read from its code), not by its name:
+# vllm-rbln 0.12's own --model-impl and RBLNConfig, or 0.11's variable alone and dict.
+_BY_SHAPE: dict[str, dict[str, Any]] = {
+    "flag_then_env": {"hints": _HINTS, "spellings": _SPELLINGS, "images": _IMAGES},
+    "env": {"hints": _HINTS_0_11, "spellings": _SPELLINGS_0_11, "images": _IMAGES_0_11},
 }
 
 
@@ -188,7 +190,7 @@ def _serve_parser(top: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def corpus(serve: argparse.ArgumentParser, rng: random.Random, release: str) -> Iterator[dict[str, Any]]:
     options = [a for a in serve._actions if a.dest not in _SKIP and a.option_strings]
     bases = oracle.bases(release)
-    own = _BY_RELEASE[release]
+    own = _BY_SHAPE[oracle.model_impl_rule(release)]
     tried: dict[str, list[tuple[str, list[str]]]] = {base: [] for base in bases}
     for base in bases:
         for action in options:

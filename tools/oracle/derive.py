@@ -1,7 +1,8 @@
 """Derive, from the key oracle's table, what each model path's identity reads of ``vllm serve``'s options.
 
-Writes ``cachemgr/key/vllm_identity.py`` from 0.12.0's table and ``cachemgr/key/vllm_identity_0_11_2.py``
-from 0.11.2's (``--release``; ``--check``: exit 1 if the committed file is not what the table gives). Runs in the project's venv (it reads option values with cachemgr's own parser, the one
+Writes, for a release of tools/releases/manifest.toml, the module its ``identity`` names
+(``cachemgr/key/<identity>.py``) from its table (``--release``; ``--check``: exit 1 if the committed
+file is not what the table gives). tools/gen_rules.py runs it for every release. Runs in the project's venv (it reads option values with cachemgr's own parser, the one
 the key uses); the table is tests/data/oracle/vllm-rbln-RELEASE.json, which scripts/oracle writes from
 the real server code.
 
@@ -31,14 +32,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cachemgr_testkit import oracle
+from cachemgr_testkit import manifest, oracle
 
 from cachemgr.key.serving import parse_server_argv
 
 REPO = Path(__file__).resolve().parents[2]
+# Each release the oracle runs, from the manifest: its table, and the module derived from it.
 OUTPUTS = {
-    "0.12.0": REPO / "cachemgr" / "key" / "vllm_identity.py",
-    "0.11.2": REPO / "cachemgr" / "key" / "vllm_identity_0_11_2.py",
+    release: REPO / "cachemgr" / "key" / f"{manifest.release(release).identity}.py"
+    for release in manifest.oracle_releases()
 }
 TABLES = {release: REPO / "tests" / "data" / "oracle" / f"vllm-rbln-{release}.json" for release in OUTPUTS}
 _MODEL = "/models/m"  # any path: option values never name it but --model/--tokenizer (keyed apart)
@@ -129,7 +131,7 @@ def _literal(value: Any) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--release", default="0.12.0", choices=sorted(OUTPUTS))
+    parser.add_argument("--release", required=True, choices=sorted(OUTPUTS))
     parser.add_argument("--check", action="store_true", help="exit 1 if the committed file is not current")
     args = parser.parse_args()
     table = json.loads(TABLES[args.release].read_text(encoding="utf-8"))

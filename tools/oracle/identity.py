@@ -4,7 +4,9 @@ Runs in the environment tools/oracle/env.sh builds (vLLM 0.30.0, vllm-rbln 0.12.
 0.12.0, transformers 5.15.1, the CPU torch; the stand-in's ``rebel``/``torch.rbln`` import surface
 in place of the RBLN compiler), with standin/cachemgr_standin/pymods and testkit/ on PYTHONPATH.
 scripts/oracle runs it; nothing of cachemgr is imported here. The line numbers cited are 0.12.0's;
-vllm-rbln 0.11.2 (vLLM 0.24.0, ``--release 0.11.2``) differs where ``_Release011`` says.
+vllm-rbln 0.11 (no RBLNConfig: 0.11.2 on vLLM 0.24.0, 0.11.1 on vLLM 0.22.0) differs where
+``_Release011`` says, and a release without a mega-cache module (0.11.1) has no bundle to identify on
+its vLLM-model path. Which of these the installed release is, is probed from its code.
 
 For a variant (testkit/cachemgr_testkit/oracle.py: an argv, an environment, a model directory,
 an image) it does what ``vllm serve`` does up to the compile, with the server's own functions:
@@ -477,8 +479,11 @@ class Server:
     def __init__(self) -> None:
         import rebel  # noqa: F401  # the stand-in: installs the rebel.* / torch.rbln import surface
         from vllm.entrypoints.cli import serve
-        from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
         from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        cli_env_setup = _first_of(
+            "cli_env_setup", "vllm.entrypoints.serve.utils.api_utils", "vllm.entrypoints.utils"
+        )
 
         cli_env_setup()
         # As vllm.entrypoints.cli.main.main() builds it (the serve subcommand alone: the others add
@@ -517,6 +522,21 @@ class Server:
             args.model = args.model_tag
         engine_args = vllm.AsyncEngineArgs.from_cli_args(args)
         return engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+
+
+def _first_of(name: str, *modules: str) -> Any:
+    """``name`` from the first of ``modules`` that has it: a function vLLM moved between releases
+    (``cli_env_setup``: ``vllm/entrypoints/utils.py`` in 0.22, ``serve/utils/api_utils.py`` later)."""
+    import importlib
+
+    for module in modules:
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if found is not None:
+            return found
+    raise ImportError(f"{name} is in none of {modules}")
 
 
 _READS: list[tuple[str, set[str]]] = []
@@ -560,8 +580,12 @@ def _resolved_path() -> str:
 
 
 def _vllm_path(config: Any, cache_root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from vllm_rbln.v1.worker import mega_cache
-
+    mega_cache = _mega_cache()
+    if mega_cache is None:
+        # vllm-rbln 0.11.1 (vLLM 0.22): no mega-cache bundle; the RBLN compiler caches the vLLM-model
+        # path's graphs itself. The path is recorded, its identity is not (the manifest leaves it
+        # unchecked: cachemgr keys it strictly).
+        return {"layout": "compiler"}, {"layout": "compiler"}
     signature = mega_cache.config_signature(config)
     bundle = Path(mega_cache.bundle_path(config.model_config.model, signature))
     folder = bundle.parent.parent.relative_to(cache_root).as_posix()  # rbln/<model>-<sha>/<signature>
@@ -570,6 +594,17 @@ def _vllm_path(config: Any, cache_root: Path) -> tuple[dict[str, Any], dict[str,
     first = parallel.data_parallel_rank * world if parallel.data_parallel_size > 1 else 0
     identity = {"bundle": folder, "ranks": [first, first + world]}
     return identity, dict(identity)
+
+
+def _mega_cache() -> Any:
+    """vllm-rbln's mega-cache module, or None where the release has none (probed, not assumed)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm_rbln.v1.worker.mega_cache") is None:
+        return None
+    from vllm_rbln.v1.worker import mega_cache
+
+    return mega_cache
 
 
 def _optimum_path(config: Any, cache_root: Path, model: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -632,15 +667,25 @@ def _enter_optimum_package() -> None:
 
 
 def _npu_name() -> str:
-    from vllm_rbln.v1.worker import mega_cache
+    mega_cache = _mega_cache()
+    if mega_cache is not None:
+        return str(mega_cache._npu_name())
+    # no mega_cache (0.11.1): the platform's name, as mega_cache reads it where it exists
+    from vllm_rbln.platform import RblnPlatform
 
-    return mega_cache._npu_name()
+    return RblnPlatform.get_device_name() or "unknown"
 
 
 def _rebel_major_minor() -> str:
-    from vllm_rbln.v1.worker import mega_cache
+    mega_cache = _mega_cache()
+    if mega_cache is not None:
+        return str(mega_cache._rebel_major_minor())
+    import re
 
-    return mega_cache._rebel_major_minor()
+    import rebel
+
+    match = re.match(r"\s*(\d+)\.(\d+)", getattr(rebel, "__version__", "") or "")
+    return f"{match.group(1)}.{match.group(2)}" if match else "unknown"
 
 
 # --- what differs between releases -------------------------------------------------------------
@@ -649,7 +694,7 @@ def _rebel_major_minor() -> str:
 class _Release012:
     """vllm-rbln 0.12.0 (vLLM 0.30.0): the functions above, as they were written for it."""
 
-    name = "0.12.0"
+    name = ""  # set_release names the installed release
 
     @staticmethod
     def resolved_path() -> str:
@@ -668,7 +713,7 @@ class _Release011:
     """vllm-rbln 0.11.2 (vLLM 0.24.0): no RBLNConfig (``additional_config`` stays a dict), no
     ``--model-impl`` of vllm-rbln's own, the platform a module (``vllm_rbln/platform.py``)."""
 
-    name = "0.11.2"
+    name = ""  # set_release names the installed release
 
     @staticmethod
     def resolved_path() -> str:
@@ -705,7 +750,6 @@ class _Release011:
         )
 
 
-_ADAPTERS: dict[str, Any] = {"0.12.0": _Release012, "0.11.2": _Release011}
 _CURRENT: list[Any] = [_Release012]  # set_release: the installed release's, before anything runs
 
 
@@ -715,16 +759,26 @@ def release() -> Any:
 
 
 def set_release(name: str | None) -> None:
-    """Use ``name``'s adapters (default: the installed vllm-rbln's); it must be the installed one."""
+    """Use the installed release's adapters; ``name``, if given, must be the installed release and a
+    release of the manifest the oracle runs. Which adapters is probed from the installed code
+    (vllm-rbln 0.12's ``vllm_rbln/config.py`` holds RBLNConfig; 0.11's have none), not named."""
     import importlib.metadata
+    import importlib.util
+
+    from cachemgr_testkit import manifest
 
     installed = importlib.metadata.version("vllm-rbln")
     name = name or installed
-    if name != installed or name not in _ADAPTERS:
+    if name != installed or name not in manifest.oracle_releases():
         raise SystemExit(
-            f"oracle: release {name}, vllm-rbln {installed} installed (known: {sorted(_ADAPTERS)})"
+            f"oracle: release {name}, vllm-rbln {installed} installed (known: {manifest.oracle_releases()})"
         )
-    _CURRENT[0] = _ADAPTERS[name]
+    package = importlib.util.find_spec("vllm_rbln")  # found, not imported (it reads the environment)
+    assert package is not None
+    assert package.submodule_search_locations
+    has_config = (Path(next(iter(package.submodule_search_locations))) / "config.py").is_file()
+    shape = _Release012 if has_config else _Release011
+    _CURRENT[0] = type(f"_Release_{name}", (shape,), {"name": name})
 
 
 def _bases() -> dict[str, dict[str, Any]]:
