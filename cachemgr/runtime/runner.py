@@ -18,9 +18,8 @@ but holds no signing key) never compiles: on a miss it takes a trusted copy from
 tier if it can write the volume, else waits for a publisher (``--on-miss compile``) or fails
 as ``--on-miss fail`` does. On a read-only volume a hit writes nothing there at all.
 
-This module is the flow only. How a key compiles and how its server is pointed at an entry is its
-strategy's (cachemgr.runtime.strategies); failures become errors and records in cachemgr.runtime.failures;
-the launch step (and the pass-through of what cannot be cached) is cachemgr.runtime.launch.
+The flow only: compiling and pointing a server at an entry is cachemgr.runtime.strategies', failures
+are cachemgr.runtime.failures', the launch (and the pass-through of what cannot be cached) .launch's.
 """
 
 from __future__ import annotations
