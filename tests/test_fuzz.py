@@ -72,8 +72,18 @@ from cachemgr_testkit.fuzz import (
     plant_node,
     volume_targets,
 )
+from cachemgr_testkit.fuzz_kinds import (
+    POD_UID,
+    Swapper,
+    foreign,
+    forge_entry,
+    give_to_pods,
+    hardlink,
+    plant_imitation,
+    skew_times,
+)
 from cachemgr_testkit.hostile import remove_deep
-from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, wait_for, with_open_files
+from cachemgr_testkit.podlib import Cluster, Pod, as_user, cluster, free_port, wait_for, with_open_files
 from cachemgr_testkit.s3server import BUCKET, S3Server, require_s3, s3_server
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key, writable
@@ -284,6 +294,10 @@ class Trial:
     violations: list[str] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
     commands: int = 0
+    # Issue 40's kinds: the trial's pods and commands run as the chart's runAsUser (the volume
+    # theirs, the plants root's), and a folder is swapped for a link while they run.
+    user: int | None = None
+    swapping: bool = False
 
     @property
     def remote(self) -> dict[str, str]:
@@ -302,6 +316,30 @@ class Trial:
             self.plants.append(Plant(str(target.relative_to(self.root)), kind if node == "content" else node))
         for _ in range(self.rng.randint(0, 2)):
             self._plant_object()
+        self._plant_beyond_bytes(targets)
+
+    def _plant_beyond_bytes(self, targets: list[Path]) -> None:
+        """Issue 40's blind spots: a self-consistent forgery, names in the records' grammar,
+        hard links, times far off, and (as another user) what a pod may not write."""
+        rng, root = self.rng, self.root
+        if rng.random() < 0.4:
+            forged = forge_entry(rng, root)
+            if forged is not None:
+                self.plants.append(Plant(forged, "forged-entry"))
+        for _ in range(rng.randint(0, 2)):
+            kind = plant_imitation(rng, root, self.canary)
+            self.plants.append(Plant("(a record's grammar)", kind))
+        reachable = [t for t in targets if _reachable(root, t.parent) and (t.exists() or t.is_symlink())]
+        files = [t for t in reachable if t.is_file() and not t.is_symlink()]
+        if files and rng.random() < 0.3:
+            target = rng.choice(files)
+            self.plants.append(Plant(str(target.relative_to(root)), hardlink(target, self.canary)))
+        for target in rng.sample(reachable, min(len(reachable), rng.randint(0, 3))):
+            if target.exists() or target.is_symlink():
+                self.plants.append(Plant(str(target.relative_to(root)), skew_times(rng, target)))
+        if self.user is not None:
+            for target in rng.sample(reachable, min(len(reachable), rng.randint(1, 4))):
+                self.plants.append(Plant(str(target.relative_to(root)), foreign(rng, target)))
 
     def _plant_object(self) -> None:
         client: Any = self.s3.client()
@@ -364,7 +402,7 @@ class Trial:
         started = time.monotonic()
         try:
             done = subprocess.run(
-                with_open_files([sys.executable, "-m", "cachemgr", *args], OPEN_FILES),
+                as_user(with_open_files([sys.executable, "-m", "cachemgr", *args], OPEN_FILES), self.user),
                 env=env,
                 capture_output=True,
                 timeout=COMMAND_DEADLINE,
@@ -408,16 +446,16 @@ class Trial:
         golden = self.golden
         signer = {"CACHEMGR_SIGNING_KEY_FILE": str(golden.key_file), "CACHEMGR_TRUSTED_KEYS": str(golden.secret.public)}  # fmt: skip
         started = [
-            ("run", pods.start("open", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+            ("run", pods.start("open", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES, user=self.user,
                                options=[*POD_OPTIONS, *golden.options["A"]], env=self.remote)),
-            ("run", pods.start("signer", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+            ("run", pods.start("signer", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES, user=self.user,
                                options=[*POD_OPTIONS, *golden.options["B"]], env={**self.remote, **signer})),
             ("warm", pods.start("builder", server_argv(free_port()), cache_root=self.root, command="warm",
-                                open_files=OPEN_FILES,
+                                open_files=OPEN_FILES, user=self.user,
                                 options=[*POD_OPTIONS, *golden.options["A"]], env={**self.remote, **signer})),
             # The key whose compile the golden pod left half done: its lease, holder, progress record
             # and attempt are what this pod reads, takes over and cleans up.
-            ("run", pods.start("taker", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+            ("run", pods.start("taker", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES, user=self.user,
                                options=[*POD_OPTIONS, *golden.options["D"]], env=self.remote)),
         ]  # fmt: skip
         deadline = time.monotonic() + POD_DEADLINE
@@ -477,19 +515,30 @@ def _make_canary(path: Path) -> Path:
     return path
 
 
-def _tree_state(path: Path) -> str:
+def _tree_state(path: Path) -> dict[str, str]:
     """Names, kinds, modes, mtimes and bytes of everything under ``path``: any touch shows."""
-    digest = hashlib.sha256()
+    found: dict[str, str] = {}
     for folder, dirs, files in sorted(os.walk(path)):
         for name in sorted(dirs + files):
             full = Path(folder) / name
             st = full.lstat()
-            digest.update(f"{full.relative_to(path)}|{st.st_mode}|{st.st_mtime_ns}|{st.st_size}".encode())
+            state = f"mode {st.st_mode:o}, mtime {st.st_mtime_ns}, size {st.st_size}"
             if full.is_file() and not full.is_symlink():
-                digest.update(full.read_bytes())
+                state += f", sha256 {hashlib.sha256(full.read_bytes()).hexdigest()[:16]}"
+            found[str(full.relative_to(path))] = state
     st = path.lstat()
-    digest.update(f".|{st.st_mode}|{st.st_mtime_ns}".encode())
-    return digest.hexdigest()
+    found["."] = f"mode {st.st_mode:o}, mtime {st.st_mtime_ns}"
+    return found
+
+
+def _touched(before: dict[str, str], after: dict[str, str]) -> str:
+    """What changed under the canary, one line a name."""
+    names = sorted(set(before) | set(after))
+    return "; ".join(
+        f"{name}: {before.get(name, '(none)')} -> {after.get(name, '(none)')}"
+        for name in names
+        if before.get(name) != after.get(name)
+    )
 
 
 def _copy_prefix(s3: S3Server, source: str, target: str) -> None:
@@ -515,18 +564,27 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
     trial = Trial(
         index, random.Random(f"{SEED}:{index}"), root, canary, prefix, fuzz_s3, golden, _cli_env(root)
     )
+    mode = random.Random(f"{SEED}:{index}:mode")
+    trial.user = POD_UID if mode.random() < 0.3 else None
+    trial.swapping = mode.random() < 0.3
+    swapper = Swapper(root, canary, mode)
     try:
+        if trial.user is not None:
+            give_to_pods(root)
         trial.plant()
-        trial.run_commands(after=False)
-        with cluster(tmp_path / "work") as pods:
-            trial.run_pods(pods)
+        with swapper.running() if trial.swapping else contextlib.nullcontext():
+            trial.run_commands(after=False)
+            with cluster(tmp_path / "work") as pods:
+                trial.run_pods(pods)
         trial.run_commands(after=True)
-        if _tree_state(canary) != before:
-            trial.violations.append("the canary outside the root was touched")
+        after = _tree_state(canary)
+        if after != before:
+            trial.violations.append(f"the canary outside the root was touched: {_touched(before, after)}")
     finally:
         remove_deep(root)  # the planted chains of 1,100 folders: pytest's own cleanup recurses
     totals.trials += 1
     totals.plants.update(plant.kind for plant in trial.plants)
+    totals.plants.update({"as-pod-user": trial.user is not None, "swaps": swapper.swaps})
     totals.commands += trial.commands
     totals.pods += 4
     totals.outcomes.update(trial.outcomes)

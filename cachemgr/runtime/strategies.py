@@ -201,21 +201,25 @@ class CommandStrategy(Strategy):
     def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
         pod = self.pod
         staging = pod.new_staging(root, key)
-        argv = render(key.inputs["compile_cmd"], output_dir=str(staging.artifacts))
         started = time.monotonic()
         watch: launcher.OutputWatch | None = None
         try:
             pod.enter("compiling", strategy=self.name, staging=str(staging.path))
             self._start_progress(root, key, lease)
-            child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
-            watch = launcher.OutputWatch(child)
-            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
-            code = launcher.run_until(
-                child, events=[pod.relay.stop, watch.disk_full], every=lambda: self._sample(monitor), tick=0.5
-            )
-            if code is None:
-                launcher.terminate_tree(child)
-            watch.join()
+            with staging.pinned_artifacts() as output_dir:
+                argv = render(key.inputs["compile_cmd"], output_dir=str(output_dir))
+                child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
+                watch = launcher.OutputWatch(child)
+                monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+                code = launcher.run_until(
+                    child,
+                    events=[pod.relay.stop, watch.disk_full],
+                    every=lambda: self._sample(monitor),
+                    tick=0.5,
+                )
+                if code is None:
+                    launcher.terminate_tree(child)
+                watch.join()
             failures.compile_ended(code, watch, relay=pod.relay, what="compile command", key=key)
             self._stop_progress(staged=staging.artifacts)
             self._check_loadable(key, staging, serving=False)

@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -199,6 +199,25 @@ class Staging(NamedTuple):
     @property
     def artifacts(self) -> Path:
         return self.path / ARTIFACTS
+
+    @contextlib.contextmanager
+    def pinned_artifacts(self) -> Iterator[Path]:
+        """``artifacts/`` by a path no writer of the volume can redirect, while the block runs.
+
+        A compiler is handed a path, and resolves it itself: a writer of the volume who swaps
+        ``staging/<digest>`` for a symlink after cachemgr made the attempt would have it write
+        wherever the link points, outside the root. This path is ``/proc/<pid>/fd/<n>``, this
+        process's descriptor of the folder, opened one level at a time from the root: the kernel
+        resolves it to the folder itself, wherever it has been moved, for this process's
+        children and theirs (a compile's or a server's own workers) as long as the block runs.
+        Without ``/proc`` (or without ``within``) it is the plain path.
+        """
+        proc = Path(f"/proc/{os.getpid()}/fd")
+        if self.within is None or not proc.is_dir():
+            yield self.artifacts
+            return
+        with safefs.open_dir(self.within, self.artifacts) as fd:
+            yield proc / str(fd)
 
     def discard(self) -> None:
         """Remove the attempt: its files first, then its owner record."""
