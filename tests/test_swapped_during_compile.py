@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from cachemgr_testkit.podlib import DEADLINE, cluster, free_port, wait_for
-from cachemgr_testkit.scenarios import server_argv
+from cachemgr_testkit.scenarios import server_argv, vllm_argv
 
 # A compiler that waits for the test's go-ahead (with its own deadline), then makes a folder and a
 # file under the output path it was given, as rebel's and optimum-rbln's exports do.
@@ -64,3 +65,32 @@ def test_a_staging_folder_swapped_during_the_compile_gets_nothing_written_outsid
     written = list(moved.glob("*/artifacts/submodule/graph.rbln"))
     assert [p.read_bytes() for p in written] == [b"compiled"], "the output landed in the attempt itself"
     assert os.readlink(digest_folder) == str(outside)  # the planted link is left for the operator
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_the_vllm_servers_cache_root_swapped_during_its_compile_gets_nothing_written_outside(
+    tmp_path: Path,
+) -> None:
+    """The same for the server that compiles as it starts (``VLLM_CACHE_ROOT`` in the attempt)."""
+    root = tmp_path / "volume"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    started = tmp_path / "server-started.jsonl"
+    with cluster(tmp_path / "work") as pods:
+        pod = pods.start(
+            "swapped",
+            vllm_argv(free_port()),
+            cache_root=root,
+            env={"STANDIN_COMPILE_SECONDS": "3", "STANDIN_START_RECORD": str(started)},
+        )
+        wait_for(started.exists, what="the server to start")
+        digest_folder = next(p for p in (root / "staging").iterdir() if p.is_dir())
+        moved = digest_folder.with_name(digest_folder.name + ".moved")
+        digest_folder.rename(moved)
+        digest_folder.symlink_to(outside, target_is_directory=True)
+        wait_for(lambda: pod.proc.poll() is not None or pod.phase == "serving", what="the compile to end")
+        pod.signal(signal.SIGTERM)
+        pod.wait_exit(timeout=DEADLINE)
+    assert list(outside.iterdir()) == [], "the server wrote through the swapped-in link"
+    assert list(moved.glob("*/artifacts/*")), "the server's output landed in the attempt itself"

@@ -20,6 +20,7 @@ On a hit, either server gets a pod-local view of the entry (cachemgr.runtime.vie
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -258,7 +259,9 @@ class VllmStrategy(Strategy):
     def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
         pod = self.pod
         staging = pod.new_staging(root, key)
-        env = {**pod.environ, "VLLM_CACHE_ROOT": str(staging.artifacts)}
+        # The server writes through the attempt's open folder for as long as it runs (it re-saves
+        # its bundle after every warm-up): held until _serve_on or a failure closes it.
+        pin = contextlib.ExitStack()
         url = pod.health_url(key)
         pod.state.update(health_url=url)
         started = time.monotonic()
@@ -268,6 +271,7 @@ class VllmStrategy(Strategy):
         try:
             pod.enter("compiling", strategy=self.name, staging=str(staging.path))
             self._start_progress(root, key, lease)
+            env = {**pod.environ, "VLLM_CACHE_ROOT": str(pin.enter_context(staging.pinned_artifacts()))}
             # The server compiles as it starts: spawned under the relay, as on a hit.
             child = pod.relay.spawn(
                 lambda: launcher.start(key.server.argv, env=env, capture=True, what="server")
@@ -299,9 +303,12 @@ class VllmStrategy(Strategy):
             self._stop_progress()
             if child is not None:
                 launcher.terminate_tree(child)
+            pin.close()
             self._fail_attempt(root, key, staging, error, watch=watch, started=started)
             raise
-        return Compiled(self._serve_on(key, child, watch, staging, serving=healthy.is_set()))
+        with pin:
+            code = self._serve_on(key, child, watch, staging, serving=healthy.is_set())
+        return Compiled(code)
 
     def _serve_on(
         self,
