@@ -49,9 +49,11 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -555,26 +557,31 @@ def _copy_prefix(s3: S3Server, source: str, target: str) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("index", range(TRIALS), ids=[f"trial{i:03d}" for i in range(TRIALS)])
 def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, totals: Totals) -> None:
-    root = tmp_path / "volume"
+    mode = random.Random(f"{SEED}:{index}:mode")
+    user = POD_UID if mode.random() < 0.3 else None
+    swapping = mode.random() < 0.3
+    # As another user, the trial's folders must be reachable without privileges, as a pod's
+    # mount is: pytest's base is root's own (0700), so they go in a folder of their own.
+    base = Path(tempfile.mkdtemp(prefix="cachemgr-fuzz-")) if user is not None else tmp_path
+    base.chmod(0o711)
+    root = base / "volume"
     copy_tree(golden.root, root)
-    canary = _make_canary(tmp_path / "canary")
+    canary = _make_canary(base / "canary")
     before = _tree_state(canary)
     prefix = f"fuzz/{SEED}-{index}-{secrets.token_hex(3)}"
     _copy_prefix(fuzz_s3, golden.prefix, prefix)
     trial = Trial(
         index, random.Random(f"{SEED}:{index}"), root, canary, prefix, fuzz_s3, golden, _cli_env(root)
     )
-    mode = random.Random(f"{SEED}:{index}:mode")
-    trial.user = POD_UID if mode.random() < 0.3 else None
-    trial.swapping = mode.random() < 0.3
-    swapper = Swapper(root, canary, mode)
+    trial.user, trial.swapping = user, swapping
+    swapper = Swapper(root, canary, mode, trial.plants)
     try:
-        if trial.user is not None:
+        if user is not None:
             give_to_pods(root)
         trial.plant()
-        with swapper.running() if trial.swapping else contextlib.nullcontext():
+        with swapper.running() if swapping else contextlib.nullcontext():
             trial.run_commands(after=False)
-            with cluster(tmp_path / "work") as pods:
+            with cluster(base / "work") as pods:
                 trial.run_pods(pods)
         trial.run_commands(after=True)
         after = _tree_state(canary)
@@ -582,6 +589,8 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
             trial.violations.append(f"the canary outside the root was touched: {_touched(before, after)}")
     finally:
         remove_deep(root)  # the planted chains of 1,100 folders: pytest's own cleanup recurses
+        if base != tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
     totals.trials += 1
     totals.plants.update(plant.kind for plant in trial.plants)
     totals.plants.update({"as-pod-user": trial.user is not None, "swaps": swapper.swaps})

@@ -5,7 +5,7 @@ handed a path and resolves it itself. Someone with write access to the volume wh
 ``staging/<digest>`` for a symlink to a folder outside the root after the attempt was made would
 have the compiler write its output there (found by the fuzzer's swapper, issue 40). The compiler
 is therefore handed ``/proc/<pid>/fd/<n>``, the pod's descriptor of the attempt's folder
-(``Staging.pinned_artifacts``): its output lands in the attempt wherever it was moved.
+(``safefs.pinned``): its output lands in the attempt wherever it was moved.
 """
 
 from __future__ import annotations

@@ -128,6 +128,26 @@ def open_dir(root: Path, path: Path, *, create: bool = False) -> Iterator[int]:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def pinned(root: Path, path: Path) -> Iterator[Path]:
+    """Folder ``path`` under ``root`` by a path no writer of the volume can redirect, while the
+    block runs: ``/proc/<pid>/fd/<n>``, this process's descriptor of it, reached one level at a
+    time from the root (:func:`open_dir`).
+
+    A compiler or a server is handed a path and resolves it itself: a writer who swaps one of
+    its folders (``staging/<digest>``) for a symlink after cachemgr checked it would have it
+    write wherever the link points, outside the root. The kernel resolves this path to the
+    folder itself, wherever it has been moved, for this process's children and theirs (a
+    server's own workers) as long as the block runs. Without ``/proc``, the plain path.
+    """
+    proc = Path(f"/proc/{os.getpid()}/fd")
+    if not proc.is_dir():
+        yield path
+        return
+    with open_dir(root, path) as fd:
+        yield proc / str(fd)
+
+
 def check_dir(root: Path, path: Path) -> bool:
     """True if ``path`` is a real directory of the volume, False if missing; refuses the rest."""
     try:
@@ -220,7 +240,10 @@ def retry_in(fd: int, action: Callable[[], None]) -> None:
     try:
         action()
     except PermissionError:
-        os.fchmod(fd, 0o755)  # our own directory, being emptied anyway
+        # Our own directory, being emptied anyway; another user's cannot be made writable
+        # (EPERM): then the action's own refusal (EACCES) is what the caller gets.
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, 0o755)
         action()
 
 

@@ -207,7 +207,7 @@ class CommandStrategy(Strategy):
         try:
             pod.enter("compiling", strategy=self.name, staging=str(staging.path))
             self._start_progress(root, key, lease)
-            with staging.pinned_artifacts() as output_dir:
+            with safefs.pinned(root.path, staging.artifacts) as output_dir:
                 argv = render(key.inputs["compile_cmd"], output_dir=str(output_dir))
                 child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
                 watch = launcher.OutputWatch(child)
@@ -271,7 +271,10 @@ class VllmStrategy(Strategy):
         try:
             pod.enter("compiling", strategy=self.name, staging=str(staging.path))
             self._start_progress(root, key, lease)
-            env = {**pod.environ, "VLLM_CACHE_ROOT": str(pin.enter_context(staging.pinned_artifacts()))}
+            env = {
+                **pod.environ,
+                "VLLM_CACHE_ROOT": str(pin.enter_context(safefs.pinned(root.path, staging.artifacts))),
+            }
             # The server compiles as it starts: spawned under the relay, as on a hit.
             child = pod.relay.spawn(
                 lambda: launcher.start(key.server.argv, env=env, capture=True, what="server")

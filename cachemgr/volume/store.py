@@ -24,7 +24,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -39,6 +39,7 @@ from cachemgr.core.fsutil import (
     remove_tree,
     walk_files,
 )
+from cachemgr.core.log import get_logger
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -184,6 +185,9 @@ def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
     return target
 
 
+log = get_logger("cachemgr.volume.store")
+
+
 # --- staging and publish ------------------------------------------------------------------
 
 
@@ -199,25 +203,6 @@ class Staging(NamedTuple):
     @property
     def artifacts(self) -> Path:
         return self.path / ARTIFACTS
-
-    @contextlib.contextmanager
-    def pinned_artifacts(self) -> Iterator[Path]:
-        """``artifacts/`` by a path no writer of the volume can redirect, while the block runs.
-
-        A compiler is handed a path, and resolves it itself: a writer of the volume who swaps
-        ``staging/<digest>`` for a symlink after cachemgr made the attempt would have it write
-        wherever the link points, outside the root. This path is ``/proc/<pid>/fd/<n>``, this
-        process's descriptor of the folder, opened one level at a time from the root: the kernel
-        resolves it to the folder itself, wherever it has been moved, for this process's
-        children and theirs (a compile's or a server's own workers) as long as the block runs.
-        Without ``/proc`` (or without ``within``) it is the plain path.
-        """
-        proc = Path(f"/proc/{os.getpid()}/fd")
-        if self.within is None or not proc.is_dir():
-            yield self.artifacts
-            return
-        with safefs.open_dir(self.within, self.artifacts) as fd:
-            yield proc / str(fd)
 
     def discard(self) -> None:
         """Remove the attempt: its files first, then its owner record."""
@@ -495,7 +480,16 @@ def clean_stale_staging(
     if digest is not None:
         safefs.check_dir(root.path, root.staging / digest)  # a link there: exit 74, never followed
     for info, _ in dead_attempts(list_staging(root, digest), stale_after=stale_after, identity=identity):
-        remove_tree(info.path, within=root.path)
-        remove_tree(info.owner_file, within=root.path)  # a record, or a folder planted as one
+        try:
+            remove_tree(info.path, within=root.path)
+            remove_tree(info.owner_file, within=root.path)  # a record, or a folder planted as one
+        except PermissionError as error:  # another user's (a root shell's): the compile goes on beside it
+            log.warning(
+                "stale_staging_kept",
+                attempt=info.path.name,
+                error=str(error),
+                remedy="remove it as its owner",
+            )
+            continue
         removed.append(info.path)
     return removed

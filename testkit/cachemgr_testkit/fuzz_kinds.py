@@ -37,6 +37,7 @@ from typing import Any
 
 from cachemgr.key.digest import digest_of
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, build_manifest, write_manifest
+from cachemgr_testkit.fuzz import Plant
 
 # The chart's securityContext (deploy/helm/modelserver/values.yaml: runAsUser, fsGroup 10001).
 POD_UID = 10001
@@ -230,11 +231,15 @@ class Swapper:
     until stopped: a check (a walk, a verification, a listing) and the use after it see two
     different things. What it did is counted in :attr:`swaps`."""
 
-    def __init__(self, root: Path, canary: Path, rng: random.Random) -> None:
+    def __init__(self, root: Path, canary: Path, rng: random.Random, plants: list[Plant]) -> None:
         self.root = root
         self.canary = canary
         self.rng = random.Random(rng.random())
         self.swaps = 0
+        # Each folder swapped, once: a command or pod that meets the link refuses it with exit 74
+        # naming it (the documented refusal of a folder replaced by a link).
+        self.plants = plants
+        self._named: set[Path] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="fuzz-swapper", daemon=True)
 
@@ -260,6 +265,9 @@ class Swapper:
                 os.symlink(self.canary, victim)
             except OSError:
                 continue
+            if victim not in self._named:
+                self._named.add(victim)
+                self.plants.append(Plant(str(victim.relative_to(self.root)), "swapped"))
             self._stop.wait(self.rng.choice([0.001, 0.02]))
             with contextlib.suppress(OSError):
                 os.unlink(victim)
