@@ -9,8 +9,15 @@ records of a compile killed midway, a server's pre-ready exit on a hit, and an e
 after damage. Each trial copies it and the golden bucket prefix, then plants one to four things
 on the volume and up to two in the bucket (cachemgr_testkit.fuzz: deep, huge, wrong types,
 links, FIFOs, 1,100 folders deep, not UTF-8, escape sequences, in records, manifests, artifacts,
-markers, layout folders, and under new names where cachemgr lists), and runs, each process under
-a container's usual limit of 1,024 open files (``setrlimit`` in the child):
+markers, layout folders, and under new names where cachemgr lists); beyond bytes (issue 40,
+cachemgr_testkit.fuzz_kinds): a self-consistent forged entry of another generation or lineage
+(its key.json hashes to its name, its manifest matches), names in the records' grammar with
+hostile fields, hard links to the canary, file times far off. A trial in three runs its pods and
+commands as the chart's ``runAsUser`` (10001) on a volume that user owns, with root's plants in
+it (files and folders it can read but not change or remove); a trial in three runs them while a
+swapper trades folders of the volume for links to the canary and back, every few milliseconds
+(what was checked is not what is used). Then it runs, each process under a container's usual
+limit of 1,024 open files (``setrlimit`` in the child):
 
 * every inspection command (``ls`` in three forms, ``show``, ``explain``, ``du``, ``verify``,
   ``prune --dry-run`` with every local selector, ``locks``, ``stats``, ``ls --remote``,
@@ -31,7 +38,7 @@ After each trial these must hold:
 5. nothing a command prints to a terminal holds a character that is not printable (the volume's
    text is escaped: core/printable.py);
 6. nothing outside the root was touched: the canary (files, a folder, the target of the planted
-   links) has its names, bytes, modes and mtimes.
+   links and hard links, and of the swapper's) has its names, bytes, modes and mtimes.
 
 Short form (CI): ``CACHEMGR_FUZZ_TRIALS`` (default 3). Long form::
 
@@ -211,6 +218,8 @@ def golden(tmp_path_factory: pytest.TempPathFactory, fuzz_s3: S3Server) -> Golde
     root.mkdir()
     secret, key_file = new_key(base / "keys", "builder-1")
     record = base / "compiler.jsonl"
+    record.touch(mode=0o666)  # the compile command appends to it, as root or as the pods' user
+    record.chmod(0o666)
     options = {
         "A": ["--strategy", "command", "--compile-cmd", compile_cmd(record)],
         "B": ["--strategy", "command", "--compile-cmd", compile_cmd(record, extra="--files 5")],

@@ -245,3 +245,14 @@ def test_publish_writes_nothing_through_a_swapped_staging_folder(
     after = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
     assert after == copied, "publish wrote into the copy outside the root"
     assert entry_dirs(cache.path) == []
+
+
+def test_a_folder_moved_away_between_two_steps_is_named_whole(cache: CacheRoot) -> None:
+    """A level missing on the way down (moved away by a writer of the volume) names the whole path:
+    the pod's one-line error says where, not only the last folder's name."""
+    from cachemgr.core import safefs
+
+    missing = cache.staging / DIGEST / "attempt"
+    with pytest.raises(FileNotFoundError) as caught, safefs.open_dir(cache.path, missing):
+        pass
+    assert caught.value.filename == str(cache.staging / DIGEST)

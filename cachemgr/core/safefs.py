@@ -90,7 +90,9 @@ def open_below(parent_fd: int, name: str, *, dev: int, shown: Path) -> int:
     except OSError as error:
         if error.errno in REFUSED:
             raise unsafe_error(shown, parent_fd, name) from None
-        raise
+        # The whole path, not the level's name alone: an error line must say where (a folder
+        # moved away by a writer of the volume, between two steps, names itself).
+        raise type(error)(error.errno, error.strerror, str(shown)) from None
     if os.fstat(fd).st_dev != dev:
         os.close(fd)
         raise other_filesystem_error(shown)
