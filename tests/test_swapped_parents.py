@@ -256,3 +256,19 @@ def test_a_folder_moved_away_between_two_steps_is_named_whole(cache: CacheRoot) 
     with pytest.raises(FileNotFoundError) as caught, safefs.open_dir(cache.path, missing):
         pass
     assert caught.value.filename == str(cache.staging / DIGEST)
+
+
+def test_a_link_planted_as_a_keys_staging_folder_is_refused_in_its_own_words(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    """The refusal names the link and what to do, not "cannot create a staging directory: None"."""
+    from cachemgr.runtime import failures
+
+    key = command_key("decode")
+    (cache.staging / key.digest).symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(UnsafePathError) as caught:
+        create_staging(cache, key, PodIdentity(pod="p", node="n", host="h", pid=os.getpid()))
+    said = failures.staging_failed(caught.value, cache, key, given=None)
+    assert said is caught.value
+    assert "None" not in str(said)
+    assert f"{cache.staging / key.digest} is a symbolic link" in str(said)

@@ -207,6 +207,8 @@ def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, *, given: int
 
     if is_disk_full(error):
         return disk_report(root, key, cause=f"creating staging: {error.strerror}", given=given).error()
+    if isinstance(error, CacheMgrError):  # a folder of the way there refused (a link): its own line
+        return error
     return VolumeError(
         f"cannot create a staging directory under {root.staging}: {error.strerror}",
         remedy="check that the compile cache PVC is mounted read-write",
