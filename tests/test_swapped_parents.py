@@ -272,3 +272,25 @@ def test_a_link_planted_as_a_keys_staging_folder_is_refused_in_its_own_words(
     assert said is caught.value
     assert "None" not in str(said)
     assert f"{cache.staging / key.digest} is a symbolic link" in str(said)
+
+
+def test_a_hard_link_planted_as_a_touched_file_is_replaced_not_touched(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    """``usage/<digest>/last-used`` as a hard link to a file outside the root (one filesystem):
+    the start's touch would set that file's times; it gets a file of its own instead."""
+    from cachemgr.core.fsutil import touch_at
+
+    outside = _aged(tmp_path / "weights.bin", "outside")
+    folder = cache.usage / DIGEST
+    folder.mkdir(parents=True)
+    os.link(outside, folder / "last-used")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        touch_at(fd, "last-used")
+    finally:
+        os.close(fd)
+    assert outside.stat().st_mtime == OLD
+    assert outside.read_text() == "outside"
+    assert (folder / "last-used").stat().st_nlink == 1
+    assert (folder / "last-used").stat().st_mtime > OLD
