@@ -65,3 +65,31 @@ def test_a_dead_attempt_holding_another_users_folder_is_left_and_the_compile_goe
     kept = [json.loads(line) for line in log.splitlines() if '"stale_staging_kept"' in line]
     assert [record["attempt"] for record in kept] == [attempt.name], log[-3000:]
     assert (theirs / "graph.rbln").read_bytes() == b"x"  # another user's bytes are left as they were
+
+
+def test_entries_another_user_owns_stop_the_publish_with_a_line_naming_the_folder(base: Path) -> None:
+    """``entries/`` left to root (a restore run as root, a Job of another ``runAsUser``): the pod
+    compiles, cannot publish, and says where (it named only two bare folder names before)."""
+    root = base / "volume"
+    root.mkdir()
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=0.2)]
+    (base / "compiler.jsonl").touch()
+    with cluster(base / "work") as pods:
+        other = [
+            "--strategy",
+            "command",
+            "--compile-cmd",
+            compile_cmd(base / "compiler.jsonl", extra="--files 1"),
+        ]
+        first = pods.start("first", server_argv(free_port()), cache_root=root, options=other)
+        first.wait_phase("serving")  # the layout, made by a pod of the user
+        first.signal(signal.SIGTERM)
+        first.wait_exit(timeout=60)
+        give_to_pods(root)
+        os.chown(base / "compiler.jsonl", POD_UID, POD_UID)
+        os.chown(root / "entries", 0, 0)  # root's now: uid 10001 cannot rename into it
+        pod = pods.start("second", server_argv(free_port()), cache_root=root, options=options, user=POD_UID)
+        code = pod.wait_exit(timeout=60)
+    failed = [json.loads(line) for line in pod.log.read_text().splitlines() if '"event": "failed"' in line]
+    assert code == 74, pod.log.read_text()[-3000:]
+    assert str(root / "entries") in failed[-1]["message"]

@@ -212,7 +212,10 @@ def rename(root: Path, source: Path, target: Path) -> None:
     A rename never follows its own last components, so a symlink there moves as a link.
     """
     with open_dir(root, source.parent) as src_fd, open_dir(root, target.parent) as dst_fd:
-        os.rename(source.name, target.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        try:
+            os.rename(source.name, target.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        except OSError as error:  # the whole paths, not two names: the error line must say where
+            raise type(error)(error.errno, error.strerror, str(source), None, str(target)) from None
 
 
 def unlink(root: Path, path: Path) -> None:

@@ -152,6 +152,8 @@ def _digests(root: Path) -> list[str]:
 def plant_imitation(rng: random.Random, root: Path, canary: Path) -> str:
     """A file (a plausible record, or hostile bytes) or a folder at an :func:`imitation_name`."""
     target = imitation_name(rng, root)
+    if len(os.fsencode(target.name)) > 255:  # no filesystem takes a longer name: cut to one it does
+        target = target.with_name(os.fsdecode(os.fsencode(target.name)[-255:]))
     if not _reachable(root, target.parent):
         return "imitation-unreachable"
     target.parent.mkdir(parents=True, exist_ok=True)
