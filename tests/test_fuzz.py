@@ -9,8 +9,15 @@ records of a compile killed midway, a server's pre-ready exit on a hit, and an e
 after damage. Each trial copies it and the golden bucket prefix, then plants one to four things
 on the volume and up to two in the bucket (cachemgr_testkit.fuzz: deep, huge, wrong types,
 links, FIFOs, 1,100 folders deep, not UTF-8, escape sequences, in records, manifests, artifacts,
-markers, layout folders, and under new names where cachemgr lists), and runs, each process under
-a container's usual limit of 1,024 open files (``setrlimit`` in the child):
+markers, layout folders, and under new names where cachemgr lists); beyond bytes (issue 40,
+cachemgr_testkit.fuzz_kinds): a self-consistent forged entry of another generation or lineage
+(its key.json hashes to its name, its manifest matches), names in the records' grammar with
+hostile fields, hard links to the canary, file times far off. A trial in three runs its pods and
+commands as the chart's ``runAsUser`` (10001) on a volume that user owns, with root's plants in
+it (files and folders it can read but not change or remove); a trial in three runs them while a
+swapper trades folders of the volume for links to the canary and back, every few milliseconds
+(what was checked is not what is used). Then it runs, each process under a container's usual
+limit of 1,024 open files (``setrlimit`` in the child):
 
 * every inspection command (``ls`` in three forms, ``show``, ``explain``, ``du``, ``verify``,
   ``prune --dry-run`` with every local selector, ``locks``, ``stats``, ``ls --remote``,
@@ -37,7 +44,7 @@ After each trial these must hold:
 5. nothing a command prints to a terminal holds a character that is not printable (the volume's
    text is escaped: core/printable.py);
 6. nothing outside the root was touched: the canary (files, a folder, the target of the planted
-   links) has its names, bytes, modes and mtimes.
+   links and hard links, and of the swapper's) has its names, bytes, modes and mtimes.
 
 Short form (CI): ``CACHEMGR_FUZZ_TRIALS`` (default 3). Long form::
 
@@ -55,9 +62,11 @@ import json
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -81,8 +90,18 @@ from cachemgr_testkit.fuzz import (
     plant_node,
     volume_targets,
 )
+from cachemgr_testkit.fuzz_kinds import (
+    POD_UID,
+    Swapper,
+    foreign,
+    forge_entry,
+    give_to_pods,
+    hardlink,
+    plant_imitation,
+    skew_times,
+)
 from cachemgr_testkit.hostile import remove_deep
-from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, wait_for, with_open_files
+from cachemgr_testkit.podlib import Cluster, Pod, as_user, cluster, free_port, wait_for, with_open_files
 from cachemgr_testkit.s3server import BUCKET, S3Server, require_s3, s3_server
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key, writable
@@ -208,6 +227,8 @@ def golden(tmp_path_factory: pytest.TempPathFactory, fuzz_s3: S3Server) -> Golde
     root.mkdir()
     secret, key_file = new_key(base / "keys", "builder-1")
     record = base / "compiler.jsonl"
+    record.touch(mode=0o666)  # the compile command appends to it, as root or as the pods' user
+    record.chmod(0o666)
     options = {
         "A": ["--strategy", "command", "--compile-cmd", compile_cmd(record)],
         "B": ["--strategy", "command", "--compile-cmd", compile_cmd(record, extra="--files 5")],
@@ -293,6 +314,10 @@ class Trial:
     violations: list[str] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
     commands: int = 0
+    # Issue 40's kinds: the trial's pods and commands run as the chart's runAsUser (the volume
+    # theirs, the plants root's), and a folder is swapped for a link while they run.
+    user: int | None = None
+    swapping: bool = False
 
     @property
     def remote(self) -> dict[str, str]:
@@ -311,6 +336,30 @@ class Trial:
             self.plants.append(Plant(str(target.relative_to(self.root)), kind if node == "content" else node))
         for _ in range(self.rng.randint(0, 2)):
             self._plant_object()
+        self._plant_beyond_bytes(targets)
+
+    def _plant_beyond_bytes(self, targets: list[Path]) -> None:
+        """Issue 40's blind spots: a self-consistent forgery, names in the records' grammar,
+        hard links, times far off, and (as another user) what a pod may not write."""
+        rng, root = self.rng, self.root
+        if rng.random() < 0.4:
+            forged = forge_entry(rng, root)
+            if forged is not None:
+                self.plants.append(Plant(forged, "forged-entry"))
+        for _ in range(rng.randint(0, 2)):
+            kind = plant_imitation(rng, root, self.canary)
+            self.plants.append(Plant("(a record's grammar)", kind))
+        reachable = [t for t in targets if _reachable(root, t.parent) and (t.exists() or t.is_symlink())]
+        files = [t for t in reachable if t.is_file() and not t.is_symlink()]
+        if files and rng.random() < 0.3:
+            target = rng.choice(files)
+            self.plants.append(Plant(str(target.relative_to(root)), hardlink(target, self.canary)))
+        for target in rng.sample(reachable, min(len(reachable), rng.randint(0, 3))):
+            if target.exists() or target.is_symlink():
+                self.plants.append(Plant(str(target.relative_to(root)), skew_times(rng, target)))
+        if self.user is not None:
+            for target in rng.sample(reachable, min(len(reachable), rng.randint(1, 4))):
+                self.plants.append(Plant(str(target.relative_to(root)), foreign(rng, target)))
 
     def _plant_object(self) -> None:
         client: Any = self.s3.client()
@@ -393,7 +442,7 @@ class Trial:
         started = time.monotonic()
         try:
             done = subprocess.run(
-                with_open_files([sys.executable, "-m", "cachemgr", *args], OPEN_FILES),
+                as_user(with_open_files([sys.executable, "-m", "cachemgr", *args], OPEN_FILES), self.user),
                 env=env,
                 capture_output=True,
                 timeout=COMMAND_DEADLINE,
@@ -445,16 +494,16 @@ class Trial:
         golden = self.golden
         signer = {"CACHEMGR_SIGNING_KEY_FILE": str(golden.key_file), "CACHEMGR_TRUSTED_KEYS": str(golden.secret.public)}  # fmt: skip
         started = [
-            ("run", pods.start("open", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+            ("run", pods.start("open", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES, user=self.user,
                                options=[*POD_OPTIONS, *golden.options["A"]], env=self.remote)),
-            ("run", pods.start("signer", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+            ("run", pods.start("signer", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES, user=self.user,
                                options=[*POD_OPTIONS, *golden.options["B"]], env={**self.remote, **signer})),
             ("warm", pods.start("builder", server_argv(free_port()), cache_root=self.root, command="warm",
-                                open_files=OPEN_FILES,
+                                open_files=OPEN_FILES, user=self.user,
                                 options=[*POD_OPTIONS, *golden.options["A"]], env={**self.remote, **signer})),
             # The key whose compile the golden pod left half done: its lease, holder, progress record
             # and attempt are what this pod reads, takes over and cleans up.
-            ("run", pods.start("taker", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES,
+            ("run", pods.start("taker", server_argv(free_port()), cache_root=self.root, open_files=OPEN_FILES, user=self.user,
                                options=[*POD_OPTIONS, *golden.options["D"]], env=self.remote)),
         ]  # fmt: skip
         deadline = time.monotonic() + POD_DEADLINE
@@ -467,8 +516,17 @@ class Trial:
             with contextlib.suppress(AssertionError):
                 pod.wait_exit(timeout=30)
             log = pod.log.read_text(errors="replace")
+            if self._lost_to_the_swapper(log):
+                continue
             if "Traceback" in log or '"reason": "internal"' in log:
                 self.violations.append(f"pod {pod.name}: a traceback or an internal error:\n{log[-2500:]}")
+
+    def _lost_to_the_swapper(self, log: str) -> bool:
+        """A swapping trial's pod whose server died loading an entry the swapper had traded for a
+        link: the view's links are read by path, and a writer who races the load wins it (a
+        limit docs/design.md's threat model names). The pod reports a server failure, as it
+        must; the traceback in its log is the server's own."""
+        return self.swapping and '"reason": "server-failed"' in log and '"reason": "internal"' not in log
 
     def _settle(self, command: str, pod: Pod, deadline: float) -> None:
         def settled() -> bool:
@@ -486,6 +544,9 @@ class Trial:
             self.outcomes[f"{command}:serving"] += 1
             return
         self.outcomes[f"{command}:{code}"] += 1
+        if code == 1 and self._lost_to_the_swapper(pod.log.read_text(errors="replace")):
+            self.outcomes["server-lost-to-the-swapper"] += 1
+            return
         said = f"pod {pod.name} ({command}) exited {code}"
         self.violations += self._failure(
             said, code, pod.log.read_text(errors="replace"), {0} if command == "warm" else set()
@@ -534,19 +595,30 @@ def _make_canary(path: Path) -> Path:
     return path
 
 
-def _tree_state(path: Path) -> str:
+def _tree_state(path: Path) -> dict[str, str]:
     """Names, kinds, modes, mtimes and bytes of everything under ``path``: any touch shows."""
-    digest = hashlib.sha256()
+    found: dict[str, str] = {}
     for folder, dirs, files in sorted(os.walk(path)):
         for name in sorted(dirs + files):
             full = Path(folder) / name
             st = full.lstat()
-            digest.update(f"{full.relative_to(path)}|{st.st_mode}|{st.st_mtime_ns}|{st.st_size}".encode())
+            state = f"mode {st.st_mode:o}, mtime {st.st_mtime_ns}, size {st.st_size}"
             if full.is_file() and not full.is_symlink():
-                digest.update(full.read_bytes())
+                state += f", sha256 {hashlib.sha256(full.read_bytes()).hexdigest()[:16]}"
+            found[str(full.relative_to(path))] = state
     st = path.lstat()
-    digest.update(f".|{st.st_mode}|{st.st_mtime_ns}".encode())
-    return digest.hexdigest()
+    found["."] = f"mode {st.st_mode:o}, mtime {st.st_mtime_ns}"
+    return found
+
+
+def _touched(before: dict[str, str], after: dict[str, str]) -> str:
+    """What changed under the canary, one line a name."""
+    names = sorted(set(before) | set(after))
+    return "; ".join(
+        f"{name}: {before.get(name, '(none)')} -> {after.get(name, '(none)')}"
+        for name in names
+        if before.get(name) != after.get(name)
+    )
 
 
 def _copy_prefix(s3: S3Server, source: str, target: str) -> None:
@@ -563,27 +635,43 @@ def _copy_prefix(s3: S3Server, source: str, target: str) -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("index", range(TRIALS), ids=[f"trial{i:03d}" for i in range(TRIALS)])
 def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, totals: Totals) -> None:
-    root = tmp_path / "volume"
+    mode = random.Random(f"{SEED}:{index}:mode")
+    user = POD_UID if mode.random() < 0.3 else None
+    swapping = mode.random() < 0.3
+    # As another user, the trial's folders must be reachable without privileges, as a pod's
+    # mount is: pytest's base is root's own (0700), so they go in a folder of their own.
+    base = Path(tempfile.mkdtemp(prefix="cachemgr-fuzz-")) if user is not None else tmp_path
+    base.chmod(0o711)
+    root = base / "volume"
     copy_tree(golden.root, root)
-    canary = _make_canary(tmp_path / "canary")
+    canary = _make_canary(base / "canary")
     before = _tree_state(canary)
     prefix = f"fuzz/{SEED}-{index}-{secrets.token_hex(3)}"
     _copy_prefix(fuzz_s3, golden.prefix, prefix)
     trial = Trial(
         index, random.Random(f"{SEED}:{index}"), root, canary, prefix, fuzz_s3, golden, _cli_env(root)
     )
+    trial.user, trial.swapping = user, swapping
+    swapper = Swapper(root, canary, mode, trial.plants)
     try:
+        if user is not None:
+            give_to_pods(root)
         trial.plant()
-        trial.run_commands(after=False)
-        with cluster(tmp_path / "work") as pods:
-            trial.run_pods(pods)
+        with swapper.running() if swapping else contextlib.nullcontext():
+            trial.run_commands(after=False)
+            with cluster(base / "work") as pods:
+                trial.run_pods(pods)
         trial.run_commands(after=True)
-        if _tree_state(canary) != before:
-            trial.violations.append("the canary outside the root was touched")
+        after = _tree_state(canary)
+        if after != before:
+            trial.violations.append(f"the canary outside the root was touched: {_touched(before, after)}")
     finally:
         remove_deep(root)  # the planted chains of 1,100 folders: pytest's own cleanup recurses
+        if base != tmp_path:
+            shutil.rmtree(base, ignore_errors=True)
     totals.trials += 1
     totals.plants.update(plant.kind for plant in trial.plants)
+    totals.plants.update({"as-pod-user": trial.user is not None, "swaps": swapper.swaps})
     totals.commands += trial.commands
     totals.pods += 4
     totals.outcomes.update(trial.outcomes)

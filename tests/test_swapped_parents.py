@@ -245,3 +245,54 @@ def test_publish_writes_nothing_through_a_swapped_staging_folder(
     after = {p.relative_to(outside).as_posix(): p.read_bytes() for p in outside.rglob("*") if p.is_file()}
     assert after == copied, "publish wrote into the copy outside the root"
     assert entry_dirs(cache.path) == []
+
+
+def test_a_folder_moved_away_between_two_steps_is_named_whole(cache: CacheRoot) -> None:
+    """A level missing on the way down (moved away by a writer of the volume) names the whole path:
+    the pod's one-line error says where, not only the last folder's name."""
+    from cachemgr.core import safefs
+
+    missing = cache.staging / DIGEST / "attempt"
+    with pytest.raises(FileNotFoundError) as caught, safefs.open_dir(cache.path, missing):
+        pass
+    assert caught.value.filename == str(cache.staging / DIGEST)
+
+
+def test_a_link_planted_as_a_keys_staging_folder_is_refused_in_its_own_words(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    """The refusal names the link and what to do, not "cannot create a staging directory: None"."""
+    from cachemgr.runtime import failures
+    from cachemgr.runtime.options import RunOptions
+
+    key = command_key("decode")
+    (cache.staging / key.digest).symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(UnsafePathError) as caught:
+        create_staging(cache, key, PodIdentity(pod="p", node="n", host="h", pid=os.getpid()))
+    options = RunOptions(cache_root=cache.path, state_dir=tmp_path / "state")
+    said = failures.staging_failed(caught.value, cache, key, options)
+    assert said is caught.value
+    assert "None" not in str(said)
+    assert f"{cache.staging / key.digest} is a symbolic link" in str(said)
+
+
+def test_a_hard_link_planted_as_a_touched_file_is_replaced_not_touched(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    """``usage/<digest>/last-used`` as a hard link to a file outside the root (one filesystem):
+    the start's touch would set that file's times; it gets a file of its own instead."""
+    from cachemgr.core.fsutil import touch_at
+
+    outside = _aged(tmp_path / "weights.bin", "outside")
+    folder = cache.usage / DIGEST
+    folder.mkdir(parents=True)
+    os.link(outside, folder / "last-used")
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        touch_at(fd, "last-used")
+    finally:
+        os.close(fd)
+    assert outside.stat().st_mtime == OLD
+    assert outside.read_text() == "outside"
+    assert (folder / "last-used").stat().st_nlink == 1
+    assert (folder / "last-used").stat().st_mtime > OLD

@@ -259,12 +259,21 @@ def remove_tree(path: Path, *, within: Path | None = None) -> None:
 def touch_at(parent: int, name: str) -> None:
     """Refresh a heartbeat file's mtime (creating it if needed) in the directory open as
     ``parent``, which the caller reached safely (a folder swapped for a link since then is not
-    followed: the descriptor is the folder); a link planted as the file is touched, never its target."""
+    followed: the descriptor is the folder); a link planted as the file is touched, never its
+    target. A hard link planted as the file (a regular file with other names: on one filesystem
+    with the root, those may lie outside it) is replaced by a file of our own, never touched:
+    its times are the other names' too."""
     try:
-        os.utime(name, dir_fd=parent, follow_symlinks=False)
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            os.unlink(name, dir_fd=parent)
+        else:
+            os.utime(name, dir_fd=parent, follow_symlinks=False)
+            return
     except FileNotFoundError:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-        os.close(os.open(name, flags, 0o644, dir_fd=parent))
+        pass
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    os.close(os.open(name, flags, 0o644, dir_fd=parent))
 
 
 def filesystem_type(path: Path) -> str | None:

@@ -90,7 +90,9 @@ def open_below(parent_fd: int, name: str, *, dev: int, shown: Path) -> int:
     except OSError as error:
         if error.errno in REFUSED:
             raise unsafe_error(shown, parent_fd, name) from None
-        raise
+        # The whole path, not the level's name alone: an error line must say where (a folder
+        # moved away by a writer of the volume, between two steps, names itself).
+        raise type(error)(error.errno, error.strerror, str(shown)) from None
     if os.fstat(fd).st_dev != dev:
         os.close(fd)
         raise other_filesystem_error(shown)
@@ -126,6 +128,26 @@ def open_dir(root: Path, path: Path, *, create: bool = False) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def pinned(root: Path, path: Path) -> Iterator[Path]:
+    """Folder ``path`` under ``root`` by a path no writer of the volume can redirect, while the
+    block runs: ``/proc/<pid>/fd/<n>``, this process's descriptor of it, reached one level at a
+    time from the root (:func:`open_dir`).
+
+    A compiler or a server is handed a path and resolves it itself: a writer who swaps one of
+    its folders (``staging/<digest>``) for a symlink after cachemgr checked it would have it
+    write wherever the link points, outside the root. The kernel resolves this path to the
+    folder itself, wherever it has been moved, for this process's children and theirs (a
+    server's own workers) as long as the block runs. Without ``/proc``, the plain path.
+    """
+    proc = Path(f"/proc/{os.getpid()}/fd")
+    if not proc.is_dir():
+        yield path
+        return
+    with open_dir(root, path) as fd:
+        yield proc / str(fd)
 
 
 def check_dir(root: Path, path: Path) -> bool:
@@ -190,7 +212,10 @@ def rename(root: Path, source: Path, target: Path) -> None:
     A rename never follows its own last components, so a symlink there moves as a link.
     """
     with open_dir(root, source.parent) as src_fd, open_dir(root, target.parent) as dst_fd:
-        os.rename(source.name, target.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        try:
+            os.rename(source.name, target.name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        except OSError as error:  # the whole paths, not two names: the error line must say where
+            raise type(error)(error.errno, error.strerror, str(source), None, str(target)) from None
 
 
 def unlink(root: Path, path: Path) -> None:
@@ -220,7 +245,10 @@ def retry_in(fd: int, action: Callable[[], None]) -> None:
     try:
         action()
     except PermissionError:
-        os.fchmod(fd, 0o755)  # our own directory, being emptied anyway
+        # Our own directory, being emptied anyway; another user's cannot be made writable
+        # (EPERM): then the action's own refusal (EACCES) is what the caller gets.
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, 0o755)
         action()
 
 

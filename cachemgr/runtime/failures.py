@@ -216,6 +216,8 @@ def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, options: RunO
     if is_disk_full(error):
         cause = f"creating staging: {error.strerror}"
         return disk_report(root, key, cause=cause, given=options.expected_size, hook=options.hook).error()
+    if isinstance(error, CacheMgrError):  # a folder of the way there refused (a link): its own line
+        return error
     return VolumeError(
         f"cannot create a staging directory under {root.staging}: {error.strerror}",
         remedy="check that the compile cache PVC is mounted read-write",

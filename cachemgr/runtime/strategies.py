@@ -20,6 +20,7 @@ On a hit, either server gets a pod-local view of the entry (cachemgr.runtime.vie
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
@@ -208,21 +209,25 @@ class CommandStrategy(Strategy):
     def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
         pod = self.pod
         staging = pod.new_staging(root, key)
-        argv = render(key.inputs["compile_cmd"], output_dir=str(staging.artifacts))
         started = time.monotonic()
         watch: launcher.OutputWatch | None = None
         try:
             pod.enter("compiling", strategy=self.name, staging=str(staging.path))
             self._start_progress(root, key, lease)
-            child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
-            watch = launcher.OutputWatch(child)
-            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
-            code = launcher.run_until(
-                child, events=[pod.relay.stop, watch.disk_full], every=lambda: self._sample(monitor), tick=0.5
-            )
-            if code is None:
-                launcher.terminate_tree(child)
-            watch.join()
+            with safefs.pinned(root.path, staging.artifacts) as output_dir:
+                argv = render(key.inputs["compile_cmd"], output_dir=str(output_dir))
+                child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
+                watch = launcher.OutputWatch(child)
+                monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+                code = launcher.run_until(
+                    child,
+                    events=[pod.relay.stop, watch.disk_full],
+                    every=lambda: self._sample(monitor),
+                    tick=0.5,
+                )
+                if code is None:
+                    launcher.terminate_tree(child)
+                watch.join()
             failures.compile_ended(code, watch, relay=pod.relay, what="compile command", key=key)
             self._stop_progress(staged=staging.artifacts)
             self._check_loadable(key, staging, serving=False)
@@ -261,7 +266,9 @@ class VllmStrategy(Strategy):
     def compile(self, root: CacheRoot, key: CacheKey, lease: KeyLease) -> Compiled:
         pod = self.pod
         staging = pod.new_staging(root, key)
-        env = {**pod.environ, "VLLM_CACHE_ROOT": str(staging.artifacts)}
+        # The server writes through the attempt's open folder for as long as it runs (it re-saves
+        # its bundle after every warm-up): held until _serve_on or a failure closes it.
+        pin = contextlib.ExitStack()
         url = pod.health_url(key)
         pod.state.update(health_url=url)
         started = time.monotonic()
@@ -271,6 +278,10 @@ class VllmStrategy(Strategy):
         try:
             pod.enter("compiling", strategy=self.name, staging=str(staging.path))
             self._start_progress(root, key, lease)
+            env = {
+                **pod.environ,
+                "VLLM_CACHE_ROOT": str(pin.enter_context(safefs.pinned(root.path, staging.artifacts))),
+            }
             # The server compiles as it starts: spawned under the relay, as on a hit.
             child = pod.relay.spawn(
                 lambda: launcher.start(key.server.argv, env=env, capture=True, what="server")
@@ -302,9 +313,12 @@ class VllmStrategy(Strategy):
             self._stop_progress()
             if child is not None:
                 launcher.terminate_tree(child)
+            pin.close()
             self._fail_attempt(root, key, staging, error, watch=watch, started=started)
             raise
-        return Compiled(self._serve_on(key, child, watch, staging, serving=healthy.is_set()))
+        with pin:
+            code = self._serve_on(key, child, watch, staging, serving=healthy.is_set())
+        return Compiled(code)
 
     def _serve_on(
         self,

@@ -39,6 +39,7 @@ from cachemgr.core.fsutil import (
     remove_tree,
     walk_files,
 )
+from cachemgr.core.log import get_logger
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -182,6 +183,9 @@ def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
         )
     fsync_dir(root.entries)
     return target
+
+
+log = get_logger("cachemgr.volume.store")
 
 
 # --- staging and publish ------------------------------------------------------------------
@@ -476,7 +480,16 @@ def clean_stale_staging(
     if digest is not None:
         safefs.check_dir(root.path, root.staging / digest)  # a link there: exit 74, never followed
     for info, _ in dead_attempts(list_staging(root, digest), stale_after=stale_after, identity=identity):
-        remove_tree(info.path, within=root.path)
-        remove_tree(info.owner_file, within=root.path)  # a record, or a folder planted as one
+        try:
+            remove_tree(info.path, within=root.path)
+            remove_tree(info.owner_file, within=root.path)  # a record, or a folder planted as one
+        except PermissionError as error:  # another user's (a root shell's): the compile goes on beside it
+            log.warning(
+                "stale_staging_kept",
+                attempt=info.path.name,
+                error=str(error),
+                remedy="remove it as its owner",
+            )
+            continue
         removed.append(info.path)
     return removed

@@ -306,13 +306,18 @@ class Cluster:
         cwd: Path | None = None,
         open_files: int | None = None,
         python: str = sys.executable,
+        user: int | None = None,
     ) -> Pod:
         """Start ``cachemgr <command> [options] -- server_argv`` as pod ``name`` (in ``cwd``);
         ``open_files``: its limit of open files (``ulimit -n``, as a container's runtime sets it);
-        ``python``: the interpreter of another install of cachemgr (a venv without an extra)."""
+        ``python``: the interpreter of another install of cachemgr (a venv without an extra);
+        ``user``: the uid (and gid) it runs as (:func:`as_user`), owning its state folder."""
         state_dir = self.work / "pods" / name
         shutil.rmtree(state_dir, ignore_errors=True)
         state_dir.mkdir(parents=True)
+        if user is not None:
+            for folder in (self.work, state_dir):
+                os.chown(folder, user, user)
         log = self.work / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         pod_env = {
@@ -330,7 +335,7 @@ class Cluster:
             argv = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node, *argv]
         with log.open("ab") as out:
             proc = subprocess.Popen(
-                with_open_files(argv, open_files),
+                as_user(with_open_files(argv, open_files), user),
                 env=pod_env,
                 stdout=out,
                 stderr=out,
@@ -389,6 +394,18 @@ _SET_OPEN_FILES = (
     "import os, resource, sys; n = int(sys.argv[1]); "
     "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execvp(sys.argv[2], sys.argv[2:])"
 )
+
+
+def as_user(argv: Sequence[str], uid: int | None) -> list[str]:
+    """``argv`` run as ``uid`` (and gid ``uid``, no other groups), as a pod's ``runAsUser`` runs it:
+    root ignores every mode bit, a pod does not. It keeps one capability, reading and listing any
+    file (CAP_DAC_READ_SEARCH), so that it can reach the test's interpreter and files in a
+    checkout of any mode; it writes only where the user may (setpriv, util-linux)."""
+    if uid is None:
+        return list(argv)
+    caps = "+dac_read_search"
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", f"--inh-caps={caps}",
+            f"--ambient-caps={caps}", *argv]  # fmt: skip
 
 
 def with_open_files(argv: Sequence[str], limit: int | None) -> list[str]:

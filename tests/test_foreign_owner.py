@@ -1,0 +1,95 @@
+"""A pod runs as the chart's ``runAsUser`` (10001), not root: what another user left on the volume
+(a root shell, a Job with another ``runAsUser``) is there to read, never to remove or change.
+
+Root ignores every mode bit, so these pods run as uid 10001 for real (``podlib.as_user``), on a
+volume that uid owns, with what root planted in it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cachemgr_testkit.fuzz_kinds import POD_UID, give_to_pods
+from cachemgr_testkit.podlib import cluster, free_port, wait_for
+from cachemgr_testkit.scenarios import compile_cmd, server_argv
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs pods as another user: needs root")
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A folder any user can reach (pytest's own is root's, 0700), as a pod's mount is."""
+    made = Path(tempfile.mkdtemp(prefix="cachemgr-foreign-"))
+    made.chmod(0o711)
+    try:
+        yield made
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+
+
+def test_a_dead_attempt_holding_another_users_folder_is_left_and_the_compile_goes_on(base: Path) -> None:
+    root = base / "volume"
+    root.mkdir()
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=None)]
+    with cluster(base / "work") as pods:
+        killed = pods.start(
+            "killed", server_argv(free_port()), cache_root=root, options=options,
+            env={"STANDIN_COMPILE_SECONDS": "60"},
+        )  # fmt: skip
+        killed.wait_phase("compiling")
+        attempt = next(root.glob("staging/*/killed.*/artifacts")).parent
+        killed.signal_pod(signal.SIGKILL)
+        killed.wait_exit(timeout=30)
+        give_to_pods(root)
+        (base / "compiler.jsonl").touch()
+        os.chown(base / "compiler.jsonl", POD_UID, POD_UID)
+        theirs = attempt / "artifacts" / "root-owned"  # root's: uid 10001 cannot empty it
+        theirs.mkdir()
+        (theirs / "graph.rbln").write_bytes(b"x")
+        pod = pods.start(
+            "taker", server_argv(free_port()), cache_root=root, options=options, user=POD_UID,
+            env={"STANDIN_COMPILE_SECONDS": "0.5"},
+        )  # fmt: skip
+        wait_for(lambda: pod.proc.poll() is not None or pod.phase == "serving", what="the taker to settle")
+        log = pod.log.read_text()
+        assert pod.phase == "serving", log[-3000:]
+        pod.signal(signal.SIGTERM)
+        assert pod.wait_exit(timeout=60) == 0, log[-3000:]
+    kept = [json.loads(line) for line in log.splitlines() if '"stale_staging_kept"' in line]
+    assert [record["attempt"] for record in kept] == [attempt.name], log[-3000:]
+    assert (theirs / "graph.rbln").read_bytes() == b"x"  # another user's bytes are left as they were
+
+
+def test_entries_another_user_owns_stop_the_publish_with_a_line_naming_the_folder(base: Path) -> None:
+    """``entries/`` left to root (a restore run as root, a Job of another ``runAsUser``): the pod
+    compiles, cannot publish, and says where (it named only two bare folder names before)."""
+    root = base / "volume"
+    root.mkdir()
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=0.2)]
+    (base / "compiler.jsonl").touch()
+    with cluster(base / "work") as pods:
+        other = [
+            "--strategy",
+            "command",
+            "--compile-cmd",
+            compile_cmd(base / "compiler.jsonl", extra="--files 1"),
+        ]
+        first = pods.start("first", server_argv(free_port()), cache_root=root, options=other)
+        first.wait_phase("serving")  # the layout, made by a pod of the user
+        first.signal(signal.SIGTERM)
+        first.wait_exit(timeout=60)
+        give_to_pods(root)
+        os.chown(base / "compiler.jsonl", POD_UID, POD_UID)
+        os.chown(root / "entries", 0, 0)  # root's now: uid 10001 cannot rename into it
+        pod = pods.start("second", server_argv(free_port()), cache_root=root, options=options, user=POD_UID)
+        code = pod.wait_exit(timeout=60)
+    failed = [json.loads(line) for line in pod.log.read_text().splitlines() if '"event": "failed"' in line]
+    assert code == 74, pod.log.read_text()[-3000:]
+    assert str(root / "entries") in failed[-1]["message"]

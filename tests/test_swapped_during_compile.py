@@ -1,0 +1,96 @@
+"""A folder swapped for a symlink while a compile runs never leads the compiler outside the root.
+
+cachemgr makes the attempt's folder safely (one level at a time from the root), but a compiler is
+handed a path and resolves it itself. Someone with write access to the volume who swaps
+``staging/<digest>`` for a symlink to a folder outside the root after the attempt was made would
+have the compiler write its output there (found by the fuzzer's swapper, issue 40). The compiler
+is therefore handed ``/proc/<pid>/fd/<n>``, the pod's descriptor of the attempt's folder
+(``safefs.pinned``): its output lands in the attempt wherever it was moved.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from cachemgr_testkit.podlib import DEADLINE, cluster, free_port, wait_for
+from cachemgr_testkit.scenarios import server_argv, vllm_argv
+
+# A compiler that waits for the test's go-ahead (with its own deadline), then makes a folder and a
+# file under the output path it was given, as rebel's and optimum-rbln's exports do.
+_COMPILER = """
+import os, sys, time
+out, go, started = sys.argv[1], sys.argv[2], sys.argv[3]
+open(started, "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.05)
+os.makedirs(os.path.join(out, "submodule"), exist_ok=True)
+with open(os.path.join(out, "submodule", "graph.rbln"), "wb") as f:
+    f.write(b"compiled")
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_a_staging_folder_swapped_during_the_compile_gets_nothing_written_outside(tmp_path: Path) -> None:
+    root = tmp_path / "volume"
+    root.mkdir()
+    outside = tmp_path / "outside"  # stands for a pod's model weights or another mount
+    outside.mkdir()
+    go, started = tmp_path / "go", tmp_path / "started"
+    script = tmp_path / "compiler.py"
+    script.write_text(_COMPILER)
+    compile_cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {{output_dir}} {shlex.quote(str(go))} {shlex.quote(str(started))}"
+    with cluster(tmp_path / "work") as pods:
+        pod = pods.start(
+            "swapped",
+            server_argv(free_port()),
+            cache_root=root,
+            options=["--strategy", "command", "--compile-cmd", compile_cmd],
+        )
+        wait_for(started.exists, what="the compiler to start")
+        digest_folder = next(p for p in (root / "staging").iterdir() if p.is_dir())
+        moved = digest_folder.with_name(digest_folder.name + ".moved")
+        digest_folder.rename(moved)
+        digest_folder.symlink_to(outside, target_is_directory=True)
+        go.touch()
+        pod.wait_exit(timeout=DEADLINE)
+    assert list(outside.iterdir()) == [], "the compiler wrote through the swapped-in link"
+    written = list(moved.glob("*/artifacts/submodule/graph.rbln"))
+    assert [p.read_bytes() for p in written] == [b"compiled"], "the output landed in the attempt itself"
+    assert os.readlink(digest_folder) == str(outside)  # the planted link is left for the operator
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_the_vllm_servers_cache_root_swapped_during_its_compile_gets_nothing_written_outside(
+    tmp_path: Path,
+) -> None:
+    """The same for the server that compiles as it starts (``VLLM_CACHE_ROOT`` in the attempt)."""
+    root = tmp_path / "volume"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    started = tmp_path / "server-started.jsonl"
+    with cluster(tmp_path / "work") as pods:
+        pod = pods.start(
+            "swapped",
+            vllm_argv(free_port()),
+            cache_root=root,
+            env={"STANDIN_COMPILE_SECONDS": "3", "STANDIN_START_RECORD": str(started)},
+        )
+        wait_for(started.exists, what="the server to start")
+        digest_folder = next(p for p in (root / "staging").iterdir() if p.is_dir())
+        moved = digest_folder.with_name(digest_folder.name + ".moved")
+        digest_folder.rename(moved)
+        digest_folder.symlink_to(outside, target_is_directory=True)
+        wait_for(lambda: pod.proc.poll() is not None or pod.phase == "serving", what="the compile to end")
+        pod.signal(signal.SIGTERM)
+        pod.wait_exit(timeout=DEADLINE)
+    assert list(outside.iterdir()) == [], "the server wrote through the swapped-in link"
+    assert list(moved.glob("*/artifacts/*")), "the server's output landed in the attempt itself"
