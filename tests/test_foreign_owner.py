@@ -93,3 +93,34 @@ def test_entries_another_user_owns_stop_the_publish_with_a_line_naming_the_folde
     failed = [json.loads(line) for line in pod.log.read_text().splitlines() if '"event": "failed"' in line]
     assert code == 74, pod.log.read_text()[-3000:]
     assert str(root / "entries") in failed[-1]["message"]
+
+
+def test_a_damaged_entry_the_pods_user_may_not_move_is_left_with_a_warning(base: Path) -> None:
+    """Damage found where ``entries/`` is root's: the quarantine's rename is refused, and the pod
+    could not publish over it either. It stops with 74 saying so and what to do (it was exit 70, a
+    PermissionError, before)."""
+    root = base / "volume"
+    root.mkdir()
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=0.2)]
+    (base / "compiler.jsonl").touch()
+    with cluster(base / "work") as pods:
+        first = pods.start("first", server_argv(free_port()), cache_root=root, options=options)
+        first.wait_phase("serving")
+        first.signal(signal.SIGTERM)
+        first.wait_exit(timeout=60)
+        give_to_pods(root)
+        os.chown(base / "compiler.jsonl", POD_UID, POD_UID)
+        entry = next((root / "entries").iterdir())
+        graph = next(p for p in (entry / "artifacts").rglob("*") if p.is_file())
+        graph.chmod(0o644)
+        graph.write_bytes(b"damaged")  # another size: the fast check finds it
+        os.chown(root / "entries", 0, 0)
+        pod = pods.start("second", server_argv(free_port()), cache_root=root, options=options, user=POD_UID)
+        code = pod.wait_exit(timeout=60)
+    log = pod.log.read_text()
+    assert '"reason": "internal"' not in log, log[-3000:]
+    failed = [json.loads(line) for line in log.splitlines() if '"event": "failed"' in line]
+    assert code == 74, log[-3000:]
+    assert f"cannot move the damaged entry {entry} aside" in failed[-1]["message"]
+    assert f"cachemgr prune --key {entry.name[-16:]} --yes" in failed[-1]["message"]
+    assert entry.is_dir()

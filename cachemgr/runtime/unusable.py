@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from cachemgr.core import safefs
+from cachemgr.core.errors import VolumeError
 from cachemgr.core.log import get_logger
 from cachemgr.volume.manifest import MANIFEST_NAME
 from cachemgr.volume.store import quarantine
@@ -49,7 +50,16 @@ class Unusable:
             pod.metrics.untrusted += 1
         fields = {"problems": found.reason} if damaged else {"reason": found.reason, "signer": found.signer}
         if not pod.read_only and (damaged or not pod.cannot_compile):
-            moved = quarantine(root, found.path, reason=found.reason)
+            try:
+                moved = quarantine(root, found.path, reason=found.reason)
+            except PermissionError as error:  # entries/ or quarantine/ another user's (a root shell's)
+                raise VolumeError(
+                    f"cannot move the {'damaged' if damaged else 'untrusted'} entry {found.path} aside, nor "
+                    f"publish over it: {error}",
+                    remedy="give the pods' user (the chart's fsGroup) write access to entries/ and quarantine/, "
+                    f"or remove the entry as its owner: cachemgr prune --key {found.path.name[-16:]} --yes",
+                    path=str(found.path),
+                ) from None
             log.warning(event, entry=found.path.name, **fields, moved_to=str(moved))
             return
         if seen is not None:
