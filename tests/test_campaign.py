@@ -59,7 +59,9 @@ After every trial, once its faults stopped, these invariants must hold:
    on a volume that filled up, exit 74 naming a layout directory the campaign replaced by a
    link (the documented refusal; an operator removes the link), or, its server dead before
    ready (server-dies), the server's code (128+N for signal N), with a termination message
-   naming that code or signal. Anything else (a crash, a stuck pod) is reported with its log;
+   naming that code or signal (unless the campaign's SIGTERM reached that server while it ran,
+   as the pod's state says: a stop, whatever the code). Anything else (a crash, a stuck pod) is
+   reported with its log;
 6. nothing outside the root was touched: the canary tree is byte for byte what it was;
 7. an intruder never disturbed its pod: the pod still serves, its probes pass, its view is whole;
 8. no pod outlives its budget plus the grace period: from its spawn, or from the end of the
