@@ -120,7 +120,9 @@ def _await_repairs(repaired_by: float) -> None:
     stops the removal (:func:`_come_since_plan`). Once per prune: later entries find it passed."""
     left = repaired_by - time.monotonic()
     if left > 0:
-        log.info("prune_waits_for_heartbeats", seconds=round(left, 1))
+        # Debug, not info: the transcripts of the guide and the reference stay as they are; the
+        # wait is documented in reference.md (prune).
+        log.debug("prune_waits_for_heartbeats", seconds=round(left, 1))
         time.sleep(left)
 
 
