@@ -25,6 +25,10 @@ limit of 1,024 open files (``setrlimit`` in the child):
 * four pods at once, each with the remote tier: an open ``run`` and the signing builder's
   ``warm`` of the signed key, a signing, trusting ``run`` of the unsigned key, and an open ``run``
   of the key whose compile a golden pod left half done (its lease, holder, progress and attempt);
+* while the pods serve, a fifth compiles a key of its own; what the live pods own is removed
+  (their use records or whole usage folders, the attempt's owner record, the lease marker and
+  holder record: cachemgr_testkit.fuzz.remove_live), and at once a peer of the compiling pod
+  starts and a real ``prune --unused-for 0s --stale-staging --yes`` runs;
 * ``ls`` and ``verify`` again, on what the pods left;
 * an operator's input (issue 40): a generated ``-o jsonpath=`` template for ``ls`` and ``show``,
   ``-o custom-columns=`` with ``--sort-by``, and ``--sort-by`` on ``ls``, ``locks``, ``stats`` or
@@ -45,6 +49,10 @@ After each trial these must hold:
    text is escaped: core/printable.py);
 6. nothing outside the root was touched: the canary (files, a folder, the target of the planted
    links and hard links, and of the swapper's) has its names, bytes, modes and mtimes.
+7. nothing a live pod uses goes for what was removed under it (issue 40): no serving pod's entry
+   pruned, the compiling pod's attempt not removed, its key compiled once (twice only where both
+   its lease marker and holder record went: the lease's documented worst), no lease lost, and
+   every removed record of a pod still running back within ``LIVE_BACK_S``.
 
 Short form (CI): ``CACHEMGR_FUZZ_TRIALS`` (default 3). Long form::
 
@@ -83,11 +91,13 @@ from cachemgr_testkit.fuzz import (
     content,
     copy_tree,
     hostile_name,
+    live_records,
     operator_columns,
     operator_path,
     operator_template,
     pick_target,
     plant_node,
+    remove_live,
     volume_targets,
 )
 from cachemgr_testkit.fuzz_kinds import (
@@ -103,7 +113,7 @@ from cachemgr_testkit.fuzz_kinds import (
 from cachemgr_testkit.hostile import remove_deep
 from cachemgr_testkit.podlib import Cluster, Pod, as_user, cluster, free_port, wait_for, with_open_files
 from cachemgr_testkit.s3server import BUCKET, S3Server, require_s3, s3_server
-from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, server_argv
+from cachemgr_testkit.scenarios import compile_cmd, compiles, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key, writable
 
 from cachemgr.core.signing import SecretKey
@@ -122,6 +132,8 @@ REMOTE_LIMITS = {
     "CACHEMGR_REMOTE_UPLOAD_WAIT": "5s",
 }
 POD_OPTIONS = ["--wait-timeout", "60s", "--lease-duration", "3"]
+LIVE_COMPILE_S = 20  # the live phase's compile: longer than its prune (8 s) and the records' return
+LIVE_BACK_S = 10.0  # a removed record is back within this: a beat (2 s; the lease's 1 s), and a margin
 OPEN_FILES = 1_024  # every pod and command runs under a container's usual limit (ulimit -n)
 PRUNE_SELECTORS = [
     "--damaged", "--stale-staging", "--failures", "--unused-for", "0s", "--incompatible", "--superseded"
@@ -509,6 +521,7 @@ class Trial:
         deadline = time.monotonic() + POD_DEADLINE
         for command, pod in started:
             self._settle(command, pod, deadline)
+        started += self.live_phase(pods, [pod for command, pod in started if command == "run"])
         for _, pod in started:
             if pod.proc.poll() is None:
                 pod.signal(signal.SIGTERM)
@@ -551,6 +564,97 @@ class Trial:
         self.violations += self._failure(
             said, code, pod.log.read_text(errors="replace"), {0} if command == "warm" else set()
         )
+
+    # --- live plants: what a running pod owns, removed while it runs (issue 40) ------------------
+
+    def live_phase(self, pods: Cluster, serving: list[Pod]) -> list[tuple[str, Pod]]:
+        """A pod compiling a key of its own (for LIVE_COMPILE_S); then, while it and the serving
+        pods run, what they own removed (cachemgr_testkit.fuzz.remove_live), a peer of the
+        compiling pod started and a real ``prune --unused-for 0s --stale-staging --yes`` run at
+        once. Then: no serving pod's entry removed, the compiling pod's attempt not removed and its
+        key compiled once (twice only where both its lease marker and holder record went: nothing
+        then says a holder is there, and a second compile is the lease's documented worst), every
+        removed record of a pod still running back within LIVE_BACK_S. Its pods are returned, to be
+        stopped as the others."""
+        record = self.root.parent / "live-compiler.jsonl"
+        record.touch()
+        record.chmod(0o666)  # the compile command appends to it, as root or as the pods' user
+        compile_ = compile_cmd(record, seconds=None, extra="--files 2")
+        options = [*POD_OPTIONS, "--strategy", "command", "--compile-cmd", compile_]
+        env = {"STANDIN_COMPILE_SECONDS": str(LIVE_COMPILE_S)}
+
+        def start(name: str) -> Pod:
+            return pods.start(
+                name,
+                server_argv(free_port()),
+                cache_root=self.root,
+                options=options,
+                env=env,
+                open_files=OPEN_FILES,
+                user=self.user,
+            )
+
+        slow = start("slow")
+        try:
+            slow.wait_phase("compiling", timeout=POD_DEADLINE)
+            wait_for(lambda: live_records(self.root, "slow", slow.proc.pid)["lease-holder"], timeout=30, what="its holder record")  # fmt: skip
+        except AssertionError:
+            self.outcomes["live:slow-not-compiling"] += 1  # an earlier plant stopped it: settled as any pod
+            self._settle("run", slow, time.monotonic() + POD_DEADLINE)
+            return [("run", slow)]
+        live = [pod for pod in [*serving, slow] if pod.proc.poll() is None]
+        entries = {pod.name: pod.state().get("entry") for pod in live if pod.phase == "serving"}
+        attempts = [p.with_suffix("") for p in live_records(self.root, "slow", slow.proc.pid)["owner-record"]]
+        removed: dict[str, list[Plant]] = {}
+        for pod in live:
+            removed[pod.name] = remove_live(
+                self.rng, live_records(self.root, pod.name, pod.proc.pid), self.root
+            )
+            self.plants += removed[pod.name]
+        said = f"removed: {[str(p) for plants in removed.values() for p in plants]}"
+        peer = start("peer")
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pruned = pool.submit(self._command, "prune", ["prune", "--unused-for", "0s", "--stale-staging", "--yes"], {})  # fmt: skip
+            self._live_back(removed, {pod.name: pod for pod in live}, slow)
+            self.violations += pruned.result()
+        self.commands += 1
+        for name, entry in entries.items():
+            if entry and not (self.root / "entries" / entry).is_dir():
+                self.violations.append(f"prune removed {entry}, in use by the serving pod {name}; {said}")
+        gone = [a.name for a in attempts if not a.is_dir()]
+        if gone and slow.phase == "compiling":  # read after: the attempt went while it compiled
+            self.violations.append(f"the compiling pod's attempt {gone} was removed; {said}")
+        self._settle("run", slow, time.monotonic() + POD_DEADLINE)
+        self._settle("run", peer, time.monotonic() + POD_DEADLINE)
+        lease = {p.kind for p in removed.get("slow", [])} >= {"live:lease-marker", "live:lease-holder"}
+        if compiles(record) > (2 if lease else 1):
+            self.violations.append(f"the compiling pod's key was compiled {compiles(record)} times; {said}")
+        lost = [e for e in slow.log_events() if e.get("event") == "lease_lost"]
+        if lost and not lease:
+            self.violations.append(f"the compiling pod lost its lease: {lost[0]}; {said}")
+        return [("run", slow), ("run", peer)]
+
+    def _live_back(self, removed: dict[str, list[Plant]], pods: dict[str, Pod], slow: Pod) -> None:
+        """Every removed record of a pod still running is back within LIVE_BACK_S (the compiling
+        pod's attempt records only while it compiles: a publish ends them)."""
+
+        def missing() -> list[str]:
+            compiling = slow.proc.poll() is None and slow.phase == "compiling"
+            return [
+                plant.where
+                for name, plants in removed.items()
+                for plant in plants
+                if pods[name].proc.poll() is None
+                and (name != "slow" or compiling or plant.kind in {"live:use-record", "live:usage-folder"})
+                and not (self.root / plant.where).exists()
+            ]
+
+        try:
+            wait_for(
+                lambda: not missing(), timeout=LIVE_BACK_S, what="the removed records to be written again"
+            )
+        except AssertionError:
+            self.violations.append(f"not written again within {LIVE_BACK_S:.0f}s: {missing()}")
 
 
 def _reachable(root: Path, folder: Path) -> bool:
@@ -673,7 +777,7 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
     totals.plants.update(plant.kind for plant in trial.plants)
     totals.plants.update({"as-pod-user": trial.user is not None, "swaps": swapper.swaps})
     totals.commands += trial.commands
-    totals.pods += 4
+    totals.pods += 6
     totals.outcomes.update(trial.outcomes)
     totals.violations += trial.violations
     replay = f"replay: CACHEMGR_FUZZ_SEED={SEED} CACHEMGR_FUZZ_TRIALS={TRIALS} .venv/bin/pytest tests/test_fuzz.py -k 'trial{index:03d}'"

@@ -14,7 +14,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from cachemgr_testkit.podlib import Cluster, free_port, metrics, run_cli, wait_for
+import psutil
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, metrics, run_cli, wait_for
 from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, served_entry, server_argv, vllm_argv
 
 from cachemgr.volume import serverfail
@@ -325,3 +326,65 @@ def test_a_policy_count_in_other_digits_is_refused_not_a_crash(pods: Cluster, ro
         env=_env(pods, root),
     )  # fmt: skip
     assert (flag.returncode, "Traceback" in flag.stderr) == (64, False), flag.stderr
+
+
+def _loading_server(pods: Cluster, root: Path, name: str, **env: str) -> tuple[Pod, psutil.Process]:
+    """A pod on a hit whose server loads for ten minutes (never ready), and that server."""
+    pod = pods.start(
+        name, vllm_argv(free_port()), cache_root=root, env={"STANDIN_LOAD_SECONDS": "600", **env}
+    )
+    pod.wait_phase("launching")
+    me = psutil.Process(pod.proc.pid)
+    found = wait_for(me.children, timeout=30, what="the server process")
+    wait_for(lambda: _catches_sigterm(found[0].pid), timeout=30, what="the server's SIGTERM handler")
+    return pod, found[0]
+
+
+def _catches_sigterm(pid: int) -> bool:
+    """The process has its own SIGTERM handler (the stand-in server, past its start-up)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+def test_a_server_dead_before_the_pods_sigterm_is_said_though_the_signal_came_before_the_pod_looked(
+    pods: Cluster, root: Path
+) -> None:
+    """Issue 40's flaky campaign invariant, made to happen on purpose: the server dies before ready
+    (here the OOM killer's SIGKILL), and the rollout's SIGTERM reaches the pod after that death but
+    before the pod has looked at it (its main thread frozen in between, as a busy node delays it).
+    The death is the server's own: the termination message says it. Before, any SIGTERM set before
+    the pod looked made it a stop, and the message was empty."""
+    served_entry(pods, root)
+    pod, server = _loading_server(pods, root, "dies")
+    pod.signal(signal.SIGSTOP)  # cachemgr alone: the server loads on
+    try:
+        server.send_signal(signal.SIGKILL)
+        wait_for(lambda: server.status() == psutil.STATUS_ZOMBIE, timeout=10, what="the server to die")
+        pod.signal(signal.SIGTERM)  # pending until the pod runs again: after the death
+    finally:
+        pod.signal(signal.SIGCONT)
+    assert pod.wait_exit() == 137, pod.tail()
+    term = (pod.state_dir / "termination-log").read_text()
+    assert "was killed by SIGKILL (exit 137) before it was ready" in term, term
+    [record] = (root / "usage").glob("*/server-failed.*")
+    assert json.loads(record.read_text())["signal"] == "SIGKILL"
+    assert "stopped_by" not in pod.state().get("detail", {}), pod.state()
+
+
+def test_a_server_that_exits_on_the_pods_sigterm_is_a_stop_whatever_its_code(
+    pods: Cluster, root: Path
+) -> None:
+    """The other side of the rule: the SIGTERM reached the server while it ran, and it exited with
+    a code of its own choosing (3): the pod was stopped, its entry is not blamed."""
+    served_entry(pods, root)
+    pod, server = _loading_server(pods, root, "stopped", STANDIN_EXIT_CODE="3")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 3, pod.tail()
+    term = pod.state_dir / "termination-log"
+    assert not term.exists() or "before it was ready" not in term.read_text()
+    assert list((root / "usage").glob("*/server-failed.*")) == []
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    # Said in the state: the fault campaign tells such a stop from a death by it (the code cannot).
+    assert pod.state()["detail"] == {"exit_code": 3, "stopped_by": "SIGTERM"}, pod.state()

@@ -296,3 +296,29 @@ def test_a_hard_link_planted_as_a_touched_file_is_replaced_not_touched(
     assert outside.read_text() == "outside"
     assert (folder / "last-used").stat().st_nlink == 1
     assert (folder / "last-used").stat().st_mtime > OLD
+
+
+def test_a_hard_link_planted_as_a_beaten_record_is_written_again_not_touched(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    """A live pod's use record replaced by a hard link to a file outside the root: the beat would
+    set that file's times. It takes the name back with a record of its own (its restore)."""
+    usage = cache.usage / DIGEST
+    usage.mkdir()
+    record = usage / "pod.1.json"
+    outside = _aged(tmp_path / "weights.bin", "outside")
+    os.link(outside, record)
+    restored: list[Path] = []
+
+    def restore() -> None:
+        record.write_text("{}")
+        restored.append(record)
+
+    beat = Heartbeat()
+    beat.add(record, within=cache.path, restore=restore)
+    beat.beat()
+
+    assert outside.stat().st_mtime == OLD, "the beat touched a file outside the root"
+    assert outside.read_text() == "outside"
+    assert restored == [record]
+    assert record.stat().st_nlink == 1

@@ -5,7 +5,12 @@ Execution is safe while pods start and compile beside it:
 
 1. an entry with a live use record is never planned (a record that looks old by this node's
    clock is watched for a heartbeat first: cachemgr.volume.records), and one whose usage folder
-   changed since the plan (a pod came, beat or left) is skipped;
+   changed since the plan (a pod came, beat or left) is skipped. No entry is removed before
+   ``OBSERVE_SECONDS`` (8 s: three heartbeats and a margin) have passed on this node's monotonic
+   clock since the plan looked: a serving pod whose use record someone removed writes it again
+   at its next beat (cachemgr.volume.heartbeat), and its entry is then skipped. Absence is never
+   trusted for less than a heartbeat can repair, whatever the folder's times say (anyone who can
+   remove a record can also set them);
 2. an entry is first *renamed* into ``trash/`` (atomic: a starting pod now sees a miss,
    never a half-deleted entry);
 3. its usage folder is compared with the plan's again at once: a pod that registered in
@@ -35,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -58,7 +64,7 @@ from cachemgr.ops.scan import Compat, scan
 from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.records import Mark, read_usage, record_mark
+from cachemgr.volume.records import OBSERVE_SECONDS, Mark, read_usage, record_mark
 from cachemgr.volume.store import StagingInfo, list_staging
 
 if TYPE_CHECKING:
@@ -88,9 +94,10 @@ def execute(
     removed: list[PruneItem] = []
     skipped: list[tuple[PruneItem, str]] = []
     failed: list[tuple[PruneItem, str]] = []
+    repaired_by = plan.looked_at + OBSERVE_SECONDS  # step 1: no entry goes before then
     for item in sorted(plan.items, key=lambda i: _ORDER[i.kind]):
         try:
-            why_not = _remove(root, item, stale_after=stale_after, identity=identity)
+            why_not = _remove(root, item, stale_after=stale_after, identity=identity, repaired_by=repaired_by)
         except OSError as error:
             failed.append((item, f"{error.strerror or error} ({error.filename or item.path})"))
             log.warning("prune_failed", kind=item.kind, name=item.name, error=str(error))
@@ -107,9 +114,23 @@ def execute(
     return PruneResult(tuple(removed), tuple(skipped), tuple(failed))
 
 
-def _remove(root: CacheRoot, item: PruneItem, *, stale_after: float, identity: PodIdentity) -> str | None:
+def _await_repairs(repaired_by: float) -> None:
+    """Wait until a live pod's heartbeat could have written again a use record removed before the
+    plan looked (step 1; ``repaired_by`` on this node's monotonic clock): what shows up by then
+    stops the removal (:func:`_come_since_plan`). Once per prune: later entries find it passed."""
+    left = repaired_by - time.monotonic()
+    if left > 0:
+        # Debug, not info: the transcripts of the guide and the reference stay as they are; the
+        # wait is documented in reference.md (prune).
+        log.debug("prune_waits_for_heartbeats", seconds=round(left, 1))
+        time.sleep(left)
+
+
+def _remove(
+    root: CacheRoot, item: PruneItem, *, stale_after: float, identity: PodIdentity, repaired_by: float
+) -> str | None:
     if item.kind == "entry":
-        return _remove_entry(root, item)
+        return _remove_entry(root, item, repaired_by=repaired_by)
     if item.kind == "staging":
         return _remove_attempt(root, item, stale_after=stale_after, identity=identity)
     # Claimed by one rename first: a prune running beside this one then finds it gone instead
@@ -167,7 +188,7 @@ def _owner_changed(info: StagingInfo, item: PruneItem) -> bool:
     return owner_seen(info, mark) != item.seen
 
 
-def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
+def _remove_entry(root: CacheRoot, item: PruneItem, *, repaired_by: float) -> str | None:
     if not item.key or item.seen is None:
         # A damaged entry whose key is unknown: the plan read no usage for it, so judge any
         # key with its 16 digits now (watching silent records), and compare with that after.
@@ -178,7 +199,10 @@ def _remove_entry(root: CacheRoot, item: PruneItem) -> str | None:
     # and pods record their use under the one they computed.
     digests = _prefix_digests(root, item) if item.key else []
     around = _seen_of(root, digests)
-    why_not = _come_since_plan(root, item) or _used_under_another_key(root, item, digests)
+    # The watch of other keys' silent records (up to OBSERVE_SECONDS) counts toward the wait.
+    why_not = _used_under_another_key(root, item, digests)
+    _await_repairs(repaired_by)
+    why_not = why_not or _come_since_plan(root, item)
     if why_not is not None:
         return why_not
     trashed = _to_trash(root, item)

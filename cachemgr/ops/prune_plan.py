@@ -73,6 +73,10 @@ class PrunePlan:
     items: tuple[PruneItem, ...]
     kept: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()
+    # When the plan was made, by this node's monotonic clock: it judged use from what the usage
+    # folders held before then, and execution removes no entry until a heartbeat could have
+    # written a removed use record again since (cachemgr.ops.prune, step 1).
+    looked_at: float = field(default_factory=time.monotonic, compare=False)
 
     @property
     def bytes(self) -> int:

@@ -154,7 +154,7 @@ def download_and_publish(
     started = time.monotonic()
     staging = create_staging(root, key, identity)
     if beat is not None:
-        beat.add(staging.owner_file, within=root.path)
+        beat.add(staging.owner_file, within=root.path, restore=staging.restore_owner)
     committed = False
     try:
         result = remote.download(

@@ -5,7 +5,9 @@ alone) and the owner file of each staging attempt (a silent attempt is dead and 
 removed); the pod state's refreshes the state record the probes read. A frozen or killed
 process stops both, and goes stale.
 
-A use record the volume refused (full, read-only, not ours to write) is tried again at every
+A use record found missing at a beat (removed by a peer: ``usage/`` is writable to every pod that
+records its use) is written again, whole, as it was (issue 40): prune judges by it. A use record
+the volume refused (full, read-only, not ours to write) is tried again at every
 beat of the volume's heartbeat until it is written: a full volume is when operators prune, and
 prune keeps an entry only for the pods it can see. Meanwhile the empty record, if the volume
 took that much, beats and stands for the pod (cachemgr.volume.records.register_use).
@@ -47,6 +49,7 @@ class Heartbeats:
         # The use record still to be written (the volume refused it), tried at every volume beat;
         # the lock keeps a retry from recreating a record the main thread just released.
         self._pending: Callable[[], Path] | None = None
+        self._register: Callable[[], Path] | None = None  # writes this pod's use record (again)
         self._root: Path | None = None  # the cache root the pending record lies under
         self._lock = threading.Lock()
         self.volume.on_beat(self._retry_use)
@@ -59,13 +62,15 @@ class Heartbeats:
         """Stop beating and end the use: the record goes into the entry's history (cachemgr stats)."""
         self.volume.stop()
         self._state.stop()
+        self.volume.discard(self._use_record)  # before the lock: a restore under way takes it
         with self._lock:
             self._pending = None
             release_use(self._use_record, ended=self._start)
 
-    def add(self, path: Path, *, within: Path) -> None:
-        """Keep ``path`` fresh (a staging attempt's owner file under root ``within``) until :meth:`discard`."""
-        self.volume.add(path, within=within)
+    def add(self, path: Path, *, within: Path, restore: Callable[[], object] | None = None) -> None:
+        """Keep ``path`` fresh (a staging attempt's owner file under root ``within``) until :meth:`discard`;
+        ``restore`` writes it again when a beat finds it removed."""
+        self.volume.add(path, within=within, restore=restore)
 
     def discard(self, path: Path) -> None:
         self.volume.discard(path)
@@ -96,16 +101,24 @@ class Heartbeats:
             since=time.time(),
         )
         with self._lock:
-            self._pending, self._root = register, root.path
+            self._pending, self._register, self._root = register, register, root.path
             self._record(first=True)
 
     def release_use(self) -> None:
         """The entry went before this pod used it (pruned): no start to keep."""
+        self.volume.discard(self._use_record)  # before the lock: a restore under way takes it
         with self._lock:
             self._pending = None
-            self.volume.discard(self._use_record)
             release_use(self._use_record)
             self._use_record = None
+
+    def _restore_use(self) -> None:
+        """The record went missing (a beat found it gone): write it again, as it was first written.
+        Called by the volume's heartbeat under its own lock, never this one's (release_use and stop
+        take that lock only after taking the record off the beat)."""
+        register = self._register
+        if register is not None:
+            register()
 
     def _retry_use(self) -> None:
         with self._lock:
@@ -130,7 +143,7 @@ class Heartbeats:
                 log.warning("use_not_recorded", **refusal(error), placeholder=placeholder is not None)
             return
         self._pending = None
-        self.volume.add(self._use_record, within=within)
+        self.volume.add(self._use_record, within=within, restore=self._restore_use)
         if not first:
             log.info("use_recorded", record=self._use_record.name)
 

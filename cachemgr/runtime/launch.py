@@ -70,9 +70,11 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     output.join(timeout=_OUTPUT_GRACE)
     if drift is not None:
         drift.check()  # a compile-only server exits without ever serving
-    if code != 0 and not ready and not pod.relay.stop.is_set():
-        # Not stopped by the pod's own signal, never ready: the launch failed (the entry, the
-        # node, the server's configuration: its last lines say which).
+    stopped_by = pod.relay.stopped_child
+    if code != 0 and not ready and stopped_by is None:
+        # Not stopped by the pod's own signal (one that reached it while it ran: a SIGTERM after
+        # its death does not make the death a stop), never ready: the launch failed (the entry,
+        # the node, the server's configuration: its last lines say which).
         from cachemgr.runtime import server_failures  # only for a server that failed
 
         error = failures.server_failed(
@@ -81,7 +83,9 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         raise server_failures.recorded(
             pod, root, key, found, error
         )  # beside the entry: ls, show, prune --key
-    pod.state.phase("stopped", exit_code=code)
+    # Whether the pod's signal reached the server while it ran, said: a stop and a death of its
+    # own, just before the signal, can end in the same code.
+    pod.state.phase("stopped", exit_code=code, **({"stopped_by": stopped_by} if stopped_by else {}))
     return code
 
 

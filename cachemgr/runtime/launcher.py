@@ -87,6 +87,11 @@ class SignalRelay:
     def __init__(self) -> None:
         self.stop = StopFlag()
         self.received: int | None = None
+        # A termination signal reached the attached child while it still ran: its exit is then
+        # the stop's. One that came after the child died (a zombie, or reaped) did not cause its
+        # exit: a server that died before ready on its own is a failure, whenever the signal
+        # came (issue 40: a rollout's SIGTERM just after the server's death hid the failure).
+        self.stopped_child: str | None = None  # that signal's name
         self._child: subprocess.Popen[bytes] | None = None
         self._starting = False  # inside spawn(): a signal now is kept for the child being started
         self._pending: list[int] = []
@@ -143,11 +148,21 @@ class SignalRelay:
         elif self._starting:
             self._pending.append(signum)
 
-    @staticmethod
-    def _forward(child: subprocess.Popen[bytes], signum: int) -> None:
-        if child.returncode is None:
+    def _forward(self, child: subprocess.Popen[bytes], signum: int) -> None:
+        if child.returncode is None and _running(child.pid):
+            if signum in _TERMINATING:
+                self.stopped_child = signal.Signals(signum).name
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signum)
+
+
+def _running(pid: int) -> bool:
+    """The child has not exited: ``waitid`` with ``WNOWAIT`` looks without reaping (a zombie
+    stays for whoever waits for it; ``kill`` alone succeeds on a zombie too)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False  # reaped already
 
 
 class OutputWatch(ChildStreams):

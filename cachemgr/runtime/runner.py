@@ -374,7 +374,7 @@ class Runner:
             staging = create_staging(root, key, self.identity)
         except OSError as error:
             raise failures.staging_failed(error, root, key, self.options) from error
-        self.beats.add(staging.owner_file, within=root.path)
+        self.beats.add(staging.owner_file, within=root.path, restore=staging.restore_owner)
         return staging
 
     def publish(

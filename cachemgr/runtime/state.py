@@ -270,7 +270,11 @@ class StateWriter:
             self._write()
 
     def beat(self) -> None:
-        """Touch the heartbeat file (from the heartbeat thread: a frozen process stops beating)."""
+        """Touch the heartbeat file (from the heartbeat thread: a frozen process stops beating).
+
+        What the probes read is written again when found missing (a stray cleanup of the pod's
+        directory, issue 40): the heartbeat at once, the state record from memory.
+        """
         if self.dir is None:
             return
         path = self.dir / HEARTBEAT_FILE
@@ -278,7 +282,11 @@ class StateWriter:
             try:
                 os.utime(path)
             except FileNotFoundError:
+                self.dir.mkdir(parents=True, exist_ok=True)
                 path.touch()
+        if not os.path.lexists(self.dir / STATE_FILE):
+            with self._lock:
+                self._write()
 
     def _write(self) -> None:
         if self.dir is None:

@@ -173,8 +173,8 @@ class Strategy:
         # seen to have staged counts too.
         self._stop_progress()
         written = max(tree_bytes(staging.artifacts), self._peak_staged)
+        self.pod.beats.discard(staging.owner_file)  # first: no beat writes its record again
         staging.discard()
-        self.pod.beats.discard(staging.owner_file)
         found = self.pod.preflight_found
         reported = failures.as_reported(
             error,
@@ -334,16 +334,16 @@ class VllmStrategy(Strategy):
         if not serving or pod.options.warm:
             # Compile-only run, or a warm Job: the entry is published, the server is not needed.
             launcher.terminate_tree(child, grace=30.0)
-            staging.discard()
             pod.beats.discard(staging.owner_file)
+            staging.discard()
             pod.state.phase("stopped", exit_code=0, published=True)
             return 0
         pod.state.phase("serving", entry=key.entry_name)
         code = launcher.wait_reaping(child, reaper=pod.reaper)
         watch.join(timeout=2.0)
         pod.state.phase("stopped", exit_code=code)
-        staging.discard()
         pod.beats.discard(staging.owner_file)
+        staging.discard()
         return code
 
     def publish(
@@ -356,6 +356,7 @@ class VllmStrategy(Strategy):
             log.info("snapshot", method=method, key=key.short)
             self.pod.publish(root, key, snapshot, lease, seconds=seconds)
         except BaseException:
+            self.pod.beats.discard(snapshot.owner_file)  # first: no beat writes its record again
             snapshot.discard()
             raise
         finally:

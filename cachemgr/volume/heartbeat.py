@@ -3,18 +3,30 @@
 What it touches: use records (cachemgr.volume.records), staging owners, the pod state. A frozen or
 killed process stops refreshing and goes stale; how an observer tells that without trusting
 clocks is in cachemgr.volume.records.
+
+A record found missing at a beat is written again by the restore its owner gave (issue 40):
+anyone who can write the volume can remove it (``usage/`` is writable to every pod that records
+its use), and a live pod whose record is gone looks gone to prune and to its peers. So a removal
+lasts at most one beat, and readers that find a record missing watch a beat and a margin
+(cachemgr.volume.records.OBSERVE_SECONDS) before they act on its absence. The pod itself takes a
+path off the beat (:meth:`Heartbeat.discard`) before it removes the file, so what it removed on
+purpose (a use released, an attempt published or discarded) never comes back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from cachemgr.core import safefs
+from cachemgr.core.log import get_logger
+
+log = get_logger("cachemgr.run")
 
 # How often a running pod touches its records on the volume (one utime each: cheap even on a
 # busy metadata server, and it keeps prune's observation of a silent record short).
@@ -31,6 +43,9 @@ class Heartbeat:
     def __init__(self, *, interval: float = HEARTBEAT_SECONDS) -> None:
         self._interval = interval
         self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
+        # A watched file -> how to write it again when a beat finds it missing.
+        self._restores: dict[Path, Callable[[], object]] = {}
+        self._refused: set[Path] = set()  # restores the volume refused: warned about once
         self._callbacks: list[Any] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -40,16 +55,27 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def add(self, *paths: Path, within: Path) -> None:
-        """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat."""
+    def add(self, *paths: Path, within: Path, restore: Callable[[], object] | None = None) -> None:
+        """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat.
+
+        ``restore``: writes the file again when a beat finds it (or its folder) missing.
+        """
         with self._lock:
             self._paths.update(dict.fromkeys(paths, within))
+            for path in paths:
+                if restore is not None:
+                    self._restores[path] = restore
+                else:
+                    self._restores.pop(path, None)
 
     def discard(self, *paths: Path | None) -> None:
+        """Stop beating ``paths``; once this returns no beat writes them again (call it before
+        removing one on purpose: a restore under way is waited for)."""
         with self._lock:
             for path in paths:
                 if path is not None:
                     self._paths.pop(path, None)
+                    self._restores.pop(path, None)
 
     def on_beat(self, callback: Any) -> None:
         """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
@@ -62,12 +88,40 @@ class Heartbeat:
             for path, root in self._paths.items():
                 folders.setdefault((root, path.parent), []).append(path.name)
             callbacks = list(self._callbacks)
+        missing: list[Path] = []
         for (root, folder), names in folders.items():
             with contextlib.suppress(OSError):
-                _touch_in(root, folder, names)
+                missing += [folder / name for name in _touch_in(root, folder, names)]
+        for path in missing:
+            self._restore(path)
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 callback()
+
+    def _restore(self, path: Path) -> None:
+        """Write ``path`` again if it is still beaten (under the lock: a discard waits for it)."""
+        with self._lock:
+            restore = self._restores.get(path)
+            if restore is None or path not in self._paths:
+                return
+            try:
+                restore()
+            except Exception as error:  # noqa: BLE001 -- the volume refused: tried again at the next beat
+                if path not in self._refused:
+                    self._refused.add(path)
+                    log.warning(
+                        "record_not_restored",
+                        record=path.name,
+                        error=str(error),
+                        note="retried at every beat",
+                    )
+                return
+            self._refused.discard(path)
+        log.warning(
+            "record_restored",
+            record=path.name,
+            note="a record of this live pod was removed by someone else; written again",
+        )
 
     def stop(self) -> None:
         self._stop.set()
@@ -79,12 +133,31 @@ class Heartbeat:
             self.beat()
 
 
-def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> None:
+def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> list[str]:
     """Refresh the mtime of each of ``names`` in ``folder``, opened once from ``root`` one level at
     a time: a folder swapped for a symlink is refused (UnsafePathError), so no file outside the
-    root is touched. Nothing is created: a folder or file that is gone was removed on purpose
-    (an attempt published or discarded, a use released) and must not come back."""
-    with safefs.open_dir(root, folder) as fd:
-        for name in names:
-            with contextlib.suppress(OSError):
-                os.utime(name, dir_fd=fd, follow_symlinks=False)  # a link planted as the file: the link
+    root is touched. Nothing is created here; the names found missing (all of them when the
+    folder is) are returned for their restores."""
+    names = list(names)
+    try:
+        with safefs.open_dir(root, folder) as fd:
+            return [name for name in names if not _touch(fd, name)]
+    except FileNotFoundError:
+        return names
+
+
+def _touch(folder: int, name: str) -> bool:
+    """False only if ``name`` is missing (other refusals: the next beat tries again). A hard link
+    planted as the record (a regular file with other names, which may lie outside the root on its
+    filesystem) is removed and reported missing, never touched: its times are the other names'."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            os.unlink(name, dir_fd=folder)
+            return False
+        os.utime(name, dir_fd=folder, follow_symlinks=False)  # a link planted as the file: the link
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return True

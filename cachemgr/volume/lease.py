@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from cachemgr.core.procs import Flag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.lease_defaults import DEFAULT_DURATION
+from cachemgr.volume.liveness import gone_here
 from cachemgr.volume.softlease import (
     MarkerRecord,
     SoftLease,
@@ -187,7 +190,11 @@ class KeyLease:
             heartbeat=heartbeat,
             confirm=default_confirm(root.path) if confirm is None else confirm,
             on_lost=self._on_lost,
+            on_beat=self._keep_holder,
+            holder_evidence=self._holder_evidence,
         )
+        self._holder: dict[str, Any] | None = None  # the holder record this pod wrote
+        self._holder_lock = threading.Lock()  # a release and a beat's restore, one at a time
 
     @property
     def duration(self) -> float:
@@ -257,14 +264,51 @@ class KeyLease:
         record = {**self._identity.to_json(), "since": time.time(), "token": self._lease.token}
         if self._entry:
             record["entry"] = self._entry
+        self._holder = record
         with contextlib.suppress(OSError):
             atomic_write_json(holder_path(self._root, self._digest), record, within=self._root.path)
+
+    def _keep_holder(self) -> None:
+        """At each lease beat: the holder record written again if someone removed it (issue 40):
+        waiters and ``locks`` say who compiles from it, and a contender waits for a removed
+        marker while it stands (:meth:`_holder_evidence`)."""
+        path = holder_path(self._root, self._digest)
+        with self._holder_lock:
+            record = self._holder
+            if record is None or record.get("token") != self._lease.token:
+                return
+            if safefs.lstat(self._root.path, path) is not None:
+                return
+            atomic_write_json(path, record, within=self._root.path)
+            log.warning(
+                "lease_holder_restored", key=self._digest[:12], note="removed by someone else; written again"
+            )
+
+    def _holder_evidence(self) -> tuple[object, ...] | None:
+        """The holder record as it stands (inode, mtime, size) when it names a holder not known
+        gone (cachemgr.volume.liveness); None otherwise. A holder removes its record before its
+        marker when it releases, so a record without a marker is a live holder's whose marker
+        was removed, or a dead one's: contenders wait a lease duration for the marker to return."""
+        path = holder_path(self._root, self._digest)
+        try:
+            with safefs.open_dir(self._root.path, path.parent) as folder:
+                st = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
+                data: Any = jsonread.read(path.name, dir_fd=folder) if stat.S_ISREG(st.st_mode) else None
+        except (OSError, ValueError, safefs.UnsafePathError):
+            return None
+        if not isinstance(data, dict) or not _text(data.get("token")):
+            return None
+        if gone_here(host=_text(data.get("host")) or None, pid=_pid(data.get("pid")) or None):
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def release(self) -> None:
         """Release if held (idempotent); the holder record goes with it."""
         token = self._lease.token
         if token is None:
             return
+        with self._holder_lock:
+            self._holder = None  # no beat writes it again from here on
         holder = holder_path(self._root, self._digest)
         # Read and removed from leases/ reached from the root one level at a time: a folder
         # swapped for a symlink is refused (and swallowed), never followed to a file of that name.

@@ -32,7 +32,10 @@ one: removal needs a record seen silent *and* unchanged by our own clock. The co
 and ``du`` never wait (they show silent records apart); ``prune`` waits up to
 ``OBSERVE_SECONDS`` once, for all silent records of the entries it would remove together,
 and only when there are any (a pod killed without cleanup, or a node whose clock is off by
-more than the window); live records end the wait at their next beat. A running pod pays one
+more than the window); live records end the wait at their next beat. A record that is gone
+is not trusted at once either: its pod writes it again at its next beat if it lives
+(cachemgr.volume.heartbeat), so ``prune`` removes no entry until ``OBSERVE_SECONDS`` after its
+plan looked (cachemgr.ops.prune), and that wait includes the one above. A running pod pays one
 ``utime`` on the volume per record every ``HEARTBEAT_SECONDS``, plus one walk from the root to
 each record's folder (never a path: a folder swapped for a symlink is not followed).
 

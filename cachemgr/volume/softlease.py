@@ -206,7 +206,12 @@ class SoftLease:
         heartbeat: float | None = None,
         confirm: float = DEFAULT_CONFIRM,
         on_lost: Callable[[str], None] | None = None,
+        on_beat: Callable[[], None] | None = None,
+        holder_evidence: Callable[[], tuple[object, ...] | None] | None = None,
     ) -> None:
+        """``on_beat``: called at each refresh of a held marker (the holder record kept there);
+        ``holder_evidence``: a stamp of a live holder's record while the marker is missing (None:
+        no holder), so a contender waits for a removed marker to be written again."""
         if not 0 < duration < float("inf"):
             raise ValueError(f"lease duration must be positive and finite, got {duration!r}")
         self.path = path
@@ -219,6 +224,10 @@ class SoftLease:
             raise ValueError(f"heartbeat must be positive and below the duration, got {self.heartbeat!r}")
         self.confirm = max(0.0, confirm)
         self._on_lost = on_lost
+        self._on_beat = on_beat
+        self._holder_evidence = holder_evidence
+        self._vanished = MarkerWatch()  # how long a holder's record has stood without its marker
+        self._broken: tuple[object, ...] | None = None  # the record of a holder this contender judged dead
         self._me = Here.current()
         self._token: str | None = None
         self._lost = threading.Event()
@@ -257,7 +266,9 @@ class SoftLease:
         first = True
         while first or not cancel():
             first = False
-            if self._try_create():
+            if self._marker_removed_under_holder():
+                pass  # its holder writes it again at its next beat: wait as for a live marker
+            elif self._try_create():
                 if self._confirmed(poll=poll, cancel=cancel):
                     self._start_heartbeat()
                     return True
@@ -315,6 +326,14 @@ class SoftLease:
     def _try_create(self) -> bool:
         """Exclusive create, written and closed at once: other mounts see a file only once closed."""
         token = secrets.token_hex(16)
+        if not self._create(token):
+            return False
+        self._token = token
+        self._lost.clear()
+        return True
+
+    def _create(self, token: str) -> bool:
+        """The marker with ``token``, by an exclusive create (never over another's); False if one is there."""
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         with self._folder() as folder:
             try:
@@ -330,8 +349,6 @@ class SoftLease:
                     os.unlink(self.path.name, dir_fd=folder)
                 raise
             os.close(fd)
-        self._token = token
-        self._lost.clear()
         return True
 
     def _confirmed(self, *, poll: float, cancel: Callable[[], bool]) -> bool:
@@ -364,6 +381,24 @@ class SoftLease:
                 return self._break(folder, view)
         return False
 
+    def _marker_removed_under_holder(self) -> bool:
+        """No marker, but its holder's record is there: someone removed a live holder's marker
+        (issue 40), and the holder writes it again at its next beat. Judged like a silent marker:
+        once the record has stood without its marker for a lease duration (by this node's
+        monotonic clock), the lease is free; a holder this contender judged dead is not waited for."""
+        if self._holder_evidence is None or self._view() is not None:
+            self._vanished = MarkerWatch()
+            return False
+        evidence = self._holder_evidence()
+        if evidence is None or evidence == self._broken:
+            self._vanished = MarkerWatch()
+            return False
+        silent = self._vanished.silent_for(MarkerView(MarkerRecord(), evidence))
+        if silent < patience(MarkerRecord(), default=self.duration):
+            return True
+        log.info("lease_marker_missing", marker=self.path.name, note="its holder did not write it again")
+        return False
+
     def _holder_dead(self, record: MarkerRecord) -> bool:
         return holder_gone(record)
 
@@ -385,6 +420,7 @@ class SoftLease:
             log.info("lease_break_undone", marker=name)
         else:
             record = view.record
+            self._broken = self._holder_evidence() if self._holder_evidence is not None else None
             log.info(
                 "lease_taken_over",
                 marker=name,
@@ -412,23 +448,36 @@ class SoftLease:
         thread.start()
 
     def _beat(self, token: str | None, stop: threading.Event) -> None:
-        last_ok, missing = time.monotonic(), 0
+        last_ok = time.monotonic()
         while not stop.wait(self.heartbeat) and self._token == token:
             try:
                 view = self._view()
+                if view is None and not stop.is_set() and self._token == token:
+                    # Removed by someone else (issue 40): written again with our token, unless a
+                    # contender's marker took the name meanwhile (then it holds the lease).
+                    view = self._recreate(token)
                 if view is not None and view.record.token == token:
                     self._refresh()
-                    last_ok, missing = time.monotonic(), 0
+                    last_ok = time.monotonic()
+                    if self._on_beat is not None:
+                        with contextlib.suppress(OSError):
+                            self._on_beat()
                     continue
             except OSError as error:
                 if time.monotonic() - last_ok < self.duration - self.heartbeat:
                     continue  # a transient error; the lease survives until it could expire
                 return self._report_lost(f"refresh failed: {error}")
-            # A peer's mistaken break puts the marker back within milliseconds: look once more.
-            missing += 1
-            if view is not None or missing > 1:
-                return self._report_lost("marker missing" if view is None else "another pod holds it")
+            return self._report_lost("marker missing" if view is None else "another pod holds it")
         return None
+
+    def _recreate(self, token: str | None) -> MarkerView | None:
+        """Our marker again, by the same exclusive create as the first; the marker now, whoever's."""
+        assert token is not None
+        if self._create(token):
+            log.warning(
+                "lease_marker_restored", marker=self.path.name, note="removed by someone else; written again"
+            )
+        return self._view()
 
     def _report_lost(self, reason: str) -> None:
         self._lost.set()

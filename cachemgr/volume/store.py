@@ -24,8 +24,9 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from cachemgr.core import jsonread, safefs, safewalk
@@ -199,10 +200,24 @@ class Staging(NamedTuple):
     digest: str
     # The cache root: removal never follows a symlink between it and the attempt.
     within: Path | None = None
+    # What the owner record says (create_staging): written again if someone removes it.
+    owner: Mapping[str, Any] = MappingProxyType({})
 
     @property
     def artifacts(self) -> Path:
         return self.path / ARTIFACTS
+
+    def restore_owner(self) -> None:
+        """The owner record again, as it was, while the attempt is there (the heartbeat's restore:
+        a silent attempt is taken for a dead pod's); one published or discarded meanwhile keeps none."""
+        if self.owner and self._there():
+            atomic_write_json(self.owner_file, dict(self.owner), within=self.within)
+            if not self._there():
+                remove_tree(self.owner_file, within=self.within)
+
+    def _there(self) -> bool:
+        st = safefs.lstat(self.within or self.path.parent, self.path)
+        return st is not None and stat.S_ISDIR(st.st_mode)
 
     def discard(self) -> None:
         """Remove the attempt: its files first, then its owner record."""
@@ -227,14 +242,15 @@ def create_staging(root: CacheRoot, key: CacheKey, identity: PodIdentity) -> Sta
     attempt = f"{identity.file_stem}.{random_suffix(4)}"
     parent = root.staging / key.digest
     safefs.make_dirs(root.path, parent)  # refuses staging/<digest> planted as a symlink
+    owner = {**identity.to_json(), "entry": key.entry_name, "since": time.time(), **process_marks()}
     staging = Staging(
-        path=parent / attempt, owner_file=parent / f"{attempt}.json", digest=key.digest, within=root.path
-    )
-    atomic_write_json(
-        staging.owner_file,
-        {**identity.to_json(), "entry": key.entry_name, "since": time.time(), **process_marks()},
+        path=parent / attempt,
+        owner_file=parent / f"{attempt}.json",
+        digest=key.digest,
         within=root.path,
+        owner=MappingProxyType(owner),
     )
+    atomic_write_json(staging.owner_file, owner, within=root.path)
     safefs.make_dirs(root.path, staging.artifacts)
     atomic_write_json(
         staging.path / KEY_NAME, {**key.to_json(), "details": dict(key.details)}, within=root.path
@@ -433,14 +449,16 @@ def dead_attempts(
     this node watches it on its own monotonic clock (:func:`cachemgr.volume.records.observe_marks`: up
     to ``OBSERVE_SECONDS``, ended by the first beat), unless its pod is known dead on this host.
     A live attempt therefore costs its watcher one heartbeat, a dead one the whole window: paid
-    only where an attempt looks long silent, on a miss or by prune, never on a hit.
+    only where an attempt looks long silent, on a miss or by prune, never on a hit. An attempt
+    whose owner record is missing is watched the same way: one that appears meanwhile is its
+    live pod's, written again at its beat.
     """
     stale = [info for info in found if info.is_stale(stale_after=stale_after, identity=identity)]
     marks = {os.fspath(info.owner_file): record_mark(os.fspath(info.owner_file)) for info in stale}
     unsure = {
         os.fspath(info.owner_file): marks[os.fspath(info.owner_file)]
         for info in stale
-        if marks[os.fspath(info.owner_file)] is not None and not info.died_here(identity)
+        if not info.died_here(identity)
     }
     alive = observe_marks(unsure) if unsure else frozenset()
     return [

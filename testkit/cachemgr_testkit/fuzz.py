@@ -14,6 +14,9 @@ A plant picks a place and puts something there that no cachemgr writes:
   entry, the scan hints): a new file of hostile content, its name sometimes hostile too
   (newlines, escapes, bytes that are not UTF-8).
 
+While pods run, what a live pod owns is removed (:func:`remove_live`): its use record or its key's
+usage folder, its attempt's owner record, its lease marker and holder record.
+
 In the bucket the same contents go into objects: an entry's manifest, one of its files, and a
 manifest under an entry name nobody uploaded.
 
@@ -423,3 +426,52 @@ def operator_columns(rng: random.Random) -> str:
         header = rng.choice(["KEY", "SIZE", "日本", "A B", "E\u0301", "", "X:Y", "H,I"])
         columns.append(f"{header}:{operator_path(rng)}" if rng.random() < 0.95 else header)
     return ",".join(columns)[:ARGV_WORD]
+
+
+# --- live plants: what a running pod owns, removed while it runs (issue 40) -----------------------
+
+# A use record (or its key's whole usage folder) of a serving pod; the owner record of a compiling
+# pod's attempt; the lease marker and holder record it holds. Each is written again at the pod's
+# next beat; until then nobody may act on its absence (no entry in use removed, no live staging
+# taken over or removed, no second compile of the key).
+LIVE_KINDS = ("use-record", "usage-folder", "owner-record", "lease-marker", "lease-holder")
+
+
+def live_records(root: Path, pod: str, pid: int) -> dict[str, list[Path]]:
+    """What the running ``cachemgr`` process ``pid`` of pod ``pod`` owns on the volume, by
+    :data:`LIVE_KINDS` (records are named ``<pod>.<pid>...``; a plain pod name is its own file name)."""
+    stem = f"{pod}.{pid}"
+    uses = sorted(root.glob(f"usage/*/{stem}.json"))
+    owners = sorted(p for p in root.glob(f"staging/*/{stem}.*.json") if p.with_suffix("").is_dir())
+    holders = [p for p in sorted(root.glob("leases/*.holder.json")) if _names(p, pod, pid)]
+    markers = [p.with_name(p.name.removesuffix(".holder.json") + ".lock") for p in holders]
+    return {
+        "use-record": uses,
+        "usage-folder": sorted({p.parent for p in uses}),
+        "owner-record": owners,
+        "lease-marker": [p for p in markers if p.is_file()],
+        "lease-holder": holders,
+    }
+
+
+def _names(record: Path, pod: str, pid: int) -> bool:
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("pod") == pod and data.get("pid") == pid
+
+
+def remove_live(rng: random.Random, owned: dict[str, list[Path]], root: Path) -> list[Plant]:
+    """Remove one to all of the kinds a live pod owns (each path of a kind chosen), as a peer with
+    ``usage/`` writable or a stray cleanup would; the plants say what went."""
+    kinds = [kind for kind in LIVE_KINDS if owned.get(kind)]
+    if "usage-folder" in kinds and "use-record" in kinds:
+        kinds.remove(rng.choice(["usage-folder", "use-record"]))  # the record goes with its folder
+    chosen = rng.sample(kinds, rng.randint(1, len(kinds))) if kinds else []
+    plants = []
+    for kind in chosen:
+        for path in owned[kind]:
+            _remove(path)
+            plants.append(Plant(str(path.relative_to(root)), f"live:{kind}"))
+    return plants
