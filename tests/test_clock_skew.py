@@ -241,7 +241,7 @@ def test_a_holder_whose_clock_is_ahead_never_cleans_a_live_pods_staging(
     """A pod serving from its own staging (a configuration that cannot be cached publishes
     nothing) keeps beating its attempt's owner record. The next holder of that key, on a node
     whose clock is 10 minutes ahead, sees the record 10 minutes old: it must watch the record
-    beat and leave the live server's files alone (store.dead_attempts), yet still clean up an
+    beat and leave the live server's files alone (stale.dead_attempts), yet still clean up an
     attempt whose pod is gone."""
     argv = vllm_argv(free_port(), "--model-impl", "vllm", "--enforce-eager")
     first = pods.start("eager", argv, cache_root=root, node="node-a")

@@ -21,7 +21,7 @@ from cachemgr.ops.locks import list_locks
 from cachemgr.runtime.runner import RunOptions
 from cachemgr.volume.layout import CacheRoot, open_root
 from cachemgr.volume.lease import DEFAULT_DURATION, read_holder
-from cachemgr.volume.store import stale_staging_after
+from cachemgr.volume.stale import stale_staging_after
 
 
 def _marker(root: CacheRoot, digest: str, *, age: float, **fields: float) -> None:

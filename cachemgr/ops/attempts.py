@@ -23,7 +23,7 @@ from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME
 from cachemgr.volume.records import OBSERVE_SECONDS
-from cachemgr.volume.store import StagingInfo, stale_staging_after
+from cachemgr.volume.stale import StagingInfo, stale_staging_after
 
 if TYPE_CHECKING:
     from cachemgr.volume.lease import Holder

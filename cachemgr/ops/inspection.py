@@ -38,7 +38,7 @@ from cachemgr.volume.entries import entry_digest, entry_names, listdir
 from cachemgr.volume.failure_records import failures
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, ManifestError, check_files, read_manifest
-from cachemgr.volume.store import list_staging
+from cachemgr.volume.stale import list_staging
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys

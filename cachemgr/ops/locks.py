@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.ops.progress import Seen, read_record
 from cachemgr.volume.entries import entry_names, listdir
 from cachemgr.volume.layout import CacheRoot
-from cachemgr.volume.store import StagingInfo, list_staging
+from cachemgr.volume.stale import StagingInfo, list_staging
 
 if TYPE_CHECKING:
     from cachemgr.volume.lease import Holder

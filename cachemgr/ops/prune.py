@@ -65,7 +65,7 @@ from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.records import OBSERVE_SECONDS, Mark, read_usage, record_mark
-from cachemgr.volume.store import StagingInfo, list_staging
+from cachemgr.volume.stale import StagingInfo, list_staging
 
 if TYPE_CHECKING:
     from cachemgr.ops.meter import Meter

@@ -23,7 +23,7 @@ from cachemgr.ops.scan import EntryInfo, Scan
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.records import Mark, User, observe, read_usage
-from cachemgr.volume.store import StagingInfo, dead_attempts
+from cachemgr.volume.stale import StagingInfo, dead_attempts
 
 ItemKind = Literal["entry", "staging", "quarantine", "trash", "failures"]
 # A trash item older than this was left by a prune that died mid-delete. Younger ones may
@@ -336,7 +336,7 @@ def _failure_records(root: CacheRoot) -> list[PruneItem]:
 def _stale_attempts(
     root: CacheRoot, staging: Iterable[StagingInfo], request: PruneRequest, identity: PodIdentity
 ) -> list[PruneItem]:
-    """Attempts of dead pods, watched before they are taken (store.dead_attempts: no clocks)."""
+    """Attempts of dead pods, watched before they are taken (stale.dead_attempts: no clocks)."""
     return [
         PruneItem(
             "staging",

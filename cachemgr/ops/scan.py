@@ -44,7 +44,7 @@ from cachemgr.volume.entries import DIGEST
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME
 from cachemgr.volume.records import Usage, read_usage
-from cachemgr.volume.store import StagingInfo, list_staging
+from cachemgr.volume.stale import StagingInfo, list_staging
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import TrustedKeys

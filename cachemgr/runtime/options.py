@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from cachemgr.volume.lease_defaults import DEFAULT_DURATION as DEFAULT_LEASE_DURATION
 from cachemgr.volume.manifest import VerifyMode
-from cachemgr.volume.store import stale_staging_after
+from cachemgr.volume.stale import stale_staging_after
 
 if TYPE_CHECKING:
     from cachemgr.core.signing import SecretKey, TrustedKeys

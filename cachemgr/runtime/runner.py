@@ -47,14 +47,8 @@ from cachemgr.runtime.strategies import STRATEGIES, Compiled, Strategy
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot, is_read_only, is_writable_folder, open_root
 from cachemgr.volume.manifest import MANIFEST_NAME
-from cachemgr.volume.store import (
-    Lookup,
-    Staging,
-    clean_stale_staging,
-    create_staging,
-    lookup,
-    publish,
-)
+from cachemgr.volume.stale import clean_stale_staging
+from cachemgr.volume.store import Lookup, Staging, create_staging, lookup, publish
 
 if TYPE_CHECKING:
     from cachemgr.ops.space import Preflight
