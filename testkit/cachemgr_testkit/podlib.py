@@ -327,6 +327,9 @@ class Cluster:
             "CACHEMGR_TERMINATION_LOG": str(state_dir / "termination-log"),
             "POD_NAME": name,
             "NODE_NAME": node or "node-a",
+            # Another user's pod has a home of its own (a server caches under ~/.cache), as a
+            # container's user has: root's is not that user's to write.
+            **({"HOME": str(state_dir)} if user is not None else {}),
             **(env or {}),
         }
         argv = [python, "-m", "cachemgr", command, *options, "--", *server_argv]
