@@ -3,7 +3,8 @@
 tests/data/oracle/vllm-rbln-0.12.0.json is the real vLLM 0.30.0, vllm-rbln 0.12.0 and optimum-rbln
 0.12.0 code's answer to every variant of its corpus: every ``vllm serve`` option at other values and
 at its default, every variable of both servers' ``envs.py``, spellings, model directory edits,
-images, pairs of options, each against the vLLM-model path and the optimum path;
+images, pairs of options, every field of every structured option (a JSON object filling a config
+class) alone, each against the vLLM-model path and the optimum path;
 tests/data/oracle/vllm-rbln-0.11.2.json is the same for vLLM 0.24.0, vllm-rbln 0.11.2 and
 optimum-rbln 0.11.2 (its corpus from vLLM 0.24's parser and 0.11.2's ``envs.py``). scripts/oracle
 [RELEASE] writes them (20 to 40 minutes each: it runs the server's code, docs/development.md "The
@@ -24,6 +25,7 @@ import pytest
 from cachemgr_testkit import oracle, oracle_keys
 
 from cachemgr.key import releases, vllm_flags
+from cachemgr.key.serving import RUNTIME_ONLY
 
 REPO = Path(__file__).resolve().parent.parent
 RELEASES = ("0.12.0", "0.11.2")
@@ -109,6 +111,50 @@ def test_the_corpus_tries_every_option_of_the_parser_on_both_paths(table: dict[s
         if table["release"] == "0.12.0":
             assert flags == set(vllm_flags.FLAGS) - {"help"}, base
         assert flags == tried["vllm"], base
+
+
+# JSON options whose value is a list, not an object (vllm_flags.py's docstring): no fields to try.
+_JSON_LISTS = {"allowed-origins", "allowed-methods", "allowed-headers"}
+
+
+def test_every_field_of_every_structured_option_was_tried(table: dict[str, Any]) -> None:
+    """Each JSON-object option of the live parser is listed with the config class it fills on each
+    model path (tools/oracle/fields.py), and every field of that class was tried alone on that path;
+    a free-form one (no class) stays keyed whole, so none of its values may leave the key. For 0.12.0
+    the options are held to cachemgr/key/vllm_flags.py's JSON_FLAGS, read off the same parser apart."""
+    structured = table.get("structured")
+    assert structured, f"{table['release']}: the table lists no structured option; rerun scripts/oracle"
+    if table["release"] == "0.12.0":
+        assert {dest.replace("_", "-") for dest in structured} == set(vllm_flags.JSON_FLAGS) - _JSON_LISTS
+    tried = {(v["base"], v["dest"], v["field"]) for v in table["variants"] if v["kind"] == "field"}
+    bases = set(oracle.bases(table["release"]))
+    for dest, spec in structured.items():
+        if spec["free_form"]:
+            assert not spec["bases"], dest
+            continue
+        assert set(spec["bases"]) == bases, dest
+        for base, on in spec["bases"].items():
+            assert on["fields"], (dest, base)
+            missing = sorted(field for field in on["fields"] if (base, dest, field) not in tried)
+            assert not missing, f"{dest} on the {base} path: fields never tried: {missing}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_no_structured_option_leaves_the_key_without_every_field_proven(release: str) -> None:
+    """A structured option is left out whole on a path only when every field of its class was tried
+    there and none changed the path's identity; a free-form one never is (tools/oracle/derive.py)."""
+    table = oracle_keys.load(table_path(release))
+    rules = next(r for r in releases.KNOWN if r.versions["vllm_rbln"] == release)
+    ignored = {"vllm": rules.runtime_flags | rules.runtime_flags_vllm_path,
+               "optimum": rules.runtime_flags | rules.runtime_flags_optimum_path}  # fmt: skip
+    for dest, spec in table["structured"].items():
+        flag = dest.replace("_", "-")
+        for base, flags in ignored.items():
+            if flag not in flags or flag in RUNTIME_ONLY:
+                continue
+            assert not spec["free_form"], f"{flag} is free-form and left out on the {base} path"
+            every = set(spec["bases"][base]["fields"])
+            assert every <= rules.structured[dest]["ignored"][base], (flag, base)
 
 
 @pytest.mark.parametrize("release", RELEASES)

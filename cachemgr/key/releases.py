@@ -91,6 +91,9 @@ class Release(NamedTuple):
     runtime_flags_optimum_path: frozenset[str] = frozenset()
     # The architectures optimum-rbln implements: --model-impl auto takes the optimum path for them
     optimum_architectures: frozenset[str] = frozenset()
+    # Per structured option (a JSON object filling a config class): its fields' defaults and, per model
+    # path, the fields proven not to reach that path's identity (vllm_identity.FIELDS; tools/oracle)
+    structured: Mapping[str, Mapping[str, Any]] = {}
 
     @property
     def strict(self) -> bool:
@@ -266,6 +269,7 @@ VLLM_RBLN_0_12_0 = Release(
     optimum_runtime_keys=frozenset({"create_runtimes", "device", "kvcache_num_blocks"}),  # dispatch.py 41-43
     envs_xxh3="265a9016dfffceb088453ae6c87cd86e",
     optimum_architectures=_OPTIMUM_ARCHITECTURES_0_12,
+    structured=identity_0_12.FIELDS,
     cite="vllm_rbln 0.12.0 envs.py, config.py, platform/__init__.py, v1/worker/mega_cache.py; vLLM 0.30.0 config/",
 )
 
@@ -333,6 +337,7 @@ VLLM_RBLN_0_11_2 = Release(
     additional_config="whole",
     model_impl="env",
     envs_xxh3="ed1ce65e6d9b9ba97f522e508dfe1203",
+    structured=identity_0_11.FIELDS,
     cite="vllm_rbln 0.11.2 envs.py, platform.py, v1/worker/mega_cache.py; vLLM 0.24.0 config/",
 )
 
