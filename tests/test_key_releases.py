@@ -99,6 +99,24 @@ def test_compilation_config_fields_the_bundle_signature_reads_are_keyed() -> Non
 
 
 @pytest.mark.quick
+def test_a_field_proven_not_to_reach_a_paths_identity_is_left_out_there() -> None:
+    """The key oracle tried each field alone: `debug_dump_path` (where vLLM writes debug dumps) changed
+    no identity on the vLLM-model path, and the optimum path compiles none of --compilation-config's
+    `compile_sizes` (its graphs are optimum-rbln's, not torch.compile's): those leave the key there,
+    while what the path reads stays (cachemgr/key/vllm_identity.py FIELDS)."""
+    sizes = digest([*VLLM_PATH, "--compilation-config", '{"compile_sizes": [1, 2]}'])
+    dump = '{"compile_sizes": [1, 2], "debug_dump_path": "/tmp/dumps"}'
+    assert digest([*VLLM_PATH, "--compilation-config", dump]) == sizes
+    assert digest([*VLLM_PATH, "--compilation-config", '{"debug_dump_path": "/tmp/dumps"}']) == digest(
+        VLLM_PATH
+    )
+    optimum = digest([*OPTIMUM_PATH, "--compilation-config", '{"compile_sizes": [1, 2]}'])
+    assert optimum == digest(OPTIMUM_PATH)
+    # a key the class does not have is kept as given (the server refuses it): never dropped
+    assert digest([*VLLM_PATH, "--compilation-config", '{"no_such_field": 1}']) != digest(VLLM_PATH)
+
+
+@pytest.mark.quick
 def test_the_model_path_a_parent_published_is_keyed() -> None:
     """envs.py 167-185, config.py 428-434: _VLLM_RBLN_RESOLVED_MODEL_IMPL picks the path under auto."""
     inherited = key(env={"_VLLM_RBLN_RESOLVED_MODEL_IMPL": "vllm"})
