@@ -193,7 +193,7 @@ def render(release: str, facts: Mapping[str, Any], table: Mapping[str, Any]) -> 
         "# Per structured option (a JSON object filling a config class, tools/oracle/fields.py): whether the",
         "# object of defaults alone is the option not given, each field's default by dotted path, and per",
         "# model path the fields proven not to reach that path's identity (tried alone, answered the same).",
-        "FIELDS: Final[dict[str, dict[str, Any]]] = {",
+        "FIELDS: Final[dict[str, dict[str, Any]]] = {" + ("}" if not facts["fields"] else ""),
     ]
     for dest, spec in facts["fields"].items():
         lines.append(f"    {json.dumps(dest)}: {{")
@@ -215,7 +215,8 @@ def render(release: str, facts: Mapping[str, Any], table: Mapping[str, Any]) -> 
                 lines.append(f"            {json.dumps(base)}: frozenset(),")
         lines.append("        },")
         lines.append("    },")
-    lines.append("}")
+    if facts["fields"]:
+        lines.append("}")
     return "\n".join(lines) + "\n"
 
 
