@@ -16,6 +16,7 @@ what it compiles, differ) and needless misses under 5 %.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -155,6 +156,28 @@ def test_no_structured_option_leaves_the_key_without_every_field_proven(release:
             assert not spec["free_form"], f"{flag} is free-form and left out on the {base} path"
             every = set(spec["bases"][base]["fields"])
             assert every <= rules.structured[dest]["ignored"][base], (flag, base)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_field_left_out_was_tried_at_every_value_its_type_has_few_of(release: str) -> None:
+    """A bool, Literal or enum field leaves a path's key only when every value but its default was
+    tried there: one value may be the one the server resolves an unset field to."""
+    table = oracle_keys.load(table_path(release))
+    rules = next(r for r in releases.KNOWN if r.versions["vllm_rbln"] == release)
+    tried: dict[tuple[str, str, str], list[Any]] = {}
+    for v in table["variants"]:
+        if v["kind"] == "field":
+            value = json.loads(v["argv"][1])  # the option's JSON document: the field's value in it
+            for name in v["field"].split("."):
+                value = value[name]
+            tried.setdefault((v["base"], v["dest"], v["field"]), []).append(value)
+    for dest, spec in rules.structured.items():
+        for base, paths in spec["ignored"].items():
+            for path in paths:
+                field = table["structured"][dest]["bases"][base]["fields"][path]
+                assert "values" in field, (dest, path)
+                for value in field["values"] or ():
+                    assert value == field["default"] or value in tried[(base, dest, path)], (dest, base, path)
 
 
 @pytest.mark.parametrize("release", RELEASES)

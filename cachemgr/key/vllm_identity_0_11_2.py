@@ -239,7 +239,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "jit_monitor_verbose",
             "kv_cache_metrics",
             "kv_cache_metrics_sample",
-            "kv_events_config",
             "kv_sharing_fast_prefill",
             "language_model_only",
             "load_format",
@@ -413,7 +412,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "kv_cache_memory_bytes",
             "kv_cache_metrics",
             "kv_cache_metrics_sample",
-            "kv_events_config",
             "kv_offloading_backend",
             "kv_offloading_size",
             "kv_sharing_fast_prefill",
@@ -548,18 +546,15 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                 {
                     "disable_flashinfer_q_quantization",
                     "flash_attn_max_num_splits_for_cuda_graph",
-                    "flash_attn_version",
                     "flex_attn_block_m",
                     "flex_attn_block_n",
                     "flex_attn_kv_block_size",
                     "flex_attn_q_block_size",
-                    "indexer_kv_dtype",
                     "tq_max_kv_splits_for_cuda_graph",
                     "use_fp4_indexer_cache",
                     "use_non_causal",
                     "use_prefill_decode_attention",
                     "use_prefill_query_quantization",
-                    "use_trtllm_attention",
                 }
             ),
             "vllm": frozenset(),
@@ -624,53 +619,27 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "cudagraph_capture_sizes",
                     "cudagraph_copy_inputs",
                     "cudagraph_mm_encoder",
-                    "cudagraph_mode",
                     "cudagraph_num_of_warmups",
                     "cudagraph_specialize_lora",
                     "debug_dump_path",
                     "dynamic_shapes_config.assume_32_bit_indexing",
                     "dynamic_shapes_config.evaluate_guards",
-                    "dynamic_shapes_config.type",
                     "encoder_cudagraph_max_frames_per_batch",
                     "encoder_cudagraph_max_vision_items_per_batch",
                     "encoder_cudagraph_token_budgets",
-                    "fast_moe_cold_start",
                     "inductor_compile_config",
-                    "ir_enable_torch_wrap",
                     "max_cudagraph_capture_size",
-                    "mode",
                     "pass_config.eliminate_noops",
-                    "pass_config.enable_qk_norm_rope_fusion",
-                    "pass_config.enable_sp",
                     "pass_config.fi_allreduce_fusion_max_size_mb",
-                    "pass_config.fuse_act_padding",
-                    "pass_config.fuse_act_quant",
-                    "pass_config.fuse_allreduce_rms",
-                    "pass_config.fuse_attn_quant",
-                    "pass_config.fuse_gemm_comms",
-                    "pass_config.fuse_mla_dual_rms_norm",
-                    "pass_config.fuse_norm_quant",
-                    "pass_config.fuse_rope_kvcache",
-                    "pass_config.fuse_rope_kvcache_cat_mla",
                     "pass_config.rope_kvcache_fusion_max_token_num",
                     "pass_config.sp_min_token_num",
                     "splitting_ops",
-                    "use_inductor_graph_partition",
                 }
             ),
             "vllm": frozenset(
                 {
                     "cache_dir",
-                    "cudagraph_mode",
                     "debug_dump_path",
-                    "fast_moe_cold_start",
-                    "mode",
-                    "pass_config.enable_sp",
-                    "pass_config.fuse_act_padding",
-                    "pass_config.fuse_act_quant",
-                    "pass_config.fuse_gemm_comms",
-                    "pass_config.fuse_norm_quant",
-                    "pass_config.fuse_rope_kvcache_cat_mla",
                 }
             ),
         },
@@ -723,7 +692,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "ec_parallel_size",
                     "ec_port",
                     "ec_rank",
-                    "ec_role",
                     "engine_id",
                 }
             ),
@@ -738,7 +706,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "ec_parallel_size",
                     "ec_port",
                     "ec_rank",
-                    "ec_role",
                     "engine_id",
                 }
             ),
@@ -802,18 +769,11 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
         "ignored": {
             "optimum": frozenset(
                 {
-                    "enable_flashinfer_autotune",
                     "ir_op_priority.fused_add_rms_norm",
                     "ir_op_priority.rms_norm",
-                    "linear_backend",
-                    "moe_backend",
                 }
             ),
-            "vllm": frozenset(
-                {
-                    "enable_flashinfer_autotune",
-                }
-            ),
+            "vllm": frozenset(),
         },
     },
     "kv_events_config": {
@@ -836,7 +796,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "endpoint",
                     "hwm",
                     "max_queue_size",
-                    "publisher",
                     "replay_endpoint",
                     "topic",
                 }
@@ -848,7 +807,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "endpoint",
                     "hwm",
                     "max_queue_size",
-                    "publisher",
                     "replay_endpoint",
                     "topic",
                 }
@@ -885,7 +843,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "kv_parallel_size",
                     "kv_port",
                     "kv_rank",
-                    "kv_role",
                 }
             ),
             "vllm": frozenset(
@@ -900,7 +857,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "kv_parallel_size",
                     "kv_port",
                     "kv_rank",
-                    "kv_role",
                 }
             ),
         },
@@ -929,13 +885,8 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "logit_mean",
                     "logit_sigma",
                     "max_embed_len",
-                    "pooling_type",
                     "returned_token_ids",
-                    "seq_pooling_type",
                     "step_tag_id",
-                    "task",
-                    "tok_pooling_type",
-                    "use_activation",
                 }
             ),
             "vllm": frozenset(
@@ -947,9 +898,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "max_embed_len",
                     "returned_token_ids",
                     "step_tag_id",
-                    "task",
-                    "tok_pooling_type",
-                    "use_activation",
                 }
             ),
         },
@@ -1110,10 +1058,8 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
                     "draft_model_config",
                     "draft_parallel_config",
                     "draft_sample_method",
-                    "enforce_eager",
                     "max_model_len",
                     "model",
-                    "moe_backend",
                     "parallel_drafting",
                     "prompt_lookup_max",
                     "prompt_lookup_min",
@@ -1143,7 +1089,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
         "ignored": {
             "optimum": frozenset(
                 {
-                    "backend",
                     "enable_in_reasoning",
                     "reasoning_parser",
                     "reasoning_parser_plugin",
@@ -1151,7 +1096,6 @@ FIELDS: Final[dict[str, dict[str, Any]]] = {
             ),
             "vllm": frozenset(
                 {
-                    "backend",
                     "enable_in_reasoning",
                     "reasoning_parser",
                     "reasoning_parser_plugin",

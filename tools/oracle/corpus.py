@@ -241,12 +241,16 @@ def _fields(
                 "dest": dest,
             }
         for path, field in on["fields"].items():
-            doc = fields.nest(seed or {}, path, field["value"])
-            variant = {"id": f"{base}/field/{flag} {path}={json.dumps(field['value'])}", "base": base,
-                       "argv": [flag, json.dumps(doc)], "kind": "field", "dest": dest, "field": path}  # fmt: skip
-            if ref is not None:
-                variant["ref"] = ref
-            yield variant
+            # a type of few values: each of them but the default; else the one value of its type
+            others = [v for v in field.get("values") or () if v != field["default"] and v != field["value"]]
+            for value in [field["value"], *others]:
+                doc = fields.nest(seed or {}, path, value)
+                variant = {"id": f"{base}/field/{flag} {path}={json.dumps(value)}", "base": base,
+                           "argv": [flag, json.dumps(doc)], "kind": "field", "dest": dest, "field": path,
+                           "value": value}  # fmt: skip
+                if ref is not None:
+                    variant["ref"] = ref
+                yield variant
 
 
 def _long(action: argparse.Action) -> str:

@@ -95,6 +95,7 @@ def derive_fields(table: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     whose every tried variant answered the reference's identity and compile (none refused)."""
     structured: Mapping[str, Any] = table.get("structured", {})
     answers: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
+    tried: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     seeds: dict[tuple[str, str], bool] = {}
     for variant in table["variants"]:
         if variant["kind"] not in ("field", "field-seed"):
@@ -107,6 +108,8 @@ def derive_fields(table: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             seeds[(variant["dest"], base)] = same
         else:
             answers[(variant["dest"], base, variant["field"])].append(same)
+            value = variant.get("value", _value_of(variant))
+            tried[(variant["dest"], base, variant["field"])].append(json.dumps(value, sort_keys=True))
     found: dict[str, dict[str, Any]] = {}
     for dest in sorted(structured):
         spec = structured[dest]
@@ -119,8 +122,10 @@ def derive_fields(table: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
                 defaults.setdefault(path, field["default"])
             ignored[base] = sorted(
                 path
-                for path in on["fields"]
-                if answers.get((dest, base, path)) and all(answers[(dest, base, path)])
+                for path, field in on["fields"].items()
+                if answers.get((dest, base, path))
+                and all(answers[(dest, base, path)])
+                and _every_value_tried(field, tried[(dest, base, path)])
             )
         found[dest] = {
             "empty_is_default": not spec["none_default"],
@@ -131,6 +136,26 @@ def derive_fields(table: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             },
         }
     return found
+
+
+def _every_value_tried(field: Mapping[str, Any], tried: list[str]) -> bool:
+    """A type of few values (tools/oracle/fields.py ``values``) is proven only at every one of them but
+    the default: one tried value may be the one the server resolves an unset field to. A table made
+    before ``values`` was recorded proves no such field (it is keyed)."""
+    if "values" not in field:
+        return False
+    if field["values"] is None:
+        return True
+    wanted = {json.dumps(v, sort_keys=True) for v in field["values"] if v != field["default"]}
+    return wanted <= set(tried)
+
+
+def _value_of(variant: Mapping[str, Any]) -> Any:
+    """The field's value in a variant's JSON document (tables made before variants named it)."""
+    doc: Any = json.loads(variant["argv"][1])
+    for name in variant["field"].split("."):
+        doc = doc[name]
+    return doc
 
 
 def _whole_option_proven(

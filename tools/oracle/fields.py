@@ -93,6 +93,7 @@ def structured_options(
                     "default": _jsonable(default),
                     "value": _jsonable(value),
                     "hashed": _hashed(klass, seed, path, value),
+                    "values": finite_values(hint),
                 }
         found[dest] = {
             "free_form": not per_base,
@@ -159,6 +160,24 @@ def other_value(hint: Any, default: Any) -> Any:  # noqa: PLR0911
     if str in options:
         return f"{default}-oracle" if isinstance(default, str) and default else "oracle"
     return 1
+
+
+def finite_values(hint: Any) -> list[Any] | None:
+    """Every JSON value of a type with few (a bool, a Literal, an enum), else None. One value tried
+    proves nothing of the others: a field that defaults to None is resolved by the server, and the
+    value tried may be the one it resolves to (``cudagraph_mode`` NONE where compilation is off)."""
+    options = _flat(hint)
+    found: list[Any] = []
+    for option in options:
+        if typing.get_origin(option) is typing.Literal:
+            found += list(typing.get_args(option))
+        elif isinstance(option, type) and issubclass(option, enum.Enum):
+            found += [m.value if isinstance(m.value, (int, str)) else m.name for m in option]
+        elif option is bool:
+            found += [True, False]
+        elif option is not type(None):
+            return None
+    return found or None
 
 
 def _hashed(cls: type, seed: dict[str, Any], path: str, value: Any) -> bool | None:
