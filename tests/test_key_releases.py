@@ -73,6 +73,49 @@ def test_data_parallel_from_the_environment_is_keyed() -> None:
     }
 
 
+# Each changes vllm-rbln 0.12.0's mega_cache.config_signature on the vLLM-model path (the key oracle:
+# CompilationConfig.compute_hash hashes them, VllmConfig.compute_hash holds it, mega_cache.py 140-150).
+_COMPILATION_FIELDS = (
+    '{"cudagraph_capture_sizes": [1, 2]}',
+    '{"compile_sizes": [1, 2]}',
+    '{"max_cudagraph_capture_size": 8}',
+)
+
+
+@pytest.mark.quick
+def test_compilation_config_fields_the_bundle_signature_reads_are_keyed() -> None:
+    """issue 39: `--compilation-config` was concluded ignored from two sampled values, so these three
+    were one key with `{}`: the pod hit, the server found no bundle under its own signature and
+    compiled inside the pod at every start. Each field is now keyed as vLLM parses it."""
+    none = digest(VLLM_PATH)
+    keys = [digest([*VLLM_PATH, "--compilation-config", value]) for value in _COMPILATION_FIELDS]
+    assert len({none, *keys}) == 4
+    assert digest([*VLLM_PATH, "--compilation-config", "{}"]) == none, "an object of no fields: the default"
+    assert digest([*VLLM_PATH, "--compilation-config", '{"compile_sizes": null}']) == none, (
+        "a field at its default"
+    )
+    assert digest([*VLLM_PATH, "-cc.compile_sizes", "[1,2]"]) == keys[1], "the dotted spelling: one field"
+    assert digest([*VLLM_PATH, "--compilation-config", '{ "compile_sizes" : [1, 2] }']) == keys[1]
+
+
+@pytest.mark.quick
+def test_a_field_proven_not_to_reach_a_paths_identity_is_left_out_there() -> None:
+    """The key oracle tried each field alone: `debug_dump_path` (where vLLM writes debug dumps) changed
+    no identity on the vLLM-model path, and the optimum path compiles none of --compilation-config's
+    `compile_sizes` (its graphs are optimum-rbln's, not torch.compile's): those leave the key there,
+    while what the path reads stays (cachemgr/key/vllm_identity.py FIELDS)."""
+    sizes = digest([*VLLM_PATH, "--compilation-config", '{"compile_sizes": [1, 2]}'])
+    dump = '{"compile_sizes": [1, 2], "debug_dump_path": "/tmp/dumps"}'
+    assert digest([*VLLM_PATH, "--compilation-config", dump]) == sizes
+    assert digest([*VLLM_PATH, "--compilation-config", '{"debug_dump_path": "/tmp/dumps"}']) == digest(
+        VLLM_PATH
+    )
+    optimum = digest([*OPTIMUM_PATH, "--compilation-config", '{"compile_sizes": [1, 2]}'])
+    assert optimum == digest(OPTIMUM_PATH)
+    # a key the class does not have is kept as given (the server refuses it): never dropped
+    assert digest([*VLLM_PATH, "--compilation-config", '{"no_such_field": 1}']) != digest(VLLM_PATH)
+
+
 @pytest.mark.quick
 def test_the_model_path_a_parent_published_is_keyed() -> None:
     """envs.py 167-185, config.py 428-434: _VLLM_RBLN_RESOLVED_MODEL_IMPL picks the path under auto."""

@@ -3,10 +3,11 @@
 tests/data/oracle/vllm-rbln-RELEASE.json is, for each release of tools/releases/manifest.toml the
 oracle has run, the real vLLM, vllm-rbln and optimum-rbln code's answer to every variant of its
 corpus: every ``vllm serve`` option at other values and at its default, every variable of both
-servers' ``envs.py``, spellings, model directory edits, images, pairs of options, each against each
-model path the manifest says the oracle checks (its corpus from the release's own parser and
-``envs.py``). scripts/oracle [RELEASE] writes them (10 to 40 minutes each: it runs the server's
-code, docs/development.md "The key oracle"); ``scripts/oracle --check RELEASE`` says whether the
+servers' ``envs.py``, spellings, model directory edits, images, pairs of options, every field of
+every structured option (a JSON object filling a config class) alone, each against each model path
+the manifest says the oracle checks (its corpus from the release's own parser and ``envs.py``).
+scripts/oracle [RELEASE] writes them (10 to 40 minutes each: it runs the server's code,
+docs/development.md "The key oracle"); ``scripts/oracle --check RELEASE`` says whether the
 committed table is what the pinned releases answer today. Here, cachemgr's key of each variant is
 held to those answers, for every release cachemgr's rules claim: no false hit (cachemgr's keys
 equal where the server's identity, or what it compiles, differ) and needless misses under 5 %.
@@ -14,6 +15,7 @@ equal where the server's identity, or what it compiles, differ) and needless mis
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 from cachemgr_testkit import manifest, oracle, oracle_keys
 
 from cachemgr.key import releases, vllm_flags
+from cachemgr.key.serving import RUNTIME_ONLY
 
 REPO = Path(__file__).resolve().parent.parent
 # Every release the oracle has run (tools/releases/manifest.toml names them; each has its table).
@@ -125,6 +128,72 @@ def test_the_corpus_tries_every_option_of_the_parser_on_both_paths(table: dict[s
         if manifest.release(table["release"]).vllm.startswith(vllm_flags.VLLM_VERSION + "+"):
             assert flags == set(vllm_flags.FLAGS) - {"help"}, base
         assert flags == next(iter(tried.values())), base
+
+
+# JSON options whose value is a list, not an object (vllm_flags.py's docstring): no fields to try.
+_JSON_LISTS = {"allowed-origins", "allowed-methods", "allowed-headers"}
+
+
+def test_every_field_of_every_structured_option_was_tried(table: dict[str, Any]) -> None:
+    """Each JSON-object option of the live parser is listed with the config class it fills on each
+    model path (tools/oracle/fields.py), and every field of that class was tried alone on that path;
+    a free-form one (no class) stays keyed whole, so none of its values may leave the key. For the
+    release cachemgr/key/vllm_flags.py was read from, the options are held to cachemgr/key/vllm_flags.py's JSON_FLAGS, read off the same parser apart."""
+    structured = table.get("structured")
+    assert structured, f"{table['release']}: the table lists no structured option; rerun scripts/oracle"
+    if table["release"] == vllm_flags.VLLM_RBLN_VERSION:  # the release vllm_flags.py was read from
+        assert {dest.replace("_", "-") for dest in structured} == set(vllm_flags.JSON_FLAGS) - _JSON_LISTS
+    tried = {(v["base"], v["dest"], v["field"]) for v in table["variants"] if v["kind"] == "field"}
+    bases = set(oracle.bases(table["release"]))
+    for dest, spec in structured.items():
+        if spec["free_form"]:
+            assert not spec["bases"], dest
+            continue
+        assert set(spec["bases"]) == bases, dest
+        for base, on in spec["bases"].items():
+            assert on["fields"], (dest, base)
+            missing = sorted(field for field in on["fields"] if (base, dest, field) not in tried)
+            assert not missing, f"{dest} on the {base} path: fields never tried: {missing}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_no_structured_option_leaves_the_key_without_every_field_proven(release: str) -> None:
+    """A structured option is left out whole on a path only when every field of its class was tried
+    there and none changed the path's identity; a free-form one never is (tools/oracle/derive.py)."""
+    table = oracle_keys.load(table_path(release))
+    rules = next(r for r in releases.KNOWN if r.versions["vllm_rbln"] == release)
+    ignored = {"vllm": rules.runtime_flags | rules.runtime_flags_vllm_path,
+               "optimum": rules.runtime_flags | rules.runtime_flags_optimum_path}  # fmt: skip
+    for dest, spec in table["structured"].items():
+        flag = dest.replace("_", "-")
+        for base, flags in ignored.items():
+            if flag not in flags or flag in RUNTIME_ONLY:
+                continue
+            assert not spec["free_form"], f"{flag} is free-form and left out on the {base} path"
+            every = set(spec["bases"][base]["fields"])
+            assert every <= rules.structured[dest]["ignored"][base], (flag, base)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_field_left_out_was_tried_at_every_value_its_type_has_few_of(release: str) -> None:
+    """A bool, Literal or enum field leaves a path's key only when every value but its default was
+    tried there: one value may be the one the server resolves an unset field to."""
+    table = oracle_keys.load(table_path(release))
+    rules = next(r for r in releases.KNOWN if r.versions["vllm_rbln"] == release)
+    tried: dict[tuple[str, str, str], list[Any]] = {}
+    for v in table["variants"]:
+        if v["kind"] == "field":
+            value = json.loads(v["argv"][1])  # the option's JSON document: the field's value in it
+            for name in v["field"].split("."):
+                value = value[name]
+            tried.setdefault((v["base"], v["dest"], v["field"]), []).append(value)
+    for dest, spec in rules.structured.items():
+        for base, paths in spec["ignored"].items():
+            for path in paths:
+                field = table["structured"][dest]["bases"][base]["fields"][path]
+                assert "values" in field, (dest, path)
+                for value in field["values"] or ():
+                    assert value == field["default"] or value in tried[(base, dest, path)], (dest, base, path)
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -279,6 +279,7 @@ def _release_lines(
         f'    additional_config="{"fields" if has_fields else "whole"}",',
         f'    model_impl="{facts["model_impl_rule"]}",',
         "    rbln_fields=FIELDS,",
+        *(["    structured=identity.FIELDS,"] if has_table else []),
         f"    optimum_runtime_keys={_names(facts['optimum_runtime_keys'])},",
         f'    envs_xxh3="{facts["envs_xxh3"]}",',
         f'    cite="{facts["cite"]}, {config_cite}",',

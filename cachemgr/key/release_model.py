@@ -84,6 +84,9 @@ class Release(NamedTuple):
     runtime_flags_optimum_path: frozenset[str] = frozenset()
     # The architectures optimum-rbln implements: --model-impl auto takes the optimum path for them
     optimum_architectures: frozenset[str] = frozenset()
+    # Per structured option (a JSON object filling a config class): its fields' defaults and, per model
+    # path, the fields proven not to reach that path's identity (the identity module's FIELDS; tools/oracle)
+    structured: Mapping[str, Mapping[str, Any]] = {}
     # The model paths whose identity the key oracle checked (tools/releases/manifest.toml): a path
     # not in it is keyed strictly by itself (:meth:`on_paths`)
     checked: frozenset[Path] = BOTH

@@ -76,6 +76,7 @@ RELEASE = Release(
     additional_config="whole",
     model_impl="env",
     rbln_fields=FIELDS,
+    structured=identity.FIELDS,
     optimum_runtime_keys=frozenset({"create_runtimes", "device", "kvcache_num_blocks"}),
     envs_xxh3="a03963000e497845bdc7e13690332b04",
     cite="vllm_rbln-0.11.1/vllm_rbln/envs.py, no config.py",

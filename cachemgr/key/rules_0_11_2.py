@@ -78,6 +78,7 @@ RELEASE = Release(
     additional_config="whole",
     model_impl="env",
     rbln_fields=FIELDS,
+    structured=identity.FIELDS,
     optimum_runtime_keys=frozenset({"create_runtimes", "device", "kvcache_num_blocks"}),
     envs_xxh3="ed1ce65e6d9b9ba97f522e508dfe1203",
     cite="vllm_rbln-0.11.2/vllm_rbln/envs.py, no config.py",

@@ -122,6 +122,7 @@ RELEASE = Release(
     additional_config="fields",
     model_impl="flag_then_env",
     rbln_fields=FIELDS,
+    structured=identity.FIELDS,
     optimum_runtime_keys=frozenset({"create_runtimes", "device", "kvcache_num_blocks"}),
     envs_xxh3="265a9016dfffceb088453ae6c87cd86e",
     cite="vllm_rbln-0.12.0/vllm_rbln/envs.py, vllm_rbln-0.12.0/vllm_rbln/config.py",

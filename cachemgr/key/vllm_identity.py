@@ -3,7 +3,9 @@
 What each model path's identity reads of `vllm serve`'s options, as the real server code answered
 when the key oracle ran it (optimum-rbln 0.12.0, torch 2.13.0+cpu, transformers 5.15.1, vllm 0.30.0, vllm-rbln 0.12.0; scripts/oracle). DEFAULTS: the values the
 server takes as an option's default (keyed as if the option were not given). IGNORED: per model path,
-the options none of whose tried values changed that path's identity or what it compiles.
+the options none of whose tried values changed that path's identity or what it compiles (a structured
+option: every field of its class tried and proven; a free-form one never). FIELDS: per structured
+option, the fields' defaults and the fields proven not to reach each path's identity.
 """
 
 from typing import Any, Final
@@ -202,14 +204,12 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "chat_template_content_format",
             "cohere_format",
             "cohere_is_reasoning_model",
-            "compilation_config",
             "cudagraph_metrics",
             "data_parallel_address",
             "data_parallel_rpc_port",
             "data_parallel_size_local",
             "data_parallel_start_rank",
             "data_parallel_supervisor_port",
-            "default_chat_template_kwargs",
             "device_ids",
             "disable_access_log_for_endpoints",
             "disable_cascade_attn",
@@ -269,10 +269,8 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "kv_cache_memory_bytes",
             "kv_cache_metrics",
             "kv_cache_metrics_sample",
-            "kv_events_config",
             "kv_sharing_fast_prefill",
             "language_model_only",
-            "limit_mm_per_prompt",
             "load_format",
             "log_config_file",
             "log_error_stack",
@@ -293,7 +291,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "max_num_queued_tokens",
             "max_num_scheduled_tokens",
             "max_parallel_loading_workers",
-            "media_io_kwargs",
             "middleware",
             "mm_device_do_normalize",
             "mm_encoder_attn_backend",
@@ -308,11 +305,8 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "mm_processor_cache_gb",
             "mm_processor_cache_type",
             "mm_processor_device",
-            "mm_processor_kwargs",
             "mm_shm_cache_max_object_size_mb",
             "mm_tensor_ipc",
-            "model_class_overrides",
-            "model_loader_extra_config",
             "node_rank",
             "numa_bind",
             "otlp_traces_endpoint",
@@ -321,8 +315,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "prefix_cache_retention_interval",
             "prefix_caching_hash_algo",
             "prefix_match_unit",
-            "profiler_config",
-            "pt_load_map_location",
             "rbln_enable_sub_block_cache",
             "rbln_sub_block_size",
             "rbln_use_custom_sampler",
@@ -350,7 +342,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "ssl_ciphers",
             "ssl_keyfile",
             "stream_interval",
-            "structured_outputs_config",
             "tokenizer",
             "tokenizer_mode",
             "tokenizer_revision",
@@ -381,12 +372,10 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "api_key",
             "api_server_count",
             "async_scheduling",
-            "attention_config",
             "chat_template_content_format",
             "code_revision",
             "cohere_format",
             "cohere_is_reasoning_model",
-            "compilation_config",
             "convert",
             "cp_kv_cache_interleave_size",
             "cpu_distributed_timeout_seconds",
@@ -405,7 +394,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "dcp_comm_backend",
             "dcp_kv_cache_interleave_size",
             "dcp_q_replicate",
-            "default_chat_template_kwargs",
             "device_ids",
             "disable_access_log_for_endpoints",
             "disable_cascade_attn",
@@ -477,13 +465,10 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "kv_cache_memory_bytes",
             "kv_cache_metrics",
             "kv_cache_metrics_sample",
-            "kv_events_config",
             "kv_offloading_backend",
             "kv_offloading_size",
             "kv_sharing_fast_prefill",
-            "kv_transfer_config",
             "language_model_only",
-            "limit_mm_per_prompt",
             "linear_backend",
             "load_format",
             "log_config_file",
@@ -511,7 +496,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "max_num_queued_tokens",
             "max_num_scheduled_tokens",
             "max_parallel_loading_workers",
-            "media_io_kwargs",
             "middleware",
             "mm_device_do_normalize",
             "mm_encoder_attn_backend",
@@ -526,11 +510,8 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "mm_processor_cache_gb",
             "mm_processor_cache_type",
             "mm_processor_device",
-            "mm_processor_kwargs",
             "mm_shm_cache_max_object_size_mb",
             "mm_tensor_ipc",
-            "model_class_overrides",
-            "model_loader_extra_config",
             "moe_backend",
             "node_rank",
             "num_gpu_blocks_override",
@@ -542,14 +523,11 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "offload_prefetch_step",
             "optimization_level",
             "otlp_traces_endpoint",
-            "override_generation_config",
             "port",
             "prefill_schedule_interval",
             "prefix_cache_retention_interval",
             "prefix_caching_hash_algo",
             "prefix_match_unit",
-            "profiler_config",
-            "pt_load_map_location",
             "quantization",
             "rbln_sub_block_size",
             "rbln_use_custom_sampler",
@@ -582,7 +560,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "ssl_ciphers",
             "ssl_keyfile",
             "stream_interval",
-            "structured_outputs_config",
             "tokenizer",
             "tokenizer_mode",
             "tokenizer_revision",
@@ -603,4 +580,789 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "worker_extension_cls",
         }
     ),
+}
+
+# Per structured option (a JSON object filling a config class, tools/oracle/fields.py): whether the
+# object of defaults alone is the option not given, each field's default by dotted path, and per
+# model path the fields proven not to reach that path's identity (tried alone, answered the same).
+FIELDS: Final[dict[str, dict[str, Any]]] = {
+    "additional_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "attn_block_size": None,
+            "cached_model_path": None,
+            "compile_dtype": "",
+            "decode_batch_bucket_limit": 1,
+            "decode_batch_bucket_manual_buckets": [],
+            "decode_batch_bucket_min": 1,
+            "decode_batch_bucket_step": 2,
+            "decode_batch_bucket_strategy": "exponential",
+            "enable_sub_block_cache": True,
+            "enforce_model_fp32": False,
+            "image_prefill_chunk_size": None,
+            "num_blocks_override": None,
+            "num_blocks_synced": False,
+            "num_devices_per_local_rank": 1,
+            "optimum_overrides": {},
+            "specialize_moe_decode": True,
+            "sub_block_size": None,
+            "use_all2all_combine": False,
+            "use_all2all_dispatch": False,
+            "use_batch_attn_opt": False,
+            "use_custom_kernel": False,
+            "use_custom_sampler": True,
+            "use_dynamic_kv_cache": None,
+            "use_moe_tokens_mask": True,
+            "use_w8a8": False,
+            "user_max_num_batched_tokens": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "attn_block_size",
+                    "cached_model_path",
+                    "image_prefill_chunk_size",
+                    "num_blocks_override",
+                    "num_blocks_synced",
+                    "use_custom_sampler",
+                    "user_max_num_batched_tokens",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "enable_sub_block_cache",
+                    "sub_block_size",
+                    "use_custom_sampler",
+                }
+            ),
+        },
+    },
+    "attention_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "backend": None,
+            "backend_per_kind": {},
+            "disable_flashinfer_q_quantization": False,
+            "flash_attn_max_num_splits_for_cuda_graph": 32,
+            "flash_attn_version": None,
+            "flex_attn_block_m": None,
+            "flex_attn_block_n": None,
+            "flex_attn_kv_block_size": None,
+            "flex_attn_q_block_size": None,
+            "hisparse_config.device_buffer_size": None,
+            "hisparse_config.eager_host_mirror": True,
+            "indexer_kv_dtype": "auto",
+            "minimax_m3_msa_decode_backend": "triton",
+            "mla_prefill_backend": None,
+            "sparse_mla_force_mqa": False,
+            "tq_max_kv_splits_for_cuda_graph": 32,
+            "use_non_causal": False,
+            "use_prefill_query_quantization": False,
+            "use_trtllm_attention": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "disable_flashinfer_q_quantization",
+                    "flash_attn_max_num_splits_for_cuda_graph",
+                    "flex_attn_block_m",
+                    "flex_attn_block_n",
+                    "flex_attn_kv_block_size",
+                    "flex_attn_q_block_size",
+                    "minimax_m3_msa_decode_backend",
+                    "sparse_mla_force_mqa",
+                    "tq_max_kv_splits_for_cuda_graph",
+                    "use_non_causal",
+                    "use_prefill_query_quantization",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "compilation_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "backend": "",
+            "cache_dir": "",
+            "compile_cache_save_format": "binary",
+            "compile_mm_encoder": False,
+            "compile_ranges_endpoints": None,
+            "compile_sizes": None,
+            "cudagraph_capture_sizes": None,
+            "cudagraph_copy_inputs": False,
+            "cudagraph_mm_encoder": False,
+            "cudagraph_mode": None,
+            "cudagraph_num_of_warmups": 0,
+            "cudagraph_specialize_lora": True,
+            "custom_ops": [],
+            "debug_dump_path": None,
+            "dynamic_shapes_config.assume_32_bit_indexing": False,
+            "dynamic_shapes_config.evaluate_guards": False,
+            "dynamic_shapes_config.type": "backed",
+            "encoder_cudagraph_max_frames_per_batch": None,
+            "encoder_cudagraph_max_vision_items_per_batch": 0,
+            "encoder_cudagraph_token_budgets": [],
+            "fast_moe_cold_start": None,
+            "inductor_compile_config": {},
+            "inductor_passes": {},
+            "ir_enable_torch_wrap": None,
+            "max_cudagraph_capture_size": None,
+            "mode": None,
+            "pass_config.eliminate_noops": True,
+            "pass_config.enable_qk_norm_rope_fusion": None,
+            "pass_config.enable_sp": None,
+            "pass_config.fi_allreduce_fusion_max_size_mb": None,
+            "pass_config.fuse_act_padding": None,
+            "pass_config.fuse_act_quant": None,
+            "pass_config.fuse_allreduce_rms": None,
+            "pass_config.fuse_attn_quant": None,
+            "pass_config.fuse_gemm_comms": None,
+            "pass_config.fuse_mla_dual_rms_norm": None,
+            "pass_config.fuse_norm_quant": None,
+            "pass_config.fuse_qk_norm_rope_kvcache": None,
+            "pass_config.fuse_rope_kvcache": None,
+            "pass_config.fuse_rope_kvcache_cat_mla": None,
+            "pass_config.rope_kvcache_fusion_max_token_num": 256,
+            "pass_config.sp_min_token_num": None,
+            "splitting_ops": None,
+            "use_inductor_graph_partition": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "backend",
+                    "cache_dir",
+                    "compile_cache_save_format",
+                    "compile_mm_encoder",
+                    "compile_ranges_endpoints",
+                    "compile_sizes",
+                    "cudagraph_capture_sizes",
+                    "cudagraph_copy_inputs",
+                    "cudagraph_mm_encoder",
+                    "cudagraph_num_of_warmups",
+                    "cudagraph_specialize_lora",
+                    "debug_dump_path",
+                    "dynamic_shapes_config.assume_32_bit_indexing",
+                    "dynamic_shapes_config.evaluate_guards",
+                    "encoder_cudagraph_max_frames_per_batch",
+                    "encoder_cudagraph_max_vision_items_per_batch",
+                    "encoder_cudagraph_token_budgets",
+                    "inductor_compile_config",
+                    "max_cudagraph_capture_size",
+                    "pass_config.eliminate_noops",
+                    "pass_config.fi_allreduce_fusion_max_size_mb",
+                    "pass_config.rope_kvcache_fusion_max_token_num",
+                    "pass_config.sp_min_token_num",
+                    "splitting_ops",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "cache_dir",
+                    "debug_dump_path",
+                }
+            ),
+        },
+    },
+    "diffusion_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "canvas_length": None,
+            "max_denoising_steps": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "canvas_length",
+                    "max_denoising_steps",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "canvas_length",
+                    "max_denoising_steps",
+                }
+            ),
+        },
+    },
+    "ec_manager_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "encoder_cache_manager_cls": None,
+            "manager_config": {},
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "encoder_cache_manager_cls",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "encoder_cache_manager_cls",
+                }
+            ),
+        },
+    },
+    "ec_transfer_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "ec_buffer_device": "cuda",
+            "ec_buffer_size": 1000000000.0,
+            "ec_connector": None,
+            "ec_connector_extra_config": {},
+            "ec_connector_module_path": None,
+            "ec_ip": "127.0.0.1",
+            "ec_parallel_size": 1,
+            "ec_port": 14579,
+            "ec_rank": None,
+            "ec_role": None,
+            "engine_id": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "ec_buffer_device",
+                    "ec_buffer_size",
+                    "ec_connector",
+                    "ec_connector_extra_config",
+                    "ec_connector_module_path",
+                    "ec_ip",
+                    "ec_parallel_size",
+                    "ec_port",
+                    "ec_rank",
+                    "engine_id",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "ec_buffer_device",
+                    "ec_buffer_size",
+                    "ec_connector",
+                    "ec_connector_extra_config",
+                    "ec_connector_module_path",
+                    "ec_ip",
+                    "ec_parallel_size",
+                    "ec_port",
+                    "ec_rank",
+                    "engine_id",
+                }
+            ),
+        },
+    },
+    "engram_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "cpu_offload": True,
+            "dp_shared_memory": False,
+            "embedding_across_dp": False,
+        },
+        "ignored": {
+            "optimum": frozenset(),
+            "vllm": frozenset(),
+        },
+    },
+    "eplb_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "communicator": None,
+            "log_balancedness": False,
+            "log_balancedness_interval": 1,
+            "num_redundant_experts": 0,
+            "policy": "default",
+            "step_interval": 3000,
+            "use_async": True,
+            "window_size": 1000,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "log_balancedness",
+                    "log_balancedness_interval",
+                    "policy",
+                    "step_interval",
+                    "use_async",
+                    "window_size",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "policy",
+                }
+            ),
+        },
+    },
+    "fault_tolerance_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "engine_recovery_timeout_sec": 120,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "engine_recovery_timeout_sec",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "ir_op_priority": {
+        "empty_is_default": True,
+        "defaults": {
+            "fused_add_rms_norm": [],
+            "gelu_and_mul_sparse": [],
+            "rms_norm": [],
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "fused_add_rms_norm",
+                    "gelu_and_mul_sparse",
+                    "rms_norm",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "kernel_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "enable_cutedsl_warmup": True,
+            "enable_flashinfer_autotune": None,
+            "enable_jit_warmup": True,
+            "ir_op_priority.fused_add_rms_norm": [],
+            "ir_op_priority.gelu_and_mul_sparse": [],
+            "ir_op_priority.rms_norm": [],
+            "linear_backend": "auto",
+            "linear_backend_per_quant": None,
+            "moe_backend": "auto",
+            "sparse_indexer_topk_backend": "auto",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "enable_cutedsl_warmup",
+                    "enable_jit_warmup",
+                    "ir_op_priority.fused_add_rms_norm",
+                    "ir_op_priority.gelu_and_mul_sparse",
+                    "ir_op_priority.rms_norm",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "enable_cutedsl_warmup",
+                    "enable_jit_warmup",
+                }
+            ),
+        },
+    },
+    "kv_events_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "buffer_steps": 10000,
+            "enable_kv_cache_events": False,
+            "endpoint": "tcp://*:5557",
+            "hwm": 100000,
+            "max_queue_size": 100000,
+            "publisher": None,
+            "replay_endpoint": None,
+            "topic": "",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "buffer_steps",
+                    "enable_kv_cache_events",
+                    "endpoint",
+                    "hwm",
+                    "max_queue_size",
+                    "replay_endpoint",
+                    "topic",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "buffer_steps",
+                    "enable_kv_cache_events",
+                    "endpoint",
+                    "hwm",
+                    "max_queue_size",
+                    "replay_endpoint",
+                    "topic",
+                }
+            ),
+        },
+    },
+    "kv_transfer_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "enable_permute_local_kv": False,
+            "engine_id": None,
+            "kv_buffer_device": "cpu",
+            "kv_buffer_size": 1000000000.0,
+            "kv_connector": None,
+            "kv_connector_extra_config": {},
+            "kv_connector_module_path": None,
+            "kv_ip": "127.0.0.1",
+            "kv_load_failure_policy": "fail",
+            "kv_parallel_size": 1,
+            "kv_port": 14579,
+            "kv_rank": None,
+            "kv_role": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "enable_permute_local_kv",
+                    "engine_id",
+                    "kv_buffer_device",
+                    "kv_buffer_size",
+                    "kv_connector_extra_config",
+                    "kv_ip",
+                    "kv_load_failure_policy",
+                    "kv_parallel_size",
+                    "kv_port",
+                    "kv_rank",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "enable_permute_local_kv",
+                    "engine_id",
+                    "kv_buffer_device",
+                    "kv_buffer_size",
+                    "kv_connector_extra_config",
+                    "kv_ip",
+                    "kv_load_failure_policy",
+                    "kv_parallel_size",
+                    "kv_port",
+                    "kv_rank",
+                }
+            ),
+        },
+    },
+    "pooler_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "dimensions": None,
+            "enable_chunked_processing": False,
+            "logit_mean": None,
+            "logit_sigma": None,
+            "max_embed_len": None,
+            "pooling_type": None,
+            "returned_token_ids": None,
+            "seq_pooling_type": None,
+            "step_tag_id": None,
+            "task": None,
+            "tok_pooling_type": None,
+            "use_activation": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "dimensions",
+                    "enable_chunked_processing",
+                    "logit_mean",
+                    "logit_sigma",
+                    "max_embed_len",
+                    "returned_token_ids",
+                    "step_tag_id",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "dimensions",
+                    "enable_chunked_processing",
+                    "logit_mean",
+                    "logit_sigma",
+                    "max_embed_len",
+                    "returned_token_ids",
+                    "step_tag_id",
+                }
+            ),
+        },
+    },
+    "profiler_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "active_iterations": 5,
+            "capture_torch_profiler": False,
+            "delay_iterations": 0,
+            "detailed_trace_annotation": False,
+            "ignore_frontend": False,
+            "max_iterations": 0,
+            "profiler": None,
+            "proton_backend": None,
+            "proton_context": "shadow",
+            "proton_data": "tree",
+            "proton_graph_attribution": False,
+            "proton_hook": None,
+            "proton_mode": None,
+            "proton_output_format": None,
+            "proton_profiler_dir": "",
+            "torch_profiler_dir": "",
+            "torch_profiler_dump_cuda_time_total": True,
+            "torch_profiler_record_shapes": False,
+            "torch_profiler_use_gzip": True,
+            "torch_profiler_with_flops": False,
+            "torch_profiler_with_memory": False,
+            "torch_profiler_with_stack": True,
+            "wait_iterations": 0,
+            "warmup_iterations": 0,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "active_iterations",
+                    "delay_iterations",
+                    "detailed_trace_annotation",
+                    "ignore_frontend",
+                    "max_iterations",
+                    "torch_profiler_dump_cuda_time_total",
+                    "torch_profiler_record_shapes",
+                    "torch_profiler_use_gzip",
+                    "torch_profiler_with_flops",
+                    "torch_profiler_with_memory",
+                    "torch_profiler_with_stack",
+                    "wait_iterations",
+                    "warmup_iterations",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "active_iterations",
+                    "delay_iterations",
+                    "detailed_trace_annotation",
+                    "ignore_frontend",
+                    "max_iterations",
+                    "torch_profiler_dump_cuda_time_total",
+                    "torch_profiler_record_shapes",
+                    "torch_profiler_use_gzip",
+                    "torch_profiler_with_flops",
+                    "torch_profiler_with_memory",
+                    "torch_profiler_with_stack",
+                    "wait_iterations",
+                    "warmup_iterations",
+                }
+            ),
+        },
+    },
+    "quantization_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "ignore": [],
+            "linear.activation.dtype.bias": None,
+            "linear.activation.dtype.exponent": None,
+            "linear.activation.dtype.mantissa": None,
+            "linear.activation.dtype.nan_repr": 1,
+            "linear.activation.dtype.signed": None,
+            "linear.activation.scale.dtype": None,
+            "linear.activation.scale.group_shape": None,
+            "linear.activation.scale.static": None,
+            "linear.activation.scale2.dtype": None,
+            "linear.activation.scale2.group_shape": None,
+            "linear.activation.scale2.static": None,
+            "linear.activation.symmetric": True,
+            "linear.weight.dtype.bias": None,
+            "linear.weight.dtype.exponent": None,
+            "linear.weight.dtype.mantissa": None,
+            "linear.weight.dtype.nan_repr": 1,
+            "linear.weight.dtype.signed": None,
+            "linear.weight.scale.dtype": None,
+            "linear.weight.scale.group_shape": None,
+            "linear.weight.scale.static": None,
+            "linear.weight.scale2.dtype": None,
+            "linear.weight.scale2.group_shape": None,
+            "linear.weight.scale2.static": None,
+            "linear.weight.symmetric": True,
+            "moe.activation.dtype.bias": None,
+            "moe.activation.dtype.exponent": None,
+            "moe.activation.dtype.mantissa": None,
+            "moe.activation.dtype.nan_repr": 1,
+            "moe.activation.dtype.signed": None,
+            "moe.activation.scale.dtype": None,
+            "moe.activation.scale.group_shape": None,
+            "moe.activation.scale.static": None,
+            "moe.activation.scale2.dtype": None,
+            "moe.activation.scale2.group_shape": None,
+            "moe.activation.scale2.static": None,
+            "moe.activation.symmetric": True,
+            "moe.weight.dtype.bias": None,
+            "moe.weight.dtype.exponent": None,
+            "moe.weight.dtype.mantissa": None,
+            "moe.weight.dtype.nan_repr": 1,
+            "moe.weight.dtype.signed": None,
+            "moe.weight.scale.dtype": None,
+            "moe.weight.scale.group_shape": None,
+            "moe.weight.scale.static": None,
+            "moe.weight.scale2.dtype": None,
+            "moe.weight.scale2.group_shape": None,
+            "moe.weight.scale2.static": None,
+            "moe.weight.symmetric": True,
+            "targets": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "ignore",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "reasoning_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "reasoning_end_str": "",
+            "reasoning_parser": "",
+            "reasoning_start_str": "",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "reasoning_end_str",
+                    "reasoning_start_str",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "reasoning_end_str",
+                    "reasoning_start_str",
+                }
+            ),
+        },
+    },
+    "speculative_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "attention_backend": None,
+            "code_revision": None,
+            "disable_eagle_block_drop": False,
+            "disable_padded_drafter_batch": False,
+            "draft_load_config": None,
+            "draft_model_config": None,
+            "draft_parallel_config": None,
+            "draft_sample_method": "greedy",
+            "draft_tensor_parallel_size": None,
+            "dspark_draft_topk": None,
+            "enable_adaptive_verification": False,
+            "enforce_eager": None,
+            "index_share_for_mtp_iteration": None,
+            "kv_cache_dtype": None,
+            "max_model_len": None,
+            "method": None,
+            "model": None,
+            "moe_backend": None,
+            "num_speculative_tokens": None,
+            "num_speculative_tokens_per_batch_size": None,
+            "parallel_drafting": False,
+            "prompt_lookup_max": None,
+            "prompt_lookup_min": None,
+            "quantization": None,
+            "rejection_sample_method": "standard",
+            "revision": None,
+            "suffix_decoding_max_cached_requests": 10000,
+            "suffix_decoding_max_spec_factor": 1.0,
+            "suffix_decoding_max_tree_depth": 24,
+            "suffix_decoding_min_token_prob": 0.1,
+            "synthetic_acceptance_length": None,
+            "synthetic_acceptance_rates": None,
+            "target_model_config": None,
+            "target_parallel_config": None,
+            "tensor_parallel_size": None,
+            "use_heterogeneous_vocab": False,
+            "use_local_argmax_reduction": False,
+        },
+        "ignored": {
+            "optimum": frozenset(),
+            "vllm": frozenset(
+                {
+                    "code_revision",
+                    "disable_eagle_block_drop",
+                    "disable_padded_drafter_batch",
+                    "draft_load_config",
+                    "draft_model_config",
+                    "draft_parallel_config",
+                    "draft_sample_method",
+                    "dspark_draft_topk",
+                    "max_model_len",
+                    "model",
+                    "parallel_drafting",
+                    "prompt_lookup_max",
+                    "prompt_lookup_min",
+                    "quantization",
+                    "revision",
+                    "suffix_decoding_max_cached_requests",
+                    "suffix_decoding_max_spec_factor",
+                    "suffix_decoding_max_tree_depth",
+                    "suffix_decoding_min_token_prob",
+                    "target_model_config",
+                    "target_parallel_config",
+                    "use_local_argmax_reduction",
+                }
+            ),
+        },
+    },
+    "structured_outputs_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "backend": "auto",
+            "disable_additional_properties": False,
+            "disable_any_whitespace": False,
+            "enable_in_reasoning": False,
+            "reasoning_parser": "",
+            "reasoning_parser_plugin": "",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "enable_in_reasoning",
+                    "reasoning_parser",
+                    "reasoning_parser_plugin",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "enable_in_reasoning",
+                    "reasoning_parser",
+                    "reasoning_parser_plugin",
+                }
+            ),
+        },
+    },
+    "watermark_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "algorithm": "gumbel",
+            "allow_target_only_watermarking": False,
+            "alpha": 0.1,
+            "context_width": 4,
+            "deduplicate_contexts": "single_turn",
+            "deduplicate_contexts_max_history": 8192,
+            "key": "PydanticUndefined",
+            "prf": "philox",
+        },
+        "ignored": {
+            "optimum": frozenset(),
+            "vllm": frozenset(),
+        },
+    },
+    "weight_transfer_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "backend": "nccl",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "backend",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "backend",
+                }
+            ),
+        },
+    },
 }

@@ -3,7 +3,9 @@
 What each model path's identity reads of `vllm serve`'s options, as the real server code answered
 when the key oracle ran it (optimum-rbln 0.11.1, torch 2.13.0+cpu, transformers 5.8.1, vllm 0.22.0, vllm-rbln 0.11.1; scripts/oracle). DEFAULTS: the values the
 server takes as an option's default (keyed as if the option were not given). IGNORED: per model path,
-the options none of whose tried values changed that path's identity or what it compiles.
+the options none of whose tried values changed that path's identity or what it compiles (a structured
+option: every field of its class tried and proven; a free-form one never). FIELDS: per structured
+option, the fields' defaults and the fields proven not to reach each path's identity.
 """
 
 from typing import Any, Final
@@ -375,3 +377,8 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
         }
     ),
 }
+
+# Per structured option (a JSON object filling a config class, tools/oracle/fields.py): whether the
+# object of defaults alone is the option not given, each field's default by dotted path, and per
+# model path the fields proven not to reach that path's identity (tried alone, answered the same).
+FIELDS: Final[dict[str, dict[str, Any]]] = {}

@@ -3,7 +3,9 @@
 What each model path's identity reads of `vllm serve`'s options, as the real server code answered
 when the key oracle ran it (optimum-rbln 0.11.2, torch 2.13.0+cpu, transformers 5.8.1, vllm 0.24.0, vllm-rbln 0.11.2; scripts/oracle). DEFAULTS: the values the
 server takes as an option's default (keyed as if the option were not given). IGNORED: per model path,
-the options none of whose tried values changed that path's identity or what it compiles.
+the options none of whose tried values changed that path's identity or what it compiles (a structured
+option: every field of its class tried and proven; a free-form one never). FIELDS: per structured
+option, the fields' defaults and the fields proven not to reach each path's identity.
 """
 
 from typing import Any, Final
@@ -180,14 +182,12 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "api_key",
             "api_server_count",
             "chat_template_content_format",
-            "compilation_config",
             "cudagraph_metrics",
             "data_parallel_address",
             "data_parallel_rpc_port",
             "data_parallel_size_local",
             "data_parallel_start_rank",
             "data_parallel_supervisor_port",
-            "default_chat_template_kwargs",
             "device_ids",
             "disable_access_log_for_endpoints",
             "disable_cascade_attn",
@@ -239,10 +239,8 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "jit_monitor_verbose",
             "kv_cache_metrics",
             "kv_cache_metrics_sample",
-            "kv_events_config",
             "kv_sharing_fast_prefill",
             "language_model_only",
-            "limit_mm_per_prompt",
             "load_format",
             "log_config_file",
             "log_error_stack",
@@ -260,7 +258,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "max_lora_rank",
             "max_loras",
             "max_parallel_loading_workers",
-            "media_io_kwargs",
             "middleware",
             "mm_encoder_attn_backend",
             "mm_encoder_attn_dtype",
@@ -271,10 +268,8 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "mm_encoder_tp_mode",
             "mm_processor_cache_gb",
             "mm_processor_cache_type",
-            "mm_processor_kwargs",
             "mm_shm_cache_max_object_size_mb",
             "mm_tensor_ipc",
-            "model_loader_extra_config",
             "node_rank",
             "numa_bind",
             "otlp_traces_endpoint",
@@ -282,8 +277,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "port",
             "prefill_schedule_interval",
             "prefix_caching_hash_algo",
-            "profiler_config",
-            "pt_load_map_location",
             "reasoning_parser_plugin",
             "response_role",
             "return_tokens_as_token_ids",
@@ -307,7 +300,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "ssl_ciphers",
             "ssl_keyfile",
             "stream_interval",
-            "structured_outputs_config",
             "tokenizer",
             "tokenizer_mode",
             "tokenizer_revision",
@@ -337,11 +329,9 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "api_key",
             "api_server_count",
             "async_scheduling",
-            "attention_config",
             "calculate_kv_scales",
             "chat_template_content_format",
             "code_revision",
-            "compilation_config",
             "convert",
             "cp_kv_cache_interleave_size",
             "cpu_distributed_timeout_seconds",
@@ -358,7 +348,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "dbo_decode_token_threshold",
             "dbo_prefill_token_threshold",
             "dcp_kv_cache_interleave_size",
-            "default_chat_template_kwargs",
             "device_ids",
             "disable_access_log_for_endpoints",
             "disable_cascade_attn",
@@ -423,13 +412,10 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "kv_cache_memory_bytes",
             "kv_cache_metrics",
             "kv_cache_metrics_sample",
-            "kv_events_config",
             "kv_offloading_backend",
             "kv_offloading_size",
             "kv_sharing_fast_prefill",
-            "kv_transfer_config",
             "language_model_only",
-            "limit_mm_per_prompt",
             "linear_backend",
             "load_format",
             "log_config_file",
@@ -454,7 +440,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "max_lora_rank",
             "max_loras",
             "max_parallel_loading_workers",
-            "media_io_kwargs",
             "middleware",
             "mm_encoder_attn_backend",
             "mm_encoder_attn_dtype",
@@ -465,11 +450,9 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "mm_encoder_tp_mode",
             "mm_processor_cache_gb",
             "mm_processor_cache_type",
-            "mm_processor_kwargs",
             "mm_shm_cache_max_object_size_mb",
             "mm_tensor_ipc",
             "model_impl",
-            "model_loader_extra_config",
             "moe_backend",
             "node_rank",
             "num_gpu_blocks_override",
@@ -482,13 +465,10 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "optimization_level",
             "otlp_traces_endpoint",
             "override_attention_dtype",
-            "override_generation_config",
             "port",
             "prefill_context_parallel_size",
             "prefill_schedule_interval",
             "prefix_caching_hash_algo",
-            "profiler_config",
-            "pt_load_map_location",
             "quantization",
             "reasoning_parser_plugin",
             "renderer_num_workers",
@@ -516,7 +496,6 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "ssl_ciphers",
             "ssl_keyfile",
             "stream_interval",
-            "structured_outputs_config",
             "tokenizer",
             "tokenizer_mode",
             "tokenizer_revision",
@@ -536,4 +515,610 @@ IGNORED: Final[dict[str, frozenset[str]]] = {
             "worker_extension_cls",
         }
     ),
+}
+
+# Per structured option (a JSON object filling a config class, tools/oracle/fields.py): whether the
+# object of defaults alone is the option not given, each field's default by dotted path, and per
+# model path the fields proven not to reach that path's identity (tried alone, answered the same).
+FIELDS: Final[dict[str, dict[str, Any]]] = {
+    "attention_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "backend": None,
+            "disable_flashinfer_q_quantization": False,
+            "flash_attn_max_num_splits_for_cuda_graph": 32,
+            "flash_attn_version": None,
+            "flex_attn_block_m": None,
+            "flex_attn_block_n": None,
+            "flex_attn_kv_block_size": None,
+            "flex_attn_q_block_size": None,
+            "indexer_kv_dtype": "bf16",
+            "mla_prefill_backend": None,
+            "tq_max_kv_splits_for_cuda_graph": 32,
+            "use_fp4_indexer_cache": False,
+            "use_non_causal": False,
+            "use_prefill_decode_attention": False,
+            "use_prefill_query_quantization": False,
+            "use_trtllm_attention": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "disable_flashinfer_q_quantization",
+                    "flash_attn_max_num_splits_for_cuda_graph",
+                    "flex_attn_block_m",
+                    "flex_attn_block_n",
+                    "flex_attn_kv_block_size",
+                    "flex_attn_q_block_size",
+                    "tq_max_kv_splits_for_cuda_graph",
+                    "use_fp4_indexer_cache",
+                    "use_non_causal",
+                    "use_prefill_decode_attention",
+                    "use_prefill_query_quantization",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "compilation_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "backend": "",
+            "cache_dir": "",
+            "compile_cache_save_format": "binary",
+            "compile_mm_encoder": False,
+            "compile_ranges_endpoints": None,
+            "compile_sizes": None,
+            "cudagraph_capture_sizes": None,
+            "cudagraph_copy_inputs": False,
+            "cudagraph_mm_encoder": False,
+            "cudagraph_mode": None,
+            "cudagraph_num_of_warmups": 0,
+            "cudagraph_specialize_lora": True,
+            "custom_ops": [],
+            "debug_dump_path": None,
+            "dynamic_shapes_config.assume_32_bit_indexing": False,
+            "dynamic_shapes_config.evaluate_guards": False,
+            "dynamic_shapes_config.type": "backed",
+            "encoder_cudagraph_max_frames_per_batch": None,
+            "encoder_cudagraph_max_vision_items_per_batch": 0,
+            "encoder_cudagraph_token_budgets": [],
+            "fast_moe_cold_start": None,
+            "inductor_compile_config": {},
+            "inductor_passes": {},
+            "ir_enable_torch_wrap": None,
+            "max_cudagraph_capture_size": None,
+            "mode": None,
+            "pass_config.eliminate_noops": True,
+            "pass_config.enable_qk_norm_rope_fusion": None,
+            "pass_config.enable_sp": None,
+            "pass_config.fi_allreduce_fusion_max_size_mb": None,
+            "pass_config.fuse_act_padding": None,
+            "pass_config.fuse_act_quant": None,
+            "pass_config.fuse_allreduce_rms": None,
+            "pass_config.fuse_attn_quant": None,
+            "pass_config.fuse_gemm_comms": None,
+            "pass_config.fuse_mla_dual_rms_norm": None,
+            "pass_config.fuse_norm_quant": None,
+            "pass_config.fuse_rope_kvcache": None,
+            "pass_config.fuse_rope_kvcache_cat_mla": None,
+            "pass_config.rope_kvcache_fusion_max_token_num": 256,
+            "pass_config.sp_min_token_num": None,
+            "splitting_ops": None,
+            "use_inductor_graph_partition": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "backend",
+                    "cache_dir",
+                    "compile_cache_save_format",
+                    "compile_mm_encoder",
+                    "compile_ranges_endpoints",
+                    "compile_sizes",
+                    "cudagraph_capture_sizes",
+                    "cudagraph_copy_inputs",
+                    "cudagraph_mm_encoder",
+                    "cudagraph_num_of_warmups",
+                    "cudagraph_specialize_lora",
+                    "debug_dump_path",
+                    "dynamic_shapes_config.assume_32_bit_indexing",
+                    "dynamic_shapes_config.evaluate_guards",
+                    "encoder_cudagraph_max_frames_per_batch",
+                    "encoder_cudagraph_max_vision_items_per_batch",
+                    "encoder_cudagraph_token_budgets",
+                    "inductor_compile_config",
+                    "max_cudagraph_capture_size",
+                    "pass_config.eliminate_noops",
+                    "pass_config.fi_allreduce_fusion_max_size_mb",
+                    "pass_config.rope_kvcache_fusion_max_token_num",
+                    "pass_config.sp_min_token_num",
+                    "splitting_ops",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "cache_dir",
+                    "debug_dump_path",
+                }
+            ),
+        },
+    },
+    "diffusion_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "canvas_length": None,
+            "max_denoising_steps": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "canvas_length",
+                    "max_denoising_steps",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "canvas_length",
+                    "max_denoising_steps",
+                }
+            ),
+        },
+    },
+    "ec_transfer_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "ec_buffer_device": "cuda",
+            "ec_buffer_size": 1000000000.0,
+            "ec_connector": None,
+            "ec_connector_extra_config": {},
+            "ec_connector_module_path": None,
+            "ec_ip": "127.0.0.1",
+            "ec_parallel_size": 1,
+            "ec_port": 14579,
+            "ec_rank": None,
+            "ec_role": None,
+            "engine_id": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "ec_buffer_device",
+                    "ec_buffer_size",
+                    "ec_connector",
+                    "ec_connector_extra_config",
+                    "ec_connector_module_path",
+                    "ec_ip",
+                    "ec_parallel_size",
+                    "ec_port",
+                    "ec_rank",
+                    "engine_id",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "ec_buffer_device",
+                    "ec_buffer_size",
+                    "ec_connector",
+                    "ec_connector_extra_config",
+                    "ec_connector_module_path",
+                    "ec_ip",
+                    "ec_parallel_size",
+                    "ec_port",
+                    "ec_rank",
+                    "engine_id",
+                }
+            ),
+        },
+    },
+    "eplb_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "communicator": None,
+            "log_balancedness": False,
+            "log_balancedness_interval": 1,
+            "num_redundant_experts": 0,
+            "policy": "default",
+            "step_interval": 3000,
+            "use_async": True,
+            "window_size": 1000,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "log_balancedness",
+                    "log_balancedness_interval",
+                    "policy",
+                    "step_interval",
+                    "use_async",
+                    "window_size",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "policy",
+                }
+            ),
+        },
+    },
+    "ir_op_priority": {
+        "empty_is_default": True,
+        "defaults": {
+            "fused_add_rms_norm": [],
+            "rms_norm": [],
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "fused_add_rms_norm",
+                    "rms_norm",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "kernel_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "enable_flashinfer_autotune": None,
+            "ir_op_priority.fused_add_rms_norm": [],
+            "ir_op_priority.rms_norm": [],
+            "linear_backend": "auto",
+            "moe_backend": "auto",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "ir_op_priority.fused_add_rms_norm",
+                    "ir_op_priority.rms_norm",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "kv_events_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "buffer_steps": 10000,
+            "enable_kv_cache_events": False,
+            "endpoint": "tcp://*:5557",
+            "hwm": 100000,
+            "max_queue_size": 100000,
+            "publisher": None,
+            "replay_endpoint": None,
+            "topic": "",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "buffer_steps",
+                    "enable_kv_cache_events",
+                    "endpoint",
+                    "hwm",
+                    "max_queue_size",
+                    "replay_endpoint",
+                    "topic",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "buffer_steps",
+                    "enable_kv_cache_events",
+                    "endpoint",
+                    "hwm",
+                    "max_queue_size",
+                    "replay_endpoint",
+                    "topic",
+                }
+            ),
+        },
+    },
+    "kv_transfer_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "enable_permute_local_kv": False,
+            "engine_id": None,
+            "kv_buffer_device": "cpu",
+            "kv_buffer_size": 1000000000.0,
+            "kv_connector": None,
+            "kv_connector_extra_config": {},
+            "kv_connector_module_path": None,
+            "kv_ip": "127.0.0.1",
+            "kv_load_failure_policy": "fail",
+            "kv_parallel_size": 1,
+            "kv_port": 14579,
+            "kv_rank": None,
+            "kv_role": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "enable_permute_local_kv",
+                    "engine_id",
+                    "kv_buffer_device",
+                    "kv_buffer_size",
+                    "kv_connector_extra_config",
+                    "kv_ip",
+                    "kv_load_failure_policy",
+                    "kv_parallel_size",
+                    "kv_port",
+                    "kv_rank",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "enable_permute_local_kv",
+                    "engine_id",
+                    "kv_buffer_device",
+                    "kv_buffer_size",
+                    "kv_connector_extra_config",
+                    "kv_ip",
+                    "kv_load_failure_policy",
+                    "kv_parallel_size",
+                    "kv_port",
+                    "kv_rank",
+                }
+            ),
+        },
+    },
+    "pooler_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "dimensions": None,
+            "enable_chunked_processing": False,
+            "logit_mean": None,
+            "logit_sigma": None,
+            "max_embed_len": None,
+            "pooling_type": None,
+            "returned_token_ids": None,
+            "seq_pooling_type": None,
+            "step_tag_id": None,
+            "task": None,
+            "tok_pooling_type": None,
+            "use_activation": None,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "dimensions",
+                    "enable_chunked_processing",
+                    "logit_mean",
+                    "logit_sigma",
+                    "max_embed_len",
+                    "returned_token_ids",
+                    "step_tag_id",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "dimensions",
+                    "enable_chunked_processing",
+                    "logit_mean",
+                    "logit_sigma",
+                    "max_embed_len",
+                    "returned_token_ids",
+                    "step_tag_id",
+                }
+            ),
+        },
+    },
+    "profiler_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "active_iterations": 5,
+            "delay_iterations": 0,
+            "ignore_frontend": False,
+            "max_iterations": 0,
+            "profiler": None,
+            "torch_profiler_dir": "",
+            "torch_profiler_dump_cuda_time_total": True,
+            "torch_profiler_record_shapes": False,
+            "torch_profiler_use_gzip": True,
+            "torch_profiler_with_flops": False,
+            "torch_profiler_with_memory": False,
+            "torch_profiler_with_stack": True,
+            "wait_iterations": 0,
+            "warmup_iterations": 0,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "active_iterations",
+                    "delay_iterations",
+                    "ignore_frontend",
+                    "max_iterations",
+                    "torch_profiler_dump_cuda_time_total",
+                    "torch_profiler_record_shapes",
+                    "torch_profiler_use_gzip",
+                    "torch_profiler_with_flops",
+                    "torch_profiler_with_memory",
+                    "torch_profiler_with_stack",
+                    "wait_iterations",
+                    "warmup_iterations",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "active_iterations",
+                    "delay_iterations",
+                    "ignore_frontend",
+                    "max_iterations",
+                    "torch_profiler_dump_cuda_time_total",
+                    "torch_profiler_record_shapes",
+                    "torch_profiler_use_gzip",
+                    "torch_profiler_with_flops",
+                    "torch_profiler_with_memory",
+                    "torch_profiler_with_stack",
+                    "wait_iterations",
+                    "warmup_iterations",
+                }
+            ),
+        },
+    },
+    "quantization_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "ignore": [],
+            "linear.activation.dtype": None,
+            "linear.activation.scale.dtype": None,
+            "linear.activation.scale.group_shape": None,
+            "linear.activation.scale.static": None,
+            "linear.activation.scale2.dtype": None,
+            "linear.activation.scale2.group_shape": None,
+            "linear.activation.scale2.static": None,
+            "linear.activation.symmetric": True,
+            "linear.weight.dtype": None,
+            "linear.weight.scale.dtype": None,
+            "linear.weight.scale.group_shape": None,
+            "linear.weight.scale.static": None,
+            "linear.weight.scale2.dtype": None,
+            "linear.weight.scale2.group_shape": None,
+            "linear.weight.scale2.static": None,
+            "linear.weight.symmetric": True,
+            "moe.activation.dtype": None,
+            "moe.activation.scale.dtype": None,
+            "moe.activation.scale.group_shape": None,
+            "moe.activation.scale.static": None,
+            "moe.activation.scale2.dtype": None,
+            "moe.activation.scale2.group_shape": None,
+            "moe.activation.scale2.static": None,
+            "moe.activation.symmetric": True,
+            "moe.weight.dtype": None,
+            "moe.weight.scale.dtype": None,
+            "moe.weight.scale.group_shape": None,
+            "moe.weight.scale.static": None,
+            "moe.weight.scale2.dtype": None,
+            "moe.weight.scale2.group_shape": None,
+            "moe.weight.scale2.static": None,
+            "moe.weight.symmetric": True,
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "ignore",
+                }
+            ),
+            "vllm": frozenset(),
+        },
+    },
+    "reasoning_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "reasoning_end_str": "",
+            "reasoning_parser": "",
+            "reasoning_start_str": "",
+        },
+        "ignored": {
+            "optimum": frozenset(),
+            "vllm": frozenset(),
+        },
+    },
+    "speculative_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "attention_backend": None,
+            "code_revision": None,
+            "disable_padded_drafter_batch": False,
+            "draft_load_config": None,
+            "draft_model_config": None,
+            "draft_parallel_config": None,
+            "draft_sample_method": "greedy",
+            "draft_tensor_parallel_size": None,
+            "enforce_eager": None,
+            "max_model_len": None,
+            "method": None,
+            "model": None,
+            "moe_backend": None,
+            "num_speculative_tokens": None,
+            "num_speculative_tokens_per_batch_size": None,
+            "parallel_drafting": False,
+            "prompt_lookup_max": None,
+            "prompt_lookup_min": None,
+            "quantization": None,
+            "rejection_sample_method": "standard",
+            "revision": None,
+            "suffix_decoding_max_cached_requests": 10000,
+            "suffix_decoding_max_spec_factor": 1.0,
+            "suffix_decoding_max_tree_depth": 24,
+            "suffix_decoding_min_token_prob": 0.1,
+            "synthetic_acceptance_length": None,
+            "synthetic_acceptance_rates": None,
+            "target_model_config": None,
+            "target_parallel_config": None,
+            "tensor_parallel_size": None,
+            "use_local_argmax_reduction": False,
+        },
+        "ignored": {
+            "optimum": frozenset(),
+            "vllm": frozenset(
+                {
+                    "code_revision",
+                    "disable_padded_drafter_batch",
+                    "draft_load_config",
+                    "draft_model_config",
+                    "draft_parallel_config",
+                    "draft_sample_method",
+                    "max_model_len",
+                    "model",
+                    "parallel_drafting",
+                    "prompt_lookup_max",
+                    "prompt_lookup_min",
+                    "quantization",
+                    "revision",
+                    "suffix_decoding_max_cached_requests",
+                    "suffix_decoding_max_spec_factor",
+                    "suffix_decoding_max_tree_depth",
+                    "suffix_decoding_min_token_prob",
+                    "target_model_config",
+                    "target_parallel_config",
+                    "use_local_argmax_reduction",
+                }
+            ),
+        },
+    },
+    "structured_outputs_config": {
+        "empty_is_default": True,
+        "defaults": {
+            "backend": "auto",
+            "disable_additional_properties": False,
+            "disable_any_whitespace": False,
+            "enable_in_reasoning": False,
+            "reasoning_parser": "",
+            "reasoning_parser_plugin": "",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "enable_in_reasoning",
+                    "reasoning_parser",
+                    "reasoning_parser_plugin",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "enable_in_reasoning",
+                    "reasoning_parser",
+                    "reasoning_parser_plugin",
+                }
+            ),
+        },
+    },
+    "weight_transfer_config": {
+        "empty_is_default": False,
+        "defaults": {
+            "backend": "nccl",
+        },
+        "ignored": {
+            "optimum": frozenset(
+                {
+                    "backend",
+                }
+            ),
+            "vllm": frozenset(
+                {
+                    "backend",
+                }
+            ),
+        },
+    },
 }

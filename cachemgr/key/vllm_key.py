@@ -93,7 +93,7 @@ def vllm_config(
             "--model-impl, _VLLM_RBLN_RESOLVED_MODEL_IMPL, VLLM_RBLN_USE_VLLM_MODEL",
         )
     runtime = runtime_flags(release, paths)
-    serving, dropped, defaulted, aside = _serving(server, release, runtime)
+    serving, dropped, defaulted, aside = _serving(server, release, runtime, paths)
     inputs["serving"], sources["serving"] = serving, "argv"
     if release.additional_config == "fields":
         rbln = resolve_rbln(release, server.options.get("additional_config"), environ, paths, npu=npu)
@@ -166,7 +166,7 @@ def runtime_flags(release: Release, paths: frozenset[Path]) -> frozenset[str]:
 
 
 def _serving(
-    server: ServerCommand, release: Release, runtime: frozenset[str]
+    server: ServerCommand, release: Release, runtime: frozenset[str], paths: frozenset[Path]
 ) -> tuple[dict[str, Any], tuple[str, ...], tuple[str, ...], frozenset[str]]:
     """The flags keyed, the runtime-only ones given, those at the default, and every flag put aside."""
     folded = {"additional_config"} if release.additional_config == "fields" else set()
@@ -183,12 +183,52 @@ def _serving(
             dropped.append(flag)
         elif dest in folded:
             continue
-        elif _is_default(value, release.defaults.get(dest, ())):
+        elif (
+            _is_default(value, release.defaults.get(dest, ()))
+            or (read := structured_value(release, dest, value, paths)) is _NOT_GIVEN
+        ):
             defaulted.append(f"{flag} {_shown(value)}")
             aside.add(flag)
-        elif not (dest == "additional_config" and value == {}):  # vLLM hashes an empty one as none
-            serving[dest] = value
+        elif not (dest == "additional_config" and read == {}):  # vLLM hashes an empty one as none
+            serving[dest] = read
     return serving, tuple(sorted(dropped)), tuple(defaulted), frozenset(aside)
+
+
+_NOT_GIVEN = object()
+
+
+def structured_value(release: Release, dest: str, value: Any, paths: frozenset[Path]) -> Any:
+    """A structured option's object as the model paths in ``paths`` read it: the fields proven not to
+    reach their identity left out (tools/oracle/derive.py FIELDS; on both paths only what both leave
+    out), a field given at its default dropped (the server builds the same object), and an object of
+    defaults only is the option not given where the class's defaults are what its absence means. A key
+    the class does not have is kept as given (the server refuses it); a free-form option is whole."""
+    spec = release.structured.get(dest)
+    if spec is None or not isinstance(value, dict):
+        return value
+    ignored = frozenset.intersection(*(spec["ignored"].get(path, frozenset()) for path in paths))
+    kept = _fields_kept(value, spec["defaults"], ignored, "")
+    return _NOT_GIVEN if not kept and spec["empty_is_default"] else kept
+
+
+def _fields_kept(
+    obj: Mapping[str, Any], defaults: Mapping[str, Any], ignored: frozenset[str], prefix: str
+) -> dict[str, Any]:
+    kept: dict[str, Any] = {}
+    for name, given in obj.items():
+        path = prefix + name
+        if path in ignored:
+            continue
+        if path in defaults:
+            if not _is_default(given, (defaults[path],)):
+                kept[name] = given
+        elif isinstance(given, dict) and any(field.startswith(path + ".") for field in defaults):
+            inner = _fields_kept(given, defaults, ignored, path + ".")  # a nested config class, by field
+            if inner:
+                kept[name] = inner
+        else:
+            kept[name] = given
+    return kept
 
 
 # Values one option reads as another: vLLM maps a dtype name to a torch dtype before anything reads it

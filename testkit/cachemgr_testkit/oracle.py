@@ -291,6 +291,8 @@ def make_table(release: str, corpus: Mapping[str, Any], answers: Mapping[str, An
         "lock_sha256": lock_digest(release),
         "seconds": answers["seconds"],
         "seed": corpus.get("seed"),
+        # every structured option, its config class per model path and each field tried (fields.py)
+        "structured": corpus.get("structured", {}),
         "variants": [{**v, "answer": given[v["id"]]} for v in corpus["variants"]],
     }
 

@@ -166,18 +166,24 @@ def main() -> int:
     parser.add_argument("--release", help="the vllm-rbln release installed here (default: read it)")
     args = parser.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fields
     import identity  # the same parser the oracle runs
 
     identity.set_release(args.release)
     identity._clean_environment(Path("/nonexistent-home"), Path("/nonexistent-cache"))
     serve = _serve_parser(identity.Server().parser)
-    variants = list(corpus(serve, random.Random(args.seed), identity.release().name))
+    release = identity.release()
+    structured = fields.structured_options(
+        serve, release.structured_classes(), list(oracle.bases(release.name))
+    )
+    variants = list(corpus(serve, random.Random(args.seed), release.name, structured))
     ids = [v["id"] for v in variants]
     if len(ids) != len(set(ids)):
         raise SystemExit(
             f"corpus: two variants share an id: {sorted({i for i in ids if ids.count(i) > 1})[:5]}"
         )
-    args.out.write_text(json.dumps({"seed": args.seed, "variants": variants}, indent=1) + "\n")
+    document = {"seed": args.seed, "structured": structured, "variants": variants}
+    args.out.write_text(json.dumps(document, indent=1) + "\n")
     print(f"corpus: {len(variants)} variants", file=sys.stderr)
     return 0
 
@@ -187,7 +193,9 @@ def _serve_parser(top: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return sub.choices["serve"]  # type: ignore[no-any-return]
 
 
-def corpus(serve: argparse.ArgumentParser, rng: random.Random, release: str) -> Iterator[dict[str, Any]]:
+def corpus(
+    serve: argparse.ArgumentParser, rng: random.Random, release: str, structured: dict[str, dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
     options = [a for a in serve._actions if a.dest not in _SKIP and a.option_strings]
     bases = oracle.bases(release)
     own = _BY_SHAPE[oracle.model_impl_rule(release)]
@@ -201,11 +209,50 @@ def corpus(serve: argparse.ArgumentParser, rng: random.Random, release: str) -> 
                 if label != "(default)":
                     tried[base].append((f"{flag} {label}", words))
                 yield variant
+        yield from _fields(base, serve, structured)
         yield from _spellings(base, own["spellings"], bases)
         yield from _environment(base)
         yield from _models(base)
         yield from _images(base, own["images"])
         yield from _pairs(base, tried[base], rng)
+
+
+def _fields(
+    base: str, serve: argparse.ArgumentParser, structured: dict[str, dict[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """Every field of every structured option, alone at a value of its type other than its default
+    (tools/oracle/fields.py), on top of the option's seed where it has one (then the variant at the
+    seed is the reference: the field's own change is what is judged)."""
+    import fields
+
+    flags = {a.dest: _long(a) for a in serve._actions if a.option_strings}
+    for dest, spec in structured.items():
+        on = spec["bases"].get(base)
+        if on is None:
+            continue
+        flag = flags[dest]
+        seed = fields.SEEDS.get(dest, {} if spec["none_default"] else None)
+        ref = None
+        if seed is not None:
+            ref = f"{base}/field/{flag} (seed)"
+            yield {
+                "id": ref,
+                "base": base,
+                "argv": [flag, json.dumps(seed)],
+                "kind": "field-seed",
+                "dest": dest,
+            }
+        for path, field in on["fields"].items():
+            # a type of few values: each of them but the default; else the one value of its type
+            others = [v for v in field.get("values") or () if v != field["default"] and v != field["value"]]
+            for value in [field["value"], *others]:
+                doc = fields.nest(seed or {}, path, value)
+                variant = {"id": f"{base}/field/{flag} {path}={json.dumps(value)}", "base": base,
+                           "argv": [flag, json.dumps(doc)], "kind": "field", "dest": dest, "field": path,
+                           "value": value}  # fmt: skip
+                if ref is not None:
+                    variant["ref"] = ref
+                yield variant
 
 
 def _long(action: argparse.Action) -> str:

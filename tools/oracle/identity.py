@@ -708,6 +708,15 @@ class _Release012:
     def compile_spec(config: Any) -> Any:
         return _compile_spec(config)
 
+    @staticmethod
+    def structured_classes() -> dict[str, dict[str, type]]:
+        """The config classes an option fills that the parser does not name: ``--additional-config``
+        resolves into RBLNConfig on the vLLM-model path, OptimumRBLNConfig on the optimum path
+        (vllm_rbln/config.py 532-605)."""
+        from vllm_rbln.config import OptimumRBLNConfig, RBLNConfig
+
+        return {"additional_config": {"vllm": RBLNConfig, "optimum": OptimumRBLNConfig}}
+
 
 class _Release011:
     """vllm-rbln 0.11.2 (vLLM 0.24.0): no RBLNConfig (``additional_config`` stays a dict), no
@@ -748,6 +757,11 @@ class _Release011:
             memory_budget=config.cache_config.gpu_memory_utilization,
             rbln_overrides=config.additional_config.get("rbln_config", {}),
         )
+
+    @staticmethod
+    def structured_classes() -> dict[str, dict[str, type]]:
+        """None of its own: ``additional_config`` is a dict vLLM 0.24 hashes whole (free-form)."""
+        return {}
 
 
 _CURRENT: list[Any] = [_Release012]  # set_release: the installed release's, before anything runs
