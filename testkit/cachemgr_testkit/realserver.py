@@ -220,3 +220,46 @@ class Events:
     def missing(self) -> list[str]:
         """Names the real code called that the stand-in lacks (strict mode refused them)."""
         return [str(e["name"]) for e in self.of("missing")]
+
+
+def demo(work: Path, release: str = "0.12.0") -> int:
+    """``scripts/realserver-demo``: a cold pod, then a warm one, on one volume, in front of the real
+    server; prints what each pod's server compiled and loaded (the stand-in runtime's events)."""
+    import signal
+    import time
+
+    from cachemgr_testkit.podlib import cluster, free_port
+
+    venv = environment(release, build=True)
+    print(f"real server: vLLM {RELEASES[release]['CACHEMGR_VLLM_VERSION']}, vllm-rbln {release} ({venv})")
+    model = make_tiny_llama(venv, work / "models" / "tiny-llama")
+    print(f"model: a tiny llama made here ({model})")
+    write_vllm(work / "realbin", venv)
+    events = Events(work / "events.jsonl")
+    volume = work / "volume"
+    volume.mkdir(parents=True, exist_ok=True)
+    with cluster(work, **pod_env(work, release), CACHEMGR_LOG_FORMAT="console") as pods:
+        for name in ("cold", "warm"):
+            seen = {e["pid"] for e in events.all()}
+            started = time.monotonic()
+            pod = pods.start(name, argv(model, free_port()), cache_root=volume)
+            pod.wait_phase("serving", timeout=900)
+            serving = time.monotonic() - started
+            pod.signal(signal.SIGTERM)
+            code = pod.wait_exit(timeout=120)
+            mine = [e for e in events.all() if e["pid"] not in seen]
+            compiles = sum(1 for e in mine if e["event"] == "compile")
+            loads = sum(1 for e in mine if e["event"] == "load")
+            print(
+                f"{name} pod: serving after {serving:.0f} s; the real server compiled {compiles} graph(s) "
+                f"and loaded {loads} compiled graph(s); exit {code} after SIGTERM (log: {pod.log})"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    import tempfile
+
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="cachemgr-realserver-"))
+    raise SystemExit(demo(target))

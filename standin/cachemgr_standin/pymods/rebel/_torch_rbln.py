@@ -18,6 +18,7 @@ __all__ = [
     "is_dummy_device",
     "manual_seed",
     "manual_seed_all",
+    "release_offload_temp_storage",
     "set_device",
     "synchronize",
 ]
@@ -70,3 +71,9 @@ def set_device(device: Any) -> None:
 
 def _lazy_init() -> None:
     """vLLM's worker initialises the device's runtime lazily, as for CUDA: nothing to do on the CPU."""
+
+
+def release_offload_temp_storage() -> int:
+    """How many offload temporary files were removed (vllm_rbln/v1/worker/rbln_worker.py:740-749 asks
+    as a worker stops): none, the stand-in offloads nothing (no device tensors)."""
+    return 0
