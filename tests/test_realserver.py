@@ -60,13 +60,6 @@ def cr_pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
         yield group
 
 
-@pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "volume"
-    path.mkdir()
-    return path
-
-
 def _complete(port: int) -> dict[str, object]:
     """One completion from the real server's OpenAI API."""
     body = json.dumps({"prompt": "w1 w2 w3", "max_tokens": 4}).encode()
@@ -119,6 +112,7 @@ def test_two_cold_pods_compile_once_the_other_waits_and_loads_a_third_loads_only
     assert _complete(port_c)["usage"]
     _stop(c)
     assert len(events.compiling_processes()) == 1, "the third pod compiled"
+    assert [e for e in c.log_events() if e["event"] == "recompiled_on_hit"] == []
     assert len(events.loading_processes()) == 2
     assert events.missing() == []
 
@@ -192,4 +186,25 @@ def test_vllm_model_path_cold_then_warm_reads_the_published_bundle(
     assert all(not str(e["path"]).startswith(str(entry)) for e in writes)
     assert _files(entry) == before, "the re-save never reaches the published entry"
     assert bundle.is_file()
+    assert [e for e in warm.log_events() if e["event"] == "recompiled_on_hit"] == [], (
+        "a false alarm on the re-save"
+    )
     assert events.missing() == []
+
+
+def test_a_real_server_that_refuses_its_flags_is_named_in_the_termination_message(
+    pods: Cluster, real: Real, root: Path
+) -> None:
+    """vLLM refuses a context longer than the model's (256 positions) when it builds its
+    configuration, before anything compiles: the pod fails with the server's own words."""
+    events = realserver.Events(pods.work / "events.jsonl")
+    port = free_port()
+    server = realserver.argv(real.model, port)
+    server[server.index("--max-model-len") + 1] = "4096"
+    pod = pods.start("a", server, cache_root=root)
+    assert pod.wait_exit(timeout=START) == 70, pod.tail()  # the vllm strategy's compile is the server's start
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "max_model_len" in message, message
+    assert entry_dirs(root) == []
+    assert_clean_after_failure(root)
+    assert events.of("compile") == []

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import cachemgr_standin as standin
+from cachemgr_standin.shim import write_executable
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "realserver-env"
@@ -105,12 +106,7 @@ def write_vllm(bin_dir: Path, venv: Path) -> Path:
         "export PYTHONPATH\n"
         f'exec {shlex.quote(str(venv / "bin" / "python"))} -m vllm.entrypoints.cli.main "$@"\n'
     )
-    target = bin_dir / "vllm"
-    staging = bin_dir / f".vllm.{os.getpid()}.tmp"
-    staging.write_text(script, encoding="utf-8")
-    staging.chmod(0o755)
-    staging.replace(target)
-    return target
+    return write_executable(bin_dir / "vllm", script)
 
 
 _MAKE_MODEL = r"""
