@@ -20,7 +20,8 @@ from cachemgr_testkit import realserver
 from cachemgr_testkit.podlib import LOOPBACK, Cluster, Pod, cluster, free_port, wait_for
 from cachemgr_testkit.scenarios import assert_clean_after_failure, entry_dirs
 
-pytestmark = [pytest.mark.realserver, pytest.mark.timeout(900)]
+# The first test of a worker may also wait for scripts/test's background build of the environment.
+pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
 
 # A real server starts in 20-120 s on this machine's 2 shared cores (importing vLLM is most of it).
 START = 420.0
