@@ -25,7 +25,8 @@ The NPU runtime (issue 38, for the real-server tier, tests/test_realserver*.py):
 ``CompileContext``, ``RBLNCompiledModel``, ``Runtime``, ``core.mega_cache`` and
 ``core.torch_compile.rbln_backend`` and the ``torch.ops.rbln*`` operators the real code calls are
 stood in for on the CPU, each call an event a test counts (``rebel/_runtime.py``, ``rebel/_ops.py``).
-``$STANDIN_REBEL_STRICT=1`` (that tier): calling any other name fails loudly, a
+``$STANDIN_REBEL_STRICT=1`` (that tier) turns the runtime on; without it (the key oracle) the module
+is the import surface above, as it was. In strict mode calling any other name fails loudly, a
 ``NotImplementedError`` naming it, also recorded as a ``missing`` event (so a test sees it even where
 the real code swallows the error); importing it, annotating and decorating with it still work, since
 the real code does that at import time for features it never uses here.
@@ -42,20 +43,23 @@ import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rebel._runtime import (
-    CompileContext,
-    RBLNCompiledModel,
-    Runtime,
-    capture_reports,
-    compile,
-    compile_from_torch,
-    event,
-    npu_is_available,
-)
-
 STRICT = os.environ.get("STANDIN_REBEL_STRICT") == "1"
 
-__all__ = [
+if STRICT:  # the NPU runtime of the real-server tier; the oracle keeps the import surface as it was
+    from rebel._runtime import (  # the names the real code calls
+        CompileContext,
+        RBLNCompiledModel,
+        Runtime,
+        capture_reports,
+        compile,
+        compile_from_torch,
+        event,
+        npu_is_available,
+    )
+else:
+    from rebel._runtime import event
+
+__all__ = [  # the runtime's names are there with STANDIN_REBEL_STRICT=1
     "CompileContext",
     "RBLNCompiledModel",
     "Runtime",
@@ -191,15 +195,16 @@ class _Surface(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if module.__name__ == "torch.rbln":
             import torch  # only where the real vllm-rbln imports torch.rbln: torch is installed there
 
-            from rebel import _ops, _torch_rbln
-
             # What torch-rbln does on import: name PyTorch's out-of-tree device "rbln", so that
             # torch.device("rbln") (vLLM's DeviceConfig on the vLLM-model path) is a device type.
             if torch._C._get_privateuse1_backend_name() != "rbln":
                 torch.utils.rename_privateuse1_backend("rbln")
-            _ops.register()
-            for name in _torch_rbln.__all__:
-                setattr(module, name, getattr(_torch_rbln, name))
+            if STRICT:  # the device queries and operators of the real-server tier
+                from rebel import _ops, _torch_rbln
+
+                _ops.register()
+                for name in _torch_rbln.__all__:
+                    setattr(module, name, getattr(_torch_rbln, name))
 
 
 if not any(isinstance(finder, _Surface) for finder in sys.meta_path):
@@ -217,4 +222,5 @@ def _register_ops_when_torch_is_there() -> None:
         _ops.register()
 
 
-_register_ops_when_torch_is_there()
+if STRICT:
+    _register_ops_when_torch_is_there()

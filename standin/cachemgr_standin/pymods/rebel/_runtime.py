@@ -10,7 +10,8 @@ JSON line appended to ``$STANDIN_REBEL_EVENTS`` (``{"event": "compile"|"save"|"l
 
 ``$STANDIN_REBEL_COMPILE_SECONDS`` makes each compile take that long (a real compile takes minutes;
 a test that signals a pod during the compile needs it to last); ``$STANDIN_REBEL_COMPILE_MARK``
-names a file created as a compile begins.
+names a file created as a compile begins. ``$STANDIN_REBEL_LOAD_SECONDS`` and
+``$STANDIN_REBEL_LOAD_MARK`` do the same for each load of a saved compiled model.
 
 The facts of the call surface come from the wheels' code (0.12.0 unless said), cited file:line.
 """
@@ -142,6 +143,10 @@ class RBLNCompiledModel:
         if meta is None:
             if path is None:
                 raise TypeError("RBLNCompiledModel needs a path")
+            mark = os.environ.get("STANDIN_REBEL_LOAD_MARK")
+            if mark:
+                Path(mark).touch()
+            time.sleep(float(os.environ.get("STANDIN_REBEL_LOAD_SECONDS") or 0))
             meta = self._read(Path(path))
             event("load", path=str(path))
         self.meta = meta
