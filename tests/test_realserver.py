@@ -209,30 +209,3 @@ def test_a_real_server_that_refuses_its_flags_is_named_in_the_termination_messag
     assert entry_dirs(root) == []
     assert_clean_after_failure(root)
     assert events.of("compile") == []
-
-
-def test_sigterm_during_the_real_servers_load_leaves_the_entry_whole_and_no_use_behind(
-    pods: Cluster, real: Real, root: Path
-) -> None:
-    events = realserver.Events(pods.work / "events.jsonl")
-    job, _ = _serve(pods, "warm", real, root, command="warm")
-    assert job.wait_exit(timeout=START) == 0, job.tail()
-    (entry,) = entry_dirs(root)
-    before = _files(entry)
-    mark = pods.work / "loading"
-    pod, port = _serve(
-        pods,
-        "hit",
-        real,
-        root,
-        env={"STANDIN_REBEL_LOAD_SECONDS": "600", "STANDIN_REBEL_LOAD_MARK": str(mark)},
-    )
-    wait_for(mark.exists, timeout=START, what="the real server to load the entry")
-    pod.signal(signal.SIGTERM)
-    code = pod.wait_exit(timeout=120)
-    assert code == 128 + signal.SIGTERM, pod.tail()
-    assert [e for e in events.of("runtime") if e["pid"] not in {e["pid"] for e in events.of("compile")}] == []
-    assert _files(entry) == before
-    assert_clean_after_failure(root)
-    with pytest.raises(OSError, match="refused"):
-        _complete(port)
