@@ -103,6 +103,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture, marker in _MOUNT_FIXTURE_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
+    # The real server's tests (minutes each, mostly waiting on its start) go out to the workers
+    # first, so that they run beside the rest of the suite instead of after it.
+    items.sort(key=lambda item: item.get_closest_marker("realserver") is None)
 
 
 def require_mount(kind: str) -> None:

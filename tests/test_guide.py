@@ -548,6 +548,10 @@ def blur(text: str) -> str:
     text = re.sub(rf"\b{_DURATION}\b", "<dur>", text)
     text = re.sub(r"\bpid \d+", "pid <pid>", text)
     text = re.sub(r"\d+ ms\b", "<ms>", text)
+    # A server's own lines in a termination message: its log's clock, its port, the attempt's name.
+    text = re.sub(r"\b\d\d-\d\d \d\d:\d\d:\d\d\b", "<clock>", text)
+    text = re.sub(r"--port \d+", "--port <port>", text)
+    text = re.sub(r"\.\d+\.[0-9a-f]{8}/", ".<attempt>/", text)
     text = re.sub(r"[ \t]+", " ", text)
     # Prose wraps at 80 columns: a value of another length (an age, a pid, the harness's path of
     # the volume) moves a word across a line break. A wrapped line goes on indented: joined back.

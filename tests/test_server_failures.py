@@ -388,3 +388,19 @@ def test_a_server_that_exits_on_the_pods_sigterm_is_a_stop_whatever_its_code(
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
     # Said in the state: the fault campaign tells such a stop from a death by it (the code cannot).
     assert pod.state()["detail"] == {"exit_code": 3, "stopped_by": "SIGTERM"}, pod.state()
+def test_a_server_that_refuses_its_configuration_on_a_miss_says_why_in_the_termination_message(
+    pods: Cluster, root: Path
+) -> None:
+    """Issue 38: in front of the real vllm serve, a server that refused its flags ended the pod with
+    "the server exited with code 1" and nothing of what it said; its last lines now follow, escaped,
+    as on a hit. The stand-in refuses a knob it cannot read the same way (its one-line error)."""
+    pod = pods.start(
+        "a", vllm_argv(free_port()), cache_root=root, env={"STANDIN_EXIT_BEFORE_HEALTHY": "\x1b[31mx"}
+    )
+    assert pod.wait_exit() == 70
+    message = (pod.state_dir / "termination-log").read_text()
+    head, _, tail = message.partition("\nlast lines of the server's output:\n")
+    assert "the server exited with code" in head
+    assert "STANDIN_EXIT_BEFORE_HEALTHY" in tail, message
+    assert "\x1b" not in message, "the server's output reaches the termination message escaped"
+    assert entry_dirs(root) == []

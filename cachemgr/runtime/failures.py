@@ -25,6 +25,7 @@ from cachemgr.core.errors import (
 )
 from cachemgr.core.fsutil import is_disk_full
 from cachemgr.core.units import plural
+from cachemgr.runtime.output import SERVER_TAIL_LINES
 from cachemgr.runtime.state import StateDirBusy, claim_state_dir
 
 if TYPE_CHECKING:
@@ -157,12 +158,16 @@ def compile_ended(
     status = exit_status(code if code is not None else -9)
     ended = "before its health endpoint answered" if compile_only_ok else "while compiling"
     how, remedy = _how_it_ended(status, ended, signalled=code is None or code < 0)
+    # A server that refused its flags or could not load its model says why in its last lines: they
+    # go into the termination message, as for a server that fails on a hit (server_failed).
+    tail = {"last_lines": watch.tail_text()[-SERVER_TAIL_LINES:]} if what == "server" else {}
     raise CompileError(
         f"the {what} {how}; nothing was published",
         remedy=remedy
         or f"read its output (in the pod's log; its last lines are kept: cachemgr show {key.short}); "
         "the next start retries",
         exit_status=status,
+        **tail,
     )
 
 

@@ -29,9 +29,13 @@ def write_vllm_shim(bin_dir: Path) -> Path:
     # cwd even where cachemgr is not installed into sys.executable's environment.
     root = Path(cachemgr.__file__).resolve().parent.parent
     script = _TEMPLATE.format(root=shlex.quote(str(root)), python=shlex.quote(sys.executable))
-    target = bin_dir / "vllm"
-    # Write then rename: a concurrent reader never runs a half-written script.
-    staging = bin_dir / f".vllm.{os.getpid()}.tmp"
+    return write_executable(bin_dir / "vllm", script)
+
+
+def write_executable(target: Path, script: str) -> Path:
+    """Write ``script`` to ``target`` (mode 755) and return it. Write then rename: a concurrent
+    reader never runs a half-written script."""
+    staging = target.parent / f".{target.name}.{os.getpid()}.tmp"
     staging.write_text(script, encoding="utf-8")
     staging.chmod(0o755)
     staging.replace(target)

@@ -20,6 +20,16 @@ installs a finder that makes every ``rebel.<x>`` and ``torch.rbln`` importable; 
 them is a placeholder that can be called, decorated with, subclassed and annotated with, and
 does nothing. Code that really compiles or runs would get nothing from it: only configuration
 building is stood in for.
+
+The NPU runtime (issue 38, for the real-server tier, tests/test_realserver*.py): ``compile_from_torch``,
+``CompileContext``, ``RBLNCompiledModel``, ``Runtime``, ``core.mega_cache`` and
+``core.torch_compile.rbln_backend`` and the ``torch.ops.rbln*`` operators the real code calls are
+stood in for on the CPU, each call an event a test counts (``rebel/_runtime.py``, ``rebel/_ops.py``).
+``$STANDIN_REBEL_STRICT=1`` (that tier) turns the runtime on; without it (the key oracle) the module
+is the import surface above, as it was. In strict mode calling any other name fails loudly, a
+``NotImplementedError`` naming it, also recorded as a ``missing`` event (so a test sees it even where
+the real code swallows the error); importing it, annotating and decorating with it still work, since
+the real code does that at import time for features it never uses here.
 """
 
 from __future__ import annotations
@@ -32,6 +42,35 @@ import time
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
+
+STRICT = os.environ.get("STANDIN_REBEL_STRICT") == "1"
+
+if STRICT:  # the NPU runtime of the real-server tier; the oracle keeps the import surface as it was
+    from rebel._runtime import (  # the names the real code calls
+        CompileContext,
+        RBLNCompiledModel,
+        Runtime,
+        capture_reports,
+        compile,
+        compile_from_torch,
+        event,
+        npu_is_available,
+    )
+else:
+    from rebel._runtime import event
+
+__all__ = [  # the runtime's names are there with STANDIN_REBEL_STRICT=1
+    "CompileContext",
+    "RBLNCompiledModel",
+    "Runtime",
+    "capture_reports",
+    "compile",
+    "compile_from_torch",
+    "device_count",
+    "get_npu_name",
+    "manual_seed",
+    "npu_is_available",
+]
 
 # The compiler version vllm-rbln reads (mega_cache._rebel_major_minor: major.minor only).
 __version__ = os.environ.get("STANDIN_REBEL_VERSION") or "0.12.0+standin"
@@ -70,7 +109,11 @@ class Placeholder:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) == 1 and not kwargs and callable(args[0]):
+            if STRICT:
+                return _refusing(f"{self._name}({getattr(args[0], '__name__', '...')})")
             return args[0]  # used as a decorator: the function stays itself
+        if STRICT:
+            _refuse(f"{self._name}(...)")
         return Placeholder(f"{self._name}()")
 
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
@@ -94,6 +137,25 @@ class Placeholder:
         return f"<STAND-IN {self._name}>"
 
 
+def _refuse(name: str) -> None:
+    event("missing", name=name)
+    raise NotImplementedError(
+        f"STAND-IN rebel (cachemgr_standin, STANDIN_REBEL_STRICT=1): the real code called {name}, "
+        "which the stand-in NPU runtime does not provide; add it to standin/cachemgr_standin/pymods"
+    )
+
+
+def _refusing(name: str) -> Callable[..., Any]:
+    """What a decorator of the stood-in surface makes in strict mode: a function that refuses."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        del args, kwargs
+        _refuse(name)
+
+    refused.__name__ = name
+    return refused
+
+
 def _missing(module: str) -> Callable[[str], Any]:
     def attribute(name: str) -> Any:
         if name.startswith("__"):
@@ -104,6 +166,11 @@ def _missing(module: str) -> Callable[[str], Any]:
 
 
 def __getattr__(name: str) -> Any:  # module attributes not defined above: ``from rebel import triton``
+    here = os.path.dirname(__file__)
+    if os.path.exists(os.path.join(here, name)) or os.path.exists(os.path.join(here, f"{name}.py")):
+        import importlib
+
+        return importlib.import_module(f"rebel.{name}")  # a stood-in submodule of its own
     return _missing("rebel")(name)
 
 
@@ -130,8 +197,30 @@ class _Surface(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
             # What torch-rbln does on import: name PyTorch's out-of-tree device "rbln", so that
             # torch.device("rbln") (vLLM's DeviceConfig on the vLLM-model path) is a device type.
-            torch.utils.rename_privateuse1_backend("rbln")
+            if torch._C._get_privateuse1_backend_name() != "rbln":
+                torch.utils.rename_privateuse1_backend("rbln")
+            if STRICT:  # the device queries and operators of the real-server tier
+                from rebel import _ops, _torch_rbln
+
+                _ops.register()
+                for name in _torch_rbln.__all__:
+                    setattr(module, name, getattr(_torch_rbln, name))
 
 
 if not any(isinstance(finder, _Surface) for finder in sys.meta_path):
     sys.meta_path.append(_Surface())
+
+
+def _register_ops_when_torch_is_there() -> None:
+    """The operators rebel registers on import (``torch.ops.rbln_custom_ops.linear`` is read at
+    compile time, modeling_decoderonly.py:246), where torch is installed (not in cachemgr's venv)."""
+    import importlib.util
+
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is not None:
+        from rebel import _ops
+
+        _ops.register()
+
+
+if STRICT:
+    _register_ops_when_torch_is_there()
