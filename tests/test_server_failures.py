@@ -388,6 +388,8 @@ def test_a_server_that_exits_on_the_pods_sigterm_is_a_stop_whatever_its_code(
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
     # Said in the state: the fault campaign tells such a stop from a death by it (the code cannot).
     assert pod.state()["detail"] == {"exit_code": 3, "stopped_by": "SIGTERM"}, pod.state()
+
+
 def test_a_server_that_refuses_its_configuration_on_a_miss_says_why_in_the_termination_message(
     pods: Cluster, root: Path
 ) -> None:
