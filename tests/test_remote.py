@@ -198,6 +198,11 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
             "dot-part": "artifacts/./escape",
             "outside-artifacts": "escape",
             "empty-part": "artifacts//escape",
+            # Paths no volume can create (a name past NAME_MAX, 1,000 levels), or no object key can
+            # name (a lone surrogate is not UTF-8): damage all the same, replaced by the compiler.
+            "long-name": "artifacts/" + "n" * 300,
+            "deep-path": "artifacts/" + "d/" * 1000 + "escape",
+            "surrogate": "artifacts/\udcff",
         }[how]
         with contextlib.suppress(Exception):  # SeaweedFS refuses some of these keys itself
             client.put_object(Bucket=BUCKET, Key=base + name.lstrip("/"), Body=b"x")
@@ -220,6 +225,9 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
         "dot-part",
         "outside-artifacts",
         "empty-part",
+        "long-name",
+        "deep-path",
+        "surrogate",
     ],
 )
 def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
@@ -242,7 +250,7 @@ def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
     assert "origin" not in json.loads((entry / "summary.json").read_text()), "ours, compiled here"
     assert not list(tmp_path.rglob("escape")), "nothing written outside staging"
     assert not list((root_b / "staging").rglob("*")), "the download's staging is gone"
-    if how != "content":
+    if how not in {"content", "long-name", "deep-path", "surrogate"}:
         return
     # The pod replaces the damaged remote entry with its own: the next cluster downloads a good one.
     wait_for(lambda: _events([pod], "remote_uploaded"), what="the replacing upload", timeout=60)
@@ -630,8 +638,16 @@ def test_unsafe_manifest_paths_are_named() -> None:
         "artifacts/a\\..\\x",
         "artifacts/\nx",
         "/abs",
+        "artifacts/" + "n" * 256,  # past NAME_MAX
+        "artifacts/" + "d/" * 600 + "x",  # past an object key's 1,024 bytes
+        "artifacts/\udcff",  # not UTF-8: no object key names it
     ):
         assert unsafe_paths(manifest("key.json", bad)), bad
+    assert unsafe_paths(manifest("artifacts/" + "n" * 255)) == []
+    assert unsafe_paths(manifest("artifacts/x" * 40), prefix="p/" * 300), "the key with its prefix"
+    (long,) = unsafe_paths(manifest("artifacts/" + "n" * 300))
+    assert len(long) < 300, long
+    assert "longer than 255 bytes" in long, long
     assert unsafe_paths(manifest("artifacts/a", "artifacts/a")) == ["'artifacts/a': listed twice"]
     assert unsafe_paths(manifest("artifacts/a", "artifacts/a/b")) == [
         "'artifacts/a': both a file and a directory"
@@ -957,6 +973,21 @@ def test_a_transfer_of_many_folders_keeps_few_directories_open(tmp_path: Path) -
             handle.write(b"new")
     assert len(os.listdir("/proc/self/fd")) == before
     assert (root / "entry" / "artifacts" / "d0000" / "new.bin").read_bytes() == b"new"
+
+
+@pytest.mark.quick
+def test_a_transfer_reaches_a_file_thousands_of_folders_deep(tmp_path: Path) -> None:
+    """A path deeper than Python's recursion limit is reached (and made) level by level."""
+    (root := tmp_path / "root").mkdir()
+    (root / "entry").mkdir()
+    deep = "/".join(["d"] * 3000) + "/f.bin"
+    with LocalDir.open(root, root / "entry") as local:
+        local.write_new(deep, b"deep")
+        handle, _ = local.open_file(deep)
+        with handle:
+            assert handle.read() == b"deep"
+        local.write_new("d/d/g.bin", b"near")  # after the walk down: its parents are reached again
+        assert local.read_bytes("d/d/g.bin", limit=10) == b"near"
 
 
 # --- the last gaps: the download's check, a file rewritten while it uploads, the cleanup -------

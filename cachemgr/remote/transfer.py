@@ -24,6 +24,7 @@ progress bar attaches to.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -89,6 +90,7 @@ class StopFlag(Protocol):
 
 _CHUNK = 16 << 20  # multipart part / ranged GET size: few requests for big files, parallel within one
 _WORKERS = 16
+_UNCREATABLE = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})  # a name the volume refuses to hold
 _OPEN_PER_WORKER = 4  # files open at once: enough queued per transfer thread, far below any fd limit
 
 
@@ -217,7 +219,19 @@ class Remote:
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
     ) -> tuple[Any, Open]:
         self._sizes.expect(key, record.size)
-        handle = Capped(local.create_file(record.path), size=record.size, key=key)
+        try:
+            created = local.create_file(record.path)
+        except OSError as error:
+            if error.errno not in _UNCREATABLE:
+                raise
+            # A path this volume cannot hold (its names are shorter, or must be UTF-8): damage,
+            # which the compiling pod replaces, not a remote it calls unusable.
+            raise RemoteDamageError(
+                f"a remote manifest lists {record.path[:200]!r}, which this volume cannot create "
+                f"({os.strerror(error.errno or 0)})",
+                remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles",
+            ) from None
+        handle = Capped(created, size=record.size, key=key)
         return _submitted(
             lambda: manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
         )
@@ -249,7 +263,9 @@ class Remote:
         if found is None:
             return None
         raw, _ = found
-        manifest, upload_id = checked_manifest(raw, staging, key)
+        manifest, upload_id = checked_manifest(
+            raw, staging, key, prefix_of=partial(objects_prefix, self.config, key.entry_name)
+        )
         if on_manifest is not None:
             on_manifest(raw, manifest)
         prefix = objects_prefix(self.config, key.entry_name, upload_id)
@@ -383,8 +399,11 @@ def _local_manifest(local: LocalDir) -> Manifest:
     return parse_manifest(raw, path=shown)
 
 
-def checked_manifest(raw: bytes, staging: Path, key: EntryKey) -> tuple[Manifest, str]:
-    """Parse the remote manifest with the volume's own parser and hold it to this key."""
+def checked_manifest(
+    raw: bytes, staging: Path, key: EntryKey, *, prefix_of: Callable[[str], str] | None = None
+) -> tuple[Manifest, str]:
+    """Parse the remote manifest with the volume's own parser and hold it to this key (and, with
+    ``prefix_of``, an upload id -> its objects' prefix, every object key to S3's length)."""
     where = f"remote manifest of {key.entry_name}"
     remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"
     try:
@@ -394,13 +413,13 @@ def checked_manifest(raw: bytes, staging: Path, key: EntryKey) -> tuple[Manifest
         raise RemoteDamageError(f"{where} is not a manifest ({error})", remedy=remedy) from None
     if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
         raise RemoteDamageError(f"{where} was written for another key ({manifest.key[:16]})", remedy=remedy)
-    unsafe = unsafe_paths(manifest)
-    if unsafe:
-        raise RemoteDamageError(f"{where} lists unsafe paths: {', '.join(unsafe[:3])}", remedy=remedy)
     remote = doc.get("remote") if isinstance(doc, dict) else None
     upload_id = check_upload_id(remote.get("objects") if isinstance(remote, dict) else None)
     if upload_id is None:
         raise RemoteDamageError(f"{where} names no valid upload ('remote.objects')", remedy=remedy)
+    unsafe = unsafe_paths(manifest, prefix=prefix_of(upload_id) if prefix_of else "")
+    if unsafe:
+        raise RemoteDamageError(f"{where} lists unsafe paths: {', '.join(unsafe[:3])}", remedy=remedy)
     return manifest, upload_id
 
 
