@@ -1256,3 +1256,60 @@ def test_an_uploads_reader_refuses_a_second_pass_that_reads_other_bytes_or_a_shr
         with pytest.raises(LocalChangedError, match="ended at 50000 of the 100000 bytes"):
             reader.read(60_000)
         reader.close()
+
+
+# --- one object the store will not serve costs its entry only (issue 40) ---------------------
+
+
+def _encrypt_manifest(s3: S3Server, env: dict[str, str], entry: str) -> None:
+    """Rewrite ``entry``'s manifest SSE-C encrypted (a real store refusal: SeaweedFS answers a GET
+    without the customer key 400 InvalidArgument), as AWS refuses another account's object or one
+    archived by a lifecycle rule."""
+    client: Any = s3.client()
+    prefix = env["CACHEMGR_REMOTE"].removeprefix(f"s3://{BUCKET}/") + "/"
+    key = f"{prefix}entries/{entry}/manifest.json"
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    client.put_object(
+        Bucket=BUCKET, Key=key, Body=body, SSECustomerAlgorithm="AES256", SSECustomerKey=os.urandom(32)
+    )
+    with pytest.raises(Exception, match="InvalidArgument"):
+        client.get_object(Bucket=BUCKET, Key=key)
+
+
+def test_a_manifest_the_store_refuses_costs_its_entry_only_and_is_replaced(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    root_a, root_b, root_c = _roots(tmp_path, "cluster-a", "cluster-b", "cluster-c")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root_a, remote, record)
+    (refused,) = [e.name for e in entry_dirs(root_a)]
+    _fill_remote(pods, root_a, {**remote, "CACHEMGR_ROLE": "decode"}, record, name="a1")
+    (served,) = [e.name for e in entry_dirs(root_a) if e.name != refused]
+    _encrypt_manifest(s3, remote, refused)
+    env = {**pods.base_env, **remote, "CACHEMGR_CACHE_ROOT": str(root_b)}
+
+    listed = _cli("ls", "--remote", "-o", "json", env=env)
+    items = json.loads(listed.stdout)["items"]
+    assert [e["entry"] for e in items if e["kind"] == "remote-entry"] == [served]
+    assert f"{refused}: " in listed.stderr, listed.stderr
+    assert f"prune --remote --key {refused}" in listed.stderr
+    assert "Traceback" not in listed.stderr
+    planned = _cli("prune", "--remote", "--key", refused, "--dry-run", "-o", "json", env=env).stdout
+    assert [row["entry"] for row in json.loads(planned)["plan"]] == [refused]
+    assert "downloaded" in _cli("pull", served, env=env).stdout, "every other entry is served"
+    said = _cli("pull", refused, env=env, code=74).stderr
+    assert "refuses to serve" in said, said
+
+    # A pod of that key calls it damage, compiles, and replaces it: the next cluster downloads it.
+    pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=remote)
+    pod.wait_phase("serving")
+    (warning,) = _warnings([pod])
+    assert warning["problem"] == "damaged", warning
+    wait_for(lambda: _events([pod], "remote_uploaded"), what="the replacing upload", timeout=60)
+    third = pods.start(
+        "c0", server_argv(free_port()), cache_root=root_c, options=_options(record), env=remote
+    )
+    third.wait_phase("serving")
+    assert len(_events([third], "remote_hit")) == 1
+    assert _warnings([third]) == []
+    assert compiles(record) == 3, "cluster a twice, cluster b once; cluster c downloaded"

@@ -90,6 +90,10 @@ class StopFlag(Protocol):
 
 _CHUNK = 16 << 20  # multipart part / ranged GET size: few requests for big files, parallel within one
 _WORKERS = 16
+# What a store answers for one object it will not serve while it serves the bucket: SSE-C
+# encrypted (AWS InvalidRequest, SeaweedFS InvalidArgument), archived by a lifecycle rule
+# (InvalidObjectState), another account's or denied by policy (AccessDenied).
+_OBJECT_REFUSALS = frozenset({"AccessDenied", "InvalidObjectState", "InvalidRequest", "InvalidArgument"})
 _UNCREATABLE = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})  # a name the volume refuses to hold
 _OPEN_PER_WORKER = 4  # files open at once: enough queued per transfer thread, far below any fd limit
 
@@ -136,11 +140,19 @@ class Remote:
         """The raw remote manifest of ``entry`` and when it was written; None when there is none."""
         from botocore.exceptions import ClientError
 
+        key = manifest_key(self.config, entry)
         try:
-            answer = self.client.get_object(Bucket=self.config.bucket, Key=manifest_key(self.config, entry))
+            answer = self.client.get_object(Bucket=self.config.bucket, Key=key)
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
                 return None
+            if self._object_refused(error, key):
+                info = error.response.get("Error", {})
+                raise RemoteDamageError(
+                    f"remote manifest of {entry} is in the bucket, but the store refuses to serve it "
+                    f"({info.get('Code')}: {str(info.get('Message', ''))[:200]})",
+                    remedy=f"delete it ('cachemgr prune --remote --key {entry} --yes') and push a good copy",
+                ) from None
             raise
         if int(answer.get("ContentLength") or 0) > MAX_MANIFEST_BYTES:
             answer["Body"].close()
@@ -150,6 +162,22 @@ class Remote:
             )
         body: bytes = answer["Body"].read(MAX_MANIFEST_BYTES + 1)
         return body, answer["LastModified"].timestamp()
+
+    def _object_refused(self, error: Any, key: str) -> bool:
+        """Whether ``error`` is the store refusing this one object (SSE-C encrypted, archived,
+        another account's), which is damage to its entry: the code says so, and the same
+        credentials list the object (refused credentials or an outage fail the listing too)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        info = error.response.get("Error", {})
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if info.get("Code") not in _OBJECT_REFUSALS and status not in {400, 403}:
+            return False
+        try:
+            listed = self.client.list_objects_v2(Bucket=self.config.bucket, Prefix=key, MaxKeys=1)
+        except (BotoCoreError, ClientError):
+            return False
+        return any(item.get("Key") == key for item in listed.get("Contents", []))
 
     # --- upload ------------------------------------------------------------------------------
 
