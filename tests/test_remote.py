@@ -408,9 +408,11 @@ def test_push_pull_ls_and_prune_remote_from_the_cli(
     assert "Traceback" not in refused.stderr
 
 
-def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
+def _two_pushed(
     pods: Cluster, tmp_path: Path, remote: dict[str, str]
-) -> None:
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Two entries (prefill, decode) compiled on one volume and pushed one after the other: the
+    CLI's environment and ``ls --remote``'s items, the older first."""
     (root,) = _roots(tmp_path, "volume")
     record = tmp_path / "compiler.jsonl"
     for role in ("prefill", "decode"):
@@ -428,7 +430,14 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
     for entry in entry_dirs(root):  # one at a time: the upload order is the age order
         _cli("push", entry.name, env=env)
     listed = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]
-    oldest = min(listed, key=lambda e: e["uploaded_at"])
+    return env, sorted(listed, key=lambda e: e["uploaded_at"])
+
+
+def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    env, listed = _two_pushed(pods, tmp_path, remote)
+    oldest = listed[0]
     plan = json.loads(
         _cli(
             "prune",
@@ -443,6 +452,80 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
     )["plan"]
     assert [row["entry"] for row in plan] == [oldest["entry"]]
     assert _cli("prune", "--remote", "-o", "json", env=env, code=64)
+
+
+def _rewrite_manifest(s3: S3Server, env: dict[str, str], entry: str, change: Any) -> None:
+    client: Any = s3.client()
+    key = env["CACHEMGR_REMOTE"].removeprefix(f"s3://{BUCKET}/") + f"/entries/{entry}/manifest.json"
+    doc = json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    change(doc)
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(doc).encode())
+
+
+@pytest.mark.timeout(300)
+def test_prune_remote_judges_entries_by_what_the_store_holds_not_what_manifests_claim(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    """A manifest rewritten to claim a PiB, or an upload in 1970, removes no other entry, nor itself."""
+    env, (older, newer) = _two_pushed(pods, tmp_path, remote)
+
+    def huge(doc: dict[str, Any]) -> None:
+        doc["files"][-1]["size"] = 1 << 50
+
+    def ancient(doc: dict[str, Any]) -> None:
+        doc["remote"]["uploaded_at"] = 1.0
+
+    _rewrite_manifest(s3, env, newer["entry"], huge)
+    _rewrite_manifest(s3, env, older["entry"], ancient)
+    listed = {
+        e["entry"]: e for e in json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]
+    }
+    assert listed[newer["entry"]]["size_bytes"] == newer["size_bytes"], "the bytes the store holds"
+    assert not str(listed[older["entry"]]["uploaded_at"]).startswith("1970"), (
+        "the store's time, not the claim"
+    )
+    for selector in (["--keep-bytes", "1Gi"], ["--unused-for", "1d"]):
+        plan = _cli("prune", "--remote", *selector, "--yes", "-o", "json", env=env).stdout
+        assert json.loads(plan)["plan"] == [], (selector, plan)
+    assert len(json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]) == 2
+
+
+@pytest.mark.timeout(300)
+def test_prune_remote_ends_a_listing_that_loops(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    env, (older, _) = _two_pushed(pods, tmp_path, remote)
+    env = {**env, "CACHEMGR_REMOTE_BUDGET": "30s"}  # the child's listing: a loaded machine's seconds
+    # Pagination that leads back to its first page (A, B, A, B...), in the listing of one entry's
+    # objects that its removal walks (the listing of the bucket is a child's, killed at the budget).
+    with _s3fault(
+        s3, tmp_path / "loop.log", "--writes", "pass", "--loop-listings", older["entry"]
+    ) as endpoint:
+        # Before: pages without end, past any deadline (TimeoutExpired here).
+        looped = run_cli(
+            "prune", "--remote", "--key", older["entry"], "--yes",
+            env={**env, "CACHEMGR_REMOTE_ENDPOINT": endpoint}, timeout=90,
+        )  # fmt: skip
+    assert looped.returncode == 74, looped.stderr
+    (line,) = error_lines(looped.stderr)
+    assert "in a loop" in line, line
+
+
+@pytest.mark.timeout(300)
+def test_prune_remote_says_what_the_store_refused_to_remove(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    env, (_, newer) = _two_pushed(pods, tmp_path, remote)
+    # DeleteObjects that refuses every key in its per-key Errors (HTTP 200): never "removed".
+    with _s3fault(s3, tmp_path / "refuse.log", "--writes", "pass", "--refuse-deletes") as endpoint:
+        refused = _cli(
+            "prune", "--remote", "--key", newer["entry"], "--yes",
+            env={**env, "CACHEMGR_REMOTE_ENDPOINT": endpoint}, code=74,
+        )  # fmt: skip
+    assert "removed" not in refused.stdout, refused.stdout
+    (line,) = error_lines(refused.stderr)
+    assert "refused to remove" in line, line
+    assert "AccessDenied" in line, line
 
 
 # --- counted, and off the hit path -----------------------------------------------------------
@@ -906,16 +989,12 @@ def test_a_download_never_writes_through_a_link_planted_in_its_staging(
 # --- a full bucket never stops a pod -----------------------------------------------------------
 
 
-@pytest.fixture(params=[(507, "InsufficientStorage"), (403, "QuotaExceeded")], ids=["507", "403-quota"])
-def full_s3(s3: S3Server, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """The endpoint of a bucket that refuses every write for space (tests/s3fault.py: SeaweedFS's
-    own enforced quota answers 500 InternalError, indistinguishable from a crash)."""
-    status, code = request.param
-    argv = [sys.executable, str(Path(__file__).with_name("s3fault.py")), "--upstream", s3.endpoint]
-    log = (tmp_path / "s3fault.log").open("w")
-    proc = subprocess.Popen(
-        [*argv, "--status", str(status), "--code", code], stdout=subprocess.PIPE, stderr=log, text=True
-    )
+@contextlib.contextmanager
+def _s3fault(s3: S3Server, log_path: Path, *options: str) -> Iterator[str]:
+    """tests/s3fault.py in front of ``s3`` with ``options``: its endpoint while it runs."""
+    argv = [sys.executable, str(Path(__file__).with_name("s3fault.py")), "--upstream", s3.endpoint, *options]
+    log = log_path.open("w")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the proxy prints its port once it listens, or exits
@@ -925,6 +1004,15 @@ def full_s3(s3: S3Server, request: pytest.FixtureRequest, tmp_path: Path) -> Ite
         proc.kill()
         proc.communicate()  # and close its stdout
         log.close()
+
+
+@pytest.fixture(params=[(507, "InsufficientStorage"), (403, "QuotaExceeded")], ids=["507", "403-quota"])
+def full_s3(s3: S3Server, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The endpoint of a bucket that refuses every write for space (tests/s3fault.py: SeaweedFS's
+    own enforced quota answers 500 InternalError, indistinguishable from a crash)."""
+    status, code = request.param
+    with _s3fault(s3, tmp_path / "s3fault.log", "--status", str(status), "--code", code) as endpoint:
+        yield endpoint
 
 
 def test_a_full_bucket_costs_a_warning_after_the_compile_and_push_exits_73(

@@ -407,8 +407,18 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
             )
         return 0
     remote = _open(args, environ)  # small requests, the manifest first: a signal ends them as they are
-    for item in plan:
-        _call(remote, f"removing {item.entry}", partial(remove, remote, item))
+    for done, item in enumerate(plan):
+        deadline = time.monotonic() + bounded.config.budget  # each removal's listing, as each push
+        try:
+            _call(remote, f"removing {item.entry}", partial(remove, remote, item, deadline=deadline))
+        except CacheMgrError as error:
+            if len(plan) == 1:
+                raise
+            raise type(error)(
+                f"{done} of {plural(len(plan), 'item')} removed; then {error.what}",
+                remedy=error.remedy,
+                **error.fields,
+            ) from None
     _render_remote_plan(args, rows, executed=True)
     return 0
 
