@@ -1401,3 +1401,28 @@ def test_a_manifest_the_store_refuses_costs_its_entry_only_and_is_replaced(
     assert len(_events([third], "remote_hit")) == 1
     assert _warnings([third]) == []
     assert compiles(record) == 3, "cluster a twice, cluster b once; cluster c downloaded"
+
+
+@pytest.mark.parametrize("how", ["garbage", "other-key", "refused"])
+def test_push_replaces_a_damaged_remote_manifest_and_says_so(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server, how: str
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root_a, remote, record)
+    (entry,) = entry_dirs(root_a)
+    key, _ = _remote_manifest(s3, remote)
+    client: Any = s3.client()
+    if how == "garbage":
+        client.put_object(Bucket=BUCKET, Key=key, Body=b"\x00not a manifest")
+    elif how == "other-key":
+        _rewrite_manifest(s3, remote, entry.name, lambda doc: doc.update(key="0" * 32))
+    else:
+        _encrypt_manifest(s3, remote, entry.name)
+    env = {**pods.base_env, **remote}
+    pushed = _cli("push", "--cache-root", str(root_a), env=env)
+    assert pushed.stdout.splitlines()[1].split()[-1] == "replaced", pushed.stdout
+    assert f"note: the remote's {entry.name} was damaged" in pushed.stderr, pushed.stderr
+    assert "already in the remote" in _cli("push", "--cache-root", str(root_a), env=env).stdout
+    assert "downloaded" in _cli("pull", entry.name, "--cache-root", str(root_b), env=env).stdout
+    assert_entries_valid(root_b)

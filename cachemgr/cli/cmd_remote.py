@@ -236,6 +236,14 @@ def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
             if isinstance(error, RemoteFullError):
                 break  # a full bucket refuses the next entries too
     _render_moves(args, [(r.entry, r.moved, r.error) for r in results], verb="uploaded")
+    tell(
+        "note",
+        [
+            f"the remote's {r.entry} was damaged ({r.moved.replaced}); this upload replaced it"
+            for r in results
+            if r.moved is not None and r.moved.replaced
+        ],
+    )
     if errors:
         raise _push_failure(errors, not_uploaded=len(names) - len(results) + len(errors), total=len(names))
     return 0
@@ -354,7 +362,8 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
             "size": human_bytes(moved.bytes) if moved and not moved.skipped else "-",
             "seconds": f"{moved.seconds:.1f}" if moved else "-",
             "mib_s": f"{moved.mib_per_s:.0f}" if moved and not moved.skipped else "-",
-            "result": error or ("already in the remote" if moved.skipped else verb),
+            "result": error
+            or ("already in the remote" if moved.skipped else "replaced" if moved.replaced else verb),
         }
         for name, moved, error in rows_in
     ]

@@ -367,6 +367,7 @@ class Upload:
                 files=moved.files,
                 bytes=moved.bytes,
                 seconds=round(moved.seconds, 2),
+                **({"replaced_damaged": moved.replaced} if moved.replaced else {}),
             )
         except InterruptedError:
             pass  # stopped by wait(), which said so

@@ -108,6 +108,7 @@ class Moved:
     seconds: float
     upload_id: str = ""
     skipped: bool = False  # upload: the remote already had a manifest for this entry
+    replaced: str = ""  # upload: why the remote's manifest for this entry was damaged ("": it was not)
 
     @property
     def mib_per_s(self) -> float:
@@ -201,10 +202,14 @@ class Remote:
         """
         started = time.monotonic()
         name = entry_dir.name
+        replaced = ""
         with LocalDir.open(within, entry_dir) as local:
             manifest = _local_manifest(local)
-            if not force and self.get_manifest(name) is not None:
-                return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
+            if not force:
+                damage = self._damage_of(name, manifest)
+                if damage is None:
+                    return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
+                replaced = damage
             if planned is not None:
                 planned(len(manifest.files), manifest.total_bytes)
             upload_id = f"{int(time.time()):x}-{os.urandom(6).hex()}"
@@ -224,7 +229,28 @@ class Remote:
             Body=json.dumps(doc, sort_keys=True).encode(),
             ContentType="application/json",
         )
-        return Moved(name, len(manifest.files), manifest.total_bytes, time.monotonic() - started, upload_id)
+        seconds = time.monotonic() - started
+        return Moved(name, len(manifest.files), manifest.total_bytes, seconds, upload_id, replaced=replaced)
+
+    def _damage_of(self, name: str, local: Manifest) -> str | None:
+        """What is wrong with the remote's manifest of entry ``name``: None when it is a good one
+        for the local entry's key (nothing to upload), "" when there is none, else why a reader
+        would refuse it (an upload replaces it: "already in the remote" would leave it so)."""
+        from cachemgr.remote.worker import WireKey
+
+        try:
+            found = self.get_manifest(name)
+            if found is None:
+                return ""
+            checked_manifest(
+                found[0],
+                Path(name),
+                WireKey(local.key, local.inputs, name),
+                prefix_of=partial(objects_prefix, self.config, name),
+            )
+        except RemoteDamageError as error:
+            return error.what
+        return None
 
     def _upload_one(
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
