@@ -1426,3 +1426,52 @@ def test_push_replaces_a_damaged_remote_manifest_and_says_so(
     assert "already in the remote" in _cli("push", "--cache-root", str(root_a), env=env).stdout
     assert "downloaded" in _cli("pull", entry.name, "--cache-root", str(root_b), env=env).stdout
     assert_entries_valid(root_b)
+
+
+# --- a credential's value never reaches a message ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["AWS_SESSION_TOKEN", "AWS_SECRET_ACCESS_KEY"])
+def test_a_credential_with_a_trailing_newline_is_bad_configuration_and_never_shown(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], name: str
+) -> None:
+    """As 'kubectl create secret --from-file' makes it: exit 78 naming the variable, no value."""
+    secret = f"Secret{os.urandom(8).hex()}"
+    env = {**pods.base_env, **remote, name: secret + "\n"}
+    refused = _cli("ls", "--remote", env=env, code=78)
+    (line,) = error_lines(refused.stderr)
+    assert f"{name} holds a trailing newline" in line, line
+    assert secret not in refused.stdout + refused.stderr
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    pod = pods.start(
+        "p0",
+        server_argv(free_port()),
+        cache_root=root,
+        options=_options(record),
+        env={**remote, name: secret + "\n"},
+    )
+    pod.wait_phase("serving")
+    (warning,) = _warnings([pod])
+    assert warning["problem"] == "credentials", warning
+    assert name in warning["message"], warning
+    assert secret not in pod.log.read_text(), "the value never reaches the pod's log"
+    assert compiles(record) == 1
+
+
+@pytest.mark.quick
+def test_no_credential_value_reaches_a_description_whatever_botocore_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from botocore.exceptions import HTTPClientError
+
+    from cachemgr.remote.client import describe
+
+    secret = "TokenValue-7f3a9c"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", secret + "\n")
+    config = remote_config("s3://b/p", {})
+    assert config is not None
+    raised = HTTPClientError(error=ValueError(f"Invalid header value b'{secret}\\n'"))
+    said = describe(raised, config, doing="listing").one_line()
+    assert secret not in said, said
+    assert "<AWS_SESSION_TOKEN>" in said, said

@@ -39,7 +39,13 @@ from cachemgr.core.errors import CacheMgrError, ConfigError, Interrupted, NotFou
 from cachemgr.core.printable import safe
 from cachemgr.core.procs import StopFlag
 from cachemgr.core.units import human_age, human_bytes, plural
-from cachemgr.remote.config import RemoteConfig, client_missing, not_installed, remote_config
+from cachemgr.remote.config import (
+    RemoteConfig,
+    client_missing,
+    malformed_credential,
+    not_installed,
+    remote_config,
+)
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 
@@ -61,6 +67,9 @@ def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> RemoteConfi
     missing = client_missing()
     if missing is not None:  # these commands are the remote tier: without its client, nothing to do (78)
         raise not_installed(config, missing)
+    malformed = malformed_credential(environ)
+    if malformed is not None:
+        raise malformed
     return config
 
 

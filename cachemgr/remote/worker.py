@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from cachemgr.core.fsutil import is_disk_full
-from cachemgr.remote.config import RemoteConfig
+from cachemgr.remote.config import RemoteConfig, redact
 from cachemgr.volume.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -162,7 +162,8 @@ def main() -> int:
         try:
             line = error_line(error, config, doing=request["doing"])
         except Exception as unsaid:  # noqa: BLE001  # describing it failed too: say both, plainly
-            line = {"kind": "RemoteError", "what": f"{error!r} ({unsaid!r})"[:600], "remedy": "report it"}
+            what = redact(f"{error!r} ({unsaid!r})", os.environ)[:600]
+            line = {"kind": "RemoteError", "what": what, "remedy": "report it"}
         report.send(error=line)
         return 1
     report.send(done=done)
