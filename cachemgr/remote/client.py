@@ -44,6 +44,12 @@ _CREDENTIAL_CODES = {
 }
 
 
+# What a store answers for one object it will not serve while it serves the bucket: SSE-C
+# encrypted (AWS InvalidRequest, SeaweedFS InvalidArgument), archived by a lifecycle rule
+# (InvalidObjectState), another account's or denied by policy (AccessDenied).
+OBJECT_REFUSALS = frozenset({"AccessDenied", "InvalidObjectState", "InvalidRequest", "InvalidArgument"})
+
+
 class RemoteFullError(RemoteError):
     """The store refused a write for space or quota: exit 73, as a full volume (never stops a pod)."""
 

@@ -15,11 +15,23 @@ last manifest written decides, and every file it names is from its own upload.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
+from cachemgr.core import jsonread
+from cachemgr.remote.client import RemoteDamageError
 from cachemgr.remote.config import RemoteConfig
-from cachemgr.volume.manifest import ARTIFACTS, KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, Manifest
+from cachemgr.volume.manifest import (
+    ARTIFACTS,
+    KEY_NAME,
+    MANIFEST_NAME,
+    SUMMARY_NAME,
+    Manifest,
+    parse_manifest,
+)
 from cachemgr.volume.trust import SIGNATURE_NAME
 
 OBJECTS = "objects"
@@ -109,3 +121,49 @@ def _parents(paths: Iterable[str]) -> Iterable[str]:
         parts = path.split("/")
         for i in range(1, len(parts)):
             yield "/".join(parts[:i])
+
+
+class EntryKey(Protocol):
+    """What a transfer needs of a key: a CacheKey, or the worker's copy of these three."""
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def inputs(self) -> Mapping[str, Any]: ...
+
+    @property
+    def entry_name(self) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class WireKey:
+    """What a download needs of a key: its digest, inputs and entry name (a CacheKey has them)."""
+
+    digest: str
+    inputs: Mapping[str, Any]
+    entry_name: str
+
+
+def checked_manifest(
+    raw: bytes, staging: Path, key: EntryKey, *, prefix_of: Callable[[str], str] | None = None
+) -> tuple[Manifest, str]:
+    """Parse the remote manifest with the volume's own parser and hold it to this key (and, with
+    ``prefix_of``, an upload id -> its objects' prefix, every object key to S3's length)."""
+    where = f"remote manifest of {key.entry_name}"
+    remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"
+    try:
+        manifest = parse_manifest(raw, path=staging / MANIFEST_NAME)
+        doc = jsonread.parse(raw)
+    except ValueError as error:  # ManifestError too
+        raise RemoteDamageError(f"{where} is not a manifest ({error})", remedy=remedy) from None
+    if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
+        raise RemoteDamageError(f"{where} was written for another key ({manifest.key[:16]})", remedy=remedy)
+    remote = doc.get("remote") if isinstance(doc, dict) else None
+    upload_id = check_upload_id(remote.get("objects") if isinstance(remote, dict) else None)
+    if upload_id is None:
+        raise RemoteDamageError(f"{where} names no valid upload ('remote.objects')", remedy=remedy)
+    unsafe = unsafe_paths(manifest, prefix=prefix_of(upload_id) if prefix_of else "")
+    if unsafe:
+        raise RemoteDamageError(f"{where} lists unsafe paths: {', '.join(unsafe[:3])}", remedy=remedy)
+    return manifest, upload_id

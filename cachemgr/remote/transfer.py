@@ -35,17 +35,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from cachemgr.core import jsonread
 from cachemgr.core.fsutil import hash_fd
 from cachemgr.core.units import plural
-from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
+from cachemgr.remote.client import OBJECT_REFUSALS, RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.remote.layout import (
     MAX_MANIFEST_BYTES,
-    check_upload_id,
+    EntryKey,
+    WireKey,
+    checked_manifest,
     manifest_key,
     objects_prefix,
-    unsafe_paths,
 )
 from cachemgr.remote.localfiles import HashedReader, LocalDir
 from cachemgr.remote.sizes import Capped, ObjectTooLargeError, SizeGuard
@@ -67,19 +67,6 @@ Open = BinaryIO | HashedReader | Capped
 Job = Callable[[Any, list[Any]], tuple[Any, Open]]
 
 
-class EntryKey(Protocol):
-    """What a transfer needs of a key: a CacheKey, or the worker's copy of these three."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def inputs(self) -> Mapping[str, Any]: ...
-
-    @property
-    def entry_name(self) -> str: ...
-
-
 class StopFlag(Protocol):
     """``threading.Event`` or the runner's signal-safe flag: a transfer polls it to cancel."""
 
@@ -90,10 +77,6 @@ class StopFlag(Protocol):
 
 _CHUNK = 16 << 20  # multipart part / ranged GET size: few requests for big files, parallel within one
 _WORKERS = 16
-# What a store answers for one object it will not serve while it serves the bucket: SSE-C
-# encrypted (AWS InvalidRequest, SeaweedFS InvalidArgument), archived by a lifecycle rule
-# (InvalidObjectState), another account's or denied by policy (AccessDenied).
-_OBJECT_REFUSALS = frozenset({"AccessDenied", "InvalidObjectState", "InvalidRequest", "InvalidArgument"})
 _UNCREATABLE = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})  # a name the volume refuses to hold
 _OPEN_PER_WORKER = 4  # files open at once: enough queued per transfer thread, far below any fd limit
 
@@ -172,7 +155,7 @@ class Remote:
 
         info = error.response.get("Error", {})
         status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        if info.get("Code") not in _OBJECT_REFUSALS and status not in {400, 403}:
+        if info.get("Code") not in OBJECT_REFUSALS and status not in {400, 403}:
             return False
         try:
             listed = self.client.list_objects_v2(Bucket=self.config.bucket, Prefix=key, MaxKeys=1)
@@ -236,8 +219,6 @@ class Remote:
         """What is wrong with the remote's manifest of entry ``name``: None when it is a good one
         for the local entry's key (nothing to upload), "" when there is none, else why a reader
         would refuse it (an upload replaces it: "already in the remote" would leave it so)."""
-        from cachemgr.remote.worker import WireKey
-
         try:
             found = self.get_manifest(name)
             if found is None:
@@ -451,30 +432,6 @@ def _local_manifest(local: LocalDir) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(f"{shown} is missing: the entry was never committed") from None
     return parse_manifest(raw, path=shown)
-
-
-def checked_manifest(
-    raw: bytes, staging: Path, key: EntryKey, *, prefix_of: Callable[[str], str] | None = None
-) -> tuple[Manifest, str]:
-    """Parse the remote manifest with the volume's own parser and hold it to this key (and, with
-    ``prefix_of``, an upload id -> its objects' prefix, every object key to S3's length)."""
-    where = f"remote manifest of {key.entry_name}"
-    remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"
-    try:
-        manifest = parse_manifest(raw, path=staging / MANIFEST_NAME)
-        doc = jsonread.parse(raw)
-    except ValueError as error:  # ManifestError too
-        raise RemoteDamageError(f"{where} is not a manifest ({error})", remedy=remedy) from None
-    if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
-        raise RemoteDamageError(f"{where} was written for another key ({manifest.key[:16]})", remedy=remedy)
-    remote = doc.get("remote") if isinstance(doc, dict) else None
-    upload_id = check_upload_id(remote.get("objects") if isinstance(remote, dict) else None)
-    if upload_id is None:
-        raise RemoteDamageError(f"{where} names no valid upload ('remote.objects')", remedy=remedy)
-    unsafe = unsafe_paths(manifest, prefix=prefix_of(upload_id) if prefix_of else "")
-    if unsafe:
-        raise RemoteDamageError(f"{where} lists unsafe paths: {', '.join(unsafe[:3])}", remedy=remedy)
-    return manifest, upload_id
 
 
 def _is_missing(error: BaseException) -> bool:
