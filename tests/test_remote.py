@@ -31,7 +31,7 @@ from cachemgr_testkit.podlib import (
     status_port,
     wait_for,
 )
-from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, require_s3, s3_server
+from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, require_s3, s3_server, s3fault
 from cachemgr_testkit.scenarios import (
     assert_entries_valid,
     command_key,
@@ -237,6 +237,10 @@ def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
     record = tmp_path / "compiler.jsonl"
     _fill_remote(pods, root_a, remote, record)
     _tamper(s3, remote, how, tmp_path)
+    if how in {"long-name", "deep-path", "surrogate"}:  # ls --remote calls it what a reader does
+        listed = _cli("ls", "--remote", "-o", "json", env={**pods.base_env, **remote})
+        assert not [e for e in json.loads(listed.stdout)["items"] if e["kind"] == "remote-entry"]
+        assert "prune --remote --key" in listed.stderr, listed.stderr
 
     pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=remote)
     pod.wait_phase("serving")
@@ -989,21 +993,9 @@ def test_a_download_never_writes_through_a_link_planted_in_its_staging(
 # --- a full bucket never stops a pod -----------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _s3fault(s3: S3Server, log_path: Path, *options: str) -> Iterator[str]:
+def _s3fault(s3: S3Server, log_path: Path, *options: str) -> contextlib.AbstractContextManager[str]:
     """tests/s3fault.py in front of ``s3`` with ``options``: its endpoint while it runs."""
-    argv = [sys.executable, str(Path(__file__).with_name("s3fault.py")), "--upstream", s3.endpoint, *options]
-    log = log_path.open("w")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the proxy prints its port once it listens, or exits
-        assert line.startswith("listening on "), line
-        yield f"http://127.0.0.1:{int(line.split()[-1])}"
-    finally:
-        proc.kill()
-        proc.communicate()  # and close its stdout
-        log.close()
+    return s3fault(Path(__file__).with_name("s3fault.py"), s3.endpoint, log_path, *options)
 
 
 @pytest.fixture(params=[(507, "InsufficientStorage"), (403, "QuotaExceeded")], ids=["507", "403-quota"])

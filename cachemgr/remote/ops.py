@@ -30,7 +30,7 @@ from cachemgr.ops.generation import KeyFacts, key_facts
 from cachemgr.ops.scan import Compat
 from cachemgr.remote.client import RemoteDamageError, RemoteError
 from cachemgr.remote.hooks import download_and_publish
-from cachemgr.remote.layout import OBJECTS, check_upload_id
+from cachemgr.remote.layout import OBJECTS, check_upload_id, objects_prefix, unsafe_paths
 from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -196,7 +196,7 @@ def _list(remote: Remote, prefix: str, *, deadline: float | None = None) -> Iter
 def _looping(remote: Remote, prefix: str, what: str) -> RemoteError:
     return RemoteError(
         f"remote {remote.config.url} listed {prefix!r} in a loop: a {what} it had listed before came again",
-        remedy="check the store (or the gateway or proxy in front of it); nothing more was listed or removed",
+        remedy="check the store (or the gateway or proxy in front of it), then run the command again",
         problem="listing",
     )
 
@@ -249,6 +249,9 @@ def _read_entry(
         return None, f"{error}: {removal}"
     inputs = dict(manifest.inputs)
     upload_id = check_upload_id(info.get("objects")) or ""
+    unsafe = unsafe_paths(manifest, prefix=objects_prefix(remote.config, name, upload_id or "x"))
+    if unsafe:  # what every reader refuses (cachemgr.remote.layout.checked_manifest): damage, said here too
+        return None, f"its manifest lists unsafe paths ({', '.join(unsafe[:2])}): {removal}"
     stored = listed[1] if listed is not None else modified
     claimed = number(info.get("uploaded_at"))
     return RemoteEntry(
