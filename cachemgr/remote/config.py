@@ -187,6 +187,8 @@ def redact(text: str, environ: Mapping[str, str]) -> str:
     for name in CREDENTIAL_VARIABLES:
         value = environ.get(name) or ""
         for form in {value, value.strip(), repr(value.encode(errors="replace"))[2:-1]}:
-            if len(form) >= 4:  # a value this short would blank out words, and secures nothing
+            if (
+                len(form) >= 8
+            ):  # shorter is no AWS credential (20 and 40 characters), and would blank out words
                 text = text.replace(form, f"<{name}>")
     return text
