@@ -22,19 +22,31 @@ the Host header, which is forwarded as sent, so the real server still checks it.
     python tests/s3fault.py --upstream http://127.0.0.1:PORT --writes pass --latency-ms 20 \
         --bandwidth 16M --total-bandwidth 96M
 
+Two misbehaviours no real server here can be made to show (issue 40), each with ``--writes pass``:
+
+``--loop-listings PART``
+    every ListObjectsV2 answer for a prefix holding ``PART`` says it is truncated, and its
+    continuation token leads back to the first page (A, B, A, B...): a store whose pagination
+    never ends (``""``: every listing).
+``--refuse-deletes``
+    a DeleteObjects request is answered, not forwarded: every key it names refused with
+    ``AccessDenied`` in the result's per-key errors (HTTP 200, as S3 answers a partial refusal).
+
 prints ``listening on PORT`` once it serves (on 127.0.0.1, a free port).
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import http.client
+import re
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "expect"}
 _SLICE = 64 << 10  # a response body goes out in slices this large, each paced
@@ -67,6 +79,8 @@ class Shape:
     latency: float = 0.0  # seconds before each answer
     bandwidth: float = 0.0  # bytes/s per connection
     total: Pacer | None = None  # bytes/s for all connections together
+    loop_listings: str | None = None  # listings of prefixes holding this: truncated, leading back to page one
+    refuse_deletes: bool = False  # DeleteObjects: every key refused in the per-key errors
 
 
 def handler(
@@ -104,7 +118,43 @@ def handler(
             self.end_headers()
             self.wfile.write(xml)
 
+        def _answer(self, status: int, xml: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(xml)))
+            self.end_headers()
+            self.wfile.write(xml)
+
+        def _refuse_deletes(self) -> None:
+            keys = re.findall(rb"<Key>(.*?)</Key>", self._body())
+            errors = b"".join(
+                b"<Error><Key>" + key + b"</Key><Code>AccessDenied</Code>"
+                b"<Message>Access Denied (s3fault)</Message></Error>"
+                for key in keys
+            )
+            self._answer(
+                200, b'<?xml version="1.0" encoding="UTF-8"?><DeleteResult>' + errors + b"</DeleteResult>"
+            )
+
+        def _looping_listing(self) -> bool:
+            """A listing's page: the first forwarded, every page after it that same page again."""
+            query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+            if not _loops(query, shape.loop_listings):
+                return False
+            token = (query.get("continuation-token") or [""])[0]
+            if not token:
+                return False  # forwarded, then rewritten (_rewrite_listing)
+            page = getattr(self.server, "first_page", b"")
+            self._answer(200, _truncated(page, "B" if token == "A" else "A"))
+            return True
+
         def _forward(self) -> None:
+            query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+            if shape.refuse_deletes and self.command == "POST" and "delete" in query:
+                self._refuse_deletes()
+                return
+            if self.command == "GET" and self._looping_listing():
+                return
             body = self._body()
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
             headers["Content-Length"] = str(len(body))
@@ -115,6 +165,9 @@ def handler(
                 data = answer.read()
             finally:
                 conn.close()
+            if answer.status == 200 and _loops(query, shape.loop_listings):
+                self.server.first_page = data  # type: ignore[attr-defined]  # the pages to come
+                data = _truncated(data, "A")
             if shape.latency > 0:
                 time.sleep(shape.latency)  # the store's first-byte time: not a wait for a condition
             self.send_response(answer.status)
@@ -157,6 +210,20 @@ def handler(
     return Handler
 
 
+def _loops(query: dict[str, list[str]], part: str | None) -> bool:
+    """Whether this request is a listing the proxy makes loop."""
+    prefix = (query.get("prefix") or [""])[0]
+    return part is not None and query.get("list-type") == ["2"] and part in prefix
+
+
+def _truncated(page: bytes, token: str) -> bytes:
+    """A ListObjectsV2 page that says more follows, at ``token``."""
+    page = re.sub(rb"<IsTruncated>\w+</IsTruncated>", b"<IsTruncated>true</IsTruncated>", page)
+    page = re.sub(rb"<NextContinuationToken>.*?</NextContinuationToken>", b"", page)
+    tail = f"<NextContinuationToken>{html.escape(token)}</NextContinuationToken>".encode()
+    return page.replace(b"</ListBucketResult>", tail + b"</ListBucketResult>")
+
+
 def _rate(text: str) -> float:
     """Bytes per second: 16M, 1.5G, 800k, or a plain number (0: unlimited)."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -175,12 +242,18 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--bandwidth", type=_rate, default=0.0, help="bytes/s per connection (16M)")
     parser.add_argument("--total-bandwidth", type=_rate, default=0.0, help="bytes/s for all connections")
+    parser.add_argument(
+        "--loop-listings", metavar="PART", help="pagination that never ends, for prefixes holding PART"
+    )
+    parser.add_argument("--refuse-deletes", action="store_true", help="DeleteObjects refuses every key")
     args = parser.parse_args()
     shape = Shape(
         refuse_writes=args.writes == "refuse",
         latency=args.latency_ms / 1000.0,
         bandwidth=args.bandwidth,
         total=Pacer(args.total_bandwidth) if args.total_bandwidth else None,
+        loop_listings=args.loop_listings,
+        refuse_deletes=args.refuse_deletes,
     )
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(args.upstream, args.status, args.code, shape))
     server.daemon_threads = True

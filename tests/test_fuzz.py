@@ -53,6 +53,14 @@ After each trial these must hold:
    pruned, the compiling pod's attempt not removed, its key compiled once (twice only where both
    its lease marker and holder record went: the lease's documented worst), no lease lost, and
    every removed record of a pod still running back within ``LIVE_BACK_S``.
+8. in the bucket (issue 40): damage planted on key A's remote entry (a path no volume or object
+   key can hold, a size the store does not hold, a manifest encrypted SSE-C that the store will
+   not serve: ``fuzz.BUCKET_DAMAGE``) is called ``damaged`` by a pod of A on a fresh volume, which
+   compiles and replaces it (or a pod of the trial replaced it first), and ``pull`` then takes
+   it; with a PiB claimed, ``prune --remote --keep-bytes 1Gi`` removes nothing; through a proxy
+   whose listings loop (tests/s3fault.py), ``ls --remote`` and ``prune --remote`` exit 74 saying
+   so; with a malformed credential variable the remote commands exit 78 and no output or pod log
+   shows its value.
 
 Short form (CI): ``CACHEMGR_FUZZ_TRIALS`` (default 3). Long form::
 
@@ -85,13 +93,16 @@ from typing import Any
 
 import pytest
 from cachemgr_testkit.fuzz import (
+    BUCKET_DAMAGE,
     CONTENTS,
     NODES,
     Plant,
     content,
     copy_tree,
+    damaged_manifest,
     hostile_name,
     live_records,
+    malformed_credentials,
     operator_columns,
     operator_path,
     operator_template,
@@ -112,7 +123,7 @@ from cachemgr_testkit.fuzz_kinds import (
 )
 from cachemgr_testkit.hostile import remove_deep
 from cachemgr_testkit.podlib import Cluster, Pod, as_user, cluster, free_port, wait_for, with_open_files
-from cachemgr_testkit.s3server import BUCKET, S3Server, require_s3, s3_server
+from cachemgr_testkit.s3server import BUCKET, S3Server, require_s3, s3_server, s3fault
 from cachemgr_testkit.scenarios import compile_cmd, compiles, entry_dirs, server_argv
 from cachemgr_testkit.trusted import new_key, writable
 
@@ -330,10 +341,14 @@ class Trial:
     # theirs, the plants root's), and a folder is swapped for a link while they run.
     user: int | None = None
     swapping: bool = False
+    damage: str | None = None  # a BUCKET_DAMAGE kind planted on key A's remote entry
+    credentials: dict[str, str] = field(default_factory=dict)  # malformed, in every remote env
+    loop_endpoint: str | None = None  # a proxy whose listings loop (tests/s3fault.py)
+    planted: bytes | None = None  # key A's remote manifest as the damage left it
 
     @property
     def remote(self) -> dict[str, str]:
-        return {**self.s3.env(prefix=self.prefix), **REMOTE_LIMITS}
+        return {**self.s3.env(prefix=self.prefix), **REMOTE_LIMITS, **self.credentials}
 
     def plant(self) -> None:
         targets = volume_targets(self.root, self.rng)
@@ -348,6 +363,7 @@ class Trial:
             self.plants.append(Plant(str(target.relative_to(self.root)), kind if node == "content" else node))
         for _ in range(self.rng.randint(0, 2)):
             self._plant_object()
+        self._plant_bucket_damage()
         self._plant_beyond_bytes(targets)
 
     def _plant_beyond_bytes(self, targets: list[Path]) -> None:
@@ -391,6 +407,45 @@ class Trial:
         body = b"\0" * (70 << 20) if kind == "huge-sparse" else content(self.rng, kind, original)
         client.put_object(Bucket=BUCKET, Key=key, Body=body)
         self.plants.append(Plant(f"s3://{BUCKET}/{key}", f"object:{kind}"))
+
+    def _plant_bucket_damage(self) -> None:
+        """Damage a reader must call damage on key A's remote entry (fuzz.BUCKET_DAMAGE); now and
+        then malformed credentials, or a listing that loops (issue 40)."""
+        rng = self.rng
+        if rng.random() < 0.5:
+            client: Any = self.s3.client()
+            key = f"{self.prefix}/entries/{self._entry_a()}/manifest.json"
+            self.damage = rng.choice(BUCKET_DAMAGE)
+            body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+            # An earlier plant may have made it no manifest: damage already, put back as it is.
+            with contextlib.suppress(ValueError, RecursionError, TypeError, AttributeError):
+                body = json.dumps(damaged_manifest(rng, self.damage, json.loads(body))).encode()
+            extra = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": os.urandom(32)}
+            client.put_object(
+                Bucket=BUCKET, Key=key, Body=body, **(extra if self.damage == "refused" else {})
+            )
+            self.planted = self._manifest_a()  # None for "refused": the store serves it to no one
+            self.plants.append(Plant(f"s3://{BUCKET}/{key}", f"bucket:{self.damage}"))
+        if rng.random() < 0.15:
+            self.credentials = malformed_credentials(rng)
+            self.plants.append(Plant(next(iter(self.credentials)), "bucket:malformed-credentials"))
+        if rng.random() < 0.15:
+            self.loop_endpoint = "planned"  # started around the commands (run_commands)
+            self.plants.append(Plant(f"s3://{BUCKET}/{self.prefix}/", "bucket:listing-loop"))
+
+    def _manifest_a(self) -> bytes | None:
+        """Key A's remote manifest as a plain GET gets it; None when the store refuses it."""
+        client: Any = self.s3.client()
+        key = f"{self.prefix}/entries/{self._entry_a()}/manifest.json"
+        try:
+            return bytes(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+        except Exception:  # botocore's ClientError: the SSE-C plant, refused to us too
+            return None
+
+    def _entry_a(self) -> str:
+        return next(
+            e.name for e in entry_dirs(self.golden.root) if e.name.endswith(self.golden.keys["A"][:16])
+        )
 
     # --- commands ---------------------------------------------------------------------------------
 
@@ -442,8 +497,28 @@ class Trial:
             (f"operator:{sorter}", [sorter, "--sort-by", operator_path(rng)], {}),
         ]
 
+    def bucket_commands(self) -> list[tuple[str, list[str], dict[str, str]]]:
+        """The remote commands the bucket plants add: through a proxy whose listings loop; a keep
+        of 1 GiB that a manifest claiming a PiB must not turn into a removal."""
+        listed: list[tuple[str, list[str], dict[str, str]]] = []
+        if self.loop_endpoint:
+            looping = {**self.remote, "CACHEMGR_REMOTE_ENDPOINT": self.loop_endpoint}
+            listed += [
+                ("ls-loop", ["ls", "--remote"], looping),
+                ("prune-loop", ["prune", "--remote", "--dry-run", "--unused-for", "0s"], looping),
+            ]
+        if self.damage == "lying-size":
+            listed.append(
+                (
+                    "prune-keep",
+                    ["prune", "--remote", "--dry-run", "--keep-bytes", "1Gi", "-o", "json"],
+                    self.remote,
+                )
+            )
+        return listed
+
     def run_commands(self, *, after: bool) -> None:
-        listed = self.commands_list(after=after)
+        listed = self.commands_list(after=after) + ([] if after else self.bucket_commands())
         with ThreadPoolExecutor(max_workers=3) as pool:
             for result in pool.map(lambda c: self._command(*c), listed):
                 self.violations += result
@@ -467,7 +542,7 @@ class Trial:
         err = done.stderr.decode("utf-8", "surrogateescape")
         self.outcomes[f"{name}:{done.returncode}"] += 1
         said = f"`cachemgr {' '.join(args)}` exited {done.returncode} in {time.monotonic() - started:.1f}s"
-        found = self._failure(said, done.returncode, err, _allowed(name))
+        found = self._failure(said, done.returncode, err, self._allowed(name, args))
         if name.startswith("operator:"):
             found += _operator_failure(said, done.returncode, err)
         # A tab is printed where an operator's template asks for one ({"\t"}), and only then.
@@ -479,6 +554,28 @@ class Trial:
         ]
         if shown:
             found.append(f"{said} and printed a character that is not printable: {shown[0]!r}"[:600])
+        found += self._bucket_failures(said, name, done.returncode, out, err)
+        return found
+
+    def _allowed(self, name: str, args: list[str]) -> set[int]:
+        if "--remote" not in args:
+            return _allowed(name)
+        if self.credentials:  # bad configuration: exit 78 naming the variable
+            return {78}
+        return {74} if name.endswith("-loop") else _allowed(name)
+
+    def _bucket_failures(self, said: str, name: str, code: int, out: str, err: str) -> list[str]:
+        found = [
+            f"{said} and showed the value of {variable}"
+            for variable, value in self.credentials.items()
+            if value.strip() in out + err
+        ]
+        if name.endswith("-loop") and not self.credentials and "in a loop" not in err:
+            found.append(f"{said} through a listing that loops, and did not say so:\n{err[-800:]}")
+        if name == "prune-keep" and code == 0 and "over --keep-bytes" in out:
+            found.append(
+                f"{said}: a manifest claiming {1 << 50} bytes made it remove an entry:\n{out[-800:]}"
+            )
         return found
 
     def _failure(self, said: str, code: int, text: str, allowed: set[int]) -> list[str]:
@@ -499,6 +596,46 @@ class Trial:
         ]
         said = " ".join(lines)
         return next((plant for plant in self.plants if str(self.root / plant.where) in said), None)
+
+    def check_damage_replaced(self, pods: Cluster, work: Path) -> None:
+        """Damage planted on key A's remote entry is called damage by a pod of A on a volume of its
+        own, which compiles and replaces it: a pull then takes the entry (issue 40)."""
+        if self.damage is None or self.credentials:
+            return
+        # A pod of the trial whose local copy of A was damaged too fetched it first, and replaced it.
+        untouched = self._manifest_a() == self.planted
+        fresh, pulled_root = work / "fresh-volume", work / "pulled"
+        fresh.mkdir(parents=True)
+        pulled_root.mkdir()
+        pod = pods.start("fresh", server_argv(free_port()), cache_root=fresh, open_files=OPEN_FILES,
+                         options=[*POD_OPTIONS, *self.golden.options["A"]], env=self.remote)  # fmt: skip
+        self.outcomes["fresh:started"] += 1
+        said = f"a pod of key A over its remote entry planted {self.damage}"
+        try:
+            pod.wait_phase("serving", timeout=POD_DEADLINE)
+            if untouched:
+                wait_for(
+                    lambda: _events(pod, "remote_uploaded", "remote_upload_failed"),
+                    what="its upload",
+                    timeout=60,
+                )
+        except AssertionError:
+            self.violations.append(f"{said} did not serve and upload:\n{pod.tail()}")
+            return
+        problems = [e.get("problem") for e in _events(pod, "remote_unusable_compiling_locally")]
+        self.outcomes[f"fresh:{problems[0] if problems else 'hit'}"] += 1
+        if problems != ["damaged"] and (untouched or problems):
+            self.violations.append(f"{said} reported {problems}, not ['damaged']:\n{pod.tail()}")
+        if untouched and not _events(pod, "remote_uploaded"):
+            self.violations.append(f"{said} did not replace it:\n{pod.tail()}")
+            return
+        pulled = self._command(
+            "pull",
+            ["pull", self.golden.keys["A"][:12]],
+            {**self.remote, "CACHEMGR_CACHE_ROOT": str(pulled_root)},
+        )
+        self.violations += [f"after the replacing upload, {line}" for line in pulled]
+        self.commands += 1
 
     # --- pods -------------------------------------------------------------------------------------
 
@@ -657,6 +794,10 @@ class Trial:
             self.violations.append(f"not written again within {LIVE_BACK_S:.0f}s: {missing()}")
 
 
+def _events(pod: Pod, *names: str) -> list[dict[str, Any]]:
+    return [e for e in pod.log_events() if e.get("event") in names]
+
+
 def _reachable(root: Path, folder: Path) -> bool:
     """Every level from the root down to ``folder`` is a real folder (or not there yet)."""
     for level in [folder, *folder.parents]:
@@ -761,10 +902,24 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
         if user is not None:
             give_to_pods(root)
         trial.plant()
-        with swapper.running() if swapping else contextlib.nullcontext():
+        with swapper.running() if swapping else contextlib.nullcontext(), contextlib.ExitStack() as proxies:
+            if trial.loop_endpoint:
+                script = Path(__file__).with_name("s3fault.py")
+                trial.loop_endpoint = proxies.enter_context(
+                    s3fault(
+                        script,
+                        fuzz_s3.endpoint,
+                        tmp_path / "loop.log",
+                        "--writes",
+                        "pass",
+                        "--loop-listings",
+                        "",
+                    )
+                )
             trial.run_commands(after=False)
             with cluster(base / "work") as pods:
                 trial.run_pods(pods)
+                trial.check_damage_replaced(pods, base / "fresh")
         trial.run_commands(after=True)
         after = _tree_state(canary)
         if after != before:

@@ -31,7 +31,7 @@ from cachemgr_testkit.podlib import (
     status_port,
     wait_for,
 )
-from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, require_s3, s3_server
+from cachemgr_testkit.s3server import BAD_KEYS, BUCKET, S3Server, require_s3, s3_server, s3fault
 from cachemgr_testkit.scenarios import (
     assert_entries_valid,
     command_key,
@@ -198,6 +198,11 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
             "dot-part": "artifacts/./escape",
             "outside-artifacts": "escape",
             "empty-part": "artifacts//escape",
+            # Paths no volume can create (a name past NAME_MAX, 1,000 levels), or no object key can
+            # name (a lone surrogate is not UTF-8): damage all the same, replaced by the compiler.
+            "long-name": "artifacts/" + "n" * 300,
+            "deep-path": "artifacts/" + "d/" * 1000 + "escape",
+            "surrogate": "artifacts/\udcff",
         }[how]
         with contextlib.suppress(Exception):  # SeaweedFS refuses some of these keys itself
             client.put_object(Bucket=BUCKET, Key=base + name.lstrip("/"), Body=b"x")
@@ -220,6 +225,9 @@ def _tamper(s3: S3Server, env: dict[str, str], how: str, tmp_path: Path) -> None
         "dot-part",
         "outside-artifacts",
         "empty-part",
+        "long-name",
+        "deep-path",
+        "surrogate",
     ],
 )
 def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
@@ -229,6 +237,10 @@ def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
     record = tmp_path / "compiler.jsonl"
     _fill_remote(pods, root_a, remote, record)
     _tamper(s3, remote, how, tmp_path)
+    if how in {"long-name", "deep-path", "surrogate"}:  # ls --remote calls it what a reader does
+        listed = _cli("ls", "--remote", "-o", "json", env={**pods.base_env, **remote})
+        assert not [e for e in json.loads(listed.stdout)["items"] if e["kind"] == "remote-entry"]
+        assert "prune --remote --key" in listed.stderr, listed.stderr
 
     pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=remote)
     pod.wait_phase("serving")
@@ -242,7 +254,7 @@ def test_a_damaged_remote_entry_is_never_published_and_the_pod_compiles(
     assert "origin" not in json.loads((entry / "summary.json").read_text()), "ours, compiled here"
     assert not list(tmp_path.rglob("escape")), "nothing written outside staging"
     assert not list((root_b / "staging").rglob("*")), "the download's staging is gone"
-    if how != "content":
+    if how not in {"content", "long-name", "deep-path", "surrogate"}:
         return
     # The pod replaces the damaged remote entry with its own: the next cluster downloads a good one.
     wait_for(lambda: _events([pod], "remote_uploaded"), what="the replacing upload", timeout=60)
@@ -400,9 +412,11 @@ def test_push_pull_ls_and_prune_remote_from_the_cli(
     assert "Traceback" not in refused.stderr
 
 
-def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
+def _two_pushed(
     pods: Cluster, tmp_path: Path, remote: dict[str, str]
-) -> None:
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """Two entries (prefill, decode) compiled on one volume and pushed one after the other: the
+    CLI's environment and ``ls --remote``'s items, the older first."""
     (root,) = _roots(tmp_path, "volume")
     record = tmp_path / "compiler.jsonl"
     for role in ("prefill", "decode"):
@@ -420,7 +434,14 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
     for entry in entry_dirs(root):  # one at a time: the upload order is the age order
         _cli("push", entry.name, env=env)
     listed = json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]
-    oldest = min(listed, key=lambda e: e["uploaded_at"])
+    return env, sorted(listed, key=lambda e: e["uploaded_at"])
+
+
+def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str]
+) -> None:
+    env, listed = _two_pushed(pods, tmp_path, remote)
+    oldest = listed[0]
     plan = json.loads(
         _cli(
             "prune",
@@ -435,6 +456,80 @@ def test_prune_remote_keep_bytes_removes_the_oldest_uploads_first(
     )["plan"]
     assert [row["entry"] for row in plan] == [oldest["entry"]]
     assert _cli("prune", "--remote", "-o", "json", env=env, code=64)
+
+
+def _rewrite_manifest(s3: S3Server, env: dict[str, str], entry: str, change: Any) -> None:
+    client: Any = s3.client()
+    key = env["CACHEMGR_REMOTE"].removeprefix(f"s3://{BUCKET}/") + f"/entries/{entry}/manifest.json"
+    doc = json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    change(doc)
+    client.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(doc).encode())
+
+
+@pytest.mark.timeout(300)
+def test_prune_remote_judges_entries_by_what_the_store_holds_not_what_manifests_claim(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    """A manifest rewritten to claim a PiB, or an upload in 1970, removes no other entry, nor itself."""
+    env, (older, newer) = _two_pushed(pods, tmp_path, remote)
+
+    def huge(doc: dict[str, Any]) -> None:
+        doc["files"][-1]["size"] = 1 << 50
+
+    def ancient(doc: dict[str, Any]) -> None:
+        doc["remote"]["uploaded_at"] = 1.0
+
+    _rewrite_manifest(s3, env, newer["entry"], huge)
+    _rewrite_manifest(s3, env, older["entry"], ancient)
+    listed = {
+        e["entry"]: e for e in json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]
+    }
+    assert listed[newer["entry"]]["size_bytes"] == newer["size_bytes"], "the bytes the store holds"
+    assert not str(listed[older["entry"]]["uploaded_at"]).startswith("1970"), (
+        "the store's time, not the claim"
+    )
+    for selector in (["--keep-bytes", "1Gi"], ["--unused-for", "1d"]):
+        plan = _cli("prune", "--remote", *selector, "--yes", "-o", "json", env=env).stdout
+        assert json.loads(plan)["plan"] == [], (selector, plan)
+    assert len(json.loads(_cli("ls", "--remote", "-o", "json", env=env).stdout)["items"]) == 2
+
+
+@pytest.mark.timeout(300)
+def test_prune_remote_ends_a_listing_that_loops(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    env, (older, _) = _two_pushed(pods, tmp_path, remote)
+    env = {**env, "CACHEMGR_REMOTE_BUDGET": "30s"}  # the child's listing: a loaded machine's seconds
+    # Pagination that leads back to its first page (A, B, A, B...), in the listing of one entry's
+    # objects that its removal walks (the listing of the bucket is a child's, killed at the budget).
+    with _s3fault(
+        s3, tmp_path / "loop.log", "--writes", "pass", "--loop-listings", older["entry"]
+    ) as endpoint:
+        # Before: pages without end, past any deadline (TimeoutExpired here).
+        looped = run_cli(
+            "prune", "--remote", "--key", older["entry"], "--yes",
+            env={**env, "CACHEMGR_REMOTE_ENDPOINT": endpoint}, timeout=90,
+        )  # fmt: skip
+    assert looped.returncode == 74, looped.stderr
+    (line,) = error_lines(looped.stderr)
+    assert "in a loop" in line, line
+
+
+@pytest.mark.timeout(300)
+def test_prune_remote_says_what_the_store_refused_to_remove(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    env, (_, newer) = _two_pushed(pods, tmp_path, remote)
+    # DeleteObjects that refuses every key in its per-key Errors (HTTP 200): never "removed".
+    with _s3fault(s3, tmp_path / "refuse.log", "--writes", "pass", "--refuse-deletes") as endpoint:
+        refused = _cli(
+            "prune", "--remote", "--key", newer["entry"], "--yes",
+            env={**env, "CACHEMGR_REMOTE_ENDPOINT": endpoint}, code=74,
+        )  # fmt: skip
+    assert "removed" not in refused.stdout, refused.stdout
+    (line,) = error_lines(refused.stderr)
+    assert "refused to remove" in line, line
+    assert "AccessDenied" in line, line
 
 
 # --- counted, and off the hit path -----------------------------------------------------------
@@ -630,8 +725,16 @@ def test_unsafe_manifest_paths_are_named() -> None:
         "artifacts/a\\..\\x",
         "artifacts/\nx",
         "/abs",
+        "artifacts/" + "n" * 256,  # past NAME_MAX
+        "artifacts/" + "d/" * 600 + "x",  # past an object key's 1,024 bytes
+        "artifacts/\udcff",  # not UTF-8: no object key names it
     ):
         assert unsafe_paths(manifest("key.json", bad)), bad
+    assert unsafe_paths(manifest("artifacts/" + "n" * 255)) == []
+    assert unsafe_paths(manifest("artifacts/x" * 40), prefix="p/" * 300), "the key with its prefix"
+    (long,) = unsafe_paths(manifest("artifacts/" + "n" * 300))
+    assert len(long) < 300, long
+    assert "longer than 255 bytes" in long, long
     assert unsafe_paths(manifest("artifacts/a", "artifacts/a")) == ["'artifacts/a': listed twice"]
     assert unsafe_paths(manifest("artifacts/a", "artifacts/a/b")) == [
         "'artifacts/a': both a file and a directory"
@@ -890,25 +993,18 @@ def test_a_download_never_writes_through_a_link_planted_in_its_staging(
 # --- a full bucket never stops a pod -----------------------------------------------------------
 
 
+def _s3fault(s3: S3Server, log_path: Path, *options: str) -> contextlib.AbstractContextManager[str]:
+    """tests/s3fault.py in front of ``s3`` with ``options``: its endpoint while it runs."""
+    return s3fault(Path(__file__).with_name("s3fault.py"), s3.endpoint, log_path, *options)
+
+
 @pytest.fixture(params=[(507, "InsufficientStorage"), (403, "QuotaExceeded")], ids=["507", "403-quota"])
 def full_s3(s3: S3Server, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The endpoint of a bucket that refuses every write for space (tests/s3fault.py: SeaweedFS's
     own enforced quota answers 500 InternalError, indistinguishable from a crash)."""
     status, code = request.param
-    argv = [sys.executable, str(Path(__file__).with_name("s3fault.py")), "--upstream", s3.endpoint]
-    log = (tmp_path / "s3fault.log").open("w")
-    proc = subprocess.Popen(
-        [*argv, "--status", str(status), "--code", code], stdout=subprocess.PIPE, stderr=log, text=True
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the proxy prints its port once it listens, or exits
-        assert line.startswith("listening on "), line
-        yield f"http://127.0.0.1:{int(line.split()[-1])}"
-    finally:
-        proc.kill()
-        proc.communicate()  # and close its stdout
-        log.close()
+    with _s3fault(s3, tmp_path / "s3fault.log", "--status", str(status), "--code", code) as endpoint:
+        yield endpoint
 
 
 def test_a_full_bucket_costs_a_warning_after_the_compile_and_push_exits_73(
@@ -957,6 +1053,21 @@ def test_a_transfer_of_many_folders_keeps_few_directories_open(tmp_path: Path) -
             handle.write(b"new")
     assert len(os.listdir("/proc/self/fd")) == before
     assert (root / "entry" / "artifacts" / "d0000" / "new.bin").read_bytes() == b"new"
+
+
+@pytest.mark.quick
+def test_a_transfer_reaches_a_file_thousands_of_folders_deep(tmp_path: Path) -> None:
+    """A path deeper than Python's recursion limit is reached (and made) level by level."""
+    (root := tmp_path / "root").mkdir()
+    (root / "entry").mkdir()
+    deep = "/".join(["d"] * 3000) + "/f.bin"
+    with LocalDir.open(root, root / "entry") as local:
+        local.write_new(deep, b"deep")
+        handle, _ = local.open_file(deep)
+        with handle:
+            assert handle.read() == b"deep"
+        local.write_new("d/d/g.bin", b"near")  # after the walk down: its parents are reached again
+        assert local.read_bytes("d/d/g.bin", limit=10) == b"near"
 
 
 # --- the last gaps: the download's check, a file rewritten while it uploads, the cleanup -------
@@ -1225,3 +1336,134 @@ def test_an_uploads_reader_refuses_a_second_pass_that_reads_other_bytes_or_a_shr
         with pytest.raises(LocalChangedError, match="ended at 50000 of the 100000 bytes"):
             reader.read(60_000)
         reader.close()
+
+
+# --- one object the store will not serve costs its entry only (issue 40) ---------------------
+
+
+def _encrypt_manifest(s3: S3Server, env: dict[str, str], entry: str) -> None:
+    """Rewrite ``entry``'s manifest SSE-C encrypted (a real store refusal: SeaweedFS answers a GET
+    without the customer key 400 InvalidArgument), as AWS refuses another account's object or one
+    archived by a lifecycle rule."""
+    client: Any = s3.client()
+    prefix = env["CACHEMGR_REMOTE"].removeprefix(f"s3://{BUCKET}/") + "/"
+    key = f"{prefix}entries/{entry}/manifest.json"
+    body = client.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+    client.put_object(
+        Bucket=BUCKET, Key=key, Body=body, SSECustomerAlgorithm="AES256", SSECustomerKey=os.urandom(32)
+    )
+    with pytest.raises(Exception, match="InvalidArgument"):
+        client.get_object(Bucket=BUCKET, Key=key)
+
+
+def test_a_manifest_the_store_refuses_costs_its_entry_only_and_is_replaced(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server
+) -> None:
+    root_a, root_b, root_c = _roots(tmp_path, "cluster-a", "cluster-b", "cluster-c")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root_a, remote, record)
+    (refused,) = [e.name for e in entry_dirs(root_a)]
+    _fill_remote(pods, root_a, {**remote, "CACHEMGR_ROLE": "decode"}, record, name="a1")
+    (served,) = [e.name for e in entry_dirs(root_a) if e.name != refused]
+    _encrypt_manifest(s3, remote, refused)
+    env = {**pods.base_env, **remote, "CACHEMGR_CACHE_ROOT": str(root_b)}
+
+    listed = _cli("ls", "--remote", "-o", "json", env=env)
+    items = json.loads(listed.stdout)["items"]
+    assert [e["entry"] for e in items if e["kind"] == "remote-entry"] == [served]
+    assert f"{refused}: " in listed.stderr, listed.stderr
+    assert f"prune --remote --key {refused}" in listed.stderr
+    assert "Traceback" not in listed.stderr
+    planned = _cli("prune", "--remote", "--key", refused, "--dry-run", "-o", "json", env=env).stdout
+    assert [row["entry"] for row in json.loads(planned)["plan"]] == [refused]
+    assert "downloaded" in _cli("pull", served, env=env).stdout, "every other entry is served"
+    said = _cli("pull", refused, env=env, code=74).stderr
+    assert "refuses to serve" in said, said
+
+    # A pod of that key calls it damage, compiles, and replaces it: the next cluster downloads it.
+    pod = pods.start("b0", server_argv(free_port()), cache_root=root_b, options=_options(record), env=remote)
+    pod.wait_phase("serving")
+    (warning,) = _warnings([pod])
+    assert warning["problem"] == "damaged", warning
+    wait_for(lambda: _events([pod], "remote_uploaded"), what="the replacing upload", timeout=60)
+    third = pods.start(
+        "c0", server_argv(free_port()), cache_root=root_c, options=_options(record), env=remote
+    )
+    third.wait_phase("serving")
+    assert len(_events([third], "remote_hit")) == 1
+    assert _warnings([third]) == []
+    assert compiles(record) == 3, "cluster a twice, cluster b once; cluster c downloaded"
+
+
+@pytest.mark.parametrize("how", ["garbage", "other-key", "refused"])
+def test_push_replaces_a_damaged_remote_manifest_and_says_so(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], s3: S3Server, how: str
+) -> None:
+    root_a, root_b = _roots(tmp_path, "cluster-a", "cluster-b")
+    record = tmp_path / "compiler.jsonl"
+    _fill_remote(pods, root_a, remote, record)
+    (entry,) = entry_dirs(root_a)
+    key, _ = _remote_manifest(s3, remote)
+    client: Any = s3.client()
+    if how == "garbage":
+        client.put_object(Bucket=BUCKET, Key=key, Body=b"\x00not a manifest")
+    elif how == "other-key":
+        _rewrite_manifest(s3, remote, entry.name, lambda doc: doc.update(key="0" * 32))
+    else:
+        _encrypt_manifest(s3, remote, entry.name)
+    env = {**pods.base_env, **remote}
+    pushed = _cli("push", "--cache-root", str(root_a), env=env)
+    assert pushed.stdout.splitlines()[1].split()[-1] == "replaced", pushed.stdout
+    assert f"note: the remote's {entry.name} was damaged" in pushed.stderr, pushed.stderr
+    assert "already in the remote" in _cli("push", "--cache-root", str(root_a), env=env).stdout
+    assert "downloaded" in _cli("pull", entry.name, "--cache-root", str(root_b), env=env).stdout
+    assert_entries_valid(root_b)
+
+
+# --- a credential's value never reaches a message ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["AWS_SESSION_TOKEN", "AWS_SECRET_ACCESS_KEY"])
+def test_a_credential_with_a_trailing_newline_is_bad_configuration_and_never_shown(
+    pods: Cluster, tmp_path: Path, remote: dict[str, str], name: str
+) -> None:
+    """As 'kubectl create secret --from-file' makes it: exit 78 naming the variable, no value."""
+    secret = f"Secret{os.urandom(8).hex()}"
+    env = {**pods.base_env, **remote, name: secret + "\n"}
+    refused = _cli("ls", "--remote", env=env, code=78)
+    (line,) = error_lines(refused.stderr)
+    assert f"{name} holds a trailing newline" in line, line
+    assert secret not in refused.stdout + refused.stderr
+    (root,) = _roots(tmp_path, "volume")
+    record = tmp_path / "compiler.jsonl"
+    pod = pods.start(
+        "p0",
+        server_argv(free_port()),
+        cache_root=root,
+        options=_options(record),
+        env={**remote, name: secret + "\n"},
+    )
+    pod.wait_phase("serving")
+    (warning,) = _warnings([pod])
+    assert warning["problem"] == "credentials", warning
+    assert name in warning["message"], warning
+    assert secret not in pod.log.read_text(), "the value never reaches the pod's log"
+    assert compiles(record) == 1
+
+
+@pytest.mark.quick
+def test_no_credential_value_reaches_a_description_whatever_botocore_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from botocore.exceptions import HTTPClientError
+
+    from cachemgr.remote.client import describe
+
+    secret = "TokenValue-7f3a9c"
+    monkeypatch.setenv("AWS_SESSION_TOKEN", secret + "\n")
+    config = remote_config("s3://b/p", {})
+    assert config is not None
+    raised = HTTPClientError(error=ValueError(f"Invalid header value b'{secret}\\n'"))
+    said = describe(raised, config, doing="listing").one_line()
+    assert secret not in said, said
+    assert "<AWS_SESSION_TOKEN>" in said, said

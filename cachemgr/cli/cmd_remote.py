@@ -39,7 +39,13 @@ from cachemgr.core.errors import CacheMgrError, ConfigError, Interrupted, NotFou
 from cachemgr.core.printable import safe
 from cachemgr.core.procs import StopFlag
 from cachemgr.core.units import human_age, human_bytes, plural
-from cachemgr.remote.config import RemoteConfig, client_missing, not_installed, remote_config
+from cachemgr.remote.config import (
+    RemoteConfig,
+    client_missing,
+    malformed_credential,
+    not_installed,
+    remote_config,
+)
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import open_root
 
@@ -61,6 +67,9 @@ def _config(args: argparse.Namespace, environ: Mapping[str, str]) -> RemoteConfi
     missing = client_missing()
     if missing is not None:  # these commands are the remote tier: without its client, nothing to do (78)
         raise not_installed(config, missing)
+    malformed = malformed_credential(environ)
+    if malformed is not None:
+        raise malformed
     return config
 
 
@@ -236,6 +245,14 @@ def push(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[str
             if isinstance(error, RemoteFullError):
                 break  # a full bucket refuses the next entries too
     _render_moves(args, [(r.entry, r.moved, r.error) for r in results], verb="uploaded")
+    tell(
+        "note",
+        [
+            f"the remote's {r.entry} was damaged ({r.moved.replaced}); this upload replaced it"
+            for r in results
+            if r.moved is not None and r.moved.replaced
+        ],
+    )
     if errors:
         raise _push_failure(errors, not_uploaded=len(names) - len(results) + len(errors), total=len(names))
     return 0
@@ -354,7 +371,8 @@ def _render_moves(args: argparse.Namespace, rows_in: list[tuple[str, Any, str | 
             "size": human_bytes(moved.bytes) if moved and not moved.skipped else "-",
             "seconds": f"{moved.seconds:.1f}" if moved else "-",
             "mib_s": f"{moved.mib_per_s:.0f}" if moved and not moved.skipped else "-",
-            "result": error or ("already in the remote" if moved.skipped else verb),
+            "result": error
+            or ("already in the remote" if moved.skipped else "replaced" if moved.replaced else verb),
         }
         for name, moved, error in rows_in
     ]
@@ -407,8 +425,18 @@ def prune(args: argparse.Namespace, _server_argv: list[str], environ: Mapping[st
             )
         return 0
     remote = _open(args, environ)  # small requests, the manifest first: a signal ends them as they are
-    for item in plan:
-        _call(remote, f"removing {item.entry}", partial(remove, remote, item))
+    for done, item in enumerate(plan):
+        deadline = time.monotonic() + bounded.config.budget  # each removal's listing, as each push
+        try:
+            _call(remote, f"removing {item.entry}", partial(remove, remote, item, deadline=deadline))
+        except CacheMgrError as error:
+            if len(plan) == 1:
+                raise
+            raise type(error)(
+                f"{done} of {plural(len(plan), 'item')} removed; then {error.what}",
+                remedy=error.remedy,
+                **error.fields,
+            ) from None
     _render_remote_plan(args, rows, executed=True)
     return 0
 

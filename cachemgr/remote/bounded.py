@@ -74,7 +74,7 @@ class BoundedRemote:
     ) -> tuple[Manifest, Moved] | None:
         """As Remote.download; TimeoutError-like RemoteError (problem ``budget``) at the deadline,
         InterruptedError on stop. The caller removes ``staging`` in every case but success."""
-        from cachemgr.remote.transfer import checked_manifest
+        from cachemgr.remote.layout import checked_manifest
 
         request = {
             "op": "download",

@@ -8,10 +8,11 @@ space) and what to do.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from cachemgr.core.errors import CacheMgrError, ExitCode
-from cachemgr.remote.config import ENV_ENDPOINT, ENV_URL, INSTALL, RemoteConfig
+from cachemgr.remote.config import ENV_ENDPOINT, ENV_URL, INSTALL, RemoteConfig, redact
 
 
 class RemoteError(CacheMgrError, OSError):
@@ -41,6 +42,12 @@ _CREDENTIAL_CODES = {
     "AuthorizationHeaderMalformed",
     "InvalidClientTokenId",
 }
+
+
+# What a store answers for one object it will not serve while it serves the bucket: SSE-C
+# encrypted (AWS InvalidRequest, SeaweedFS InvalidArgument), archived by a lifecycle rule
+# (InvalidObjectState), another account's or denied by policy (AccessDenied).
+OBJECT_REFUSALS = frozenset({"AccessDenied", "InvalidObjectState", "InvalidRequest", "InvalidArgument"})
 
 
 class RemoteFullError(RemoteError):
@@ -82,8 +89,17 @@ def make_client(config: RemoteConfig) -> Any:
     return session.client("s3", endpoint_url=config.endpoint, config=options)
 
 
-def describe(error: BaseException, config: RemoteConfig, *, doing: str) -> RemoteError:  # noqa: PLR0911  # one return per kind of failure: a table
-    """A boto3/botocore failure (or OSError) as one line: what was wrong and what to do."""
+def describe(error: BaseException, config: RemoteConfig, *, doing: str) -> RemoteError:
+    """A boto3/botocore failure (or OSError) as one line: what was wrong and what to do. No
+    credential's value reaches it, whatever botocore or the store said (:func:`redact`)."""
+    said = _describe(error, config, doing=doing)
+    what, remedy = redact(said.what, os.environ), redact(said.remedy, os.environ)
+    if (what, remedy) == (said.what, said.remedy):
+        return said
+    return type(said)(what, remedy=remedy, **said.fields)
+
+
+def _describe(error: BaseException, config: RemoteConfig, *, doing: str) -> RemoteError:  # noqa: PLR0911  # one return per kind of failure: a table
     where = f"{config.url}" + (f" at {config.endpoint}" if config.endpoint else "")
     if isinstance(error, RemoteError):  # first: said already, and botocore may not be installed
         return error

@@ -143,3 +143,52 @@ def not_installed(config: RemoteConfig, missing: str) -> ConfigError:
         remedy=f"install the remote tier's client ({INSTALL}; the modelserver image has it), or unset {ENV_URL}",
         problem="not-installed",
     )
+
+
+# The AWS chain's credential variables: their values go into request headers and signatures,
+# and never into a message of ours (cachemgr.remote.client.describe removes them).
+CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+)
+
+
+def malformed_credential(environ: Mapping[str, str]) -> ConfigError | None:
+    """A credential variable whose value no store can accept (exit 78), named, its value never shown.
+
+    Every AWS credential is printable ASCII without spaces; a value with a newline (a Secret
+    made with ``kubectl create secret --from-file`` keeps the file's last one), a space or a
+    control character would be sent as a header botocore refuses (and quotes whole in its error).
+    """
+    for name in CREDENTIAL_VARIABLES:
+        value = environ.get(name) or ""
+        odd = [c for c in value if not "!" <= c <= "~"]
+        if not odd:
+            continue
+        what = (
+            "a trailing newline"
+            if value.rstrip("\r\n") != value and value.rstrip("\r\n").isprintable()
+            else f"{len(odd)} character(s) no credential has (spaces, control characters or non-ASCII)"
+        )
+        return ConfigError(
+            f"{name} holds {what}; its value is not shown",
+            remedy=f"set {name} to the credential alone: 'kubectl create secret --from-file' keeps the "
+            "file's last newline (use --from-literal, or write the file with printf '%s')",
+            problem="credentials",
+            variable=name,
+        )
+    return None
+
+
+def redact(text: str, environ: Mapping[str, str]) -> str:
+    """``text`` with every credential variable's value (as set, or stripped) replaced by its name."""
+    for name in CREDENTIAL_VARIABLES:
+        value = environ.get(name) or ""
+        for form in {value, value.strip(), repr(value.encode(errors="replace"))[2:-1]}:
+            if (
+                len(form) >= 8
+            ):  # shorter is no AWS credential (20 and 40 characters), and would blank out words
+                text = text.replace(form, f"<{name}>")
+    return text

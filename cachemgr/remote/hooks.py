@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from cachemgr.core import jsonread
 from cachemgr.core.fsutil import atomic_write_json, hash_fd, is_disk_full, walk_files
 from cachemgr.core.log import get_logger
-from cachemgr.remote.config import RemoteConfig, client_missing, not_installed
+from cachemgr.remote.config import RemoteConfig, client_missing, malformed_credential, not_installed
 from cachemgr.volume.layout import CacheRoot
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, SUMMARY_NAME, FileRecord, Manifest
 from cachemgr.volume.store import commit, create_staging, lookup, quarantine
@@ -90,6 +90,12 @@ def fetch(
         log.warning(
             "remote_not_installed", remote=config.url, message=not_installed(config, missing).one_line()
         )
+        return "unusable"
+    malformed = malformed_credential(os.environ)
+    if malformed is not None:  # as above: a warning naming the variable (never its value), a compile
+        metrics.remote_failure("credentials")
+        event = "remote_unusable_compiling_locally" if compiling else "remote_unusable_waiting_for_publisher"
+        log.warning(event, key=key.short, problem="credentials", message=malformed.one_line())
         return "unusable"
     try:
         from cachemgr.remote.bounded import BoundedRemote  # the transfer's child: a remote path only
@@ -367,6 +373,7 @@ class Upload:
                 files=moved.files,
                 bytes=moved.bytes,
                 seconds=round(moved.seconds, 2),
+                **({"replaced_damaged": moved.replaced} if moved.replaced else {}),
             )
         except InterruptedError:
             pass  # stopped by wait(), which said so

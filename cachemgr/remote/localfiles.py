@@ -118,19 +118,27 @@ class LocalDir:
         return (self._dir(folder, create=create) if folder else self.fd), name
 
     def _dir(self, folder: str, *, create: bool) -> int:
+        """The descriptor of ``folder``, reached from the deepest one already open: a loop, not a
+        recursion (a manifest may list a path hundreds of folders deep)."""
         known = self._dirs.get(folder)
         if known is not None:
             self._dirs.move_to_end(folder)
             return known
-        above, _, part = folder.rpartition("/")
-        parent = self._dir(above, create=create) if above else self.fd
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=parent)
-        fd = safefs.open_below(parent, part, dev=self._dev, shown=self.shown / folder)
-        self._dirs[folder] = fd
-        while len(self._dirs) > DIR_CACHE:
-            os.close(self._dirs.popitem(last=False)[1])  # the least recently used; not ``fd`` or its parent
+        parts = folder.split("/")
+        start = next((i for i in range(len(parts) - 1, 0, -1) if "/".join(parts[:i]) in self._dirs), 0)
+        fd = self._dirs[("/".join(parts[:start]))] if start else self.fd
+        for i in range(start, len(parts)):
+            reached = "/".join(parts[: i + 1])
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(parts[i], 0o755, dir_fd=fd)
+            fd = safefs.open_below(fd, parts[i], dev=self._dev, shown=self.shown / reached)
+            self._dirs[reached] = fd
+            self._dirs.move_to_end(reached)
+            while len(self._dirs) > DIR_CACHE:
+                # The least recently used; never ``fd`` (just added) nor a parent still to be used
+                # (each is used once, to open the next, before the loop moves on).
+                os.close(self._dirs.popitem(last=False)[1])
         return fd
 
 

@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 from cachemgr.core import jsonread
 from cachemgr.core.coerce import as_dict, number, text
 from cachemgr.core.errors import NotFoundError, UsageError
-from cachemgr.core.units import human_bytes
+from cachemgr.core.units import human_bytes, plural
 from cachemgr.key.cachekey import CacheKey, digest_of
 from cachemgr.key.serving import ServerCommand
 from cachemgr.ops.generation import KeyFacts, key_facts
 from cachemgr.ops.scan import Compat
-from cachemgr.remote.client import RemoteDamageError
+from cachemgr.remote.client import RemoteDamageError, RemoteError
 from cachemgr.remote.hooks import download_and_publish
-from cachemgr.remote.layout import OBJECTS, check_upload_id
+from cachemgr.remote.layout import OBJECTS, check_upload_id, objects_prefix, unsafe_paths
 from cachemgr.remote.transfer import Moved, Progress, Remote, StopFlag
 from cachemgr.volume.identity import PodIdentity
 from cachemgr.volume.layout import CacheRoot
@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from cachemgr.remote.bounded import BoundedRemote
 
 STALE_UPLOAD_AFTER = 86400.0  # objects without a manifest this old are a dead upload, not one under way
+# A manifest's own upload time is kept (finer than the store's whole seconds) only this near the
+# store's: an uploader's clock may be off by minutes, a forger's claim by no more.
+CLAIMED_TIME_SLACK = 300.0
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,17 @@ class RemoteListing:
 
 
 def list_remote(remote: Remote) -> RemoteListing:
-    """Every entry in the remote (by manifest) and every upload no manifest names."""
-    objects = _objects_by_upload(remote)
-    names = sorted({entry for entry, _ in objects} | set(_manifest_names(remote)))
+    """Every entry in the remote (by manifest) and every upload no manifest names.
+
+    One walk of the prefix (:func:`_list`, which ends a listing that loops); each entry's size and
+    time are the store's own from that walk, never what its manifest claims (anyone who can
+    write the bucket writes the manifest: one claiming a PiB must not make ``prune --remote
+    --keep-bytes`` remove an untouched entry).
+    """
+    manifests, objects = _walk(remote)
+    names = sorted({entry for entry, _ in objects} | set(manifests))
     with ThreadPoolExecutor(max_workers=8) as pool:
-        read = list(pool.map(lambda name: _read_entry(remote, name), names))
+        read = list(pool.map(lambda name: _read_entry(remote, name, objects, manifests.get(name)), names))
     entries, warnings, damaged = [], [], []
     named: set[tuple[str, str]] = set()
     for name, (entry, warning) in zip(names, read, strict=True):
@@ -154,41 +163,76 @@ def listing_from_wire(doc: dict[str, Any]) -> RemoteListing:
     )
 
 
-def _list(remote: Remote, prefix: str) -> Iterator[dict[str, Any]]:
-    paginator = remote.client.get_paginator("list_objects_v2")
-    for page in paginator.paginate(Bucket=remote.config.bucket, Prefix=prefix):
-        yield from page.get("Contents", [])
+def _list(remote: Remote, prefix: str, *, deadline: float | None = None) -> Iterator[dict[str, Any]]:
+    """Every object under ``prefix``, page by page, ended (a RemoteError) by a page that leads back
+    to one before it (a continuation token or a key given twice: pagination that loops) or by
+    ``deadline`` (a monotonic time)."""
+    request: dict[str, Any] = {"Bucket": remote.config.bucket, "Prefix": prefix}
+    tokens: set[str] = set()
+    keys: set[str] = set()
+    while True:
+        if deadline is not None and time.monotonic() > deadline:
+            raise RemoteError(
+                f"remote {remote.config.url} did not finish listing {prefix!r} within its budget "
+                f"({plural(len(keys), 'object')} listed)",
+                remedy="check the store's throughput (a slow gateway or proxy), or raise CACHEMGR_REMOTE_BUDGET",
+                problem="budget",
+            )
+        page = remote.client.list_objects_v2(**request)
+        for item in page.get("Contents", []):
+            if item.get("Key") in keys:
+                raise _looping(remote, prefix, f"object {str(item.get('Key'))[:200]!r}")
+            keys.add(item.get("Key"))
+            yield item
+        token = page.get("NextContinuationToken")
+        if not page.get("IsTruncated") or not token:
+            return
+        if token in tokens:
+            raise _looping(remote, prefix, "continuation token")
+        tokens.add(token)
+        request["ContinuationToken"] = token
 
 
-def _manifest_names(remote: Remote) -> list[str]:
+def _looping(remote: Remote, prefix: str, what: str) -> RemoteError:
+    return RemoteError(
+        f"remote {remote.config.url} listed {prefix!r} in a loop: a {what} it had listed before came again",
+        remedy="check the store (or the gateway or proxy in front of it), then run the command again",
+        problem="listing",
+    )
+
+
+def _walk(
+    remote: Remote,
+) -> tuple[dict[str, tuple[int, float]], dict[tuple[str, str], list[tuple[int, float]]]]:
+    """One walk of the entries: entry -> its manifest's (size, mtime); (entry, upload id) ->
+    [(size, mtime)] of every object under ``objects/``."""
     top = remote.config.entries_prefix
-    return [
-        item["Key"][len(top) :].rpartition("/")[0]
-        for item in _list(remote, top)
-        if item["Key"].endswith("/manifest.json") and item["Key"][len(top) :].count("/") == 1
-    ]
-
-
-def _objects_by_upload(remote: Remote) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """(entry, upload id) -> [(size, mtime)] of every object under ``objects/``."""
-    top = remote.config.entries_prefix
-    found: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    manifests: dict[str, tuple[int, float]] = {}
+    objects: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for item in _list(remote, top):
         parts = item["Key"][len(top) :].split("/")
-        if len(parts) >= 4 and parts[1] == OBJECTS:
-            found.setdefault((parts[0], parts[2]), []).append(
-                (int(item["Size"]), item["LastModified"].timestamp())
-            )
-    return found
+        found = (int(item["Size"]), item["LastModified"].timestamp())
+        if len(parts) == 2 and parts[1] == MANIFEST_NAME:
+            manifests[parts[0]] = found
+        elif len(parts) >= 4 and parts[1] == OBJECTS:
+            objects.setdefault((parts[0], parts[2]), []).append(found)
+    return manifests, objects
 
 
-def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | None]:
+def _read_entry(
+    remote: Remote,
+    name: str,
+    objects: dict[tuple[str, str], list[tuple[int, float]]],
+    listed: tuple[int, float] | None,
+) -> tuple[RemoteEntry | None, str | None]:
     """The entry ``name`` as its manifest describes it, or why it cannot be listed (a warning).
 
     The manifest is read as the volume's are (:func:`cachemgr.volume.manifest.parse_manifest`, by
     the one bounded reader): anyone who can write the bucket writes it, and one that is damaged
-    (too large, nested 200,000 deep, of the wrong shape) is skipped with a warning naming the
-    command that removes it, never the end of the listing.
+    (too large, nested 200,000 deep, of the wrong shape, refused by the store) is skipped with a
+    warning naming the command that removes it, never the end of the listing. Its size is what
+    the store holds under its upload (``objects``), its time the store's (``listed``) unless the
+    manifest's own is within minutes of it.
     """
     removal = f"'cachemgr prune --remote --key {name}' removes it"
     try:
@@ -204,6 +248,12 @@ def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | No
     except ValueError as error:
         return None, f"{error}: {removal}"
     inputs = dict(manifest.inputs)
+    upload_id = check_upload_id(info.get("objects")) or ""
+    unsafe = unsafe_paths(manifest, prefix=objects_prefix(remote.config, name, upload_id or "x"))
+    if unsafe:  # what every reader refuses (cachemgr.remote.layout.checked_manifest): damage, said here too
+        return None, f"its manifest lists unsafe paths ({', '.join(unsafe[:2])}): {removal}"
+    stored = listed[1] if listed is not None else modified
+    claimed = number(info.get("uploaded_at"))
     return RemoteEntry(
         entry=name,
         key=manifest.key,
@@ -211,11 +261,11 @@ def _read_entry(remote: Remote, name: str) -> tuple[RemoteEntry | None, str | No
         role=text(inputs.get("role")),
         compiler=text(inputs.get("compiler")),
         npu=text(inputs.get("npu")),
-        size_bytes=manifest.total_bytes,
+        size_bytes=sum(size for size, _ in objects.get((name, upload_id), ())),
         files=len(manifest.files),
-        uploaded_at=number(info.get("uploaded_at")) or modified,
+        uploaded_at=claimed if claimed and abs(claimed - stored) <= CLAIMED_TIME_SLACK else stored,
         uploaded_by=text(as_dict(info.get("uploaded_by")).get("pod")),
-        upload_id=check_upload_id(info.get("objects")) or "",
+        upload_id=upload_id,
         inputs=inputs,
     ), None
 
@@ -407,16 +457,32 @@ def plan_remote_prune(
     return items
 
 
-def remove(remote: Remote, item: RemotePruneItem) -> int:
-    """Remove an entry (its manifest first: readers stop taking it at once) or one dead upload."""
+def remove(remote: Remote, item: RemotePruneItem, *, deadline: float | None = None) -> int:
+    """Remove an entry (its manifest first: readers stop taking it at once) or one dead upload.
+
+    Listing its objects ends at ``deadline`` or when the listing loops. The store's per-key
+    refusals (DeleteObjects answers them in ``Errors``, even with ``Quiet``) are a RemoteError
+    naming how many it kept: nothing is reported removed that is still there.
+    """
     config = remote.config
     if item.upload_id:
         prefix = f"{config.entry_prefix(item.entry)}{OBJECTS}/{item.upload_id}/"
     else:
         prefix = config.entry_prefix(item.entry)
-        remote.client.delete_object(Bucket=config.bucket, Key=prefix + "manifest.json")
-    keys = [obj["Key"] for obj in _list(remote, prefix)]
+        remote.client.delete_object(Bucket=config.bucket, Key=prefix + MANIFEST_NAME)
+    keys = [obj["Key"] for obj in _list(remote, prefix, deadline=deadline)]
+    refused: list[dict[str, Any]] = []
     for start in range(0, len(keys), 1000):  # DeleteObjects takes up to 1,000 keys
         batch = [{"Key": k} for k in keys[start : start + 1000]]
-        remote.client.delete_objects(Bucket=config.bucket, Delete={"Objects": batch, "Quiet": True})
+        answer = remote.client.delete_objects(Bucket=config.bucket, Delete={"Objects": batch, "Quiet": True})
+        refused += [e for e in answer.get("Errors") or () if isinstance(e, dict)]
+    if refused:
+        first = refused[0]
+        raise RemoteError(
+            f"remote {config.url} refused to remove {len(refused)} of the {plural(len(keys), 'object')} of "
+            f"{item.entry} ({first.get('Code')}: {first.get('Message')}; the first: {str(first.get('Key'))[:200]!r})",
+            remedy="check that the credentials may delete objects (s3:DeleteObject) and the bucket's object "
+            "lock or retention rules; then run the prune again",
+            problem="delete-refused",
+        )
     return len(keys)

@@ -24,6 +24,7 @@ progress bar attaches to.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -34,17 +35,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
-from cachemgr.core import jsonread
 from cachemgr.core.fsutil import hash_fd
 from cachemgr.core.units import plural
-from cachemgr.remote.client import RemoteDamageError, RemoteError, describe, make_client
+from cachemgr.remote.client import OBJECT_REFUSALS, RemoteDamageError, RemoteError, describe, make_client
 from cachemgr.remote.config import RemoteConfig
 from cachemgr.remote.layout import (
     MAX_MANIFEST_BYTES,
-    check_upload_id,
+    EntryKey,
+    WireKey,
+    checked_manifest,
     manifest_key,
     objects_prefix,
-    unsafe_paths,
 )
 from cachemgr.remote.localfiles import HashedReader, LocalDir
 from cachemgr.remote.sizes import Capped, ObjectTooLargeError, SizeGuard
@@ -66,19 +67,6 @@ Open = BinaryIO | HashedReader | Capped
 Job = Callable[[Any, list[Any]], tuple[Any, Open]]
 
 
-class EntryKey(Protocol):
-    """What a transfer needs of a key: a CacheKey, or the worker's copy of these three."""
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def inputs(self) -> Mapping[str, Any]: ...
-
-    @property
-    def entry_name(self) -> str: ...
-
-
 class StopFlag(Protocol):
     """``threading.Event`` or the runner's signal-safe flag: a transfer polls it to cancel."""
 
@@ -89,6 +77,7 @@ class StopFlag(Protocol):
 
 _CHUNK = 16 << 20  # multipart part / ranged GET size: few requests for big files, parallel within one
 _WORKERS = 16
+_UNCREATABLE = frozenset({errno.ENAMETOOLONG, errno.EILSEQ})  # a name the volume refuses to hold
 _OPEN_PER_WORKER = 4  # files open at once: enough queued per transfer thread, far below any fd limit
 
 
@@ -102,6 +91,7 @@ class Moved:
     seconds: float
     upload_id: str = ""
     skipped: bool = False  # upload: the remote already had a manifest for this entry
+    replaced: str = ""  # upload: why the remote's manifest for this entry was damaged ("": it was not)
 
     @property
     def mib_per_s(self) -> float:
@@ -134,11 +124,19 @@ class Remote:
         """The raw remote manifest of ``entry`` and when it was written; None when there is none."""
         from botocore.exceptions import ClientError
 
+        key = manifest_key(self.config, entry)
         try:
-            answer = self.client.get_object(Bucket=self.config.bucket, Key=manifest_key(self.config, entry))
+            answer = self.client.get_object(Bucket=self.config.bucket, Key=key)
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") in {"NoSuchKey", "404"}:
                 return None
+            if self._object_refused(error, key):
+                info = error.response.get("Error", {})
+                raise RemoteDamageError(
+                    f"remote manifest of {entry} is in the bucket, but the store refuses to serve it "
+                    f"({info.get('Code')}: {str(info.get('Message', ''))[:200]})",
+                    remedy=f"delete it ('cachemgr prune --remote --key {entry} --yes') and push a good copy",
+                ) from None
             raise
         if int(answer.get("ContentLength") or 0) > MAX_MANIFEST_BYTES:
             answer["Body"].close()
@@ -148,6 +146,22 @@ class Remote:
             )
         body: bytes = answer["Body"].read(MAX_MANIFEST_BYTES + 1)
         return body, answer["LastModified"].timestamp()
+
+    def _object_refused(self, error: Any, key: str) -> bool:
+        """Whether ``error`` is the store refusing this one object (SSE-C encrypted, archived,
+        another account's), which is damage to its entry: the code says so, and the same
+        credentials list the object (refused credentials or an outage fail the listing too)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        info = error.response.get("Error", {})
+        status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if info.get("Code") not in OBJECT_REFUSALS and status not in {400, 403}:
+            return False
+        try:
+            listed = self.client.list_objects_v2(Bucket=self.config.bucket, Prefix=key, MaxKeys=1)
+        except (BotoCoreError, ClientError):
+            return False
+        return any(item.get("Key") == key for item in listed.get("Contents", []))
 
     # --- upload ------------------------------------------------------------------------------
 
@@ -171,10 +185,14 @@ class Remote:
         """
         started = time.monotonic()
         name = entry_dir.name
+        replaced = ""
         with LocalDir.open(within, entry_dir) as local:
             manifest = _local_manifest(local)
-            if not force and self.get_manifest(name) is not None:
-                return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
+            if not force:
+                damage = self._damage_of(name, manifest)
+                if damage is None:
+                    return Moved(name, 0, 0, time.monotonic() - started, skipped=True)
+                replaced = damage
             if planned is not None:
                 planned(len(manifest.files), manifest.total_bytes)
             upload_id = f"{int(time.time()):x}-{os.urandom(6).hex()}"
@@ -194,7 +212,26 @@ class Remote:
             Body=json.dumps(doc, sort_keys=True).encode(),
             ContentType="application/json",
         )
-        return Moved(name, len(manifest.files), manifest.total_bytes, time.monotonic() - started, upload_id)
+        seconds = time.monotonic() - started
+        return Moved(name, len(manifest.files), manifest.total_bytes, seconds, upload_id, replaced=replaced)
+
+    def _damage_of(self, name: str, local: Manifest) -> str | None:
+        """What is wrong with the remote's manifest of entry ``name``: None when it is a good one
+        for the local entry's key (nothing to upload), "" when there is none, else why a reader
+        would refuse it (an upload replaces it: "already in the remote" would leave it so)."""
+        try:
+            found = self.get_manifest(name)
+            if found is None:
+                return ""
+            checked_manifest(
+                found[0],
+                Path(name),
+                WireKey(local.key, local.inputs, name),
+                prefix_of=partial(objects_prefix, self.config, name),
+            )
+        except RemoteDamageError as error:
+            return error.what
+        return None
 
     def _upload_one(
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
@@ -217,7 +254,19 @@ class Remote:
         self, local: LocalDir, record: FileRecord, key: str, manager: Any, subscribers: list[Any]
     ) -> tuple[Any, Open]:
         self._sizes.expect(key, record.size)
-        handle = Capped(local.create_file(record.path), size=record.size, key=key)
+        try:
+            created = local.create_file(record.path)
+        except OSError as error:
+            if error.errno not in _UNCREATABLE:
+                raise
+            # A path this volume cannot hold (its names are shorter, or must be UTF-8): damage,
+            # which the compiling pod replaces, not a remote it calls unusable.
+            raise RemoteDamageError(
+                f"a remote manifest lists {record.path[:200]!r}, which this volume cannot create "
+                f"({os.strerror(error.errno or 0)})",
+                remedy="delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles",
+            ) from None
+        handle = Capped(created, size=record.size, key=key)
         return _submitted(
             lambda: manager.download(self.config.bucket, key, handle, subscribers=subscribers), handle
         )
@@ -249,7 +298,9 @@ class Remote:
         if found is None:
             return None
         raw, _ = found
-        manifest, upload_id = checked_manifest(raw, staging, key)
+        manifest, upload_id = checked_manifest(
+            raw, staging, key, prefix_of=partial(objects_prefix, self.config, key.entry_name)
+        )
         if on_manifest is not None:
             on_manifest(raw, manifest)
         prefix = objects_prefix(self.config, key.entry_name, upload_id)
@@ -381,27 +432,6 @@ def _local_manifest(local: LocalDir) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(f"{shown} is missing: the entry was never committed") from None
     return parse_manifest(raw, path=shown)
-
-
-def checked_manifest(raw: bytes, staging: Path, key: EntryKey) -> tuple[Manifest, str]:
-    """Parse the remote manifest with the volume's own parser and hold it to this key."""
-    where = f"remote manifest of {key.entry_name}"
-    remedy = "delete it ('cachemgr prune --remote --key KEY') and push a good copy; this pod compiles"
-    try:
-        manifest = parse_manifest(raw, path=staging / MANIFEST_NAME)
-        doc = jsonread.parse(raw)
-    except ValueError as error:  # ManifestError too
-        raise RemoteDamageError(f"{where} is not a manifest ({error})", remedy=remedy) from None
-    if manifest.key != key.digest or dict(manifest.inputs) != dict(key.inputs):
-        raise RemoteDamageError(f"{where} was written for another key ({manifest.key[:16]})", remedy=remedy)
-    unsafe = unsafe_paths(manifest)
-    if unsafe:
-        raise RemoteDamageError(f"{where} lists unsafe paths: {', '.join(unsafe[:3])}", remedy=remedy)
-    remote = doc.get("remote") if isinstance(doc, dict) else None
-    upload_id = check_upload_id(remote.get("objects") if isinstance(remote, dict) else None)
-    if upload_id is None:
-        raise RemoteDamageError(f"{where} names no valid upload ('remote.objects')", remedy=remedy)
-    return manifest, upload_id
 
 
 def _is_missing(error: BaseException) -> bool:

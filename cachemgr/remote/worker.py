@@ -18,27 +18,18 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from cachemgr.core.fsutil import is_disk_full
-from cachemgr.remote.config import RemoteConfig
+from cachemgr.remote.config import RemoteConfig, redact
+from cachemgr.remote.layout import WireKey
 from cachemgr.volume.manifest import Manifest
 
 if TYPE_CHECKING:
     from cachemgr.remote.transfer import Moved, Remote
 
 _EVERY = 0.25  # seconds between progress lines: enough for "what was left", little traffic
-
-
-@dataclasses.dataclass(frozen=True)
-class WireKey:
-    """What a download needs of a key: its digest, inputs and entry name (a CacheKey has them)."""
-
-    digest: str
-    inputs: Mapping[str, Any]
-    entry_name: str
 
 
 class Reporter:
@@ -162,7 +153,8 @@ def main() -> int:
         try:
             line = error_line(error, config, doing=request["doing"])
         except Exception as unsaid:  # noqa: BLE001  # describing it failed too: say both, plainly
-            line = {"kind": "RemoteError", "what": f"{error!r} ({unsaid!r})"[:600], "remedy": "report it"}
+            what = redact(f"{error!r} ({unsaid!r})", os.environ)[:600]
+            line = {"kind": "RemoteError", "what": what, "remedy": "report it"}
         report.send(error=line)
         return 1
     report.send(done=done)

@@ -22,6 +22,9 @@ manifest under an entry name nobody uploaded.
 
 An operator's input is generated too (:func:`operator_template`, :func:`operator_columns`,
 :func:`operator_path`): the templates, columns and ``--sort-by`` an operator types.
+manifest under an entry name nobody uploaded; and damage a reader must call damage (a path no
+volume can hold, a size the store does not hold, a manifest the store will not serve:
+:data:`BUCKET_DAMAGE`), credentials as a careless Secret holds them, and pagination that loops.
 """
 
 from __future__ import annotations
@@ -475,3 +478,37 @@ def remove_live(rng: random.Random, owned: dict[str, list[Path]], root: Path) ->
             _remove(path)
             plants.append(Plant(str(path.relative_to(root)), f"live:{kind}"))
     return plants
+
+
+# --- the bucket: damage that must be called damage (issue 40) ------------------------------------
+
+# What a manifest may claim that no reader takes, each damage the compiling pod replaces: a path no
+# volume or object key can hold (past NAME_MAX, 600 levels, a lone surrogate), a size the store
+# does not hold (a PiB); and the manifest object encrypted SSE-C, which the store will not serve.
+BUCKET_DAMAGE = ("path-long", "path-deep", "path-surrogate", "lying-size", "refused")
+LYING_SIZE = 1 << 50
+
+
+def damaged_manifest(rng: random.Random, kind: str, doc: dict[str, Any]) -> dict[str, Any]:
+    """A remote manifest (as JSON) with the damage of a :data:`BUCKET_DAMAGE` kind ("refused" is
+    the store's doing: the manifest unchanged)."""
+    files = list(doc.get("files") or [])
+    if kind == "lying-size" and files:
+        index = rng.randrange(len(files))
+        files[index] = {**files[index], "size": LYING_SIZE}
+    elif kind.startswith("path-"):
+        path = {
+            "path-long": "artifacts/" + "n" * rng.choice([256, 300, 1000]),
+            "path-deep": "artifacts/" + "d/" * rng.choice([600, 1000]) + "x.rbln",
+            "path-surrogate": "artifacts/\udcff" + rng.choice(["", ".rbln", "/x"]),
+        }[kind]
+        files.append({"path": path, "size": 1, "xxh3": "0" * 32})
+    return {**doc, "files": files}
+
+
+def malformed_credentials(rng: random.Random) -> dict[str, str]:
+    """A credential variable as 'kubectl create secret --from-file' makes it (its value a marker
+    no message may show): a trailing newline, a CRLF, or a space inside."""
+    name = rng.choice(["AWS_SESSION_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID"])
+    marker = f"FuzzSecret{rng.randrange(1 << 32):08x}"
+    return {name: marker + rng.choice(["\n", "\r\n", " x"])}

@@ -210,3 +210,25 @@ def s3_server(work: Path) -> Iterator[S3Server]:
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def s3fault(script: Path, upstream: str, log_path: Path, *options: str) -> Iterator[str]:
+    """The fault proxy ``script`` (tests/s3fault.py) in front of ``upstream`` with ``options``:
+    its endpoint while it runs; killed after."""
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--upstream", upstream, *options],
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the proxy prints its port once it listens, or exits
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}"
+    finally:
+        proc.kill()
+        proc.communicate()  # and close its stdout
+        log.close()
