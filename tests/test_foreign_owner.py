@@ -124,3 +124,27 @@ def test_a_damaged_entry_the_pods_user_may_not_move_is_left_with_a_warning(base:
     assert f"cannot move the damaged entry {entry} aside" in failed[-1]["message"]
     assert f"cachemgr prune --key {entry.name[-16:]} --yes" in failed[-1]["message"]
     assert entry.is_dir()
+
+
+def test_a_staging_folder_another_user_owns_is_named_in_the_pods_refusal(base: Path) -> None:
+    """``staging/`` left to root: the miss cannot make its attempt there; the line names the folder
+    that refused (it named only ``staging/`` with the errno before)."""
+    root = base / "volume"
+    root.mkdir()
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=0.2)]
+    with cluster(base / "work") as pods:
+        first = pods.start(
+            "first", server_argv(free_port()), cache_root=root, options=[*options, "--role", "decode"]
+        )
+        first.wait_phase("serving")  # the layout, made by a pod of the user
+        first.signal(signal.SIGTERM)
+        first.wait_exit(timeout=60)
+        give_to_pods(root)
+        os.chown(root / "staging", 0, 0)
+        os.chmod(root / "staging", 0o755)
+        pod = pods.start("second", server_argv(free_port()), cache_root=root, options=options, user=POD_UID)
+        code = pod.wait_exit(timeout=60)
+    failed = [json.loads(line) for line in pod.log.read_text().splitlines() if '"event": "failed"' in line]
+    assert code == 74, pod.log.read_text()[-3000:]
+    assert "Permission denied" in failed[-1]["message"]
+    assert f"({root / 'staging'}/" in failed[-1]["message"]

@@ -587,7 +587,20 @@ class Trial:
         if named is not None:
             self.outcomes[f"refused-planted:{Path(named.where).parts[0]}"] += 1
             return []
+        if code == 74 and self._refused_as_another_user(text):
+            self.outcomes["refused-another-users"] += 1
+            return []
         return [f"{said}, not one of {sorted(allowed)}:\n{text[-1500:]}"]
+
+    def _refused_as_another_user(self, text: str) -> bool:
+        """A runAsUser trial's command or pod that had to write where root's plants are (a folder
+        it may not change, a file it may not remove) and stopped with 74 and the volume's own
+        refusal: what such a pod must do (a volume error naming the errno, nothing half done)."""
+        foreign = any(plant.kind.startswith("foreign-") for plant in self.plants)
+        lines = [
+            line for line in text.splitlines() if '"event": "failed"' in line or line.startswith("cachemgr")
+        ]
+        return self.user is not None and foreign and any("Permission denied" in line for line in lines)
 
     def _named_plant(self, text: str) -> Plant | None:
         """The plant the error line names (a layout folder replaced, the marker): documented."""

@@ -120,8 +120,12 @@ def open_dir(root: Path, path: Path, *, create: bool = False) -> Iterator[int]:
         for part in _parts(root, path):
             shown = shown / part
             if create:
-                with contextlib.suppress(FileExistsError):
+                try:
                     os.mkdir(part, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as error:  # the whole path: a refusal (EACCES) must say where
+                    raise type(error)(error.errno, error.strerror, str(shown)) from None
             child = open_below(fd, part, dev=dev, shown=shown)
             os.close(fd)
             fd = child

@@ -224,7 +224,8 @@ def staging_failed(error: OSError, root: CacheRoot, key: CacheKey, options: RunO
     if isinstance(error, CacheMgrError):  # a folder of the way there refused (a link): its own line
         return error
     return VolumeError(
-        f"cannot create a staging directory under {root.staging}: {error.strerror}",
+        f"cannot create a staging directory under {root.staging}: {error.strerror}"
+        + (f" ({error.filename})" if error.filename else ""),
         remedy="check that the compile cache PVC is mounted read-write",
     )
 
