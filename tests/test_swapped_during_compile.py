@@ -10,11 +10,13 @@ is therefore handed ``/proc/<pid>/fd/<n>``, the pod's descriptor of the attempt'
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cachemgr_testkit.podlib import DEADLINE, cluster, free_port, wait_for
@@ -94,3 +96,39 @@ def test_the_vllm_servers_cache_root_swapped_during_its_compile_gets_nothing_wri
         pod.wait_exit(timeout=DEADLINE)
     assert list(outside.iterdir()) == [], "the server wrote through the swapped-in link"
     assert list(moved.glob("*/artifacts/*")), "the server's output landed in the attempt itself"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc (Linux)")
+def test_the_compiles_progress_never_measures_a_tree_through_a_swapped_in_link(tmp_path: Path) -> None:
+    """The pod measures what its compile staged every tick (the compile_progress events, the
+    progress record peers read): through a swapped ``staging/<digest>`` it walked the link's
+    target, a tree outside the root (a 1 TiB sparse file there showed as 1 TiB staged)."""
+    root = tmp_path / "volume"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    go, started = tmp_path / "go", tmp_path / "started"
+    script = tmp_path / "compiler.py"
+    script.write_text(_COMPILER)
+    compile_cmd = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} {{output_dir}} {shlex.quote(str(go))} {shlex.quote(str(started))}"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd, "--progress-interval", "0.5"]
+    with cluster(tmp_path / "work") as pods:
+        pod = pods.start("swapped", server_argv(free_port()), cache_root=root, options=options)
+        wait_for(started.exists, what="the compiler to start")
+        digest_folder = next(p for p in (root / "staging").iterdir() if p.is_dir())
+        attempt = next(digest_folder.glob("*/artifacts")).parent.name
+        digest_folder.rename(digest_folder.with_name(digest_folder.name + ".moved"))
+        (outside / attempt / "artifacts").mkdir(parents=True)
+        with (outside / attempt / "artifacts" / "big").open("wb") as big:
+            big.truncate(1 << 40)
+        before = len(_progress(pod.log))
+        digest_folder.symlink_to(outside, target_is_directory=True)
+        wait_for(lambda: len(_progress(pod.log)) >= before + 2, what="two progress events after the swap")
+        go.touch()
+        pod.wait_exit(timeout=DEADLINE)
+    staged = [event["staged_bytes"] for event in _progress(pod.log)]
+    assert max(staged) < 1 << 30, f"the pod measured the link's target as staged: {staged}"
+
+
+def _progress(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.read_text().splitlines() if '"compile_progress"' in line]
