@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import resource
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -145,13 +147,42 @@ def pinned(root: Path, path: Path) -> Iterator[Path]:
     write wherever the link points, outside the root. The kernel resolves this path to the
     folder itself, wherever it has been moved, for this process's children and theirs (a
     server's own workers) as long as the block runs. Without ``/proc``, the plain path.
+
+    After the block the kernel resolves the path to whatever this process then holds as that
+    number: a process the compile left behind (a compiler's detached helper) that still writes
+    under it would write into the next folder opened (the root, at publish). So the descriptor
+    sits at a number far above any this process otherwise holds (:func:`_out_of_the_way`), and
+    such a straggler finds the path gone, as it would the attempt's plain path once published.
     """
     proc = Path(f"/proc/{os.getpid()}/fd")
     if not proc.is_dir():
         yield path
         return
     with open_dir(root, path) as fd:
-        yield proc / str(fd)
+        high = _out_of_the_way(fd)
+        try:
+            yield proc / str(high)
+        finally:
+            if high != fd:
+                os.close(high)
+
+
+# The lowest descriptor number a pin takes (half the open-file limit, if lower): a new
+# descriptor takes the lowest free number, so this one is reused only by a process holding
+# that many at once; cachemgr holds tens.
+_PIN_FD_FLOOR = 4096
+
+
+def _out_of_the_way(fd: int) -> int:
+    """A duplicate of ``fd`` at a number nothing else in this process takes; ``fd`` if none."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    floor = _PIN_FD_FLOOR if soft == resource.RLIM_INFINITY else min(_PIN_FD_FLOOR, soft // 2)
+    if floor <= fd:
+        return fd
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:  # no free number there (EMFILE): the plain descriptor
+        return fd
 
 
 def check_dir(root: Path, path: Path) -> bool:

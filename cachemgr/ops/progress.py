@@ -372,7 +372,7 @@ class CompileProgress:
         """``staged``: a compile that succeeded; the bar ends at what it wrote, not at the last sample."""
         if self._meter is not None:
             if staged is not None:
-                self._meter.set(tree_bytes(staged))
+                self._meter.set(tree_bytes(staged, within=self._root.path))
             self._meter.close()
         remove_record(self._root, self._key.digest, token=self._token)
 

@@ -304,16 +304,25 @@ class ProgressMonitor:
     streams weights in is not taken for a stall.
     """
 
-    def __init__(self, child: subprocess.Popen[bytes], *, staging: Path | None, output: OutputWatch | None):
+    def __init__(
+        self,
+        child: subprocess.Popen[bytes],
+        *,
+        staging: Path | None,
+        output: OutputWatch | None,
+        within: Path | None = None,
+    ):
+        """``within``: the cache root ``staging`` lies under, reached from it one level at a time
+        (a folder of the way swapped for a link is not followed to a tree outside the root)."""
         self._child = child
-        self._staging = staging
+        self._staging, self._within = staging, within
         self._output = output
         self.progress = Progress(last_progress=time.monotonic())
         self._seen: tuple[float, int, int, int, int, int] | None = None
 
     def sample(self) -> Progress:
         cpu, written, read = _tree_usage(self._child.pid)
-        staged = tree_bytes(self._staging) if self._staging is not None else 0
+        staged = tree_bytes(self._staging, within=self._within) if self._staging is not None else 0
         lines = self._output.lines if self._output is not None else 0
         printed = self._output.bytes if self._output is not None else 0  # a \r bar prints no line
         now_seen = (round(cpu, 2), written, read, staged, lines, printed)

@@ -172,7 +172,7 @@ class Strategy:
         # deletes its .tmp copy on any error, optimum/rbln/modeling_base.py:719-723): the most it was
         # seen to have staged counts too.
         self._stop_progress()
-        written = max(tree_bytes(staging.artifacts), self._peak_staged)
+        written = max(tree_bytes(staging.artifacts, within=root.path), self._peak_staged)
         self.pod.beats.discard(staging.owner_file)  # first: no beat writes its record again
         staging.discard()
         found = self.pod.preflight_found
@@ -218,7 +218,9 @@ class CommandStrategy(Strategy):
                 argv = render(key.inputs["compile_cmd"], output_dir=str(output_dir))
                 child = launcher.start(argv, env=pod.environ, capture=True, what="compile command")
                 watch = launcher.OutputWatch(child)
-                monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+                monitor = launcher.ProgressMonitor(
+                    child, staging=staging.artifacts, output=watch, within=root.path
+                )
                 code = launcher.run_until(
                     child,
                     events=[pod.relay.stop, watch.disk_full],
@@ -287,7 +289,9 @@ class VllmStrategy(Strategy):
                 lambda: launcher.start(key.server.argv, env=env, capture=True, what="server")
             )
             watch = launcher.OutputWatch(child)
-            monitor = launcher.ProgressMonitor(child, staging=staging.artifacts, output=watch)
+            monitor = launcher.ProgressMonitor(
+                child, staging=staging.artifacts, output=watch, within=root.path
+            )
 
             def tick() -> None:
                 self._sample(monitor)
