@@ -322,3 +322,25 @@ def test_a_hard_link_planted_as_a_beaten_record_is_written_again_not_touched(
     assert outside.read_text() == "outside"
     assert restored == [record]
     assert record.stat().st_nlink == 1
+
+
+def test_an_entry_moved_away_while_it_is_checked_is_a_miss_not_an_io_error(
+    cache: CacheRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer (or a prune) moves the entry away between the lookup's first look and its check of
+    the files: the pod gets a miss and goes on, not exit 74 'cannot read the cache entry' (the
+    fuzzer's swapper, issue 40). The move is made at that instant by wrapping the check (a race
+    no real timing makes on purpose)."""
+    key = command_key("decode")
+    staging = create_staging(cache, key, PodIdentity(pod="p", node="n", host="h", pid=os.getpid()))
+    (staging.artifacts / "graph.rbln").write_bytes(b"g" * 100)
+    publish(cache, staging, key, identity=PodIdentity.current({}), compile_seconds=1.0, strategy="command")
+    [entry] = entry_dirs(cache.path)
+
+    def moved_mid_check(*args: Any, **kwargs: Any) -> Any:
+        # The check had the folder; a file it opens next is gone with the move.
+        entry.rename(tmp_path / "moved")
+        raise FileNotFoundError(2, "No such file or directory", str(entry / "artifacts" / "graph.rbln"))
+
+    monkeypatch.setattr(store, "_check_entry", moved_mid_check)
+    assert store.lookup(cache, key).status == "miss"

@@ -107,6 +107,15 @@ def lookup(
         return Lookup("damaged", path, problems=(Problem(path.name, what),))
     try:
         found = _check_entry(root, key, path, mode=mode, stop=stop)
+        return check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
+    except FileNotFoundError as error:
+        # Moved away while it was checked (a prune, a writer of the volume): none to use. Still
+        # there, something in it went: damage, never an I/O error that stops the pod.
+        if safefs.lstat(root.path, path) is None:
+            return Lookup("miss", path)
+        return Lookup(
+            "damaged", path, problems=(Problem(path.name, f"a file went while it was checked: {error}"),)
+        )
     except PermissionError as error:
         if not trusted:
             raise  # the open mode: an unreadable entry is an I/O error (exit 74), as it always was
@@ -116,7 +125,6 @@ def lookup(
         name = name if name.isprintable() and 0 < len(name) <= 100 else "a file or folder of it"
         what = f"untrusted: {name} is not readable by this pod: its mode was changed"
         return Lookup("untrusted", path, untrusted=what)
-    return check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
 
 
 def _check_entry(
