@@ -107,7 +107,9 @@ def lookup(
         return Lookup("damaged", path, problems=(Problem(path.name, what),))
     try:
         found = _check_entry(root, key, path, mode=mode, stop=stop)
-        return check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
+        return (
+            check_trust(root, key, found, trusted, stop=stop) if trusted and found.status == "hit" else found
+        )
     except FileNotFoundError as error:
         # Moved away while it was checked (a prune, a writer of the volume): none to use. Still
         # there, something in it went: damage, never an I/O error that stops the pod.

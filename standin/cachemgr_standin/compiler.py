@@ -248,7 +248,13 @@ def record_event(record: str | None, event: str, **fields: Any) -> None:
     """Append ``{"event": ..., "pid": ..., ..., "time": ...}`` to the record file, if one is set."""
     if not record:
         return
-    payload: dict[str, Any] = {"event": event, "pid": os.getpid(), **fields, "time": time.time()}
+    # A path handed through the pod's descriptor (/proc/<pid>/fd/<n>: cachemgr pins the attempt's
+    # folder) is recorded as the folder it is, so a reader of the record sees the volume's path.
+    shown = {
+        name: os.path.realpath(value) if isinstance(value, str) and value.startswith("/proc/") else value
+        for name, value in fields.items()
+    }
+    payload: dict[str, Any] = {"event": event, "pid": os.getpid(), **shown, "time": time.time()}
     append_line(record, json.dumps(payload, sort_keys=True))
 
 
