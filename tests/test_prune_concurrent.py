@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,12 @@ def test_prune_running_beside_starting_pods_never_removes_an_entry_in_use(pods: 
     failures: list[str] = []
 
     def replica(index: int) -> None:
-        for start in range(STARTS_PER_REPLICA):
+        # At least STARTS_PER_REPLICA starts, and on until prune has run three times beside them
+        # (each prune waits a beat before it trusts an absence: issue 40), within the deadline.
+        deadline = time.monotonic() + 240
+        start = 0
+        while start < STARTS_PER_REPLICA or (len(pruner.results) < 3 and time.monotonic() < deadline):
+            start += 1
             pod = pods.start(f"r{index}-{start}", server_argv(free_port()), cache_root=root, options=options)
             try:
                 check_while_serving(pod, root, key, expected)
@@ -109,7 +115,7 @@ def test_prune_running_beside_starting_pods_never_removes_an_entry_in_use(pods: 
     pruner.join(timeout=DEADLINE)
 
     assert failures == []
-    assert len(served) == REPLICAS * STARTS_PER_REPLICA
+    assert len(served) >= REPLICAS * STARTS_PER_REPLICA
     assert pruner.errors == []
     assert len(pruner.results) >= 3, "prune ran again and again while pods started"
     removed = pruner.removed()

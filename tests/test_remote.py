@@ -1414,7 +1414,8 @@ def test_push_replaces_a_damaged_remote_manifest_and_says_so(
     env = {**pods.base_env, **remote}
     pushed = _cli("push", "--cache-root", str(root_a), env=env)
     assert pushed.stdout.splitlines()[1].split()[-1] == "replaced", pushed.stdout
-    assert f"note: the remote's {entry.name} was damaged" in pushed.stderr, pushed.stderr
+    said = " ".join(pushed.stderr.split())  # a note is wrapped to the terminal's width
+    assert f"note: the remote's {entry.name} was damaged" in said, pushed.stderr
     assert "already in the remote" in _cli("push", "--cache-root", str(root_a), env=env).stdout
     assert "downloaded" in _cli("pull", entry.name, "--cache-root", str(root_b), env=env).stdout
     assert_entries_valid(root_b)

@@ -453,6 +453,10 @@ class SoftLease:
             try:
                 view = self._view()
                 if view is None and not stop.is_set() and self._token == token:
+                    if time.monotonic() - last_ok >= self.duration - self.heartbeat:
+                        # Silent past what peers wait (frozen, cut off): one may have taken the
+                        # lease over and released it since. Lost, never taken back.
+                        return self._report_lost("marker missing after this pod could not beat for a lease")
                     # Removed by someone else (issue 40): written again with our token, unless a
                     # contender's marker took the name meanwhile (then it holds the lease).
                     view = self._recreate(token)

@@ -706,7 +706,9 @@ def vllm_engine(args: ServeArgs, knobs: Knobs, cache_root: Path) -> Engine:
 def start_engine(args: ServeArgs, knobs: Knobs) -> Engine:
     impl = resolve_impl(args)
     cache_root = vllm_cache_root()
-    log("INFO", f"STAND-IN engine: model={args.model} impl={impl} VLLM_CACHE_ROOT={cache_root}")
+    # Shown as the folder it is where cachemgr hands it through its descriptor (/proc/<pid>/fd/<n>).
+    shown = os.path.realpath(cache_root) if str(cache_root).startswith("/proc/") else cache_root
+    log("INFO", f"STAND-IN engine: model={args.model} impl={impl} VLLM_CACHE_ROOT={shown}")
     if impl == "vllm":
         time.sleep(knobs.load_seconds)  # weights onto the device, then warm-up compiles
         return vllm_engine(args, knobs, cache_root)
