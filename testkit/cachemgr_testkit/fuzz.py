@@ -444,8 +444,10 @@ def live_records(root: Path, pod: str, pid: int) -> dict[str, list[Path]]:
     """What the running ``cachemgr`` process ``pid`` of pod ``pod`` owns on the volume, by
     :data:`LIVE_KINDS` (records are named ``<pod>.<pid>...``; a plain pod name is its own file name)."""
     stem = f"{pod}.{pid}"
-    uses = sorted(root.glob(f"usage/*/{stem}.json"))
-    owners = sorted(p for p in root.glob(f"staging/*/{stem}.*.json") if p.with_suffix("").is_dir())
+    # [!.]*: a folder the Swapper has set aside for a moment (``.swapped-N``) is not the pod's; it
+    # goes back under its own name, and the pod never writes under the aside name again.
+    uses = sorted(root.glob(f"usage/[!.]*/{stem}.json"))
+    owners = sorted(p for p in root.glob(f"staging/[!.]*/{stem}.*.json") if p.with_suffix("").is_dir())
     holders = [p for p in sorted(root.glob("leases/*.holder.json")) if _names(p, pod, pid)]
     markers = [p.with_name(p.name.removesuffix(".holder.json") + ".lock") for p in holders]
     return {
