@@ -9,6 +9,7 @@ and checks that the file outside is left exactly as it was.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
-from cachemgr_testkit.podlib import DEADLINE
+from cachemgr_testkit.podlib import DEADLINE, wait_for
 from cachemgr_testkit.scenarios import command_key, entry_dirs
 
 from cachemgr.core.safefs import UnsafePathError
@@ -344,3 +345,35 @@ def test_an_entry_moved_away_while_it_is_checked_is_a_miss_not_an_io_error(
 
     monkeypatch.setattr(store, "_check_entry", moved_mid_check)
     assert store.lookup(cache, key).status == "miss"
+
+
+def test_a_hard_link_planted_as_the_held_lease_marker_is_never_touched(
+    cache: CacheRoot, tmp_path: Path
+) -> None:
+    """The held lease's marker replaced by a hard link to a file outside the root (with the
+    marker's own text, so it reads as ours): the heartbeat's refresh would set that file's times.
+    It is removed instead, and the next beat writes the marker again (the lease is still held)."""
+    lease = SoftLease(cache.leases / "k.lock", within=cache.path, duration=30.0, heartbeat=0.02, confirm=0.0)
+    assert lease.acquire(poll=0.01, cancel=lambda: True)
+    marker = cache.leases / "k.lock"
+    outside = _aged(tmp_path / "weights.bin", marker.read_text())
+    aside = marker.with_name("k.lock.aside")
+    os.link(outside, aside)
+    os.replace(aside, marker)
+
+    def mine_again() -> bool:
+        with contextlib.suppress(FileNotFoundError):
+            return marker.stat().st_nlink == 1
+        return False
+
+    try:
+        wait_for(
+            mine_again,
+            timeout=DEADLINE,
+            what="the hard-linked marker to be replaced by one of the lease's own",
+        )
+        assert not lease.lost
+    finally:
+        lease.release()
+    assert outside.stat().st_mtime == OLD, "the lease's heartbeat touched a file outside the root"
+    assert outside.read_text().strip()

@@ -256,22 +256,29 @@ def remove_tree(path: Path, *, within: Path | None = None) -> None:
         os.close(parent)
 
 
-def touch_at(parent: int, name: str) -> None:
-    """Refresh a heartbeat file's mtime (creating it if needed) in the directory open as
-    ``parent``, which the caller reached safely (a folder swapped for a link since then is not
-    followed: the descriptor is the folder); a link planted as the file is touched, never its
+def refresh_at(parent: int, name: str) -> bool:
+    """Refresh the mtime of the record ``name`` in the directory open as ``parent`` (which the
+    caller reached safely: a folder swapped for a link since then is not followed, the descriptor
+    is the folder); False if it is missing. A link planted as the file is touched, never its
     target. A hard link planted as the file (a regular file with other names: on one filesystem
-    with the root, those may lie outside it) is replaced by a file of our own, never touched:
-    its times are the other names' too."""
+    with the root, those may lie outside it) is removed, never touched (its times are the other
+    names' too), and reported missing. Other errors propagate."""
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
             os.unlink(name, dir_fd=parent)
-        else:
-            os.utime(name, dir_fd=parent, follow_symlinks=False)
-            return
+            return False
+        os.utime(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
-        pass
+        return False
+    return True
+
+
+def touch_at(parent: int, name: str) -> None:
+    """Refresh a heartbeat file's mtime as :func:`refresh_at` does, creating it (empty, our own)
+    where it is missing or was a hard link."""
+    if refresh_at(parent, name):
+        return
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     os.close(os.open(name, flags, 0o644, dir_fd=parent))
 

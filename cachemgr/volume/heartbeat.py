@@ -16,14 +16,12 @@ purpose (a use released, an attempt published or discarded) never comes back.
 from __future__ import annotations
 
 import contextlib
-import os
-import stat
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from cachemgr.core import safefs
+from cachemgr.core import fsutil, safefs
 from cachemgr.core.log import get_logger
 
 log = get_logger("cachemgr.run")
@@ -147,17 +145,9 @@ def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> list[str]:
 
 
 def _touch(folder: int, name: str) -> bool:
-    """False only if ``name`` is missing (other refusals: the next beat tries again). A hard link
-    planted as the record (a regular file with other names, which may lie outside the root on its
-    filesystem) is removed and reported missing, never touched: its times are the other names'."""
+    """False only if ``name`` is missing, or was a hard link (removed: :func:`fsutil.refresh_at`);
+    other refusals: the next beat tries again."""
     try:
-        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-            os.unlink(name, dir_fd=folder)
-            return False
-        os.utime(name, dir_fd=folder, follow_symlinks=False)  # a link planted as the file: the link
-    except FileNotFoundError:
-        return False
+        return fsutil.refresh_at(folder, name)
     except OSError:
-        pass
-    return True
+        return True

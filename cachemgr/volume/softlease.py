@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cachemgr.core import safefs
+from cachemgr.core import fsutil, safefs
 from cachemgr.core.fsutil import filesystem_type
 from cachemgr.core.log import get_logger
 from cachemgr.volume.liveness import Here, gone_here
@@ -435,9 +435,11 @@ class SoftLease:
     # --- holding: the heartbeat ----------------------------------------------------------
 
     def _refresh(self) -> None:
-        """Change the marker's mtime by name: a utime on the file's descriptor may not reach other mounts."""
+        """Change the marker's mtime by name: a utime on the file's descriptor may not reach other
+        mounts. A marker missing, or a hard link planted as it (removed, never touched), is for the
+        next beat's view of the lease to find."""
         with self._folder() as folder:
-            os.utime(self.path.name, dir_fd=folder, follow_symlinks=False)
+            fsutil.refresh_at(folder, self.path.name)
 
     def _start_heartbeat(self) -> None:
         self._stop = threading.Event()
