@@ -377,3 +377,19 @@ def test_a_hard_link_planted_as_the_held_lease_marker_is_never_touched(
         lease.release()
     assert outside.stat().st_mtime == OLD, "the lease's heartbeat touched a file outside the root"
     assert outside.read_text().strip()
+
+
+def test_a_path_pinned_before_never_names_a_later_pins_folder(cache: CacheRoot) -> None:
+    """A compiler's straggler may keep writing under the pinned path it was handed after the
+    compile (``/proc/<pid>/fd/<n>``): the next pin of the process (the entry handed to the
+    server) must not sit at that number, or the straggler writes into it."""
+    from cachemgr.core.safefs import pinned
+
+    first, second = cache.staging / "attempt", cache.entries / "published"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    with pinned(cache.path, first) as handed:
+        assert os.path.samefile(handed, first)
+    with pinned(cache.path, second) as later:
+        assert os.path.samefile(later, second)
+        assert not (os.path.exists(handed) and os.path.samefile(handed, second)), (handed, later)

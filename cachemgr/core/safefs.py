@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import resource
 import stat
@@ -150,9 +151,11 @@ def pinned(root: Path, path: Path) -> Iterator[Path]:
 
     After the block the kernel resolves the path to whatever this process then holds as that
     number: a process the compile left behind (a compiler's detached helper) that still writes
-    under it would write into the next folder opened (the root, at publish). So the descriptor
-    sits at a number far above any this process otherwise holds (:func:`_out_of_the_way`), and
-    such a straggler finds the path gone, as it would the attempt's plain path once published.
+    under it would write into the next folder opened (the root, at publish; the entry the server
+    is handed, pinned the same way). So the descriptor sits at a number far above any this
+    process otherwise holds, and each pin of the process at a number of its own
+    (:func:`_out_of_the_way`): such a straggler finds the path gone, as it would the attempt's
+    plain path once published.
     """
     proc = Path(f"/proc/{os.getpid()}/fd")
     if not proc.is_dir():
@@ -169,15 +172,19 @@ def pinned(root: Path, path: Path) -> Iterator[Path]:
 
 # The lowest descriptor number a pin takes (half the open-file limit, if lower): a new
 # descriptor takes the lowest free number, so this one is reused only by a process holding
-# that many at once; cachemgr holds tens.
+# that many at once; cachemgr holds tens. Each pin of a process starts one number above the
+# last (_PINS): a path handed out once never names a later pin's folder.
 _PIN_FD_FLOOR = 4096
+_PINS = itertools.count()
 
 
 def _out_of_the_way(fd: int) -> int:
-    """A duplicate of ``fd`` at a number nothing else in this process takes; ``fd`` if none."""
+    """A duplicate of ``fd`` at a number nothing else in this process takes, and no earlier pin
+    took; ``fd`` if none."""
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    floor = _PIN_FD_FLOOR if soft == resource.RLIM_INFINITY else min(_PIN_FD_FLOOR, soft // 2)
-    if floor <= fd:
+    limit = 1 << 20 if soft == resource.RLIM_INFINITY else soft
+    floor = min(_PIN_FD_FLOOR, limit // 2) + next(_PINS)
+    if floor <= fd or floor >= limit:
         return fd
     try:
         return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
