@@ -119,6 +119,7 @@ from cachemgr_testkit.fuzz_kinds import (
     give_to_pods,
     hardlink,
     plant_imitation,
+    reachable,
     skew_times,
 )
 from cachemgr_testkit.hostile import remove_deep
@@ -354,9 +355,9 @@ class Trial:
         targets = volume_targets(self.root, self.rng)
         for _ in range(self.rng.randint(2, 6)):
             target = pick_target(self.rng, targets, self.root)
-            if not _reachable(self.root, target.parent):  # below an earlier plant: another place
+            if not reachable(self.root, target.parent):  # below an earlier plant: another place
                 target = pick_target(
-                    self.rng, [t for t in targets if _reachable(self.root, t.parent)], self.root
+                    self.rng, [t for t in targets if reachable(self.root, t.parent)], self.root
                 )
             node = self.rng.choice(NODES)
             kind = plant_node(self.rng, target, canary=self.canary, kind=node)
@@ -377,16 +378,16 @@ class Trial:
         for _ in range(rng.randint(0, 2)):
             kind = plant_imitation(rng, root, self.canary)
             self.plants.append(Plant("(a record's grammar)", kind))
-        reachable = [t for t in targets if _reachable(root, t.parent) and (t.exists() or t.is_symlink())]
-        files = [t for t in reachable if t.is_file() and not t.is_symlink()]
+        there = [t for t in targets if reachable(root, t.parent) and (t.exists() or t.is_symlink())]
+        files = [t for t in there if t.is_file() and not t.is_symlink()]
         if files and rng.random() < 0.3:
             target = rng.choice(files)
             self.plants.append(Plant(str(target.relative_to(root)), hardlink(target, self.canary)))
-        for target in rng.sample(reachable, min(len(reachable), rng.randint(0, 3))):
+        for target in rng.sample(there, min(len(there), rng.randint(0, 3))):
             if target.exists() or target.is_symlink():
                 self.plants.append(Plant(str(target.relative_to(root)), skew_times(rng, target)))
         if self.user is not None:
-            for target in rng.sample(reachable, min(len(reachable), rng.randint(1, 4))):
+            for target in rng.sample(there, min(len(there), rng.randint(1, 4))):
                 self.plants.append(Plant(str(target.relative_to(root)), foreign(rng, target)))
 
     def _plant_object(self) -> None:
@@ -809,16 +810,6 @@ class Trial:
 
 def _events(pod: Pod, *names: str) -> list[dict[str, Any]]:
     return [e for e in pod.log_events() if e.get("event") in names]
-
-
-def _reachable(root: Path, folder: Path) -> bool:
-    """Every level from the root down to ``folder`` is a real folder (or not there yet)."""
-    for level in [folder, *folder.parents]:
-        if level == root.parent:
-            return True
-        if level.is_symlink() or (level.exists() and not level.is_dir()):
-            return False
-    return True
 
 
 def _allowed(name: str) -> set[int]:

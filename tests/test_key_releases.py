@@ -17,20 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_testkit.podlib import run_cli
+from cachemgr_testkit.scenarios import KEY_ENV, SERVE_ARGV
 
 from cachemgr.key import rbln_env
 from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
 
-BASE_ENV = {
-    "CACHEMGR_COMPILER_VERSION": "0.12.3",
-    "CACHEMGR_NPU_TYPE": "RBLN-CA25",
-    "PATH": "/usr/bin:/bin",
-    "HOME": "/nonexistent",
-    **DECLARED_VERSIONS,
-}
-ARGV = ["vllm", "serve", "org/model", "--tensor-parallel-size", "4", "--port", "8000"]
 VLLM_PATH = ["--model-impl", "vllm"]
 OPTIMUM_PATH = ["--model-impl", "optimum"]
 RELEASE_0_11 = {
@@ -43,9 +35,11 @@ UNCHECKED = {"CACHEMGR_VLLM_RBLN_VERSION": "0.13.0", "CACHEMGR_OPTIMUM_RBLN_VERS
 
 
 def key(
-    extra: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None, argv: list[str] = ARGV
+    extra: list[str] | tuple[str, ...] = (),
+    env: Mapping[str, str] | None = None,
+    argv: list[str] = SERVE_ARGV,
 ) -> CacheKey:
-    return compute_key(KeyRequest(argv=[*argv, *extra], role="prefill", environ={**BASE_ENV, **(env or {})}))
+    return compute_key(KeyRequest(argv=[*argv, *extra], role="prefill", environ={**KEY_ENV, **(env or {})}))
 
 
 def digest(extra: list[str] | tuple[str, ...] = (), env: Mapping[str, str] | None = None, **kw: Any) -> str:
@@ -193,8 +187,10 @@ def test_a_fifo_as_a_hub_ref_is_a_ref_the_cache_does_not_hold(tmp_path: Path) ->
     ref = home / "hub" / "models--org--model" / "refs" / "main"
     ref.unlink()
     os.mkfifo(ref)
-    env = {**BASE_ENV, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HF_HOME": str(home)}
-    done = run_cli("key", "--role", "prefill", "-o", "json", "--", *ARGV, env=env, timeout=15)  # it hung
+    env = {**KEY_ENV, "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "HF_HOME": str(home)}
+    done = run_cli(
+        "key", "--role", "prefill", "-o", "json", "--", *SERVE_ARGV, env=env, timeout=15
+    )  # it hung
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["inputs"]["model"]["snapshot"] is None
     assert "the snapshot of main is not in this pod's Hugging Face cache" in done.stderr
@@ -448,15 +444,14 @@ def _cli_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     import os
 
     return {
-        **os.environ, **BASE_ENV, "PATH": os.environ["PATH"], "HF_HOME": str(tmp_path / "hf"),
+        **os.environ, **KEY_ENV, "PATH": os.environ["PATH"], "HF_HOME": str(tmp_path / "hf"),
         "CACHEMGR_ROLE": "prefill", "CACHEMGR_CACHE_ROOT": str(tmp_path / "volume"), **extra,
     }  # fmt: skip
 
 
 def test_key_says_exactly_what_is_keyed(tmp_path: Path) -> None:
-    from cachemgr_testkit.podlib import run_cli
 
-    argv = [*ARGV, "--future-flag", "3", "--seed", "7", "--max-num-seqs", "1"]
+    argv = [*SERVE_ARGV, "--future-flag", "3", "--seed", "7", "--max-num-seqs", "1"]
     done = run_cli("key", "--", *argv, env=_cli_env(tmp_path))
     assert done.returncode == 0, done.stderr
     lines = re.sub(r"\n +", " ", done.stdout).splitlines()  # a long value goes on under itself
@@ -470,17 +465,16 @@ def test_key_says_exactly_what_is_keyed(tmp_path: Path) -> None:
     assert "unrecognized" not in done.stdout
     # the snapshot it could not resolve: one warning, on stderr (stdout stays the key's)
     assert done.stderr.count("warning: model org/model: the snapshot of main is not in this pod's") == 1
-    strict = run_cli("key", "-o", "json", "--", *ARGV, env=_cli_env(tmp_path, **UNCHECKED))
+    strict = run_cli("key", "-o", "json", "--", *SERVE_ARGV, env=_cli_env(tmp_path, **UNCHECKED))
     assert strict.returncode == 0, strict.stderr
     assert json.loads(strict.stdout)["rules"] == "strict"
     assert [line for line in strict.stderr.splitlines() if "key is strict" in line] != []
 
 
 def test_explain_with_an_unknown_flag_says_what_is_keyed_and_exits_1_on_a_miss(tmp_path: Path) -> None:
-    from cachemgr_testkit.podlib import run_cli
 
     (tmp_path / "volume").mkdir()
-    argv = [*ARGV, "--future-flag", "3"]
+    argv = [*SERVE_ARGV, "--future-flag", "3"]
     done = run_cli("explain", "--", *argv, env=_cli_env(tmp_path))
     assert done.returncode == 1, done.stderr  # a miss, as diff's 1 (docs/reference.md)
     assert "runtime-only    --port (not in the key)" in done.stdout

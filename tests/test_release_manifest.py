@@ -19,23 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_standin import DECLARED_VERSIONS
 from cachemgr_testkit import manifest
 from cachemgr_testkit.podlib import cluster, free_port, npu_node, run_cli
-from cachemgr_testkit.scenarios import MODEL
+from cachemgr_testkit.scenarios import KEY_ENV, MODEL, SERVE_ARGV
 
 from cachemgr.key import releases
 from cachemgr.key.cachekey import KeyRequest, compute_key
 
 REPO = Path(__file__).resolve().parent.parent
-BASE_ENV = {
-    "CACHEMGR_COMPILER_VERSION": "0.12.3",
-    "CACHEMGR_NPU_TYPE": "RBLN-CA25",
-    "PATH": "/usr/bin:/bin",
-    "HOME": "/nonexistent",
-    **DECLARED_VERSIONS,
-}
-ARGV = ["vllm", "serve", "org/model", "--tensor-parallel-size", "4", "--port", "8000"]
 # The model path as each kind of release picks it: vllm-rbln's --model-impl (0.12), the variable (0.11)
 PATH_ARGS = {
     "vllm": (["--model-impl", "vllm"], {"VLLM_RBLN_USE_VLLM_MODEL": "1"}),
@@ -57,8 +48,8 @@ def image(release: str) -> dict[str, str]:
 def key(release: str, path: str, env: dict[str, str] | None = None) -> Any:
     flags, variables = PATH_ARGS[path]
     rules = releases.named(release)
-    argv = [*ARGV, *flags] if rules.model_impl == "flag_then_env" else ARGV
-    environ = {**BASE_ENV, **image(release), **variables, **(env or {})}
+    argv = [*SERVE_ARGV, *flags] if rules.model_impl == "flag_then_env" else SERVE_ARGV
+    environ = {**KEY_ENV, **image(release), **variables, **(env or {})}
     return compute_key(KeyRequest(argv=argv, role="prefill", environ=environ))
 
 
@@ -226,7 +217,7 @@ def test_warm_refuses_and_run_passes_through_what_cannot_be_cached(tmp_path: Pat
         assert not any(root.rglob("manifest.json")), "nothing published"
         pod.signal(15)
         assert pod.wait_exit() == 0, pod.tail()
-    done = run_cli("key", "--", *argv, env={**BASE_ENV, **env, "CACHEMGR_ROLE": "prefill"})
+    done = run_cli("key", "--", *argv, env={**KEY_ENV, **env, "CACHEMGR_ROLE": "prefill"})
     assert done.returncode == 0, done.stderr
     assert "the RBLN compiler caches its graphs itself" in done.stdout, done.stdout
 

@@ -38,6 +38,7 @@ from typing import Any
 from cachemgr.key.digest import digest_of
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, build_manifest, write_manifest
 from cachemgr_testkit.fuzz import Plant
+from cachemgr_testkit.trusted import writable
 
 # The chart's securityContext (deploy/helm/modelserver/values.yaml: runAsUser, fsGroup 10001).
 POD_UID = 10001
@@ -93,7 +94,7 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
     if target.exists() or target.is_symlink():
         return None
     shutil.copytree(source, target, symlinks=True)
-    _writable_tree(target)
+    writable(target)
     (target / MANIFEST_NAME).unlink()
     with contextlib.suppress(FileNotFoundError):
         (target / "signature.json").unlink()  # a forger has no signing key
@@ -109,17 +110,6 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
     )
     write_manifest(target, manifest)
     return f"entries/{name} ({kind})"
-
-
-def _writable_tree(top: Path) -> None:
-    """A published entry's folders and files are read-only: the forger's copy is made writable."""
-    for folder, dirs, files in os.walk(top):
-        os.chmod(folder, 0o755)
-        for name in files:
-            path = Path(folder) / name
-            if not path.is_symlink():
-                os.chmod(path, 0o644)
-        del dirs
 
 
 def imitation_name(rng: random.Random, root: Path) -> Path:
@@ -154,7 +144,7 @@ def plant_imitation(rng: random.Random, root: Path, canary: Path) -> str:
     target = imitation_name(rng, root)
     if len(os.fsencode(target.name)) > 255:  # no filesystem takes a longer name: cut to one it does
         target = target.with_name(os.fsdecode(os.fsencode(target.name)[-255:]))
-    if not _reachable(root, target.parent):
+    if not reachable(root, target.parent):
         return "imitation-unreachable"
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists() or target.is_symlink():
@@ -219,7 +209,8 @@ def give_to_pods(root: Path) -> None:
             os.chown(Path(folder) / name, POD_UID, POD_UID, follow_symlinks=False)
 
 
-def _reachable(root: Path, folder: Path) -> bool:
+def reachable(root: Path, folder: Path) -> bool:
+    """Every level from the root down to ``folder`` is a real folder (or not there yet)."""
     for level in [folder, *folder.parents]:
         if level == root.parent:
             return True

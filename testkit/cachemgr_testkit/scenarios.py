@@ -7,12 +7,25 @@ import signal
 import time
 from pathlib import Path
 
+from cachemgr_standin import DECLARED_VERSIONS
+
 from cachemgr.key.cachekey import CacheKey, KeyRequest, compute_key
 from cachemgr.volume.manifest import check_files, read_manifest
 from cachemgr.volume.softlease import read_marker_view
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, free_port, read_jsonl, wait_for
 
 MODEL = "rebellions/Test-LLM"
+
+# A key computed in-process with nothing of this machine's: the stand-in image's declared versions,
+# no home (no Hugging Face cache to resolve a snapshot in), and a server argv of the vllm strategy.
+KEY_ENV = {
+    "CACHEMGR_COMPILER_VERSION": "0.12.3",
+    "CACHEMGR_NPU_TYPE": "RBLN-CA25",
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    **DECLARED_VERSIONS,
+}
+SERVE_ARGV = ["vllm", "serve", "org/model", "--tensor-parallel-size", "4", "--port", "8000"]
 
 
 def compile_cmd(record: Path, *, seconds: float | None = 0.3, extra: str = "") -> str:

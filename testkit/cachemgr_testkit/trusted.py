@@ -27,13 +27,14 @@ def new_key(folder: Path, name: str) -> tuple[SecretKey, Path]:
 
 
 def writable(entry: Path) -> None:
-    """What a writer does first: a published entry is 0444/0555, its owner makes it writable again."""
+    """What a writer does first: a published entry is 0444/0555, its owner makes it writable again
+    (a link in it is left alone: chmod would change its target, which may lie outside)."""
     os.chmod(entry, 0o755)
     for folder, dirs, files in os.walk(entry):
-        for name in dirs:
-            os.chmod(os.path.join(folder, name), 0o755)
-        for name in files:
-            os.chmod(os.path.join(folder, name), 0o644)
+        for name in (*dirs, *files):
+            path = os.path.join(folder, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if name in dirs else 0o644)
 
 
 def artifact_files(entry: Path) -> list[Path]:
