@@ -310,3 +310,34 @@ def test_prune_that_cannot_remove_an_item_says_what_to_fix(pods: Cluster, root: 
     assert "regular file" in line
     assert "fix what it names" in line.lower()
     assert entry.is_dir(), "nothing is removed on a guess"
+
+
+def test_an_attempt_whose_owner_record_name_no_volume_can_hold_is_stale_not_an_error(
+    pods: Cluster, root: Path
+) -> None:
+    """An attempt folder under staging/<digest>/ named 251 characters or more (the fuzzer's
+    imitation of an attempt's grammar): its owner record's name, ``<attempt>.json``, is past
+    NAME_MAX, so no such record exists. A pod of that key and prune call it a dead attempt and
+    remove it; both failed on it with 'File name too long' (the pod exit 70, prune 74)."""
+    options = _options(pods.work / "compiler.jsonl")
+    job = pods.start("warm", server_argv(free_port()), cache_root=root, command="warm", options=options)
+    assert job.wait_exit() == 0, job.tail()
+    (entry,) = entry_dirs(root)
+    digest = json.loads((entry / "key.json").read_text())["key"]
+    _cli(pods, root, "prune", "--key", digest[:12], "--yes")  # a miss next: the attempt is in its way
+    assert entry_dirs(root) == []
+    old = time.time() - 3600
+    planted = root / "staging" / digest / ("9" * 251 + ".-5")
+    planted.mkdir(parents=True)
+    (planted / "graph.rbln").write_bytes(b"x")
+    os.utime(planted, (old, old))
+    pod = pods.start("again", server_argv(free_port()), cache_root=root, options=options)
+    pod.wait_phase("serving")
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == 0, pod.tail()
+    assert not planted.exists(), "the dead attempt was left"
+    planted.mkdir(parents=True)
+    os.utime(planted, (old, old))
+    done = _cli(pods, root, "prune", "--stale-staging", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert not planted.exists()

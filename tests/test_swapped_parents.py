@@ -393,3 +393,30 @@ def test_a_path_pinned_before_never_names_a_later_pins_folder(cache: CacheRoot) 
     with pinned(cache.path, second) as later:
         assert os.path.samefile(later, second)
         assert not (os.path.exists(handed) and os.path.samefile(handed, second)), (handed, later)
+
+
+def test_names_made_from_a_volume_name_fit_name_max_and_whole_characters() -> None:
+    from cachemgr.core.fsutil import NAME_MAX, fit_name
+
+    body = "é" * 200  # 400 bytes
+    made = fit_name("", body, ".20261206T000000Z.abcdef", room=len(".reason.json"))
+    assert len(made.encode()) + len(".reason.json") <= NAME_MAX
+    assert made.endswith(".20261206T000000Z.abcdef")
+    assert made.startswith("é")
+    kept_end = fit_name("ended.hit.1f.", "x" + "é" * 200, keep_end=True)
+    assert len(kept_end.encode()) <= NAME_MAX
+    assert kept_end.startswith("ended.hit.1f.é")
+    assert fit_name("a.", "short", ".b") == "a.short.b"
+
+
+def test_an_entry_named_with_all_of_name_max_is_set_aside_whole(cache: CacheRoot) -> None:
+    """A planted entry whose name is 255 bytes: its quarantine name (with a stamp) and the note
+    beside it (``.reason.json``) must still be names the volume can hold."""
+    entry = cache.entries / ("m" * 255)
+    entry.mkdir(parents=True)
+    (entry / "manifest.json").write_text("{")
+    aside = store.quarantine(cache, entry, reason="damaged")
+    assert aside is not None
+    assert aside.is_dir()
+    assert not entry.exists()
+    assert aside.with_name(aside.name + ".reason.json").is_file()

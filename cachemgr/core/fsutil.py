@@ -37,6 +37,20 @@ def is_disk_full(error: BaseException) -> bool:
     return False
 
 
+NAME_MAX = 255  # bytes in one file name (Linux, and every filesystem a PVC is)
+
+
+def fit_name(head: str, body: str, tail: str = "", *, room: int = 0, keep_end: bool = False) -> str:
+    """``head + body + tail`` within NAME_MAX bytes, ``room`` bytes left for a sibling's suffix
+    (``.reason.json``): ``body`` is cut, at its end (or its start, ``keep_end``), never inside a
+    character. A name read from the volume may use all 255 bytes already."""
+    fits = NAME_MAX - room - len(head.encode()) - len(tail.encode())
+    raw = body.encode("utf-8", "surrogateescape")
+    if len(raw) > fits:
+        raw = raw[-fits:] if keep_end else raw[:fits]
+    return head + raw.decode("utf-8", "ignore") + tail
+
+
 def random_suffix(nbytes: int) -> str:
     """A random suffix for private names (os.urandom: secrets pulls in hashlib, ~10 ms at start-up)."""
     return os.urandom(nbytes).hex()
@@ -90,7 +104,7 @@ def atomic_write_json(path: Path, obj: Any, *, within: Path | None = None) -> No
 def atomic_write_json_at(parent: int, name: str, obj: Any) -> None:
     """:func:`atomic_write_json` into the directory open as ``parent`` (already reached safely)."""
     data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    tmp = f".{name}.{random_suffix(8)}.tmp"
+    tmp = fit_name(".", name, f".{random_suffix(8)}.tmp")  # within NAME_MAX, however long the name
     try:
         write_bytes_durably(Path(tmp), data, dir_fd=parent)
         os.replace(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)

@@ -16,6 +16,7 @@ on the root's device.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -50,6 +51,10 @@ def remove_at(parent_fd: int, name: str, *, shown: Path) -> None:
         st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
     except FileNotFoundError:
         return
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:  # no file has that name (a record of a planted name's)
+            return
+        raise
     if not stat.S_ISDIR(st.st_mode):
         unlink_at(parent_fd, name)
         return

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import safefs
-from cachemgr.core.fsutil import fsync_dir, random_suffix, remove_tree
+from cachemgr.core.fsutil import fit_name, fsync_dir, random_suffix, remove_tree
 from cachemgr.core.log import get_logger
 from cachemgr.key.cachekey import CacheKey
 from cachemgr.ops.attempts import STALE_STAGING_AFTER
@@ -221,7 +221,7 @@ def _remove_entry(root: CacheRoot, item: PruneItem, *, repaired_by: float) -> st
 def _to_trash(root: CacheRoot, item: PruneItem) -> Path | None:
     """Rename the item to a name of its own in ``trash/`` (atomic); None if it is gone already."""
     safefs.make_dirs(root.path, root.trash)
-    trashed = root.trash / f"{item.path.name}.{random_suffix(4)}"
+    trashed = root.trash / fit_name("", item.path.name, f".{random_suffix(4)}")
     try:
         # From descriptors of both parents: a layout directory swapped for a symlink since the
         # plan makes this fail, never moves (then deletes) what the link points to.

@@ -47,6 +47,7 @@ whatever its clock, stops the removal.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Iterable, Mapping
@@ -55,7 +56,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cachemgr.core import coerce, jsonread, safefs
-from cachemgr.core.fsutil import atomic_write_json_at, touch_at
+from cachemgr.core.fsutil import atomic_write_json_at, fit_name, touch_at
 
 # Re-exported (the "as" form is mypy's explicit re-export): the heartbeat moved out of this
 # module, and cachemgr.remote.hooks and cachemgr.ops.progress still import them from here.
@@ -154,7 +155,6 @@ ENDED_PREFIX = "ended."
 # How a start got its entry, as its use record says: found it, waited for a peer's compile,
 # compiled it itself, or downloaded it from the remote tier. Anything else (a record of an older cachemgr) counts as a start, not a hit.
 STARTS = ("hit", "waited", "compiled", "fetched")
-_NAME_MAX = 255
 _RECORD_MAX = 64 * 1024  # a use record is a few hundred bytes
 
 
@@ -278,9 +278,7 @@ def ended_name(start: str, record_name: str) -> str:
     """``ended.<start>.<stamp>.<pod>.<pid>``: unique per start, within a file name's 255 bytes."""
     kind = start if start in STARTS else "other"
     stem = record_name.removesuffix(".json")
-    head = f"{ENDED_PREFIX}{kind}.{time.time_ns():x}."
-    room = _NAME_MAX - len(head.encode())
-    return head + stem.encode()[-room:].decode("utf-8", "ignore")
+    return fit_name(f"{ENDED_PREFIX}{kind}.{time.time_ns():x}.", stem, keep_end=True)
 
 
 def start_of(name: str) -> str | None:
@@ -400,7 +398,9 @@ def record_mark(path: str) -> Mark | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
-    except OSError:
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:  # a record named past NAME_MAX (its attempt's name is)
+            return None
         # Unreadable to us (mode, a symlink planted there): its own attributes still tell change.
         try:
             return _mark_of(os.lstat(path))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core import jsonread, safefs
-from cachemgr.core.fsutil import atomic_write_json_at
+from cachemgr.core.fsutil import atomic_write_json_at, fit_name
 from cachemgr.volume.manifest import SUMMARY_NAME
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ RECORD_MAX = 16 * 1024  # bytes: a record written by cachemgr is well under; a l
 KEEP = 20  # records kept of the copy there now, newest first: what `show` needs, never a growing folder
 KEEP_BEFORE = 5  # and of the copies before it (set aside, pruned): what the set-aside policy compares with
 READ_LIMIT = 64  # names read at most per key: a planted folder of a million files costs a listing
-_NAME_MAX = 255
 _SUMMARY_MAX = 1 << 20
 
 
@@ -182,10 +181,8 @@ def write(
 
 
 def _name(instance: str, identity: PodIdentity) -> str:
-    head = f"{PREFIX}{instance}.{time.time_ns():x}."
     tail = f"{identity.pod}.{identity.pid}".replace("/", "_")
-    room = _NAME_MAX - len(head.encode())
-    return head + tail.encode()[-room:].decode("utf-8", "ignore")
+    return fit_name(f"{PREFIX}{instance}.{time.time_ns():x}.", tail, keep_end=True)
 
 
 def _drop_oldest(folder: int, instance: str, *, keep: str) -> None:

@@ -33,6 +33,7 @@ from cachemgr.core import safefs, safewalk
 from cachemgr.core.errors import CompileError
 from cachemgr.core.fsutil import (
     atomic_write_json,
+    fit_name,
     fsync_dir,
     fsync_tree,
     make_read_only,
@@ -178,7 +179,9 @@ def check_trust(
 def quarantine(root: CacheRoot, entry: Path, *, reason: str) -> Path | None:
     """Move a damaged entry aside for inspection; None if another pod already did."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    target = root.quarantine / f"{entry.name}.{stamp}.{random_suffix(3)}"
+    target = root.quarantine / fit_name(
+        "", entry.name, f".{stamp}.{random_suffix(3)}", room=len(".reason.json")
+    )
     try:
         safefs.make_dirs(root.path, root.quarantine)
         safefs.rename(root.path, entry, target)
