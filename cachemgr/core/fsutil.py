@@ -46,9 +46,10 @@ def fit_name(head: str, body: str, tail: str = "", *, room: int = 0, keep_end: b
     character. A name read from the volume may use all 255 bytes already."""
     fits = NAME_MAX - room - len(head.encode()) - len(tail.encode())
     raw = body.encode("utf-8", "surrogateescape")
-    if len(raw) > fits:
-        raw = raw[-fits:] if keep_end else raw[:fits]
-    return head + raw.decode("utf-8", "ignore") + tail
+    if len(raw) <= fits:
+        return head + body + tail  # as read, undecodable bytes and all
+    raw = raw[-fits:] if keep_end else raw[:fits]
+    return head + raw.decode("utf-8", "ignore") + tail  # no character cut in two
 
 
 def random_suffix(nbytes: int) -> str:
