@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
 from cachemgr_testkit.scenarios import (
@@ -32,7 +33,7 @@ from cachemgr_testkit.scenarios import (
 )
 
 from cachemgr.core.errors import Interrupted
-from cachemgr.runtime.launcher import SignalRelay
+from cachemgr.runtime.launcher import STOP_GRACE, SignalRelay
 from cachemgr.runtime.output import CUT_MARK, LineKeeper, Tail
 from cachemgr.runtime.output import SERVER_TAIL_LINE_BYTES as TAIL_LINE_BYTES
 from cachemgr.runtime.output import SERVER_TAIL_LINES as TAIL_LINES
@@ -319,9 +320,44 @@ def test_a_server_killed_by_its_own_signal_is_named_and_a_stop_of_the_pod_is_no_
     pod.wait_phase("launching")
     wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
     pod.signal(signal.SIGTERM)
-    assert pod.wait_exit() == 0, pod.tail()  # the stand-in ends gracefully on SIGTERM
+    # The stand-in ends gracefully on SIGTERM (0); stopped before it served, the pod's code is the stop's.
+    assert pod.wait_exit() == TERM, pod.tail()
     assert not _events(pod, "failed")
     assert pod.state()["phase"] == "stopped"
+    assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 0}
+
+
+def test_a_loading_server_deaf_to_the_pods_sigterm_is_killed_with_its_tree_after_the_grace(
+    pods: Cluster, root: Path
+) -> None:
+    """The real vLLM, signalled while its engine core loads, may never exit (docs/design.md, "The
+    real server"): here the loading server is frozen (SIGSTOP), so the forwarded SIGTERM stays
+    pending. After the stop's grace cachemgr kills it and every process under it, and ends 143."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
+    _warm(pods, root, options)
+    pod = pods.start(
+        "deaf",
+        server_argv(free_port()),
+        cache_root=root,
+        options=options,
+        env={"STANDIN_LOAD_SECONDS": "600"},
+    )
+    pod.wait_phase("launching")
+    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    me = psutil.Process(pod.proc.pid)
+    (server,) = me.children()
+    server.send_signal(signal.SIGSTOP)
+    signalled = time.monotonic()
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit(timeout=STOP_GRACE + 60) == TERM, pod.tail()
+    assert time.monotonic() - signalled >= STOP_GRACE, "killed only after the grace"
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    (killed,) = _events(pod, "server_killed")
+    assert killed["level"] == "warning"
+    assert killed["processes"] >= 1
+    assert not _events(pod, "failed"), "a stop, not a failure of the entry"
+    assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 137}
+    assert_clean_after_failure(root)
 
 
 # --- the tail kept of the server's output -------------------------------------------------------
