@@ -90,6 +90,39 @@ def environment(release: str = "0.12.0", *, build: bool | None = None) -> Path:
     return Path(done.stdout.strip().splitlines()[-1]).parent.parent
 
 
+def environment_or_skip(release: str = "0.12.0") -> Path:
+    """:func:`environment` for a test: it skips with the reason where the environment is not built,
+    and fails instead where ``CACHEMGR_REQUIRE_REALSERVER=1`` (CI)."""
+    import pytest
+
+    try:
+        return environment(release)
+    except UnavailableError as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+def complete(port: int) -> dict[str, Any]:
+    """One completion from the real server's OpenAI API on ``port``."""
+    import urllib.request
+
+    from cachemgr_testkit.podlib import LOOPBACK
+
+    body = json.dumps({"prompt": "w1 w2 w3", "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with LOOPBACK.open(request, timeout=60) as reply:
+        answer: dict[str, Any] = json.loads(reply.read())
+    return answer
+
+
+def entry_files(entry: Path) -> dict[Path, bytes]:
+    """Every file of a published entry and its bytes: what "the entry is untouched" compares."""
+    return {p: p.read_bytes() for p in sorted(entry.rglob("*")) if p.is_file()}
+
+
 def server_pythonpath(venv: Path) -> str:
     """The stand-in's start-up and NPU runtime, and the tier's packages beside the venv (torchvision)."""
     return os.pathsep.join([str(REALSITE), str(PYMODS), str(venv.parent / "realserver")])
