@@ -13,14 +13,14 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from cachemgr_testkit import realserver
-from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, wait_for
+from cachemgr_testkit.realserver import Real
 from cachemgr_testkit.scenarios import assert_clean_after_failure, entry_dirs
 
 from cachemgr.ops.expected import WEIGHTS_FACTOR
@@ -32,24 +32,15 @@ KiB = 1 << 10
 CHART_GRACE = 120.0  # the chart's terminationGracePeriodSeconds: the kubelet's SIGKILL after it
 
 
-@dataclass
-class Real:
-    venv: Path
-    model: Path
-
-
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Real:
-    venv = realserver.environment_or_skip("0.12.0")
-    model = realserver.make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
-    return Real(venv=venv, model=model)
+    return realserver.real_for_tests(tmp_path_factory)
 
 
 @pytest.fixture
 def pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CA25 nodes (the optimum path)."""
-    realserver.write_vllm(tmp_path / "realbin", real.venv)
-    with cluster(tmp_path, **realserver.pod_env(tmp_path)) as group:
+    with realserver.real_pods(real, tmp_path) as group:
         yield group
 
 

@@ -308,17 +308,7 @@ def test_a_server_killed_by_its_own_signal_is_named_and_a_stop_of_the_pod_is_no_
     pods: Cluster, root: Path
 ) -> None:
     """SIGTERM forwarded to a loading server: the pod was stopped, the launch did not fail."""
-    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
-    _warm(pods, root, options)
-    pod = pods.start(
-        "loading",
-        server_argv(free_port()),
-        cache_root=root,
-        options=options,
-        env={"STANDIN_LOAD_SECONDS": "60"},
-    )
-    pod.wait_phase("launching")
-    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    pod = _loading(pods, root, "loading", seconds=60)
     pod.signal(signal.SIGTERM)
     # The stand-in ends gracefully on SIGTERM (0); stopped before it served, the pod's code is the stop's.
     assert pod.wait_exit() == TERM, pod.tail()
@@ -327,23 +317,29 @@ def test_a_server_killed_by_its_own_signal_is_named_and_a_stop_of_the_pod_is_no_
     assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 0}
 
 
-def test_a_loading_server_deaf_to_the_pods_sigterm_is_killed_with_its_tree_after_the_grace(
+def _loading(pods: Cluster, root: Path, name: str, *, seconds: float) -> Pod:
+    """A pod on a hit whose stand-in server has printed its banner and loads for ``seconds``."""
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
+    _warm(pods, root, options)
+    pod = pods.start(
+        name,
+        server_argv(free_port()),
+        cache_root=root,
+        options=options,
+        env={"STANDIN_LOAD_SECONDS": str(seconds)},
+    )
+    pod.wait_phase("launching")
+    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    return pod
+
+
+def test_a_loading_server_deaf_to_the_pods_sigterm_is_killed_after_the_grace(
     pods: Cluster, root: Path
 ) -> None:
     """The real vLLM, signalled while its engine core loads, may never exit (docs/design.md, "The
     real server"): here the loading server is frozen (SIGSTOP), so the forwarded SIGTERM stays
     pending. After the stop's grace cachemgr kills it and every process under it, and ends 143."""
-    options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
-    _warm(pods, root, options)
-    pod = pods.start(
-        "deaf",
-        server_argv(free_port()),
-        cache_root=root,
-        options=options,
-        env={"STANDIN_LOAD_SECONDS": "600"},
-    )
-    pod.wait_phase("launching")
-    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    pod = _loading(pods, root, "deaf", seconds=600)
     me = psutil.Process(pod.proc.pid)
     (server,) = me.children()
     server.send_signal(signal.SIGSTOP)
