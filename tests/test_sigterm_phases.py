@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 import pytest
+from cachemgr_testkit import manifest
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
 from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
@@ -343,16 +344,20 @@ def test_a_loading_server_deaf_to_the_pods_sigterm_is_killed_after_the_grace(
     me = psutil.Process(pod.proc.pid)
     (server,) = me.children()
     server.send_signal(signal.SIGSTOP)
+    wait_for(lambda: server.status() == psutil.STATUS_STOPPED, timeout=10, what="the server frozen")
     signalled = time.monotonic()
     pod.signal(signal.SIGTERM)
     assert pod.wait_exit(timeout=STOP_GRACE + 60) == TERM, pod.tail()
-    assert time.monotonic() - signalled >= STOP_GRACE, "killed only after the grace"
+    took = time.monotonic() - signalled
+    assert took >= STOP_GRACE, f"killed only after the grace, not after {took:.1f} s"
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
-    (killed,) = _events(pod, "server_killed")
-    assert killed["level"] == "warning"
-    assert killed["processes"] >= 1
+    kills = _events(pod, "server_killed")
+    assert len(kills) == 1, pod.tail()
+    assert kills[0]["level"] == "warning"
+    assert kills[0]["processes"] >= 1
     assert not _events(pod, "failed"), "a stop, not a failure of the entry"
-    assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 137}
+    detail = pod.state()["detail"]
+    assert detail == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 137}, pod.tail()
     assert_clean_after_failure(root)
 
 
@@ -476,3 +481,28 @@ def test_a_signal_while_the_server_is_being_started_reaches_it_once_attached() -
         for proc in started:
             proc.kill()
             proc.wait()
+
+
+def test_a_server_started_without_the_cache_and_stopped_before_it_served_ends_143(
+    pods: Cluster, root: Path, tmp_path: Path
+) -> None:
+    """vllm-rbln 0.11.1's vLLM-model path: cachemgr cannot hold its artifacts and starts the server
+    as given (launch.pass_through). A stop before it serves ends as on a hit: 143, whatever the
+    server's own code (the stand-in ends 0 on SIGTERM), its own code kept in the state."""
+    release = manifest.release("0.11.1")
+    env = {
+        "CACHEMGR_VLLM_VERSION": release.vllm,
+        "CACHEMGR_VLLM_RBLN_VERSION": "0.11.1",
+        "CACHEMGR_OPTIMUM_RBLN_VERSION": release.optimum_rbln,
+        "CACHEMGR_TRANSFORMERS_VERSION": release.transformers,
+        "VLLM_RBLN_USE_VLLM_MODEL": "1",
+        "STANDIN_COMPILE_SECONDS": "600",
+        **npu_node(tmp_path),
+    }
+    pod = pods.start("through", vllm_argv(free_port()), cache_root=root, env=env)
+    pod.wait_phase("launching")
+    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    assert "not_cacheable" in {e["event"] for e in pod.log_events()}
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == TERM, pod.tail()
+    assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 0}

@@ -288,7 +288,7 @@ def wait_reaping(
                 deadline = time.monotonic() + grace
             elif time.monotonic() >= deadline:
                 kill_descendants(why="still running after the stop's grace", grace=grace)
-                deadline = float("inf")  # killed: wait for the kernel to end it
+                deadline = time.monotonic() + grace  # killed: what appears since gets as long
         if not reaper:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=_WAIT_EVERY)
