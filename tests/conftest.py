@@ -97,8 +97,18 @@ def pytest_testnodedown(node: Any, error: object) -> None:
             reporter.write_line(line)
 
 
+# The real server's long form (marker realserver_long): minutes each, by hand only (docs/development.md).
+REALSERVER_LONG_ENV = "CACHEMGR_REALSERVER_LONG"
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = "realserver_long" in (config.option.markexpr or "") or os.environ.get(REALSERVER_LONG_ENV) == "1"
+    if not asked:
+        long_form = [item for item in items if item.get_closest_marker("realserver_long")]
+        if long_form:
+            config.hook.pytest_deselected(items=long_form)
+            items[:] = [item for item in items if not item.get_closest_marker("realserver_long")]
     for item in items:
         for fixture, marker in _MOUNT_FIXTURE_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):

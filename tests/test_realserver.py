@@ -8,16 +8,14 @@ saved ``.rbln``. What this tier proves and what it cannot: docs/design.md, "The 
 
 from __future__ import annotations
 
-import json
 import signal
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from cachemgr_testkit import realserver
-from cachemgr_testkit.podlib import LOOPBACK, Cluster, Pod, cluster, free_port, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, free_port, wait_for
+from cachemgr_testkit.realserver import Real
 from cachemgr_testkit.scenarios import assert_clean_after_failure, entry_dirs
 
 # The first test of a worker may also wait for scripts/test's background build of the environment.
@@ -27,49 +25,26 @@ pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
 START = 420.0
 
 
-@dataclass
-class Real:
-    venv: Path
-    model: Path
-
-
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory) -> Real:
-    try:
-        venv = realserver.environment("0.12.0")
-    except realserver.UnavailableError as exc:
-        if realserver.os.environ.get(realserver.REQUIRE_ENV) == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    model = realserver.make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
-    return Real(venv=venv, model=model)
+    return realserver.real_for_tests(tmp_path_factory)
 
 
 @pytest.fixture
 def pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CA25 nodes (the optimum path)."""
-    realserver.write_vllm(tmp_path / "realbin", real.venv)
-    with cluster(tmp_path, **realserver.pod_env(tmp_path)) as group:
+    with realserver.real_pods(real, tmp_path) as group:
         yield group
 
 
 @pytest.fixture
 def cr_pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CR13 nodes, where vllm-rbln takes the vLLM-model path."""
-    realserver.write_vllm(tmp_path / "realbin", real.venv)
-    with cluster(tmp_path, **realserver.pod_env(tmp_path, path="vllm")) as group:
+    with realserver.real_pods(real, tmp_path, path="vllm") as group:
         yield group
 
 
-def _complete(port: int) -> dict[str, object]:
-    """One completion from the real server's OpenAI API."""
-    body = json.dumps({"prompt": "w1 w2 w3", "max_tokens": 4}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with LOOPBACK.open(request, timeout=60) as reply:
-        answer: dict[str, object] = json.loads(reply.read())
-    return answer
+_complete = realserver.complete  # one completion from the real server's OpenAI API
 
 
 def _serve(
@@ -79,8 +54,7 @@ def _serve(
     return pods.start(name, realserver.argv(real.model, port, path), cache_root=root, **start), port  # type: ignore[arg-type]
 
 
-def _files(entry: Path) -> dict[Path, bytes]:
-    return {p: p.read_bytes() for p in sorted(entry.rglob("*")) if p.is_file()}
+_files = realserver.entry_files
 
 
 def _stop(pod: Pod) -> None:

@@ -381,13 +381,13 @@ def test_a_server_that_exits_on_the_pods_sigterm_is_a_stop_whatever_its_code(
     served_entry(pods, root)
     pod, server = _loading_server(pods, root, "stopped", STANDIN_EXIT_CODE="3")
     pod.signal(signal.SIGTERM)
-    assert pod.wait_exit() == 3, pod.tail()
+    assert pod.wait_exit() == 128 + signal.SIGTERM, pod.tail()  # a stop before serving: the stop's code
     term = pod.state_dir / "termination-log"
     assert not term.exists() or "before it was ready" not in term.read_text()
     assert list((root / "usage").glob("*/server-failed.*")) == []
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
     # Said in the state: the fault campaign tells such a stop from a death by it (the code cannot).
-    assert pod.state()["detail"] == {"exit_code": 3, "stopped_by": "SIGTERM"}, pod.state()
+    assert pod.state()["detail"] == {"exit_code": 143, "stopped_by": "SIGTERM", "server_exit_code": 3}
 
 
 def test_a_server_that_refuses_its_configuration_on_a_miss_says_why_in_the_termination_message(

@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+from cachemgr_testkit import manifest
 from cachemgr_testkit.podlib import STANDIN_COMPILER, Cluster, Pod, free_port, npu_node, read_jsonl, wait_for
 from cachemgr_testkit.scenarios import (
     assert_clean_after_failure,
@@ -32,7 +34,7 @@ from cachemgr_testkit.scenarios import (
 )
 
 from cachemgr.core.errors import Interrupted
-from cachemgr.runtime.launcher import SignalRelay
+from cachemgr.runtime.launcher import STOP_GRACE, SignalRelay
 from cachemgr.runtime.output import CUT_MARK, LineKeeper, Tail
 from cachemgr.runtime.output import SERVER_TAIL_LINE_BYTES as TAIL_LINE_BYTES
 from cachemgr.runtime.output import SERVER_TAIL_LINES as TAIL_LINES
@@ -307,21 +309,56 @@ def test_a_server_killed_by_its_own_signal_is_named_and_a_stop_of_the_pod_is_no_
     pods: Cluster, root: Path
 ) -> None:
     """SIGTERM forwarded to a loading server: the pod was stopped, the launch did not fail."""
+    pod = _loading(pods, root, "loading", seconds=60)
+    pod.signal(signal.SIGTERM)
+    # The stand-in ends gracefully on SIGTERM (0); stopped before it served, the pod's code is the stop's.
+    assert pod.wait_exit() == TERM, pod.tail()
+    assert not _events(pod, "failed")
+    assert pod.state()["phase"] == "stopped"
+    assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 0}
+
+
+def _loading(pods: Cluster, root: Path, name: str, *, seconds: float) -> Pod:
+    """A pod on a hit whose stand-in server has printed its banner and loads for ``seconds``."""
     options = ["--strategy", "command", "--compile-cmd", compile_cmd(pods.work / "c.jsonl")]
     _warm(pods, root, options)
     pod = pods.start(
-        "loading",
+        name,
         server_argv(free_port()),
         cache_root=root,
         options=options,
-        env={"STANDIN_LOAD_SECONDS": "60"},
+        env={"STANDIN_LOAD_SECONDS": str(seconds)},
     )
     pod.wait_phase("launching")
     wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    return pod
+
+
+def test_a_loading_server_deaf_to_the_pods_sigterm_is_killed_after_the_grace(
+    pods: Cluster, root: Path
+) -> None:
+    """The real vLLM, signalled while its engine core loads, may never exit (docs/design.md, "The
+    real server"): here the loading server is frozen (SIGSTOP), so the forwarded SIGTERM stays
+    pending. After the stop's grace cachemgr kills it and every process under it, and ends 143."""
+    pod = _loading(pods, root, "deaf", seconds=600)
+    me = psutil.Process(pod.proc.pid)
+    (server,) = me.children()
+    server.send_signal(signal.SIGSTOP)
+    wait_for(lambda: server.status() == psutil.STATUS_STOPPED, timeout=10, what="the server frozen")
+    signalled = time.monotonic()
     pod.signal(signal.SIGTERM)
-    assert pod.wait_exit() == 0, pod.tail()  # the stand-in ends gracefully on SIGTERM
-    assert not _events(pod, "failed")
-    assert pod.state()["phase"] == "stopped"
+    assert pod.wait_exit(timeout=STOP_GRACE + 60) == TERM, pod.tail()
+    took = time.monotonic() - signalled
+    assert took >= STOP_GRACE, f"killed only after the grace, not after {took:.1f} s"
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    kills = _events(pod, "server_killed")
+    assert len(kills) == 1, pod.tail()
+    assert kills[0]["level"] == "warning"
+    assert kills[0]["processes"] >= 1
+    assert not _events(pod, "failed"), "a stop, not a failure of the entry"
+    detail = pod.state()["detail"]
+    assert detail == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 137}, pod.tail()
+    assert_clean_after_failure(root)
 
 
 # --- the tail kept of the server's output -------------------------------------------------------
@@ -444,3 +481,28 @@ def test_a_signal_while_the_server_is_being_started_reaches_it_once_attached() -
         for proc in started:
             proc.kill()
             proc.wait()
+
+
+def test_a_server_started_without_the_cache_and_stopped_before_it_served_ends_143(
+    pods: Cluster, root: Path, tmp_path: Path
+) -> None:
+    """vllm-rbln 0.11.1's vLLM-model path: cachemgr cannot hold its artifacts and starts the server
+    as given (launch.pass_through). A stop before it serves ends as on a hit: 143, whatever the
+    server's own code (the stand-in ends 0 on SIGTERM), its own code kept in the state."""
+    release = manifest.release("0.11.1")
+    env = {
+        "CACHEMGR_VLLM_VERSION": release.vllm,
+        "CACHEMGR_VLLM_RBLN_VERSION": "0.11.1",
+        "CACHEMGR_OPTIMUM_RBLN_VERSION": release.optimum_rbln,
+        "CACHEMGR_TRANSFORMERS_VERSION": release.transformers,
+        "VLLM_RBLN_USE_VLLM_MODEL": "1",
+        "STANDIN_COMPILE_SECONDS": "600",
+        **npu_node(tmp_path),
+    }
+    pod = pods.start("through", vllm_argv(free_port()), cache_root=root, env=env)
+    pod.wait_phase("launching")
+    wait_for(lambda: SERVER_BANNER in pod.log.read_text(errors="replace"), what="the server's banner")
+    assert "not_cacheable" in {e["event"] for e in pod.log_events()}
+    pod.signal(signal.SIGTERM)
+    assert pod.wait_exit() == TERM, pod.tail()
+    assert pod.state()["detail"] == {"exit_code": TERM, "stopped_by": "SIGTERM", "server_exit_code": 0}

@@ -62,7 +62,7 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
     watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
     drift = strategy.watch_hit(root, key, found, view)
     remove_old_views_later(views, keep=view)
-    code = launcher.wait_reaping(child, reaper=pod.reaper)
+    code = launcher.wait_reaping(child, reaper=pod.reaper, stop=pod.relay.stop)
     pod.server_exited.set()
     ready = pod.state.current.phase == "serving"
     if read_ahead is not None:
@@ -83,9 +83,21 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         raise server_failures.recorded(
             pod, root, key, found, error
         )  # beside the entry: ls, show, prune --key
-    # Whether the pod's signal reached the server while it ran, said: a stop and a death of its
-    # own, just before the signal, can end in the same code.
-    pod.state.phase("stopped", exit_code=code, **({"stopped_by": stopped_by} if stopped_by else {}))
+    return _stopped(pod, code, ready=ready)
+
+
+def _stopped(pod: Pod, code: int, *, ready: bool) -> int:
+    """The run's code once its server exited, said in the state: the server's own, except after the
+    pod's own stop before it served: then 128+N, whatever the server made of the signal (the real
+    vLLM exits 130 from its start-up's KeyboardInterrupt, or is killed after the stop's grace), as
+    every stop before a server runs ends. Whether the pod's signal reached the server while it ran
+    is said too: a stop and a death of its own, just before the signal, can end in the same code."""
+    stopped_by = pod.relay.stopped_child
+    said: dict[str, object] = {"stopped_by": stopped_by} if stopped_by else {}
+    if stopped_by is not None and not ready:
+        said["server_exit_code"] = code
+        code = 128 + (pod.relay.received or 15)
+    pod.state.phase("stopped", exit_code=code, **said)
     return code
 
 
@@ -108,11 +120,10 @@ def pass_through(pod: Pod, key: CacheKey) -> int:
     output = ServerOutput(child)
     release_logs()
     watch_readiness(url, child, state=pod.state, stall=pod.stall, exited=pod.server_exited)
-    code = launcher.wait_reaping(child, reaper=pod.reaper)
+    code = launcher.wait_reaping(child, reaper=pod.reaper, stop=pod.relay.stop)
     pod.server_exited.set()
     output.join(timeout=_OUTPUT_GRACE)
-    pod.state.phase("stopped", exit_code=code)
-    return code
+    return _stopped(pod, code, ready=pod.state.current.phase == "serving")
 
 
 def _view(pod: Pod, views: Path, found: Lookup) -> Path:

@@ -3,7 +3,9 @@
 cachemgr is the pod's entrypoint, often PID 1. It forwards SIGTERM, SIGINT, SIGHUP and
 SIGQUIT to the server, returns the server's exit code (128+N when killed by signal N), and
 reaps orphaned zombies: it registers as the child subreaper, so the server's own workers
-come back to it when their parent dies.
+come back to it when their parent dies. A server still running :data:`STOP_GRACE` seconds after
+a termination signal was forwarded to it is killed with every process under cachemgr (SIGKILL):
+the real vLLM, signalled while its engine core loads, may not exit at all (docs/design.md).
 
 While something compiles, its output is pumped through in bounded chunks as it arrives (to
 the same stream; cachemgr.runtime.output keeps a bounded tail) so cachemgr can spot ``Disk
@@ -43,6 +45,10 @@ DISK_FULL_PHRASES = (
 )
 DISK_FULL_LINE = re.compile("|".join(re.escape(p.decode()) for p in DISK_FULL_PHRASES), re.IGNORECASE)
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+# Seconds a server (or a compiler) has to exit after the pod's termination signal reached it;
+# then it is killed. Well inside the chart's terminationGracePeriodSeconds (120), so the pod
+# still ends with its own code and message rather than the kubelet's SIGKILL.
+STOP_GRACE = 30.0
 _TERMINATING = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGQUIT})
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -258,8 +264,16 @@ def terminate_tree(child: subprocess.Popen[bytes], *, grace: float = 10.0) -> No
         child.wait(timeout=grace)
 
 
-def wait_reaping(child: subprocess.Popen[bytes], *, reaper: bool) -> int:
+def wait_reaping(
+    child: subprocess.Popen[bytes], *, reaper: bool, stop: Flag | None = None, grace: float = STOP_GRACE
+) -> int:
     """Wait for the server, reaping any orphan zombie meanwhile; its exit status (128+N on signal N).
+
+    ``stop``: set once the pod's termination signal was forwarded. From then on the server and
+    everything under cachemgr (the server's workers, orphans it adopted) have ``grace`` seconds;
+    what is still running then is killed (SIGKILL), and so is what the server left behind when
+    it exits sooner. A container's PID 1 that exits takes its processes with it; outside one (a
+    test, a node's own process) nothing of the server may outlive the pod either.
 
     Never one blocking wait: the kernel may hand a termination signal to any of our threads (it
     does after a SIGSTOP of the pod: a stopped main thread does not "want" it, and the first thread
@@ -267,7 +281,14 @@ def wait_reaping(child: subprocess.Popen[bytes], *, reaper: bool) -> int:
     thread next executes; blocked in ``waitpid`` for a server that is not told to stop, it never
     would. So the main thread looks every :data:`_WAIT_EVERY` seconds.
     """
+    deadline: float | None = None
     while child.returncode is None:
+        if stop is not None and stop.is_set():
+            if deadline is None:
+                deadline = time.monotonic() + grace
+            elif time.monotonic() >= deadline:
+                kill_descendants(why="still running after the stop's grace", grace=grace)
+                deadline = time.monotonic() + grace  # killed: what appears since gets as long
         if not reaper:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=_WAIT_EVERY)
@@ -281,7 +302,52 @@ def wait_reaping(child: subprocess.Popen[bytes], *, reaper: bool) -> int:
             child.returncode = os.waitstatus_to_exitcode(status)
         elif pid == 0:
             time.sleep(_WAIT_EVERY)
+    if deadline is not None:
+        _end_leftovers(deadline, reaper=reaper)
     return exit_status(child.returncode)
+
+
+def kill_descendants(*, why: str, grace: float) -> int:
+    """SIGKILL every process under cachemgr (the server's tree and the orphans cachemgr adopted
+    as subreaper); how many. Said in the log, as the kubelet's own SIGKILL would not be."""
+    import psutil  # only on a stop that overran its grace
+
+    procs = psutil.Process().children(recursive=True)
+    for proc in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    if procs:
+        from cachemgr.core.log import get_logger
+
+        get_logger("cachemgr.run").warning("server_killed", processes=len(procs), grace_s=grace, reason=why)
+    return len(procs)
+
+
+def _end_leftovers(deadline: float, *, reaper: bool) -> None:
+    """After a stop, the server has exited: what it left running (an engine core it did not end)
+    has until ``deadline``, then is killed; zombies are reaped meanwhile."""
+    import psutil
+
+    def alive() -> list[psutil.Process]:
+        left = []
+        for proc in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+        return left
+
+    while alive():
+        if time.monotonic() >= deadline:
+            kill_descendants(why="left running by the stopped server", grace=STOP_GRACE)
+            break
+        if reaper:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(-1, os.WNOHANG)
+        time.sleep(_WAIT_EVERY)
+    if reaper:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] != 0:
+                pass
 
 
 _WAIT_EVERY = 0.2

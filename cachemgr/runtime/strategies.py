@@ -300,7 +300,7 @@ class VllmStrategy(Strategy):
 
             code = launcher.run_until(child, events=[pod.relay.stop, watch.disk_full, healthy], every=tick)
             if code is None and not healthy.is_set():
-                launcher.terminate_tree(child, grace=30.0)
+                launcher.terminate_tree(child, grace=launcher.STOP_GRACE)
                 code = child.returncode
             if not healthy.is_set():
                 watch.join()
@@ -337,13 +337,13 @@ class VllmStrategy(Strategy):
         pod = self.pod
         if not serving or pod.options.warm:
             # Compile-only run, or a warm Job: the entry is published, the server is not needed.
-            launcher.terminate_tree(child, grace=30.0)
+            launcher.terminate_tree(child, grace=launcher.STOP_GRACE)
             pod.beats.discard(staging.owner_file)
             staging.discard()
             pod.state.phase("stopped", exit_code=0, published=True)
             return 0
         pod.state.phase("serving", entry=key.entry_name)
-        code = launcher.wait_reaping(child, reaper=pod.reaper)
+        code = launcher.wait_reaping(child, reaper=pod.reaper, stop=pod.relay.stop)
         watch.join(timeout=2.0)
         pod.state.phase("stopped", exit_code=code)
         pod.beats.discard(staging.owner_file)

@@ -18,10 +18,12 @@ current). Without it a test skips with the reason, except where ``CACHEMGR_REQUI
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,64 @@ def environment(release: str = "0.12.0", *, build: bool | None = None) -> Path:
             f"scripts/realserver-env {release} failed ({done.returncode}):\n{done.stderr[-3000:]}"
         )
     return Path(done.stdout.strip().splitlines()[-1]).parent.parent
+
+
+@dataclass
+class Real:
+    """A test module's real server: the release's venv and a tiny model made for it."""
+
+    venv: Path
+    model: Path
+
+
+def real_for_tests(tmp_path_factory: Any, release: str = "0.12.0") -> Real:
+    """The ``real`` fixture of a module: :func:`environment_or_skip` and a tiny llama."""
+    venv = environment_or_skip(release)
+    return Real(venv=venv, model=make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama"))
+
+
+@contextlib.contextmanager
+def real_pods(real: Real, work: Path, path: str = "optimum") -> Iterator[Any]:
+    """Pods (a :class:`~cachemgr_testkit.podlib.Cluster` in ``work``) in front of the real server, on
+    the nodes of ``path``: RBLN-CA25 (optimum) or RBLN-CR13 (where vllm-rbln takes the vLLM-model path)."""
+    from cachemgr_testkit.podlib import cluster
+
+    write_vllm(work / "realbin", real.venv)
+    with cluster(work, **pod_env(work, path=path)) as group:
+        yield group
+
+
+def environment_or_skip(release: str = "0.12.0") -> Path:
+    """:func:`environment` for a test: it skips with the reason where the environment is not built,
+    and fails instead where ``CACHEMGR_REQUIRE_REALSERVER=1`` (CI)."""
+    import pytest
+
+    try:
+        return environment(release)
+    except UnavailableError as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+def complete(port: int) -> dict[str, Any]:
+    """One completion from the real server's OpenAI API on ``port``."""
+    import urllib.request
+
+    from cachemgr_testkit.podlib import LOOPBACK
+
+    body = json.dumps({"prompt": "w1 w2 w3", "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with LOOPBACK.open(request, timeout=60) as reply:
+        answer: dict[str, Any] = json.loads(reply.read())
+    return answer
+
+
+def entry_files(entry: Path) -> dict[Path, bytes]:
+    """Every file of a published entry and its bytes: what "the entry is untouched" compares."""
+    return {p: p.read_bytes() for p in sorted(entry.rglob("*")) if p.is_file()}
 
 
 def server_pythonpath(venv: Path) -> str:
