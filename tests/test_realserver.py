@@ -31,25 +31,28 @@ START = 420.0
 class Real:
     venv: Path
     model: Path
+    release: str = "0.12.0"
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Real:
+# 0.12.0 (CI); more with CACHEMGR_REALSERVER_RELEASES (the long form, docs/development.md).
+@pytest.fixture(scope="module", params=realserver.releases_under_test())
+def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Real:
+    release: str = request.param
     try:
-        venv = realserver.environment("0.12.0")
+        venv = realserver.environment(release)
     except realserver.UnavailableError as exc:
         if realserver.os.environ.get(realserver.REQUIRE_ENV) == "1":
             pytest.fail(str(exc))
         pytest.skip(str(exc))
     model = realserver.make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
-    return Real(venv=venv, model=model)
+    return Real(venv=venv, model=model, release=release)
 
 
 @pytest.fixture
 def pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CA25 nodes (the optimum path)."""
     realserver.write_vllm(tmp_path / "realbin", real.venv)
-    with cluster(tmp_path, **realserver.pod_env(tmp_path)) as group:
+    with cluster(tmp_path, **realserver.pod_env(tmp_path, real.release)) as group:
         yield group
 
 
@@ -57,7 +60,7 @@ def pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
 def cr_pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CR13 nodes, where vllm-rbln takes the vLLM-model path."""
     realserver.write_vllm(tmp_path / "realbin", real.venv)
-    with cluster(tmp_path, **realserver.pod_env(tmp_path, path="vllm")) as group:
+    with cluster(tmp_path, **realserver.pod_env(tmp_path, real.release, path="vllm")) as group:
         yield group
 
 
@@ -76,7 +79,8 @@ def _serve(
     pods: Cluster, name: str, real: Real, root: Path, path: str = "optimum", **start: object
 ) -> tuple[Pod, int]:
     port = free_port()
-    return pods.start(name, realserver.argv(real.model, port, path), cache_root=root, **start), port  # type: ignore[arg-type]
+    server = realserver.argv(real.model, port, path, release=real.release)
+    return pods.start(name, server, cache_root=root, **start), port  # type: ignore[arg-type]
 
 
 def _files(entry: Path) -> dict[Path, bytes]:
@@ -200,7 +204,7 @@ def test_a_real_server_that_refuses_its_flags_is_named_in_the_termination_messag
     configuration, before anything compiles: the pod fails with the server's own words."""
     events = realserver.Events(pods.work / "events.jsonl")
     port = free_port()
-    server = realserver.argv(real.model, port)
+    server = realserver.argv(real.model, port, release=real.release)
     server[server.index("--max-model-len") + 1] = "4096"
     pod = pods.start("a", server, cache_root=root)
     assert pod.wait_exit(timeout=START) == 70, pod.tail()  # the vllm strategy's compile is the server's start

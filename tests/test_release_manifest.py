@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from cachemgr_standin import DECLARED_VERSIONS
-from cachemgr_testkit import manifest
+from cachemgr_testkit import manifest, realserver
 from cachemgr_testkit.podlib import cluster, free_port, npu_node, run_cli
 from cachemgr_testkit.scenarios import MODEL
 
@@ -284,3 +284,20 @@ def test_the_added_releases_are_keyed_by_checked_rules(release: str) -> None:
     assert found.inputs["rules"] == f"vllm-rbln {release}"
     assert not any("strict" in note for note in found.notes), found.notes
     assert "optimum" in releases.named(release).checked
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("release", realserver.TIER)
+@pytest.mark.parametrize("path", ["vllm", "optimum"])
+def test_the_real_server_tiers_pods_are_keyed_by_their_releases_checked_rules(
+    release: str, path: str, tmp_path: Path
+) -> None:
+    """The pods of tests/test_realserver.py declare their release's versions as its image would: the
+    key is that release's rules, never the strict key of a release cachemgr does not know."""
+    pod = realserver.pod_env(tmp_path, release, path)
+    del pod["CACHEMGR_RBLN_DEV_DIR"]  # no device query (a process): CACHEMGR_NPU_TYPE names the NPU
+    environ = {**BASE_ENV, **pod}
+    server = realserver.argv(Path("org/tiny-llama"), 8000, path, release=release)  # a hub id: no weights read
+    cache_key = compute_key(KeyRequest(argv=server, role="prefill", environ=environ))
+    assert cache_key.details["release"] == releases.named(release).name
+    assert cache_key.details["model_impl"] == path
