@@ -204,6 +204,8 @@ def pod_env(work: Path, release: str = "0.12.0", path: str = "optimum") -> dict[
         "CACHEMGR_NPU_TYPE": NPU[path],
         "STANDIN_NPU_NAME": NPU[path],
         "STANDIN_REBEL_STRICT": "1",
+        # rebel.__version__ as the release's image has it (its major.minor is in the bundle's signature)
+        "STANDIN_REBEL_VERSION": RELEASES[release]["CACHEMGR_COMPILER_VERSION"],
         "STANDIN_REBEL_EVENTS": str(work / "events.jsonl"),
         "VLLM_RBLN_USE_DEVICE_TENSOR": "0",
         "HF_HUB_OFFLINE": "1",
