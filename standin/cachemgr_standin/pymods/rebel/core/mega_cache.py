@@ -103,3 +103,13 @@ def _register_when_torch_is_there() -> None:
 
 
 _register_when_torch_is_there()
+
+
+def __getattr__(name: str) -> Any:
+    """A name the real code reads that this module lacks: a placeholder, which refuses when called in
+    strict mode (a ``missing`` event, as for the rest of the surface: rebel/__init__.py)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from rebel import _missing
+
+    return _missing(__name__)(name)
