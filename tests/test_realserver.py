@@ -8,16 +8,14 @@ saved ``.rbln``. What this tier proves and what it cannot: docs/design.md, "The 
 
 from __future__ import annotations
 
-import json
 import signal
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from cachemgr_testkit import realserver
-from cachemgr_testkit.podlib import LOOPBACK, Cluster, Pod, cluster, free_port, wait_for
+from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port, wait_for
 from cachemgr_testkit.scenarios import assert_clean_after_failure, entry_dirs
 
 # The first test of a worker may also wait for scripts/test's background build of the environment.
@@ -51,6 +49,8 @@ def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 @pytest.fixture
 def pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CA25 nodes (the optimum path)."""
+    if not realserver.CACHES_LOCAL_MODEL[real.release]:
+        pytest.skip(f"vllm-rbln {real.release}'s optimum path never caches a local model directory")
     realserver.write_vllm(tmp_path / "realbin", real.venv)
     with cluster(tmp_path, **realserver.pod_env(tmp_path, real.release)) as group:
         yield group
@@ -64,15 +64,7 @@ def cr_pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
         yield group
 
 
-def _complete(port: int) -> dict[str, object]:
-    """One completion from the real server's OpenAI API."""
-    body = json.dumps({"prompt": "w1 w2 w3", "max_tokens": 4}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
-    )
-    with LOOPBACK.open(request, timeout=60) as reply:
-        answer: dict[str, object] = json.loads(reply.read())
-    return answer
+_complete = realserver.complete
 
 
 def _serve(

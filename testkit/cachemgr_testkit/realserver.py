@@ -22,6 +22,7 @@ import json
 import os
 import shlex
 import subprocess
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,28 @@ def pod_env(work: Path, release: str = "0.12.0", path: str = "optimum") -> dict[
     }
 
 
+# Whether the release's optimum path caches a model given as a local directory. vllm-rbln 0.12.0 asks
+# whether the directory holds a compiled model (model_base.py:190-195, is_compiled_dir) and compiles a
+# plain one into compiled_models/; 0.11.2 takes any existing path as compiled (model_base.py:185-186,
+# os.path.exists), so optimum-rbln compiles it in place on every start, into a temporary directory,
+# and nothing is saved under VLLM_CACHE_ROOT (a hub id offline is such a path too: vLLM 0.24
+# arg_utils.py:759-766 replaces it with its snapshot directory).
+CACHES_LOCAL_MODEL = {"0.12.0": True, "0.11.2": False}
+
+
+def complete(port: int) -> dict[str, Any]:
+    """One completion from the real server's OpenAI API."""
+    from cachemgr_testkit.podlib import LOOPBACK
+
+    body = json.dumps({"prompt": "w1 w2 w3", "max_tokens": 4}).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    with LOOPBACK.open(request, timeout=60) as reply:
+        answer: dict[str, Any] = json.loads(reply.read())
+    return answer
+
+
 @dataclass
 class Events:
     """The stand-in runtime's events of one test (``work/events.jsonl``), from every server process."""
@@ -229,6 +252,10 @@ class Events:
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.all() if e["event"] == kind]
+
+    def graph_compiling_processes(self) -> set[int]:
+        """Server processes that compiled a graph through the torch.compile backend (vLLM-model path)."""
+        return {e["pid"] for e in self.of("backend_compile")}
 
     def compiling_processes(self) -> set[int]:
         """Server processes that compiled the model: optimum-rbln's ``compile_from_torch`` (optimum
