@@ -1,7 +1,7 @@
 """The real-server tier per release (issue 38): what every release the tier builds shows behind
 cachemgr, and what differs between them (cachemgr_testkit.realserver; docs/development.md, "The real
-server"). Each test runs once per release of ``$CACHEMGR_REALSERVER_RELEASES`` (default 0.12.0, the
-one CI builds; ``0.12.0,0.11.2`` is the long form), as tests/test_realserver.py does.
+server"). The long form only: it runs where ``$CACHEMGR_REALSERVER_RELEASES`` names the releases
+(``0.12.0,0.11.2``), once per release; CI runs tests/test_realserver.py (0.12.0) alone.
 """
 
 from __future__ import annotations
@@ -16,6 +16,13 @@ from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port
 from cachemgr_testkit.scenarios import entry_dirs
 
 pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
+if not realserver.os.environ.get("CACHEMGR_REALSERVER_RELEASES"):
+    # CI's budget holds the short form only (tests/test_realserver.py, 0.12.0); this file is the long
+    # form, run by hand with the releases named (docs/development.md, "The real server").
+    pytest.skip(
+        "the real-server tier's long form: CACHEMGR_REALSERVER_RELEASES=0.12.0,0.11.2 runs it",
+        allow_module_level=True,
+    )
 START = 420.0  # a real server starts in 20-120 s on this machine's 2 shared cores
 
 
