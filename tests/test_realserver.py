@@ -36,12 +36,7 @@ class Real:
 @pytest.fixture(scope="module", params=realserver.releases_under_test())
 def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Real:
     release: str = request.param
-    try:
-        venv = realserver.environment(release)
-    except realserver.UnavailableError as exc:
-        if realserver.os.environ.get(realserver.REQUIRE_ENV) == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    venv = realserver.environment_for_test(release)
     model = realserver.make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
     return Real(venv=venv, model=model, release=release)
 

@@ -34,12 +34,7 @@ def release(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def model(release: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    try:
-        venv = realserver.environment(release)
-    except realserver.UnavailableError as exc:
-        if realserver.os.environ.get(realserver.REQUIRE_ENV) == "1":
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    venv = realserver.environment_for_test(release)
     return venv, realserver.make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
 
 

@@ -93,6 +93,19 @@ def environment(release: str = "0.12.0", *, build: bool | None = None) -> Path:
     return Path(done.stdout.strip().splitlines()[-1]).parent.parent
 
 
+def environment_for_test(release: str) -> Path:
+    """:func:`environment` for a test: where it is not built the test skips, saying how to build it,
+    except under ``CACHEMGR_REQUIRE_REALSERVER=1`` (CI), where it fails."""
+    import pytest
+
+    try:
+        return environment(release)
+    except UnavailableError as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
 def server_pythonpath(venv: Path) -> str:
     """The stand-in's start-up and NPU runtime, and the tier's packages beside the venv (torchvision)."""
     return os.pathsep.join([str(REALSITE), str(PYMODS), str(venv.parent / "realserver")])
