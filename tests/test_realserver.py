@@ -25,14 +25,17 @@ pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
 START = 420.0
 
 
-@pytest.fixture(scope="module")
-def real(tmp_path_factory: pytest.TempPathFactory) -> Real:
-    return realserver.real_for_tests(tmp_path_factory)
+# 0.12.0 (CI); more with CACHEMGR_REALSERVER_RELEASES (the long form, docs/development.md).
+@pytest.fixture(scope="module", params=realserver.releases_under_test())
+def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Real:
+    return realserver.real_for_tests(tmp_path_factory, request.param)
 
 
 @pytest.fixture
 def pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CA25 nodes (the optimum path)."""
+    if not realserver.CACHES_LOCAL_MODEL[real.release]:
+        pytest.skip(f"vllm-rbln {real.release}'s optimum path never caches a local model directory")
     with realserver.real_pods(real, tmp_path) as group:
         yield group
 
@@ -51,7 +54,8 @@ def _serve(
     pods: Cluster, name: str, real: Real, root: Path, path: str = "optimum", **start: object
 ) -> tuple[Pod, int]:
     port = free_port()
-    return pods.start(name, realserver.argv(real.model, port, path), cache_root=root, **start), port  # type: ignore[arg-type]
+    server = realserver.argv(real.model, port, path, release=real.release)
+    return pods.start(name, server, cache_root=root, **start), port  # type: ignore[arg-type]
 
 
 _files = realserver.entry_files
@@ -174,7 +178,7 @@ def test_a_real_server_that_refuses_its_flags_is_named_in_the_termination_messag
     configuration, before anything compiles: the pod fails with the server's own words."""
     events = realserver.Events(pods.work / "events.jsonl")
     port = free_port()
-    server = realserver.argv(real.model, port)
+    server = realserver.argv(real.model, port, release=real.release)
     server[server.index("--max-model-len") + 1] = "4096"
     pod = pods.start("a", server, cache_root=root)
     assert pod.wait_exit(timeout=START) == 70, pod.tail()  # the vllm strategy's compile is the server's start

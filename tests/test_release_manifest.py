@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachemgr_testkit import manifest
+from cachemgr_testkit import manifest, realserver
 from cachemgr_testkit.podlib import cluster, free_port, npu_node, run_cli
 from cachemgr_testkit.scenarios import KEY_ENV, MODEL, SERVE_ARGV
 
@@ -198,6 +198,34 @@ def test_the_vllm_model_path_of_a_release_whose_compiler_caches_it_cannot_be_cac
     assert not key("0.12.0", "vllm").details.get("layout_uncacheable")
 
 
+@pytest.mark.quick
+def test_the_optimum_path_of_a_release_that_compiles_a_local_model_in_place_cannot_be_cached(
+    tmp_path: Path,
+) -> None:
+    """vllm-rbln 0.11.2 compiles a model read from a local path in place and saves nothing (seen with
+    its real server, tests/test_realserver_releases.py): was keyed, leased and waited for as if
+    cached, every pod compiling in turn. A hub id online is cached; offline vLLM reads it from its
+    snapshot directory, so it is not."""
+    model = tmp_path / "tiny"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+
+    def local(release: str, path: str, env: dict[str, str] | None = None) -> Any:
+        flags, variables = PATH_ARGS[path]
+        rules = releases.named(release)
+        argv = [*SERVE_ARGV, *flags] if rules.model_impl == "flag_then_env" else SERVE_ARGV
+        argv = [str(model) if a == "org/model" else a for a in argv]
+        environ = {**KEY_ENV, **image(release), **variables, **(env or {})}
+        return compute_key(KeyRequest(argv=argv, role="prefill", environ=environ))
+
+    found = local("0.11.2", "optimum")
+    assert "compiles a model read from a local path in place" in found.details["layout_uncacheable"][0]
+    assert key("0.11.2.post1", "optimum", {"HF_HUB_OFFLINE": "1"}).details.get("layout_uncacheable")
+    assert not key("0.11.2", "optimum").details.get("layout_uncacheable"), "a hub id online is cached"
+    assert not local("0.11.2", "vllm").details.get("layout_uncacheable"), "the bundle is cached"
+    assert not local("0.12.0", "optimum").details.get("layout_uncacheable")
+
+
 def test_warm_refuses_and_run_passes_through_what_cannot_be_cached(tmp_path: Path) -> None:
     """Was: run compiled and never published, warm ended in a CompileError (exit 70)."""
     root = tmp_path / "volume"
@@ -275,3 +303,20 @@ def test_the_added_releases_are_keyed_by_checked_rules(release: str) -> None:
     assert found.inputs["rules"] == f"vllm-rbln {release}"
     assert not any("strict" in note for note in found.notes), found.notes
     assert "optimum" in releases.named(release).checked
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("release", realserver.TIER)
+@pytest.mark.parametrize("path", ["vllm", "optimum"])
+def test_the_real_server_tiers_pods_are_keyed_by_their_releases_checked_rules(
+    release: str, path: str, tmp_path: Path
+) -> None:
+    """The pods of tests/test_realserver.py declare their release's versions as its image would: the
+    key is that release's rules, never the strict key of a release cachemgr does not know."""
+    pod = realserver.pod_env(tmp_path, release, path)
+    del pod["CACHEMGR_RBLN_DEV_DIR"]  # no device query (a process): CACHEMGR_NPU_TYPE names the NPU
+    environ = {**KEY_ENV, **pod}
+    server = realserver.argv(Path("org/tiny-llama"), 8000, path, release=release)  # a hub id: no weights read
+    cache_key = compute_key(KeyRequest(argv=server, role="prefill", environ=environ))
+    assert cache_key.details["release"] == releases.named(release).name
+    assert cache_key.details["model_impl"] == path

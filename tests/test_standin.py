@@ -510,3 +510,26 @@ def test_optimum_path_compiles_in_tmpdir_and_needs_a_device(tmp_path: Path, spaw
     cpu, _port = serve(spawn, "other", STANDIN_NPU_NAME="none", VLLM_RBLN_COMPILE_ONLY="1")
     assert cpu.wait() == 1
     assert "not a valid NPU device" in cpu.stderr()
+
+
+@pytest.mark.parametrize("module", ["rebel.core.mega_cache", "rebel.core.torch_compile", "rebel._runtime"])
+def test_the_strict_npu_runtime_names_what_its_own_modules_lack(tmp_path: Path, module: str) -> None:
+    """A name the real code reads from one of the stand-in's own modules (vllm-rbln 0.11.2 called
+    ``rebel.core.mega_cache.flush_to_bundle``) fails loudly and is a ``missing`` event, as the
+    surface's placeholders are: the real code swallowed the AttributeError (mega_cache.py:239)."""
+    events = tmp_path / "events.jsonl"
+    code = f"import importlib\nimportlib.import_module({module!r}).not_in_the_stand_in()\n"
+    pymods = Path(__file__).resolve().parent.parent / "standin" / "cachemgr_standin" / "pymods"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(pymods),
+        "STANDIN_REBEL_STRICT": "1",
+        "STANDIN_REBEL_EVENTS": str(events),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert "NotImplementedError" in done.stderr, done.stderr
+    assert f"{module}.not_in_the_stand_in" in done.stderr
+    missing = [json.loads(line) for line in events.read_text().splitlines()]
+    assert [e["name"] for e in missing if e["event"] == "missing"] == [f"{module}.not_in_the_stand_in(...)"]

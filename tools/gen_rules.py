@@ -262,6 +262,7 @@ def _release_lines(
     }
     shown = ", ".join(f'"{k}": ({", ".join(_lit(v) for v in vs)},)' for k, vs in defaults.items())
     vllm_path = "_RUNTIME_VLLM_PATH" + (f" | {on_path['vllm']}" if "vllm" in checked else "")
+    whats = {item["what"] for item in overrides}
     config_cite = facts["rbln_config"]["cite"] if has_fields else "no config.py"
     return [
         *lines,
@@ -286,6 +287,7 @@ def _release_lines(
         f"    optimum_architectures={_names(facts['optimum_architectures'])},",
         "    checked=CHECKED,",
         f"    layouts={_lit(facts['layouts'])},",
+        *(["    local_model_in_place=True,"] if "local_model_in_place" in whats else []),
         ")",
     ]
 

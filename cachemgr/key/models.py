@@ -108,7 +108,7 @@ def resolve_weights(
     ``configs``: where the server reads the configs from, if not from the model (``--hf-config-path``).
     """
     path = Path(model).expanduser()
-    if _exists(path):
+    if model_exists(path):
         return _local_model(path, configs=configs)
     if model.startswith(("/", "./", "../", "~")):
         raise ConfigError(
@@ -134,7 +134,7 @@ def resolve_weights(
     return hub, source, details
 
 
-def _exists(path: Path) -> bool:
+def model_exists(path: Path) -> bool:
     """Does the model path exist? A name no path can have (ENAMETOOLONG) is bad input, not a bug."""
     try:
         return path.exists()

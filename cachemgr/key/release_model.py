@@ -93,6 +93,10 @@ class Release(NamedTuple):
     layouts: Mapping[Path, Layout] = LAYOUTS  # never changed: one shared table is fine
     why_strict: str = ""  # a strict rule set: why (its describe())
     same_code_as: str = ""  # the release whose code (and oracle table) these rules are, if another's
+    # The optimum path takes any existing model path as compiled, so optimum-rbln compiles a local
+    # model directory in place on every start and saves nothing under VLLM_CACHE_ROOT (0.11.2; an
+    # override of tools/releases/overrides.toml says where)
+    local_model_in_place: bool = False
 
     @property
     def strict(self) -> bool:
@@ -115,14 +119,22 @@ class Release(NamedTuple):
             why_strict=f"{self.name}'s {names} was not checked against the server's code",
         )
 
-    def uncacheable(self, paths: frozenset[Path]) -> list[str]:
-        """Why a model path in ``paths`` cannot be cached by its artifacts' layout, if it cannot."""
-        return [
+    def uncacheable(self, paths: frozenset[Path], *, local_model: bool = False) -> list[str]:
+        """Why a model path in ``paths`` cannot be cached by its artifacts' layout, if it cannot;
+        ``local_model``: the server reads the model from a path of this pod (a directory, or a hub
+        id that vLLM replaces with its snapshot directory under HF_HUB_OFFLINE)."""
+        reasons = [
             f"{self.name or 'this release'}'s {_PATH_NAMES[p]} leaves no artifacts cachemgr can hold "
             "(the RBLN compiler caches its graphs itself, outside VLLM_CACHE_ROOT)"
             for p in sorted(paths)
             if self.layouts.get(p) == "compiler"
         ]
+        if local_model and self.local_model_in_place and paths == {"optimum"}:
+            reasons.append(
+                f"{self.name}'s optimum path compiles a model read from a local path in place, on every "
+                "start, and saves nothing under VLLM_CACHE_ROOT (it takes any existing path as compiled)"
+            )
+        return reasons
 
 
 _DIST = {"vllm_rbln": "vllm-rbln", "optimum_rbln": "optimum-rbln", "vllm": "vLLM"}

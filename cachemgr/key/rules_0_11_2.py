@@ -51,6 +51,7 @@ FIELDS: dict[str, RblnField] = {}  # no RBLNConfig: additional_config is a dict
 
 # override (runtime_flags): vLLM's config hash ignores these fields (ModelConfig's seed and tokenizer, ParallelConfig's launch details) and nothing hashed is derived from them; not hf_config_path or hf_overrides, which that list also ignores: they change the hf_config it hashes (vllm 0.30.0 vllm/config/model.py:434-440, vllm/config/parallel.py:847-853 (0.24.0: 369-375, 764-770))
 # override (runtime_flags_vllm_path): CacheConfig.compute_hash ignores it and the bundle's graph set does not read it; the optimum path reads it when it sizes blocks (vllm 0.30.0 vllm/config/cache.py:266; vllm_rbln 0.12.0 v1/worker/mega_cache.py:79-110, utils/optimum/converter/common.py:92)
+# override (local_model_in_place): the optimum path takes any existing model path as compiled (os.path.exists, where 0.12.0 asks is_compiled_dir), so optimum-rbln's from_pretrained compiles a local model directory into a temporary directory on every start and nothing is saved under compiled_models/; vLLM replaces a hub id with its snapshot directory under HF_HUB_OFFLINE. Seen with the real 0.11.2 server (tests/test_realserver_releases.py) (vllm_rbln 0.11.2 model_executor/models/optimum/model_base.py:185-186, 209-212; vllm 0.24.0 vllm/engine/arg_utils.py:759-766)
 _RUNTIME = frozenset(
     {
         "disable-custom-all-reduce",
@@ -121,4 +122,5 @@ RELEASE = Release(
     ),
     checked=CHECKED,
     layouts={"optimum": "optimum_dir", "vllm": "bundle"},
+    local_model_in_place=True,
 )

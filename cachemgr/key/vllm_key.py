@@ -23,12 +23,13 @@ flag but :data:`cachemgr.key.serving.ALWAYS_RUNTIME`, ``additional_config`` whol
 from __future__ import annotations
 
 import json
+import pathlib
 import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from cachemgr.key import vllm_rbln
-from cachemgr.key.models import resolve_weights
+from cachemgr.key.models import model_exists, resolve_weights
 from cachemgr.key.rbln_env import SECRET, keyed_env, parse, present, read
 from cachemgr.key.releases import BOTH, Path, RblnField, Release
 from cachemgr.key.serving import ALWAYS_RUNTIME, RUNTIME_ONLY, ServerCommand
@@ -74,7 +75,10 @@ def vllm_config(
     # vLLM applies VLLM_MODEL_REDIRECT_PATH to the model string before anything reads it.
     model = vllm_rbln.redirected_model(server.model, environ) if server.model else server.model
     impl, paths = model_path(release, server, environ, model=model)
-    layout = release.uncacheable(paths)  # a path whose artifacts the compiler keeps (0.11.1's vLLM path)
+    # a path whose artifacts the compiler keeps (0.11.1's vLLM path), or that compiles a local model
+    # in place (0.11.2's optimum path); vLLM reads a hub id from its snapshot directory offline
+    local = bool(model and (model_exists(pathlib.Path(model).expanduser()) or _offline(environ)))
+    layout = release.uncacheable(paths, local_model=local)
     release_layouts = release.layouts
     release = release.on_paths(paths)  # a path the oracle did not check is keyed strictly by itself
     inputs: dict[str, Any] = {"rules": release.name}
@@ -131,6 +135,11 @@ def vllm_config(
     # bundle signature holds; the optimum directory name does not (dispatch.py 59-98).
     revision_keyed = "vllm" in paths
     return VllmConfig(model, inputs, sources, tuple(notes), aside, details, revision_keyed)
+
+
+def _offline(environ: Mapping[str, str]) -> bool:
+    """huggingface_hub's HF_HUB_OFFLINE (constants.py: its truthy spellings)."""
+    return environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def model_path(

@@ -23,6 +23,7 @@ import json
 import os
 import shlex
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,8 @@ from typing import Any
 import cachemgr_standin as standin
 from cachemgr_standin.shim import write_executable
 
+from cachemgr_testkit import manifest
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "scripts" / "realserver-env"
 REQUIRE_ENV = "CACHEMGR_REQUIRE_REALSERVER"
@@ -38,25 +41,25 @@ STANDIN_DIR = Path(standin.__file__).resolve().parent
 PYMODS = STANDIN_DIR / "pymods"
 REALSITE = STANDIN_DIR / "realsite"
 
-# What each release's environment holds, declared to cachemgr as an image without the packages in
-# cachemgr's own interpreter declares them (docs/design.md, the cache key); the versions are those
-# tools/oracle/env.sh installs.
-RELEASES: dict[str, dict[str, str]] = {
-    "0.12.0": {
-        "CACHEMGR_VLLM_VERSION": "0.30.0",
-        "CACHEMGR_VLLM_RBLN_VERSION": "0.12.0",
-        "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.12.0",
-        "CACHEMGR_TRANSFORMERS_VERSION": "5.15.1",
-        "CACHEMGR_COMPILER_VERSION": "0.12.0",
-    },
-    "0.11.2": {
-        "CACHEMGR_VLLM_VERSION": "0.24.0",
-        "CACHEMGR_VLLM_RBLN_VERSION": "0.11.2",
-        "CACHEMGR_OPTIMUM_RBLN_VERSION": "0.11.2",
-        "CACHEMGR_TRANSFORMERS_VERSION": "5.8.1",
-        "CACHEMGR_COMPILER_VERSION": "0.11.3",
-    },
-}
+
+# What each release's image declares to cachemgr (its packages' metadata; cachemgr's own interpreter
+# has none of them: docs/design.md, the cache key), read from the manifest: vLLM as vllm-rbln pins
+# it, local label included ("+cpu": the registry's CUDA wheel tools/oracle/env.sh installs has the
+# same Python source). Declaring "0.30.0" instead left every pod of the tier keyed strictly, never by
+# the release's checked rules. The releases are those scripts/realserver-env builds.
+def _declared(release: str) -> dict[str, str]:
+    entry = manifest.release(release)
+    return {
+        "CACHEMGR_VLLM_VERSION": entry.vllm,
+        "CACHEMGR_VLLM_RBLN_VERSION": entry.name,
+        "CACHEMGR_OPTIMUM_RBLN_VERSION": entry.optimum_rbln,
+        "CACHEMGR_TRANSFORMERS_VERSION": entry.transformers,
+        "CACHEMGR_COMPILER_VERSION": entry.compiler,
+    }
+
+
+TIER = ("0.12.0", "0.11.2")
+RELEASES: dict[str, dict[str, str]] = {release: _declared(release) for release in TIER}
 
 # The NPU each model path runs on: vllm-rbln 0.12 refuses the vLLM-model path on RBLN-CA* NPUs
 # (vllm_rbln/config.py 327-349), so that path's pods are RBLN-CR13 nodes.
@@ -98,12 +101,14 @@ class Real:
 
     venv: Path
     model: Path
+    release: str = "0.12.0"
 
 
 def real_for_tests(tmp_path_factory: Any, release: str = "0.12.0") -> Real:
     """The ``real`` fixture of a module: :func:`environment_or_skip` and a tiny llama."""
     venv = environment_or_skip(release)
-    return Real(venv=venv, model=make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama"))
+    model = make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
+    return Real(venv=venv, model=model, release=release)
 
 
 @contextlib.contextmanager
@@ -113,7 +118,7 @@ def real_pods(real: Real, work: Path, path: str = "optimum") -> Iterator[Any]:
     from cachemgr_testkit.podlib import cluster
 
     write_vllm(work / "realbin", real.venv)
-    with cluster(work, **pod_env(work, path=path)) as group:
+    with cluster(work, **pod_env(work, real.release, path=path)) as group:
         yield group
 
 
@@ -132,7 +137,6 @@ def environment_or_skip(release: str = "0.12.0") -> Path:
 
 def complete(port: int) -> dict[str, Any]:
     """One completion from the real server's OpenAI API on ``port``."""
-    import urllib.request
 
     from cachemgr_testkit.podlib import LOOPBACK
 
@@ -207,7 +211,26 @@ def make_tiny_llama(venv: Path, out: Path, seed: int = 0) -> Path:
     return out
 
 
-def argv(model: Path, port: int, path: str = "optimum", *extra: str) -> list[str]:
+# How a release picks the model path: vllm-rbln 0.12's --model-impl (vllm_rbln/config.py), the 0.11
+# releases' VLLM_RBLN_USE_VLLM_MODEL alone (0.11.2 vllm_rbln/envs.py:204-207; vLLM 0.24's parser has
+# no "optimum" choice for --model-impl): :func:`argv` and :func:`pod_env` follow it.
+BY_FLAG = frozenset({"0.12.0"})
+
+
+def releases_under_test() -> list[str]:
+    """The releases the tier runs (``$CACHEMGR_REALSERVER_RELEASES``, comma-separated; default 0.12.0,
+    the one CI builds): e.g. ``0.12.0,0.11.2`` is the long form (docs/development.md)."""
+    raw = os.environ.get("CACHEMGR_REALSERVER_RELEASES") or "0.12.0"
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RELEASES]
+    if unknown:
+        raise ValueError(
+            f"CACHEMGR_REALSERVER_RELEASES names {', '.join(unknown)}: the tier knows {', '.join(RELEASES)}"
+        )
+    return names
+
+
+def argv(model: Path, port: int, path: str = "optimum", *extra: str, release: str = "0.12.0") -> list[str]:
     """``vllm serve`` of the tiny model on ``path`` ("optimum" or "vllm"), small enough for the CPU."""
     common = [
         "vllm",
@@ -220,11 +243,12 @@ def argv(model: Path, port: int, path: str = "optimum", *extra: str) -> list[str
         "--max-num-seqs",
         "2",
     ]
+    impl = ["--model-impl", path] if release in BY_FLAG else []  # else VLLM_RBLN_USE_VLLM_MODEL (pod_env)
     if path == "optimum":
         # The optimum path needs a block size (vllm_rbln/config.py refuses none).
-        return [*common, "--model-impl", "optimum", "--block-size", "128", *extra]
+        return [*common, *impl, "--block-size", "128", *extra]
     # Host tensors (VLLM_RBLN_USE_DEVICE_TENSOR=0, pod_env) and a fixed KV-cache size: no device memory.
-    return [*common, "--model-impl", "vllm", "--block-size", "16", "--num-gpu-blocks-override", "64", *extra]
+    return [*common, *impl, "--block-size", "16", "--num-gpu-blocks-override", "64", *extra]
 
 
 def pod_env(work: Path, release: str = "0.12.0", path: str = "optimum") -> dict[str, str]:
@@ -242,13 +266,25 @@ def pod_env(work: Path, release: str = "0.12.0", path: str = "optimum") -> dict[
         "CACHEMGR_NPU_TYPE": NPU[path],
         "STANDIN_NPU_NAME": NPU[path],
         "STANDIN_REBEL_STRICT": "1",
+        # rebel.__version__ as the release's image has it (its major.minor is in the bundle's signature)
+        "STANDIN_REBEL_VERSION": RELEASES[release]["CACHEMGR_COMPILER_VERSION"],
         "STANDIN_REBEL_EVENTS": str(work / "events.jsonl"),
         "VLLM_RBLN_USE_DEVICE_TENSOR": "0",
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
+        **({} if release in BY_FLAG else {"VLLM_RBLN_USE_VLLM_MODEL": "1" if path == "vllm" else "0"}),
         **RELEASES[release],
     }
+
+
+# Whether the release's optimum path caches a model given as a local directory. vllm-rbln 0.12.0 asks
+# whether the directory holds a compiled model (model_base.py:190-195, is_compiled_dir) and compiles a
+# plain one into compiled_models/; 0.11.2 takes any existing path as compiled (model_base.py:185-186,
+# os.path.exists), so optimum-rbln compiles it in place on every start, into a temporary directory,
+# and nothing is saved under VLLM_CACHE_ROOT (a hub id offline is such a path too: vLLM 0.24
+# arg_utils.py:759-766 replaces it with its snapshot directory).
+CACHES_LOCAL_MODEL = {"0.12.0": True, "0.11.2": False}
 
 
 @dataclass
@@ -264,6 +300,10 @@ class Events:
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.all() if e["event"] == kind]
+
+    def graph_compiling_processes(self) -> set[int]:
+        """Server processes that compiled a graph through the torch.compile backend (vLLM-model path)."""
+        return {e["pid"] for e in self.of("backend_compile")}
 
     def compiling_processes(self) -> set[int]:
         """Server processes that compiled the model: optimum-rbln's ``compile_from_torch`` (optimum

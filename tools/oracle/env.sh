@@ -32,8 +32,49 @@ lock=$("${manifest[@]}" lock "$release")
 root=${CACHEMGR_ORACLE_DIR:-$here/.oracle}/$release
 venv=$root/venv
 stamp=$venv/.cachemgr-oracle-stamp
-want=$( (cat "$0" "$lock"; printf '%s\n' "${wheels[@]}") | sha256sum | cut -c1-32)
+# The stamp is of what the venv holds (the recipe's number, the lock, the wheels and their sums),
+# never of this script's text: an edit here that installs the same must not delete a venv that
+# other checkouts and running servers use (.oracle is shared). Bump recipe when the way of
+# installing changes what ends up in the venv.
+recipe=2
+want=$( (echo "recipe $recipe"; cat "$lock"; printf '%s\n' "${wheels[@]}") | sha256sum | cut -c1-32)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+# A completed build (it has a stamp) of another recipe or script text: current when it holds
+# exactly the lock's pins and the three wheels, each installed from a file of the pinned sha256
+# (pip's direct_url.json); -I: the caller's directory and PYTHONPATH (a checkout's own egg-info) are
+# not the venv's. The stamp is left as it is (a checkout of another revision sharing this
+# .oracle still reads its own), which costs this check, a third of a second, on every call.
+if [ -f "$stamp" ] && "$venv/bin/python" -I - "$lock" "${wheels[@]}" <<'PY'; then
+import importlib.metadata as md, json, re, sys
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+want = {}
+for line in open(sys.argv[1]):
+    line = line.split("#", 1)[0].strip()
+    if line:
+        name, _, version = line.partition("==")
+        want[norm(name)] = (version, None)
+for item in sys.argv[2:]:
+    spec, _, sha = item.partition(" ")
+    name, _, version = spec.partition("==")
+    want[norm(name)] = (version, sha)
+have = {norm(d.metadata["Name"]): d for d in md.distributions()}
+for seed in ("pip", "setuptools", "wheel"):  # what `python -m venv` and the pip upgrade put in
+    if seed not in want:
+        have.pop(seed, None)
+if set(have) != set(want):
+    sys.exit(1)
+for name, (version, sha) in want.items():
+    dist = have[name]
+    if dist.version != version:
+        sys.exit(1)
+    if sha is not None:
+        url = json.loads(dist.read_text("direct_url.json") or "{}")
+        if url.get("archive_info", {}).get("hashes", {}).get("sha256") != sha:
+            sys.exit(1)
+PY
   echo "$venv/bin/python"
   exit 0
 fi

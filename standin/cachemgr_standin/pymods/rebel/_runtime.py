@@ -251,3 +251,13 @@ def npu_is_available(device_id: int = 0) -> bool:
     from rebel import get_npu_name
 
     return get_npu_name(device_id) is not None
+
+
+def __getattr__(name: str) -> Any:
+    """A name the real code reads that this module lacks: a placeholder, which refuses when called in
+    strict mode (a ``missing`` event, as for the rest of the surface: rebel/__init__.py)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from rebel import _missing
+
+    return _missing(__name__)(name)

@@ -37,3 +37,13 @@ def rbln_backend(graph: Any, example_inputs: Sequence[Any], **kwargs: Any) -> Ca
         event("backend_compile", graph=sig)
     forward: Callable[..., Any] = graph.forward
     return forward
+
+
+def __getattr__(name: str) -> Any:
+    """A name the real code reads that this module lacks: a placeholder, which refuses when called in
+    strict mode (a ``missing`` event, as for the rest of the surface: rebel/__init__.py)."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from rebel import _missing
+
+    return _missing(__name__)(name)
