@@ -14,11 +14,13 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cachemgr_testkit import realserver
 from cachemgr_testkit.podlib import LOOPBACK, Cluster, Pod, cluster, free_port, wait_for
-from cachemgr_testkit.scenarios import assert_clean_after_failure, entry_dirs
+from cachemgr_testkit.scenarios import assert_clean_after_failure, entry_dirs, tree_state
+from cachemgr_testkit.trusted import new_key
 
 # The first test of a worker may also wait for scripts/test's background build of the environment.
 pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
@@ -134,6 +136,39 @@ def test_the_warm_job_publishes_what_a_later_run_loads_without_compiling(
     assert events.compiling_processes() == {compiler}, "the serving pod compiled"
     assert events.loading_processes() - {compiler}, "the serving pod loaded the warm Job's entry"
     assert _files(entry) == before, "a published entry never changes"
+    assert events.missing() == []
+
+
+def test_a_signed_entry_is_served_by_a_trusting_pod_from_a_read_only_mount_and_nothing_is_written(
+    pods: Cluster, real: Real, root: Path, readonly_bind: Any
+) -> None:
+    """The builder mode (docs/design.md, "Trust"): a warm Job with the signing key publishes a signed
+    entry; a pod holding only the verify key serves it through a read-only bind mount of the volume.
+    The real server loads without compiling, answers, and nothing on the volume changes: what vLLM
+    writes under VLLM_CACHE_ROOT on a hit (modelinfos/) lands in the pod's own view."""
+    events = realserver.Events(pods.work / "events.jsonl")
+    secret, key_file = new_key(pods.work / "keys", "builder-1")
+    job, _ = _serve(
+        pods, "builder", real, root, command="warm", env={"CACHEMGR_SIGNING_KEY_FILE": str(key_file)}
+    )
+    assert job.wait_exit(timeout=START) == 0, job.tail()
+    (compiler,) = events.compiling_processes()
+    (entry,) = entry_dirs(root)
+    assert json.loads((entry / "summary.json").read_text())["signer"] == "builder-1"
+    before = tree_state(root)
+    mounted = readonly_bind(root)
+    pod, port = _serve(pods, "trusting", real, mounted, env={"CACHEMGR_TRUSTED_KEYS": str(secret.public)})
+    pod.wait_phase("serving", timeout=START)
+    assert _complete(port)["usage"]
+    logged = pod.log_events()
+    (launch,) = [e for e in logged if e["event"] == "launching"]
+    assert launch["signer"] == "builder-1", launch
+    assert [e["note"] for e in logged if e["event"] == "read_only_volume"] == ["a hit writes nothing there"]
+    _stop(pod)
+    assert events.compiling_processes() == {compiler}, "the trusting pod's server compiled"
+    assert events.loading_processes() - {compiler}, "the trusting pod's server loaded the signed entry"
+    assert tree_state(root) == before, "the read-only pod changed something on the volume"
+    assert [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"] == []
     assert events.missing() == []
 
 
