@@ -157,6 +157,87 @@ def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
         assert (list(one.lines), one.count, one.bytes) == (list(chunked.lines), chunked.count, chunked.bytes)
 
 
+def _vllm_failing_to_load() -> bytes:
+    """How the real vLLM 0.30 (vllm-rbln 0.12) dies on a model whose safetensors do not parse: its
+    engine logs the traceback (each line prefixed by process and log header), prints it again raw,
+    then its API server prints tens of lines of its own ending in a RuntimeError (pod log of
+    tests/test_realserver.py, trimmed; \r\n as some of its lines end)."""
+    engine, logged = "(EngineCore pid=4169) ", "(EngineCore pid=4169) ERROR 12-06 06:38:23 [core.py:1366] "
+    api = "(APIServer pid=2950) "
+    root_cause = "safetensors._safetensors_rust.SafetensorError: Error while deserializing header: invalid header length"
+    frames = [
+        f'  File "/venv/lib/python3.11/site-packages/vllm/m{i}.py", line {i}, in f{i}\n    call({i})'
+        for i in range(30)
+    ]
+
+    def traceback(prefix: str, last: str, eol: str = "\n") -> str:
+        body = ["Traceback (most recent call last):", *"\n".join(frames).splitlines(), last]
+        return "".join(f"{prefix}{line}{eol}" for line in body)
+
+    return "".join(
+        [
+            f"{api}WARNING 12-06 06:37:24 [system_utils.py:299] fd limit errors like `OSError: [Errno 24] Too many open files`\n",
+            f"{logged}EngineCore failed to start.\r\n",
+            traceback(logged, root_cause, "\r\n"),
+            f"{engine}Process EngineCore:\n",
+            f"{api}INFO 12-06 06:38:27 [utils.py:632] [shutdown] Process manager: send sigterm\n",
+            traceback(engine, root_cause),
+            traceback(
+                api,
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            ),
+        ]
+    ).encode()
+
+
+@pytest.mark.quick
+def test_what_a_server_raised_is_kept_apart_from_its_tail_however_reads_split_it() -> None:
+    """The root cause of a real vLLM's failure lies 60 lines above its end, out of the 20 lines a
+    tail keeps; the exception lines ending its tracebacks are kept, in order, once each. Before,
+    the termination message said only 'Engine core initialization failed. See root cause above.'"""
+    data = _vllm_failing_to_load()
+    expected = [
+        "safetensors._safetensors_rust.SafetensorError: Error while deserializing header: invalid header length",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
+    rng = random.Random(38)
+    for split in ["whole", "bytes", *range(20)]:
+        tail = Tail(lines=20)
+        keeper = LineKeeper(tail, ())
+        if split == "whole":
+            keeper.feed(data)  # one read: lines the tail cannot show are only counted, except a traceback's
+        elif split == "bytes":
+            for byte in data:
+                keeper.feed(bytes([byte]))
+        else:
+            at = 0
+            while at < len(data):
+                size = rng.randint(1, 2000)
+                keeper.feed(data[at : at + size])
+                at += size
+        keeper.close()
+        assert tail.raised == expected, split
+        assert not any(expected[0] in line for line in tail.lines), "the root cause is above the tail"
+
+
+@pytest.mark.quick
+def test_a_server_that_raises_many_exceptions_keeps_the_first_ones_and_its_last() -> None:
+    tail = Tail(lines=5)
+    keeper = LineKeeper(tail, ())
+    for i in range(50):
+        keeper.feed(
+            f'Traceback (most recent call last):\n  File "x.py", line {i}\nValueError: number {i % 10}\n'.encode()
+        )
+    keeper.feed(b'Traceback (most recent call last):\n  File "y.py", line 1\nKeyboardInterrupt\n')
+    keeper.close()
+    assert tail.raised == [
+        "ValueError: number 0",
+        "ValueError: number 1",
+        "ValueError: number 2",
+        "KeyboardInterrupt",
+    ]
+
+
 # --- failure records -------------------------------------------------------------------------
 
 

@@ -9,6 +9,7 @@ saved ``.rbln``. What this tier proves and what it cannot: docs/design.md, "The 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import urllib.request
 from collections.abc import Iterator
@@ -241,6 +242,33 @@ def test_a_real_server_that_refuses_its_flags_is_named_in_the_termination_messag
     assert pod.wait_exit(timeout=START) == 70, pod.tail()  # the vllm strategy's compile is the server's start
     message = (pod.state_dir / "termination-log").read_text()
     assert "max_model_len" in message, message
+    assert entry_dirs(root) == []
+    assert_clean_after_failure(root)
+    assert events.of("compile") == []
+
+
+def test_a_real_server_that_cannot_load_its_model_says_why_and_publishes_nothing(
+    pods: Cluster, real: Real, root: Path, tmp_path: Path
+) -> None:
+    """A model folder whose weights are not a safetensors file (a copy cut short, a disk error):
+    the real server dies while it compiles, the pod exits 70 with the server's own error line in
+    its termination message, nothing is published, the lease is released. The error lies ~60
+    lines above the server's end (its API server's traceback follows the engine's): before, the
+    termination message's last lines said only "Engine core initialization failed. See root
+    cause above." (cachemgr.runtime.output keeps what a child raised apart from its tail)."""
+    events = realserver.Events(pods.work / "events.jsonl")
+    broken = tmp_path / "models" / "broken-llama"
+    shutil.copytree(real.model, broken)
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+    pod = pods.start("a", realserver.argv(broken, free_port()), cache_root=root)
+    assert pod.wait_exit(timeout=START) == 70, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    head, _, raised = message.partition("\nthe server raised:\n")
+    assert head.startswith(
+        "the server exited with code 1 before its health endpoint answered; nothing was published"
+    )
+    assert "SafetensorError: Error while deserializing header: invalid header length" in raised, message
+    assert len(message.encode()) <= 4096
     assert entry_dirs(root) == []
     assert_clean_after_failure(root)
     assert events.of("compile") == []
