@@ -131,9 +131,22 @@ def test_two_cold_pods_compile_once_the_other_waits_and_loads_a_third_loads_only
     assert events.missing() == []
 
 
-def test_the_warm_job_publishes_what_a_later_run_loads_without_compiling(
+def test_the_warm_job_publishes_what_a_later_run_loads_without_compiling_and_drift_is_the_alarm(
     pods: Cluster, real: Real, root: Path
 ) -> None:
+    """The warm Job's entry is a true hit for the next pod: it loads without compiling, and no
+    false alarm. Then the alarm for drift: a hit whose server compiles anyway, because its own key
+    differs from the entry's. cachemgr keys every input vllm-rbln 0.12's optimum path hashes into
+    its directory name (the oracle's table; no setting makes the key weaker), so the drift is
+    PLANTED: a writer of the volume renames the entry's ``compiled_models/<name>_<hash>/`` to another hash and writes a
+    consistent manifest (the open mode takes it). That is the entry an older vllm-rbln leaves: 0.11.2
+    names the directory without the dtype in its hash (vllm_rbln/utils/optimum/converter/dispatch.py
+    77-85; 0.12.0 adds it, 80-89). The real server's hit test is ``rbln_config.json`` under the name
+    it computes (dispatch.py 115-126, utils/optimum/paths.py 19-22): not there, so it compiles and
+    saves under that name (model_executor/models/optimum/model_base.py 190-195, 227-273), in the
+    pod's view. cachemgr sees new compiled files there: the ``recompiled_on_hit`` warning, its
+    counter on the status port and its record for ``ls``; the server keeps serving and nothing is
+    written into the entry."""
     events = realserver.Events(pods.work / "events.jsonl")
     job, _ = _serve(pods, "warm", real, root, command="warm")
     assert job.wait_exit(timeout=START) == 0, job.tail()
@@ -147,6 +160,33 @@ def test_the_warm_job_publishes_what_a_later_run_loads_without_compiling(
     assert events.compiling_processes() == {compiler}, "the serving pod compiled"
     assert events.loading_processes() - {compiler}, "the serving pod loaded the warm Job's entry"
     assert _files(entry) == before, "a published entry never changes"
+    assert [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"] == [], "a false alarm"
+
+    # The drift, planted as a writer of the volume does it (docstring).
+    writable(entry)
+    (compiled,) = (entry / "artifacts" / "compiled_models").iterdir()
+    name, _, digest = compiled.name.rpartition("_")
+    compiled.rename(compiled.with_name(f"{name}_{digest[::-1]}"))
+    rebuild_manifest(entry, with_blake3=False)
+    before = _files(entry)
+    pod, port = _serve(pods, "drifted", real, root, options=["--status-port", str(free_port())])
+    (alarm,) = wait_for(
+        lambda: [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"],
+        timeout=START,
+        what="the recompiled_on_hit event",
+    )
+    assert alarm["entry"] == entry.name, alarm
+    assert f"compiled_models/{compiled.name}/rbln_config.json" in alarm["new_paths"], alarm
+    assert metrics(status_port(pod))["cachemgr_recompiled_on_hit_total"] == 1.0
+    pod.wait_phase("serving", timeout=START)
+    assert _complete(port)["usage"], "the server keeps serving"
+    _stop(pod)
+    assert events.compiling_processes() - {compiler}, "the server compiled on the hit"
+    assert _files(entry) == before, "the server's compile stayed in the pod's view"
+    listing = run_cli("ls", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
+    (row,) = [r for r in json.loads(listing.stdout)["items"] if r["kind"] == "entry"]
+    assert row["recompiled_on_hit"] == 1, row
+    assert len([e for e in pod.log_events() if e["event"] == "recompiled_on_hit"]) == 1, "once"
     assert events.missing() == []
 
 
@@ -180,53 +220,6 @@ def test_a_signed_entry_is_served_by_a_trusting_pod_from_a_read_only_mount_and_n
     assert events.loading_processes() - {compiler}, "the trusting pod's server loaded the signed entry"
     assert tree_state(root) == before, "the read-only pod changed something on the volume"
     assert [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"] == []
-    assert events.missing() == []
-
-
-def test_a_hit_on_which_the_real_server_compiles_anyway_is_the_recompiled_on_hit_alarm(
-    pods: Cluster, real: Real, root: Path
-) -> None:
-    """The alarm for drift: a hit whose server compiles anyway, because its own key differs from
-    the entry's. cachemgr keys every input vllm-rbln 0.12's optimum path hashes into its directory
-    name (the oracle's table; no setting makes the key weaker), so the drift is PLANTED: a writer of
-    the volume renames the entry's ``compiled_models/<name>_<hash>/`` to another hash and writes a
-    consistent manifest (the open mode takes it). That is the entry an older vllm-rbln leaves: 0.11.2
-    names the directory without the dtype in its hash (vllm_rbln/utils/optimum/converter/dispatch.py
-    77-85; 0.12.0 adds it, 80-89). The real server's hit test is ``rbln_config.json`` under the name
-    it computes (dispatch.py 115-125, utils/optimum/paths.py 19-22): not there, so it compiles and
-    saves under that name (model_executor/models/optimum/model_base.py 190-194, 227-273), in the
-    pod's view. cachemgr sees new compiled files there: the ``recompiled_on_hit`` warning, its
-    counter on the status port and its record for ``ls``; the server keeps serving and nothing is
-    written into the entry. The true hits of the tests above raise no such alarm."""
-    events = realserver.Events(pods.work / "events.jsonl")
-    job, _ = _serve(pods, "warm", real, root, command="warm")
-    assert job.wait_exit(timeout=START) == 0, job.tail()
-    (builder,) = events.compiling_processes()
-    (entry,) = entry_dirs(root)
-    writable(entry)
-    (compiled,) = (entry / "artifacts" / "compiled_models").iterdir()
-    name, _, digest = compiled.name.rpartition("_")
-    compiled.rename(compiled.with_name(f"{name}_{digest[::-1]}"))
-    rebuild_manifest(entry, with_blake3=False)
-    before = _files(entry)
-    pod, port = _serve(pods, "drifted", real, root, options=["--status-port", str(free_port())])
-    (alarm,) = wait_for(
-        lambda: [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"],
-        timeout=START,
-        what="the recompiled_on_hit event",
-    )
-    assert alarm["entry"] == entry.name, alarm
-    assert f"compiled_models/{compiled.name}/rbln_config.json" in alarm["new_paths"], alarm
-    assert metrics(status_port(pod))["cachemgr_recompiled_on_hit_total"] == 1.0
-    pod.wait_phase("serving", timeout=START)
-    assert _complete(port)["usage"], "the server keeps serving"
-    _stop(pod)
-    assert events.compiling_processes() - {builder}, "the server compiled on the hit"
-    assert _files(entry) == before, "the server's compile stayed in the pod's view"
-    listing = run_cli("ls", "-o", "json", env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
-    (row,) = [r for r in json.loads(listing.stdout)["items"] if r["kind"] == "entry"]
-    assert row["recompiled_on_hit"] == 1, row
-    assert len([e for e in pod.log_events() if e["event"] == "recompiled_on_hit"]) == 1, "once"
     assert events.missing() == []
 
 
