@@ -279,6 +279,52 @@ def test_vllm_model_path_cold_then_warm_reads_the_published_bundle(
     assert events.missing() == []
 
 
+@pytest.mark.realserver_long
+def test_vllm_model_path_a_trusting_pod_on_a_read_only_mount_resaves_the_signed_bundle_in_its_view(
+    cr_pods: Cluster, real: Real, root: Path, readonly_bind: Any
+) -> None:
+    """The builder mode on the vLLM-model path, where the server writes on a hit: vllm-rbln saves
+    its bundle again after every warm-up (v1/worker/mega_cache.py 206-227). A trusting pod on a
+    read-only mount reads the signed bundle, compiles no graph, and its re-save lands in its own
+    view; nothing on the volume changes, and the re-save is no alarm. (Long form: two more real
+    server starts than the CI tests, which show the re-save on a writable volume.)"""
+    events = realserver.Events(cr_pods.work / "events.jsonl")
+    secret, key_file = new_key(cr_pods.work / "keys", "builder-1")
+    job, _ = _serve(
+        cr_pods,
+        "builder",
+        real,
+        root,
+        "vllm",
+        command="warm",
+        env={"CACHEMGR_SIGNING_KEY_FILE": str(key_file)},
+    )
+    assert job.wait_exit(timeout=START) == 0, job.tail()
+    (compiler,) = {e["pid"] for e in events.of("backend_compile")}
+    (entry,) = entry_dirs(root)
+    assert list((entry / "artifacts" / "rbln").glob("*/*/rank0/mega_cache.bin"))
+    before = tree_state(root)
+    mounted = readonly_bind(root)
+    pod, port = _serve(
+        cr_pods, "trusting", real, mounted, "vllm", env={"CACHEMGR_TRUSTED_KEYS": str(secret.public)}
+    )
+    pod.wait_phase("serving", timeout=START)
+    assert _complete(port)["usage"]
+    _stop(pod)
+    (launch,) = [e for e in pod.log_events() if e["event"] == "launching"]
+    assert launch["signer"] == "builder-1", launch
+    assert {e["pid"] for e in events.of("backend_compile")} == {compiler}, "the trusting pod compiled a graph"
+    reads = [e for e in events.of("bundle_read") if e["pid"] != compiler]
+    assert reads, events.all()
+    assert all(e["ok"] for e in reads), events.all()
+    writes = [e for e in events.of("bundle_write") if e["pid"] != compiler]
+    assert writes, "vllm-rbln saves its bundle again after every warm-up"
+    assert all(str(pod.state_dir) in str(e["path"]) for e in writes), writes
+    assert tree_state(root) == before, "the read-only pod changed something on the volume"
+    assert [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"] == [], "a false alarm"
+    assert events.missing() == []
+
+
 def test_a_real_server_that_refuses_its_flags_is_named_in_the_termination_message(
     pods: Cluster, real: Real, root: Path
 ) -> None:
