@@ -221,6 +221,20 @@ def test_what_a_server_raised_is_kept_apart_from_its_tail_however_reads_split_it
 
 
 @pytest.mark.quick
+def test_a_traceback_cut_short_is_given_up_and_no_later_line_is_taken_for_its_exception() -> None:
+    """A process killed while it printed its traceback: its prefix never ends a traceback. Later
+    lines of other processes are not what it raised, and after a while chunks are only counted again."""
+    tail = Tail(lines=5)
+    keeper = LineKeeper(tail, ())
+    keeper.feed(b'(Worker pid=7) Traceback (most recent call last):\n(Worker pid=7)   File "w.py", line 1\n')
+    keeper.feed(b"".join(b"(API pid=1) INFO line %d\n" % i for i in range(2500)))
+    keeper.feed(b"(Worker pid=7) not an exception: the traceback was given up\n")
+    keeper.close()
+    assert tail.raised == []
+    assert tail.count == 2503
+
+
+@pytest.mark.quick
 def test_a_server_that_raises_many_exceptions_keeps_the_first_ones_and_its_last() -> None:
     tail = Tail(lines=5)
     keeper = LineKeeper(tail, ())

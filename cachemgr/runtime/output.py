@@ -55,6 +55,9 @@ TRACEBACK = "Traceback (most recent call last):"
 _TRACEBACK_BYTES = TRACEBACK.encode()
 RAISED_KEPT = 3  # the first distinct exceptions a child raised (the root cause comes first), and its last
 _OPEN_TRACEBACKS = 8  # prefixes followed at once (processes printing tracebacks at the same time)
+# Lines without a frame of any open traceback before they are given up (a process that died while
+# it printed one): until then every chunk is taken line by line, never only counted.
+_TRACEBACK_PATIENCE = 2000
 
 
 class Tail:
@@ -108,6 +111,7 @@ class LineKeeper:
         self._room = 0
         # Tracebacks under way: the text before "Traceback (most recent call last):" on its line.
         self._tracebacks: list[str] = []
+        self._unmatched = 0  # lines since one was an open traceback's
 
     def feed(self, chunk: bytes) -> bool:
         """Take the next bytes (call under the tail's lock); True when they name a full disk."""
@@ -219,11 +223,13 @@ class LineKeeper:
             if prefix in self._tracebacks:
                 self._tracebacks.remove(prefix)  # a chained exception's next traceback
             self._tracebacks = [*self._tracebacks, prefix][-_OPEN_TRACEBACKS:]
+            self._unmatched = 0
             return
         # The longest prefix first: "" (no prefix) would take every line.
         for prefix in sorted(self._tracebacks, key=len, reverse=True):
             if not text.startswith(prefix):
                 continue
+            self._unmatched = 0
             rest = text[len(prefix) :]
             if rest[:1].isspace():
                 return  # a frame, or its code
@@ -231,6 +237,10 @@ class LineKeeper:
             if rest.strip():
                 self._tail.add_raised(rest.strip())
             return
+        if self._tracebacks:
+            self._unmatched += 1
+            if self._unmatched > _TRACEBACK_PATIENCE:
+                self._tracebacks = []  # its process died mid-traceback: the tail may skip again
 
     def _look(self, chunk: bytes) -> bool:
         if not self._phrases or self._tail.disk_full_line is not None:
