@@ -134,6 +134,15 @@ def test_kept_lines_follow_a_terminal_a_carriage_return_starts_the_line_over() -
     assert tail.bytes == sum(map(len, (b"loading\r 10%", b"\r 50%\r", b"\n", b"done\r", b"\nlast\r 99%")))
 
 
+def _feed(keeper: LineKeeper, data: bytes, least: int, most: int, rng: random.Random) -> None:
+    """``data`` to ``keeper`` in reads of ``least`` to ``most`` bytes, as pipes split it."""
+    at = 0
+    while at < len(data):
+        size = rng.randint(least, most)
+        keeper.feed(data[at : at + size])
+        at += size
+
+
 def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
     """Fed a byte at a time or in chunks of any size (where the lines a tail cannot show are only
     counted), the tail, the line count and the byte count are the same."""
@@ -145,13 +154,8 @@ def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
             LineKeeper(one, DISK_FULL_PHRASES, line_bytes=7),
             LineKeeper(chunked, DISK_FULL_PHRASES, line_bytes=7),
         )
-        for byte in data:
-            by_byte.feed(bytes([byte]))
-        at = 0
-        while at < len(data):
-            size = rng.randint(1, 400)
-            by_chunk.feed(data[at : at + size])
-            at += size
+        _feed(by_byte, data, 1, 1, rng)
+        _feed(by_chunk, data, 1, 400, rng)
         by_byte.close()
         by_chunk.close()
         assert (list(one.lines), one.count, one.bytes) == (list(chunked.lines), chunked.count, chunked.bytes)
@@ -207,14 +211,9 @@ def test_what_a_server_raised_is_kept_apart_from_its_tail_however_reads_split_it
         if split == "whole":
             keeper.feed(data)  # one read: lines the tail cannot show are only counted, except a traceback's
         elif split == "bytes":
-            for byte in data:
-                keeper.feed(bytes([byte]))
+            _feed(keeper, data, 1, 1, rng)
         else:
-            at = 0
-            while at < len(data):
-                size = rng.randint(1, 2000)
-                keeper.feed(data[at : at + size])
-                at += size
+            _feed(keeper, data, 1, 2000, rng)
         keeper.close()
         assert tail.raised == expected, split
         assert not any(expected[0] in line for line in tail.lines), "the root cause is above the tail"

@@ -96,6 +96,18 @@ def _files(entry: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in sorted(entry.rglob("*")) if p.is_file()}
 
 
+def _read_the_bundle_and_saved_it_again(events: realserver.Events, compiler: int) -> list[dict[str, Any]]:
+    """On the vLLM-model path, the servers after the ``compiler``'s: they compiled no graph, read
+    the bundle, and saved it again after their warm-up (those saves, returned)."""
+    assert {e["pid"] for e in events.of("backend_compile")} == {compiler}, "a later pod compiled a graph"
+    reads = [e for e in events.of("bundle_read") if e["pid"] != compiler]
+    assert reads, events.all()
+    assert all(e["ok"] for e in reads), events.all()
+    writes = [e for e in events.of("bundle_write") if e["pid"] != compiler]
+    assert writes, "vllm-rbln saves its bundle again after every warm-up"
+    return writes
+
+
 def _stop(pod: Pod) -> None:
     pod.signal(signal.SIGTERM)
     assert pod.wait_exit(timeout=120) == 0, pod.tail()
@@ -264,12 +276,7 @@ def test_vllm_model_path_cold_then_warm_reads_the_published_bundle(
     warm.wait_phase("serving", timeout=START)
     assert _complete(port)["usage"]
     _stop(warm)
-    assert {e["pid"] for e in events.of("backend_compile")} == {compiler}, "the second pod compiled a graph"
-    reads = [e for e in events.of("bundle_read") if e["pid"] != compiler]
-    assert reads, events.all()
-    assert all(e["ok"] for e in reads), events.all()
-    writes = [e for e in events.of("bundle_write") if e["pid"] != compiler]
-    assert writes, "vllm-rbln saves its bundle again after every warm-up"
+    writes = _read_the_bundle_and_saved_it_again(events, compiler)
     assert all(not str(e["path"]).startswith(str(entry)) for e in writes)
     assert _files(entry) == before, "the re-save never reaches the published entry"
     assert bundle.is_file()
@@ -313,12 +320,7 @@ def test_vllm_model_path_a_trusting_pod_on_a_read_only_mount_resaves_the_signed_
     _stop(pod)
     (launch,) = [e for e in pod.log_events() if e["event"] == "launching"]
     assert launch["signer"] == "builder-1", launch
-    assert {e["pid"] for e in events.of("backend_compile")} == {compiler}, "the trusting pod compiled a graph"
-    reads = [e for e in events.of("bundle_read") if e["pid"] != compiler]
-    assert reads, events.all()
-    assert all(e["ok"] for e in reads), events.all()
-    writes = [e for e in events.of("bundle_write") if e["pid"] != compiler]
-    assert writes, "vllm-rbln saves its bundle again after every warm-up"
+    writes = _read_the_bundle_and_saved_it_again(events, compiler)
     assert all(str(pod.state_dir) in str(e["path"]) for e in writes), writes
     assert tree_state(root) == before, "the read-only pod changed something on the volume"
     assert [e for e in pod.log_events() if e["event"] == "recompiled_on_hit"] == [], "a false alarm"
