@@ -9,6 +9,7 @@ saved ``.rbln``. What this tier proves and what it cannot: docs/design.md, "The 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import urllib.request
@@ -367,6 +368,14 @@ def test_a_real_server_that_cannot_load_its_model_says_why_and_publishes_nothing
     )
     assert "SafetensorError: Error while deserializing header: invalid header length" in raised, message
     assert len(message.encode()) <= 4096
+    key = re.search(r"cachemgr show ([0-9a-f]{12})", message)
+    assert key, message
+    shown = run_cli("show", key[1], env={**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root)})
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        "the server raised:\n    ! safetensors._safetensors_rust.SafetensorError: Error while deserializing"
+        in (shown.stdout)
+    ), shown.stdout
     assert entry_dirs(root) == []
     assert_clean_after_failure(root)
     assert events.of("compile") == []

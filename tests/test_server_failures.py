@@ -439,3 +439,31 @@ def test_the_termination_message_of_a_hit_says_what_the_server_raised_above_its_
     assert len(said) < 400
     assert last.splitlines()[-1].endswith(wrapper)
     assert "\x1b" not in message
+
+
+@pytest.mark.quick
+def test_show_says_what_a_failed_compiles_server_raised_from_a_record_read_as_hostile() -> None:
+    """The failure record keeps what the server raised (its root cause lies above the tail);
+    ``show`` prints at most what a pod records, each cut and escaped, whatever a writer planted."""
+    from cachemgr.cli.cmd_show import _failure_text
+
+    planted = {
+        "reason": "compile-failed",
+        "message": "the server exited with code 1",
+        "output_tail": ["RuntimeError: Engine core initialization failed. See root cause above."],
+        "raised": [
+            "SafetensorError: \x1b[2Jbad header " + "y" * 1000,
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            *(f"ValueError: planted {i}" for i in range(100)),
+        ],
+    }
+    text = _failure_text(planted)
+    _, _, said = text.partition("  the server raised:\n")
+    said_lines = said.partition("  last output:")[0].splitlines()
+    assert said_lines[0].startswith("    ! SafetensorError: \\x1b[2Jbad header"), said_lines
+    assert len(said_lines[0]) < 400
+    assert said_lines[1:] == ["    ! ValueError: planted 0", "    ! ValueError: planted 1"], (
+        "the first 4, minus the tail's"
+    )
+    assert "\x1b" not in text
+    assert _failure_text({**planted, "raised": "not a list"}).count("raised") == 0

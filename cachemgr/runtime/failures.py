@@ -125,6 +125,8 @@ def record(
             "bytes_written": written,
             "elapsed_s": round(elapsed, 2),
             "output_tail": tail or [],
+            # What a server raised (its root cause may lie above the tail): cachemgr.runtime.output.
+            **({"raised": error.fields["raised"]} if error.fields.get("raised") else {}),
             "report": error.fields.get("report"),
         },
     )
