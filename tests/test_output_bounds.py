@@ -205,18 +205,43 @@ def test_what_a_server_raised_is_kept_apart_from_its_tail_however_reads_split_it
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ]
     rng = random.Random(38)
-    for split in ["whole", "bytes", *range(20)]:
+    # Cut inside a "Traceback (most recent call last):" whose rest comes in one read with more lines
+    # than the tail holds: the marker is whole only once its line ends, in that read.
+    marker = data.index(b"Traceback (most recent call last)")
+    cuts = [marker + n for n in range(1, len(b"Traceback (most recent call last)"))]
+    for split in ["whole", "bytes", *range(20), *(f"at {cut}" for cut in cuts)]:
         tail = Tail(lines=20)
         keeper = LineKeeper(tail, ())
         if split == "whole":
             keeper.feed(data)  # one read: lines the tail cannot show are only counted, except a traceback's
         elif split == "bytes":
             _feed(keeper, data, 1, 1, rng)
+        elif isinstance(split, str):
+            cut = int(split.split()[1])
+            keeper.feed(data[:cut])
+            keeper.feed(data[cut:])
         else:
             _feed(keeper, data, 1, 2000, rng)
         keeper.close()
         assert tail.raised == expected, split
         assert not any(expected[0] in line for line in tail.lines), "the root cause is above the tail"
+
+
+@pytest.mark.quick
+def test_a_traceback_whose_first_line_a_read_cuts_is_still_followed() -> None:
+    """The read that ends the "Traceback (most recent call last):" line holds more lines than the
+    tail keeps: they are taken, not only counted, so its exception is seen."""
+    frames = b"".join(b'  File "m%d.py", line %d, in f\n    g()\n' % (i, i) for i in range(30))
+    data = b"starting\nTraceback (most recent call last):\n" + frames + b"ValueError: the root cause\n"
+    data += b"".join(b"INFO shutting down %d\n" % i for i in range(30))
+    marker = data.index(b"Traceback")
+    for cut in range(marker + 1, marker + len(b"Traceback (most recent call last):")):
+        tail = Tail(lines=20)
+        keeper = LineKeeper(tail, ())
+        keeper.feed(data[:cut])
+        keeper.feed(data[cut:])
+        keeper.close()
+        assert tail.raised == ["ValueError: the root cause"], cut
 
 
 @pytest.mark.quick

@@ -118,11 +118,16 @@ class LineKeeper:
         self._tail.bytes += len(chunk)
         found = self._look(chunk)
         first = chunk.find(b"\n")
+        if first < 0:
+            self._split(chunk)
+            return found
+        # The line under way ends first: what it starts (a traceback whose first line an earlier
+        # read cut) decides whether the lines after it may be only counted.
+        self._split(chunk[: first + 1])
         resume = self._resume_at(chunk, first)
         if resume is None:
-            self._split(chunk)
+            self._split(chunk[first + 1 :])
         else:
-            self._split(chunk[: first + 1])
             self._tail.count += chunk.count(b"\n", first + 1, resume)
             self._split(chunk[resume:])
         return found
@@ -131,7 +136,7 @@ class LineKeeper:
         """Where the lines the tail can still show begin, when more lines than it holds end in this
         chunk: those before are only counted (a compiler printing 100 MB of short lines costs a
         count per chunk, not Python work per line). None: every line of the chunk is taken."""
-        if first < 0 or (self._seen is not None and self._tail.disk_full_line is None):
+        if self._seen is not None and self._tail.disk_full_line is None:
             return None  # a disk-full phrase waits for its line to end: take every line
         if self._tracebacks or _TRACEBACK_BYTES in chunk:
             return None  # a traceback: its last line says what was raised
