@@ -97,19 +97,22 @@ def pytest_testnodedown(node: Any, error: object) -> None:
             reporter.write_line(line)
 
 
+# The real server's long form (marker realserver_long): minutes each, by hand only (docs/development.md).
+REALSERVER_LONG_ENV = "CACHEMGR_REALSERVER_LONG"
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = "realserver_long" in (config.option.markexpr or "") or os.environ.get(REALSERVER_LONG_ENV) == "1"
+    if not asked:
+        long_form = [item for item in items if item.get_closest_marker("realserver_long")]
+        if long_form:
+            config.hook.pytest_deselected(items=long_form)
+            items[:] = [item for item in items if not item.get_closest_marker("realserver_long")]
     for item in items:
         for fixture, marker in _MOUNT_FIXTURE_MARKERS.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(marker)
-    # The real server's long form runs only when asked for by name (-m realserver_long): not in
-    # scripts/test, not in CI, not in a run of -m realserver.
-    if "realserver_long" not in (config.getoption("markexpr", "") or ""):
-        long = [item for item in items if item.get_closest_marker("realserver_long") is not None]
-        if long:
-            config.hook.pytest_deselected(items=long)
-            items[:] = [item for item in items if item.get_closest_marker("realserver_long") is None]
     # The real server's tests (minutes each, mostly waiting on its start) go out to the workers
     # first, so that they run beside the rest of the suite instead of after it.
     items.sort(key=lambda item: item.get_closest_marker("realserver") is None)
