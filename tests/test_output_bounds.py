@@ -134,6 +134,15 @@ def test_kept_lines_follow_a_terminal_a_carriage_return_starts_the_line_over() -
     assert tail.bytes == sum(map(len, (b"loading\r 10%", b"\r 50%\r", b"\n", b"done\r", b"\nlast\r 99%")))
 
 
+def _feed(keeper: LineKeeper, data: bytes, least: int, most: int, rng: random.Random) -> None:
+    """``data`` to ``keeper`` in reads of ``least`` to ``most`` bytes, as pipes split it."""
+    at = 0
+    while at < len(data):
+        size = rng.randint(least, most)
+        keeper.feed(data[at : at + size])
+        at += size
+
+
 def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
     """Fed a byte at a time or in chunks of any size (where the lines a tail cannot show are only
     counted), the tail, the line count and the byte count are the same."""
@@ -145,16 +154,126 @@ def test_kept_lines_do_not_depend_on_how_reads_split_the_output() -> None:
             LineKeeper(one, DISK_FULL_PHRASES, line_bytes=7),
             LineKeeper(chunked, DISK_FULL_PHRASES, line_bytes=7),
         )
-        for byte in data:
-            by_byte.feed(bytes([byte]))
-        at = 0
-        while at < len(data):
-            size = rng.randint(1, 400)
-            by_chunk.feed(data[at : at + size])
-            at += size
+        _feed(by_byte, data, 1, 1, rng)
+        _feed(by_chunk, data, 1, 400, rng)
         by_byte.close()
         by_chunk.close()
         assert (list(one.lines), one.count, one.bytes) == (list(chunked.lines), chunked.count, chunked.bytes)
+
+
+def _vllm_failing_to_load() -> bytes:
+    """How the real vLLM 0.30 (vllm-rbln 0.12) dies on a model whose safetensors do not parse: its
+    engine logs the traceback (each line prefixed by process and log header), prints it again raw,
+    then its API server prints tens of lines of its own ending in a RuntimeError (pod log of
+    tests/test_realserver.py, trimmed; \r\n as some of its lines end)."""
+    engine, logged = "(EngineCore pid=4169) ", "(EngineCore pid=4169) ERROR 12-06 06:38:23 [core.py:1366] "
+    api = "(APIServer pid=2950) "
+    root_cause = "safetensors._safetensors_rust.SafetensorError: Error while deserializing header: invalid header length"
+    frames = [
+        f'  File "/venv/lib/python3.11/site-packages/vllm/m{i}.py", line {i}, in f{i}\n    call({i})'
+        for i in range(30)
+    ]
+
+    def traceback(prefix: str, last: str, eol: str = "\n") -> str:
+        body = ["Traceback (most recent call last):", *"\n".join(frames).splitlines(), last]
+        return "".join(f"{prefix}{line}{eol}" for line in body)
+
+    return "".join(
+        [
+            f"{api}WARNING 12-06 06:37:24 [system_utils.py:299] fd limit errors like `OSError: [Errno 24] Too many open files`\n",
+            f"{logged}EngineCore failed to start.\r\n",
+            traceback(logged, root_cause, "\r\n"),
+            f"{engine}Process EngineCore:\n",
+            f"{api}INFO 12-06 06:38:27 [utils.py:632] [shutdown] Process manager: send sigterm\n",
+            traceback(engine, root_cause),
+            traceback(
+                api,
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            ),
+        ]
+    ).encode()
+
+
+@pytest.mark.quick
+def test_what_a_server_raised_is_kept_apart_from_its_tail_however_reads_split_it() -> None:
+    """The root cause of a real vLLM's failure lies 60 lines above its end, out of the 20 lines a
+    tail keeps; the exception lines ending its tracebacks are kept, in order, once each. Before,
+    the termination message said only 'Engine core initialization failed. See root cause above.'"""
+    data = _vllm_failing_to_load()
+    expected = [
+        "safetensors._safetensors_rust.SafetensorError: Error while deserializing header: invalid header length",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    ]
+    rng = random.Random(38)
+    # Cut inside a "Traceback (most recent call last):" whose rest comes in one read with more lines
+    # than the tail holds: the marker is whole only once its line ends, in that read.
+    marker = data.index(b"Traceback (most recent call last)")
+    cuts = [marker + n for n in range(1, len(b"Traceback (most recent call last)"))]
+    for split in ["whole", "bytes", *range(20), *(f"at {cut}" for cut in cuts)]:
+        tail = Tail(lines=20)
+        keeper = LineKeeper(tail, ())
+        if split == "whole":
+            keeper.feed(data)  # one read: lines the tail cannot show are only counted, except a traceback's
+        elif split == "bytes":
+            _feed(keeper, data, 1, 1, rng)
+        elif isinstance(split, str):
+            cut = int(split.split()[1])
+            keeper.feed(data[:cut])
+            keeper.feed(data[cut:])
+        else:
+            _feed(keeper, data, 1, 2000, rng)
+        keeper.close()
+        assert tail.raised == expected, split
+        assert not any(expected[0] in line for line in tail.lines), "the root cause is above the tail"
+
+
+@pytest.mark.quick
+def test_a_traceback_whose_first_line_a_read_cuts_is_still_followed() -> None:
+    """The read that ends the "Traceback (most recent call last):" line holds more lines than the
+    tail keeps: they are taken, not only counted, so its exception is seen."""
+    frames = b"".join(b'  File "m%d.py", line %d, in f\n    g()\n' % (i, i) for i in range(30))
+    data = b"starting\nTraceback (most recent call last):\n" + frames + b"ValueError: the root cause\n"
+    data += b"".join(b"INFO shutting down %d\n" % i for i in range(30))
+    marker = data.index(b"Traceback")
+    for cut in range(marker + 1, marker + len(b"Traceback (most recent call last):")):
+        tail = Tail(lines=20)
+        keeper = LineKeeper(tail, ())
+        keeper.feed(data[:cut])
+        keeper.feed(data[cut:])
+        keeper.close()
+        assert tail.raised == ["ValueError: the root cause"], cut
+
+
+@pytest.mark.quick
+def test_a_traceback_cut_short_is_given_up_and_no_later_line_is_taken_for_its_exception() -> None:
+    """A process killed while it printed its traceback: its prefix never ends a traceback. Later
+    lines of other processes are not what it raised, and after a while chunks are only counted again."""
+    tail = Tail(lines=5)
+    keeper = LineKeeper(tail, ())
+    keeper.feed(b'(Worker pid=7) Traceback (most recent call last):\n(Worker pid=7)   File "w.py", line 1\n')
+    keeper.feed(b"".join(b"(API pid=1) INFO line %d\n" % i for i in range(2500)))
+    keeper.feed(b"(Worker pid=7) not an exception: the traceback was given up\n")
+    keeper.close()
+    assert tail.raised == []
+    assert tail.count == 2503
+
+
+@pytest.mark.quick
+def test_a_server_that_raises_many_exceptions_keeps_the_first_ones_and_its_last() -> None:
+    tail = Tail(lines=5)
+    keeper = LineKeeper(tail, ())
+    for i in range(50):
+        keeper.feed(
+            f'Traceback (most recent call last):\n  File "x.py", line {i}\nValueError: number {i % 10}\n'.encode()
+        )
+    keeper.feed(b'Traceback (most recent call last):\n  File "y.py", line 1\nKeyboardInterrupt\n')
+    keeper.close()
+    assert tail.raised == [
+        "ValueError: number 0",
+        "ValueError: number 1",
+        "ValueError: number 2",
+        "KeyboardInterrupt",
+    ]
 
 
 # --- failure records -------------------------------------------------------------------------

@@ -15,9 +15,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 import psutil
+import pytest
 from cachemgr_testkit.podlib import Cluster, Pod, free_port, metrics, run_cli, wait_for
-from cachemgr_testkit.scenarios import compile_cmd, entry_dirs, served_entry, server_argv, vllm_argv
+from cachemgr_testkit.scenarios import (
+    command_key,
+    compile_cmd,
+    entry_dirs,
+    served_entry,
+    server_argv,
+    vllm_argv,
+)
 
+from cachemgr.cli.errors import _termination_text
+from cachemgr.runtime import failures
 from cachemgr.volume import serverfail
 
 
@@ -406,3 +416,54 @@ def test_a_server_that_refuses_its_configuration_on_a_miss_says_why_in_the_termi
     assert "STANDIN_EXIT_BEFORE_HEALTHY" in tail, message
     assert "\x1b" not in message, "the server's output reaches the termination message escaped"
     assert entry_dirs(root) == []
+
+
+@pytest.mark.quick
+def test_the_termination_message_of_a_hit_says_what_the_server_raised_above_its_last_lines() -> None:
+    """A server that fails on a hit as the real vLLM fails (its root cause tens of lines above its
+    end): the message names what it raised, escaped and cut, once, before its last lines; an
+    exception the last lines show already is not said twice."""
+    wrapper = "RuntimeError: Engine core initialization failed. See root cause above."
+    tail = [f'(APIServer pid=1)   File "f{i}.py", line {i}, in g' for i in range(19)]
+    tail.append(f"(APIServer pid=1) {wrapper}")
+    cause = (
+        "safetensors._safetensors_rust.SafetensorError: \x1b[31mError while deserializing header " + "x" * 500
+    )
+    error = failures.server_failed(1, key=command_key(), entry="e", last_lines=tail, raised=[cause, wrapper])
+    message = _termination_text(error, error.one_line())
+    head, _, rest = message.partition("\nthe server raised:\n")
+    said, _, last = rest.partition("\nlast lines of the server's output:\n")
+    assert head == error.one_line()
+    assert said.startswith("safetensors._safetensors_rust.SafetensorError: \\x1b[31mError while"), said
+    assert "\n" not in said, "one line: the wrapper, in the last lines, is not repeated"
+    assert len(said) < 400
+    assert last.splitlines()[-1].endswith(wrapper)
+    assert "\x1b" not in message
+
+
+@pytest.mark.quick
+def test_show_says_what_a_failed_compiles_server_raised_from_a_record_read_as_hostile() -> None:
+    """The failure record keeps what the server raised (its root cause lies above the tail);
+    ``show`` prints at most what a pod records, each cut and escaped, whatever a writer planted."""
+    from cachemgr.cli.cmd_show import _failure_text
+
+    planted = {
+        "reason": "compile-failed",
+        "message": "the server exited with code 1",
+        "output_tail": ["RuntimeError: Engine core initialization failed. See root cause above."],
+        "raised": [
+            "SafetensorError: \x1b[2Jbad header " + "y" * 1000,
+            "RuntimeError: Engine core initialization failed. See root cause above.",
+            *(f"ValueError: planted {i}" for i in range(100)),
+        ],
+    }
+    text = _failure_text(planted)
+    _, _, said = text.partition("  the server raised:\n")
+    said_lines = said.partition("  last output:")[0].splitlines()
+    assert said_lines[0].startswith("    ! SafetensorError: \\x1b[2Jbad header"), said_lines
+    assert len(said_lines[0]) < 400
+    assert said_lines[1:] == ["    ! ValueError: planted 0", "    ! ValueError: planted 1"], (
+        "the first 4, minus the tail's"
+    )
+    assert "\x1b" not in text
+    assert _failure_text({**planted, "raised": "not a list"}).count("raised") == 0

@@ -27,6 +27,7 @@ from cachemgr_testkit.scenarios import (
     compiles,
     entry_dirs,
     server_argv,
+    tree_state,
     vllm_argv,
 )
 from cachemgr_testkit.trusted import (
@@ -671,26 +672,6 @@ def test_sigterm_while_waiting_for_a_publisher_leaves_nothing_behind(
     assert not record.exists()
 
 
-def _tree(root: Path) -> dict[str, tuple[Any, ...]]:
-    """Everything about every name under ``root`` but its atime: what a write of any kind changes."""
-    found: dict[str, tuple[Any, ...]] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in [*dirs, *files]:
-            path = os.path.join(folder, name)
-            st = os.lstat(path)
-            data = Path(path).read_bytes() if os.path.isfile(path) and not os.path.islink(path) else b""
-            found[os.path.relpath(path, root)] = (
-                st.st_mode,
-                st.st_size,
-                st.st_mtime_ns,
-                st.st_ctime_ns,
-                st.st_ino,
-                st.st_nlink,
-                data,
-            )
-    return found
-
-
 def test_a_trusting_pod_on_a_read_only_mount_serves_a_signed_hit_and_writes_nothing(
     pods: Cluster, root: Path, signing: dict[str, tuple[SecretKey, Path]], readonly_bind: Any
 ) -> None:
@@ -706,7 +687,7 @@ def test_a_trusting_pod_on_a_read_only_mount_serves_a_signed_hit_and_writes_noth
     assert "read-only" in _events(waiter, "waiting_for_publisher")[0]["reason"]
     _build(pods, root, record, key_file)
     waiter.wait_phase("serving")
-    before = _tree(root)
+    before = tree_state(root)
     pod = pods.start(
         "ro-1", server_argv(free_port()), cache_root=mounted, options=_options(record), env=trusting
     )
@@ -717,7 +698,7 @@ def test_a_trusting_pod_on_a_read_only_mount_serves_a_signed_hit_and_writes_noth
     for each in (pod, waiter):
         each.signal(signal.SIGTERM)
         assert each.wait_exit() == 0
-    assert _tree(root) == before, "the read-only pod changed nothing on the volume"
+    assert tree_state(root) == before, "the read-only pod changed nothing on the volume"
 
 
 def test_an_open_pod_on_a_read_only_mount_is_told_to_run_a_warm_job_not_a_signing_builder(
@@ -747,7 +728,7 @@ def test_a_read_only_pod_with_usage_mounted_writable_records_its_use_and_prune_k
     _build(pods, root, record, key_file)
     (entry,) = entry_dirs(root)
     mounted = readonly_bind(root)
-    outside_usage = {k: v for k, v in _tree(root).items() if not k.startswith("usage")}
+    outside_usage = {k: v for k, v in tree_state(root).items() if not k.startswith("usage")}
     with writable_bind(root / "usage", mounted / "usage"):
         pod = pods.start(
             "ro-1", server_argv(free_port()), cache_root=mounted, options=_options(record),
@@ -766,7 +747,7 @@ def test_a_read_only_pod_with_usage_mounted_writable_records_its_use_and_prune_k
         assert "in use by ro-1" in " ".join(pruned.stdout.split()), pruned.stdout
         pod.signal(signal.SIGTERM)
         assert pod.wait_exit() == 0
-    assert {k: v for k, v in _tree(root).items() if not k.startswith("usage")} == outside_usage
+    assert {k: v for k, v in tree_state(root).items() if not k.startswith("usage")} == outside_usage
 
 
 _CRYPTO = ("cryptography", "blake3", "_cffi_backend", "cachemgr.volume.trust", "cachemgr.volume.contentcheck")

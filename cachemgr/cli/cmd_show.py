@@ -24,6 +24,7 @@ from cachemgr.cli.render import (
     tell,
 )
 from cachemgr.core.coerce import as_dict
+from cachemgr.core.errors import shorten
 from cachemgr.core.printable import safe
 from cachemgr.core.units import human_age, human_duration, plural
 from cachemgr.ops.generation import PARTS
@@ -328,6 +329,14 @@ def _failure_text(record: Mapping[str, Any]) -> str:
     tail = record.get("output_tail")
     tail = [str(line) for line in tail] if isinstance(tail, list) else []
     lines = [head, f"  {safe(record.get('message', ''))}"]
+    raised = record.get("raised")
+    # At most what a pod records (runtime.output.RAISED_KEPT, and the last): the record is the volume's.
+    raised = (
+        [str(r) for r in raised[:4] if not any(str(r) in t for t in tail)] if isinstance(raised, list) else []
+    )
+    if raised:
+        lines.append("  the server raised:")
+        lines += [f"    ! {safe(shorten(line, 300))}" for line in raised]
     if tail:
         lines.append("  last output:")
         lines += [f"    | {safe(line)}" for line in tail]

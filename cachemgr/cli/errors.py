@@ -25,6 +25,7 @@ from cachemgr.core.printable import safe
 
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 _TERMINATION_LIMIT = 4096  # Kubernetes keeps at most 4096 bytes of the message
+_RAISED_CHARS = 300  # of each exception the server raised, in the termination message
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -78,12 +79,19 @@ def report(
 
 
 def _termination_text(error: BaseException, line: str) -> str:
-    """The one line; for a server that failed to start, its last lines below it, each escaped
-    (``kubectl describe pod`` shows the message raw)."""
-    tail = error.fields.get("last_lines") if isinstance(error, CacheMgrError) else None
-    if not tail:
+    """The one line; for a server that failed to start, what it raised where its last lines do not
+    show it (the root cause of a real vLLM's failure lies tens of lines above them), then its last
+    lines, each escaped (``kubectl describe pod`` shows the message raw)."""
+    fields = error.fields if isinstance(error, CacheMgrError) else {}
+    tail = [str(t) for t in fields.get("last_lines") or []]
+    raised = [str(r) for r in fields.get("raised") or [] if not any(str(r) in t for t in tail)]
+    if not tail and not raised:
         return safe(line)
-    head = [safe(line), "last lines of the server's output:"]
+    head = [safe(line)]
+    if raised:
+        head += ["the server raised:", *(safe(shorten(r, _RAISED_CHARS)) for r in raised)]
+    if tail:
+        head.append("last lines of the server's output:")
     shown = [safe(t) for t in tail]
     # Kubernetes keeps 4096 bytes: the oldest lines go first, the last ones say why it stopped.
     while shown and len("\n".join([*head, *shown]).encode()) > _TERMINATION_LIMIT:

@@ -125,6 +125,8 @@ def record(
             "bytes_written": written,
             "elapsed_s": round(elapsed, 2),
             "output_tail": tail or [],
+            # What a server raised (its root cause may lie above the tail): cachemgr.runtime.output.
+            **({"raised": error.fields["raised"]} if error.fields.get("raised") else {}),
             "report": error.fields.get("report"),
         },
     )
@@ -160,7 +162,12 @@ def compile_ended(
     how, remedy = _how_it_ended(status, ended, signalled=code is None or code < 0)
     # A server that refused its flags or could not load its model says why in its last lines: they
     # go into the termination message, as for a server that fails on a hit (server_failed).
-    tail = {"last_lines": watch.tail_text()[-SERVER_TAIL_LINES:]} if what == "server" else {}
+    # What it raised, too: a real vLLM's root cause lies above its last lines (runtime.output).
+    tail = (
+        {"last_lines": watch.tail_text()[-SERVER_TAIL_LINES:], "raised": watch.raised()}
+        if what == "server"
+        else {}
+    )
     raise CompileError(
         f"the {what} {how}; nothing was published",
         remedy=remedy
@@ -189,8 +196,11 @@ def _how_it_ended(status: int, ended: str, *, signalled: bool) -> tuple[str, str
     return f"exited with code {status} {ended}", None
 
 
-def server_failed(returncode: int, *, key: CacheKey, entry: str, last_lines: list[str]) -> ServerFailedError:
-    """A server that exited before it was ready on a hit: its exit code or signal, its last lines."""
+def server_failed(
+    returncode: int, *, key: CacheKey, entry: str, last_lines: list[str], raised: list[str]
+) -> ServerFailedError:
+    """A server that exited before it was ready on a hit: its exit code or signal, its last lines
+    and what it raised (its tracebacks' last lines: cachemgr.runtime.output)."""
     from cachemgr.runtime.launcher import exit_status, signal_name
 
     status = exit_status(returncode)
@@ -204,6 +214,7 @@ def server_failed(returncode: int, *, key: CacheKey, entry: str, last_lines: lis
         signal=killed,
         entry=entry,
         last_lines=last_lines,
+        raised=raised,
     )
 
 

@@ -78,7 +78,11 @@ def launch(pod: Pod, root: CacheRoot, key: CacheKey, found: Lookup, strategy: St
         from cachemgr.runtime import server_failures  # only for a server that failed
 
         error = failures.server_failed(
-            child.returncode, key=key, entry=found.path.name, last_lines=output.lines()
+            child.returncode,
+            key=key,
+            entry=found.path.name,
+            last_lines=output.lines(),
+            raised=output.raised(),
         )
         raise server_failures.recorded(
             pod, root, key, found, error

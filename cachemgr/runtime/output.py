@@ -16,6 +16,15 @@ per stream and the tail, whatever the child prints.
 The disk-full phrases are looked for in the bytes themselves, not in the kept lines, with the
 end of the previous chunk carried over: a phrase split across two reads, or lying past the
 cut of a long line, is still seen.
+
+What the child *raised* is kept apart from the tail (:attr:`Tail.raised`): the line that ends each
+Python traceback it printed (``SafetensorError: Error while deserializing header: ...``). A tail
+alone does not say why a server died: the real vLLM prints its engine's traceback, then tens of
+lines of its API server's, which end in ``RuntimeError: Engine core initialization failed. See root
+cause above.``, so the root cause lies above the last 20 lines. A traceback is followed within
+the lines that begin as its ``Traceback (most recent call last):`` line does (vLLM prefixes every
+line of a process, ``(EngineCore pid=N)``, and of a log record), so interleaved processes and log
+headers do not break it; a chunk holding a traceback is taken line by line, never skipped.
 """
 
 from __future__ import annotations
@@ -42,6 +51,13 @@ HOLD_SECONDS = 0.1  # an open line waits this long for its newline before it is 
 CUT_MARK = " [... {cut} bytes cut]"
 _CONTEXT = 160  # of a disk-full phrase found past a line's cut: the text shown around it
 _CARRY = 64  # longer than any disk-full phrase
+TRACEBACK = "Traceback (most recent call last):"
+_TRACEBACK_BYTES = TRACEBACK.encode()
+RAISED_KEPT = 3  # the first distinct exceptions a child raised (the root cause comes first), and its last
+_OPEN_TRACEBACKS = 8  # prefixes followed at once (processes printing tracebacks at the same time)
+# Lines without a frame of any open traceback before they are given up (a process that died while
+# it printed one): until then every chunk is taken line by line, never only counted.
+_TRACEBACK_PATIENCE = 2000
 
 
 class Tail:
@@ -53,6 +69,25 @@ class Tail:
         self.bytes = 0
         self.disk_full_line: str | None = None
         self.lock = threading.Lock()
+        self._raised: list[str] = []
+        self._last_raised: str | None = None
+
+    def add_raised(self, line: str) -> None:
+        """An exception line that ended a traceback: kept if it is one of the first distinct ones,
+        else as the last."""
+        if line in self._raised:
+            return
+        if len(self._raised) < RAISED_KEPT:
+            self._raised.append(line)
+        else:
+            self._last_raised = line
+
+    @property
+    def raised(self) -> list[str]:
+        """The exceptions the child raised, as their tracebacks' last lines: the first distinct
+        ones in order, then the last (call under the lock)."""
+        last = [self._last_raised] if self._last_raised is not None else []
+        return [*self._raised, *last]
 
 
 class LineKeeper:
@@ -74,17 +109,25 @@ class LineKeeper:
         # chunk may add (the phrase came at the end of a read).
         self._seen: bytes | None = None
         self._room = 0
+        # Tracebacks under way: the text before "Traceback (most recent call last):" on its line.
+        self._tracebacks: list[str] = []
+        self._unmatched = 0  # lines since one was an open traceback's
 
     def feed(self, chunk: bytes) -> bool:
         """Take the next bytes (call under the tail's lock); True when they name a full disk."""
         self._tail.bytes += len(chunk)
         found = self._look(chunk)
         first = chunk.find(b"\n")
+        if first < 0:
+            self._split(chunk)
+            return found
+        # The line under way ends first: what it starts (a traceback whose first line an earlier
+        # read cut) decides whether the lines after it may be only counted.
+        self._split(chunk[: first + 1])
         resume = self._resume_at(chunk, first)
         if resume is None:
-            self._split(chunk)
+            self._split(chunk[first + 1 :])
         else:
-            self._split(chunk[: first + 1])
             self._tail.count += chunk.count(b"\n", first + 1, resume)
             self._split(chunk[resume:])
         return found
@@ -93,8 +136,10 @@ class LineKeeper:
         """Where the lines the tail can still show begin, when more lines than it holds end in this
         chunk: those before are only counted (a compiler printing 100 MB of short lines costs a
         count per chunk, not Python work per line). None: every line of the chunk is taken."""
-        if first < 0 or (self._seen is not None and self._tail.disk_full_line is None):
+        if self._seen is not None and self._tail.disk_full_line is None:
             return None  # a disk-full phrase waits for its line to end: take every line
+        if self._tracebacks or _TRACEBACK_BYTES in chunk:
+            return None  # a traceback: its last line says what was raised
         at = len(chunk)
         for _ in range((self._tail.lines.maxlen or 0) + 1):
             at = chunk.rfind(b"\n", first + 1, at)
@@ -165,6 +210,7 @@ class LineKeeper:
                 self._tail.disk_full_line = text.strip()
             elif self._cut:
                 self._tail.disk_full_line = self._seen_text()  # the phrase lay past the cut
+        self._follow_traceback(text)
         if self._cut:
             text += CUT_MARK.format(cut=self._cut)
         self._tail.count += 1
@@ -172,6 +218,34 @@ class LineKeeper:
         self._line.clear()
         self._cut = 0
         self._pending_cr = False
+
+    def _follow_traceback(self, text: str) -> None:
+        """A traceback's frames are indented after its prefix; the first line that is not ends it
+        and names what was raised."""
+        at = text.find(TRACEBACK)
+        if at >= 0:
+            prefix = text[:at]
+            if prefix in self._tracebacks:
+                self._tracebacks.remove(prefix)  # a chained exception's next traceback
+            self._tracebacks = [*self._tracebacks, prefix][-_OPEN_TRACEBACKS:]
+            self._unmatched = 0
+            return
+        # The longest prefix first: "" (no prefix) would take every line.
+        for prefix in sorted(self._tracebacks, key=len, reverse=True):
+            if not text.startswith(prefix):
+                continue
+            self._unmatched = 0
+            rest = text[len(prefix) :]
+            if rest[:1].isspace():
+                return  # a frame, or its code
+            self._tracebacks.remove(prefix)
+            if rest.strip():
+                self._tail.add_raised(rest.strip())
+            return
+        if self._tracebacks:
+            self._unmatched += 1
+            if self._unmatched > _TRACEBACK_PATIENCE:
+                self._tracebacks = []  # its process died mid-traceback: the tail may skip again
 
     def _look(self, chunk: bytes) -> bool:
         if not self._phrases or self._tail.disk_full_line is not None:
@@ -326,6 +400,12 @@ class ChildStreams:
         ]
         for thread in self._threads:
             thread.start()
+
+    def raised(self) -> list[str]:
+        """What the child raised: its tracebacks' last lines (:attr:`Tail.raised`), raw text
+        (escape it to print: core.printable)."""
+        with self._tail.lock:
+            return self._tail.raised
 
 
 class ServerOutput(ChildStreams):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 from cachemgr_standin import DECLARED_VERSIONS
 
@@ -92,6 +94,26 @@ def assert_clean_after_failure(root: Path) -> None:
         assert read_marker_view(marker) is None, f"lease still held: {marker}"
     users = list((root / "usage").rglob("*.json")) if (root / "usage").is_dir() else []
     assert users == [], f"use records left behind: {users}"
+
+
+def tree_state(root: Path) -> dict[str, tuple[Any, ...]]:
+    """Everything about every name under ``root`` but its atime: what a write of any kind changes."""
+    found: dict[str, tuple[Any, ...]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = os.path.join(folder, name)
+            st = os.lstat(path)
+            data = Path(path).read_bytes() if os.path.isfile(path) and not os.path.islink(path) else b""
+            found[os.path.relpath(path, root)] = (
+                st.st_mode,
+                st.st_size,
+                st.st_mtime_ns,
+                st.st_ctime_ns,
+                st.st_ino,
+                st.st_nlink,
+                data,
+            )
+    return found
 
 
 def assert_entries_valid(root: Path) -> None:
