@@ -420,3 +420,29 @@ def test_an_entry_named_with_all_of_name_max_is_set_aside_whole(cache: CacheRoot
     assert aside.is_dir()
     assert not entry.exists()
     assert aside.with_name(aside.name + ".reason.json").is_file()
+
+
+def test_explain_of_an_entry_moved_away_after_its_lookup_says_what_the_lookup_found(
+    cache: CacheRoot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``explain`` looks the key up, then lists the volume: an entry moved away in between (a
+    prune, the fuzzer's swapper: seed 6363 trials 17 and 152) is a hit with no listed entry, and
+    explain exited 70 on an assertion. The move is made at that instant by wrapping the listing."""
+    from cachemgr.ops import explain
+
+    key = command_key("decode")
+    staging = create_staging(cache, key, PodIdentity(pod="p", node="n", host="h", pid=os.getpid()))
+    (staging.artifacts / "graph.rbln").write_bytes(b"g" * 100)
+    publish(cache, staging, key, identity=PodIdentity.current({}), compile_seconds=1.0, strategy="command")
+    [entry] = entry_dirs(cache.path)
+    listing = explain.scan
+
+    def moved_before_the_listing(*args: Any, **kwargs: Any) -> Any:
+        entry.rename(tmp_path / "moved")
+        return listing(*args, **kwargs)
+
+    monkeypatch.setattr(explain, "scan", moved_before_the_listing)
+    found = explain.explain(cache, key)
+    assert found.result == "hit"
+    assert found.entry is None
+    assert found.advice[0] == f"a pod with this argv loads entry {key.entry_name} without compiling"

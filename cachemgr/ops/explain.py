@@ -326,8 +326,13 @@ def _cache_advice(ex: Explanation) -> list[str]:
 def _lookup_advice(ex: Explanation, entries: tuple[EntryInfo, ...]) -> list[str]:
     key = ex.key
     if ex.result == "hit":
-        assert ex.entry is not None  # a hit has an entry
         signed = f", signed by {ex.signer}" if ex.trusting else ""
+        if ex.entry is None:
+            # The lookup found it, the listing before it did not (moved in meanwhile, or its summary
+            # names another key): what the lookup checked is what a pod loads.
+            return [
+                f"a pod with this argv loads entry {key.entry_name}{signed and f' ({signed[2:]})'} without compiling"
+            ]
         return [
             f"a pod with this argv loads entry {ex.entry.name} ({ex.entry.size_str}{signed}) without compiling"
         ]
