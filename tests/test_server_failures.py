@@ -467,3 +467,23 @@ def test_show_says_what_a_failed_compiles_server_raised_from_a_record_read_as_ho
     )
     assert "\x1b" not in text
     assert _failure_text({**planted, "raised": "not a list"}).count("raised") == 0
+
+
+def test_a_line_the_server_leaves_open_on_stderr_never_has_an_event_spliced_onto_it(
+    pods: Cluster, root: Path
+) -> None:
+    """A server that dies (or is frozen, or killed) mid-line leaves its last line open on the
+    stream cachemgr's own events go to: the next event was written onto that line, and neither
+    read as a line of JSON (the deaf-server test saw its server_killed event lost that way)."""
+    record = pods.work / "compiler.jsonl"
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(record)]
+    server = ["sh", "-c", "printf 'half a line' >&2; exit 3", "{artifact_dir}"]
+    job = pods.start("warm", server, cache_root=root, command="warm", options=options)
+    assert job.wait_exit() == 0, job.tail()
+    pod = pods.start("dies", server, cache_root=root, options=options)
+    assert pod.wait_exit() == 3, pod.tail()
+    lines = pod.log.read_text(errors="replace").splitlines()
+    assert "half a line" in lines, pod.tail()
+    after = lines[lines.index("half a line") + 1 :]
+    assert after, pod.tail()
+    assert [json.loads(line)["event"] for line in after][-1] == "phase", pod.tail()  # its stop, whole

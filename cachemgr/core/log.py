@@ -54,7 +54,25 @@ class _Sink:
             self.logger = _structlog_logger(self.format or resolve_format(None), self.level)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
         with terminal_guard():
+            if _OPEN_LINE.is_set():  # a child's line left open on stderr: ours starts a line of its own
+                _OPEN_LINE.clear()
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write("\n")
             getattr(self.logger, level)(event, timestamp=stamp, **fields)
+
+
+# Set while the last bytes a child wrote to cachemgr's stderr end no line (cachemgr.runtime.output:
+# a server frozen, killed or silent mid-line): the next event would be spliced onto that line, and
+# a log collector would read neither as JSON.
+_OPEN_LINE = threading.Event()
+
+
+def stderr_line_open(open_: bool) -> None:
+    """What a relay of a child's stderr says after each write: whether it left a line open."""
+    if open_:
+        _OPEN_LINE.set()
+    else:
+        _OPEN_LINE.clear()
 
 
 _GUARD: list[Callable[[], AbstractContextManager[Any]]] = []

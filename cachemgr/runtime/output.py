@@ -42,7 +42,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import IO
 
-from cachemgr.core.log import terminal_guard
+from cachemgr.core.log import stderr_line_open, terminal_guard
 
 CHUNK_BYTES = 64 << 10
 LINE_BYTES = 4 << 10  # a kept line (the tail, the failure record); what is past it is counted, not kept
@@ -308,6 +308,7 @@ class Pump:
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._out = getattr(sink, "buffer", None)
         self._held = b""
+        self._stderr = sink is sys.stderr  # cachemgr's own events go there too
 
     def run(self, disk_full: threading.Event | None = None) -> None:
         fd = self._stream.fileno()
@@ -348,6 +349,8 @@ class Pump:
             else:
                 self._sink.write(self._decoder.decode(data))
                 self._sink.flush()
+            if self._stderr:
+                stderr_line_open(not data.endswith(b"\n"))
 
 
 def _readable(fd: int, seconds: float) -> bool:
