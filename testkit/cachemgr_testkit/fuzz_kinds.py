@@ -178,8 +178,17 @@ def hardlink(target: Path, canary: Path) -> str:
     return "hardlink"
 
 
+def _shared(target: Path) -> bool:
+    """A file with other names (the hard link :func:`hardlink` planted to the canary): its times
+    and mode are the canary's too, which the trial itself must never change (seed 6363 trial 165)."""
+    st = target.lstat()
+    return not target.is_dir() and st.st_nlink > 1
+
+
 def skew_times(rng: random.Random, target: Path) -> str:
     """``target``'s access and modification times set far off (module doc); not through a link."""
+    if not target.is_symlink() and target.exists() and _shared(target):
+        return "skew-skipped-hardlink"
     when = rng.choice(SKEWS_NS)
     try:
         os.utime(target, ns=(when, when), follow_symlinks=False)
@@ -191,7 +200,7 @@ def skew_times(rng: random.Random, target: Path) -> str:
 
 def foreign(rng: random.Random, target: Path) -> str:
     """``target`` owned by root (the trial's pods run as :data:`POD_UID`), unreadable or read-only."""
-    if target.is_symlink() or not target.exists():
+    if target.is_symlink() or not target.exists() or _shared(target):
         return "foreign-skipped"
     os.chown(target, 0, 0, follow_symlinks=False)
     # The pods keep reading any file (podlib.as_user): what they meet is what they cannot write,
