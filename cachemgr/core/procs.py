@@ -84,3 +84,21 @@ class StopFlag:
                 return False
             time.sleep(min(0.05, remaining))
         return True
+
+
+# cachemgr's own helper processes (the remote transfer's child, cachemgr.remote.bounded): they are
+# under cachemgr as the server's workers are, but a stopped server's leftovers never include them
+# (cachemgr.runtime.launcher: an upload under way after a stop has its own bound).
+_HELPERS: set[int] = set()
+
+
+def add_helper(pid: int) -> None:
+    _HELPERS.add(pid)
+
+
+def discard_helper(pid: int) -> None:
+    _HELPERS.discard(pid)
+
+
+def helpers() -> frozenset[int]:
+    return frozenset(_HELPERS)

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cachemgr.core import procs
 from cachemgr.core.units import human_bytes, plural
 from cachemgr.remote import client
 from cachemgr.remote.config import ENV_BUDGET, RemoteConfig
@@ -157,6 +158,7 @@ class _Child:
                 env=_child_env(),
                 close_fds=True,
             )
+            procs.add_helper(proc.pid)
             reader = threading.Thread(
                 target=self._read, args=(proc,), name="cachemgr-remote-lines", daemon=True
             )
@@ -171,6 +173,7 @@ class _Child:
                 if proc.poll() is None:
                     proc.kill()  # SIGKILL: its sockets close with it, none of its threads writes on
                 proc.wait()
+                procs.discard_helper(proc.pid)
                 reader.join(timeout=5)
                 for pipe in (proc.stdin, proc.stdout):
                     with contextlib.suppress(OSError):

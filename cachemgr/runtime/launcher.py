@@ -30,7 +30,7 @@ from typing import IO, Any, Literal, NamedTuple
 
 from cachemgr.core.errors import ConfigError, Interrupted
 from cachemgr.core.fsutil import tree_bytes
-from cachemgr.core.procs import Flag, StopFlag
+from cachemgr.core.procs import Flag, StopFlag, helpers
 from cachemgr.runtime.output import LINE_BYTES, TAIL_LINES, ChildStreams
 
 # What compilers and vllm-rbln print when a write fails for space (errno 28 ENOSPC, 122 EDQUOT),
@@ -312,7 +312,7 @@ def kill_descendants(*, why: str, grace: float) -> int:
     as subreaper); how many. Said in the log, as the kubelet's own SIGKILL would not be."""
     import psutil  # only on a stop that overran its grace
 
-    procs = psutil.Process().children(recursive=True)
+    procs = _under_cachemgr()
     for proc in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
@@ -323,6 +323,22 @@ def kill_descendants(*, why: str, grace: float) -> int:
     return len(procs)
 
 
+def _under_cachemgr() -> list[Any]:
+    """Every process under cachemgr (psutil), but its own helpers (the remote transfer's child)
+    and theirs: a stopped server's tree and the orphans cachemgr adopted."""
+    import psutil  # only on a stop
+
+    mine = psutil.Process()
+    own = helpers()
+    skip: set[int] = set()
+    for child in mine.children():
+        if child.pid in own:
+            skip.add(child.pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                skip.update(p.pid for p in child.children(recursive=True))
+    return [p for p in mine.children(recursive=True) if p.pid not in skip]
+
+
 def _end_leftovers(deadline: float, *, reaper: bool) -> None:
     """After a stop, the server has exited: what it left running (an engine core it did not end)
     has until ``deadline``, then is killed; zombies are reaped meanwhile."""
@@ -330,7 +346,7 @@ def _end_leftovers(deadline: float, *, reaper: bool) -> None:
 
     def alive() -> list[psutil.Process]:
         left = []
-        for proc in psutil.Process().children(recursive=True):
+        for proc in _under_cachemgr():
             with contextlib.suppress(psutil.NoSuchProcess):
                 if proc.status() != psutil.STATUS_ZOMBIE:
                     left.append(proc)
