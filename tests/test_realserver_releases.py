@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from cachemgr_testkit import realserver
-from cachemgr_testkit.podlib import Cluster, Pod, cluster, free_port
+from cachemgr_testkit.podlib import Cluster, Pod, free_port
+from cachemgr_testkit.realserver import Real
 from cachemgr_testkit.scenarios import entry_dirs
 
 pytestmark = [pytest.mark.realserver, pytest.mark.timeout(1800)]
@@ -27,33 +28,27 @@ START = 420.0  # a real server starts in 20-120 s on this machine's 2 shared cor
 
 
 @pytest.fixture(scope="module", params=realserver.releases_under_test())
-def release(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    return name
+def real(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Real:
+    return realserver.real_for_tests(tmp_path_factory, request.param)
 
 
-@pytest.fixture(scope="module")
-def model(release: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    venv = realserver.environment_or_skip(release)
-    return venv, realserver.make_tiny_llama(venv, tmp_path_factory.mktemp("models") / "tiny-llama")
+@pytest.fixture
+def release(real: Real) -> str:
+    return real.release
 
 
-def _pods(release: str, model: tuple[Path, Path], work: Path, path: str) -> Iterator[Cluster]:
-    realserver.write_vllm(work / "realbin", model[0])
-    with cluster(work, **realserver.pod_env(work, release, path)) as group:
+@pytest.fixture
+def cr_pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
+    """Pods on RBLN-CR13 nodes: the vLLM-model path, host tensors."""
+    with realserver.real_pods(real, tmp_path, path="vllm") as group:
         yield group
 
 
 @pytest.fixture
-def cr_pods(release: str, model: tuple[Path, Path], tmp_path: Path) -> Iterator[Cluster]:
-    """Pods on RBLN-CR13 nodes: the vLLM-model path, host tensors."""
-    yield from _pods(release, model, tmp_path, "vllm")
-
-
-@pytest.fixture
-def ca_pods(release: str, model: tuple[Path, Path], tmp_path: Path) -> Iterator[Cluster]:
+def ca_pods(real: Real, tmp_path: Path) -> Iterator[Cluster]:
     """Pods on RBLN-CA25 nodes: the optimum path."""
-    yield from _pods(release, model, tmp_path, "optimum")
+    with realserver.real_pods(real, tmp_path, path="optimum") as group:
+        yield group
 
 
 def _serve(pods: Cluster, name: str, release: str, model: Path, root: Path, *, path: str) -> tuple[Pod, int]:
@@ -71,13 +66,15 @@ def _log(pod: Pod, event: str) -> list[dict[str, object]]:
 
 
 def test_vllm_model_path_two_cold_pods_one_compiles_the_other_reads_its_bundle(
-    cr_pods: Cluster, release: str, model: tuple[Path, Path], root: Path
+    cr_pods: Cluster, release: str, real: Real, root: Path
 ) -> None:
     """Two cold pods on one volume, the vLLM-model path: one server compiles the graphs and its pod
     publishes the bundle; the other pod waits for it and its server reads the bundle, compiling no
     graph. The key is the release's checked rules, not the strict key."""
     events = realserver.Events(cr_pods.work / "events.jsonl")
-    (a, port_a), (b, port_b) = (_serve(cr_pods, n, release, model[1], root, path="vllm") for n in ("a", "b"))
+    (a, port_a), (b, port_b) = (
+        _serve(cr_pods, n, release, real.model, root, path="vllm") for n in ("a", "b")
+    )
     for pod in (a, b):
         pod.wait_phase("serving", timeout=START)
     for port in (port_a, port_b):
@@ -97,7 +94,7 @@ def test_vllm_model_path_two_cold_pods_one_compiles_the_other_reads_its_bundle(
 
 
 def test_optimum_path_with_a_local_model_is_cached_where_the_release_saves_it(
-    ca_pods: Cluster, release: str, model: tuple[Path, Path], root: Path
+    ca_pods: Cluster, release: str, real: Real, root: Path
 ) -> None:
     """A model given as a local directory on the optimum path. Where the release saves its compile
     under VLLM_CACHE_ROOT (0.12.0), the entry is published and the next pod loads it. Where it does
@@ -112,7 +109,7 @@ def test_optimum_path_with_a_local_model_is_cached_where_the_release_saves_it(
     cached = realserver.CACHES_LOCAL_MODEL[release]
     pods = []
     for name in ("first", "second"):
-        pod, port = _serve(ca_pods, name, release, model[1], root, path="optimum")
+        pod, port = _serve(ca_pods, name, release, real.model, root, path="optimum")
         pod.wait_phase("serving", timeout=START)
         if cached:
             assert realserver.complete(port)["usage"]
