@@ -167,3 +167,45 @@ def test_the_pod_state_removed_under_a_serving_pod_comes_back_and_its_probes_pas
     assert (pod.state_dir / "heartbeat").is_file()
     probe = run_cli("probe", "ready", env=pod.env)
     assert probe.returncode == 0, probe.stdout + probe.stderr
+
+
+def test_an_attempt_published_while_its_owner_record_is_still_beaten_is_not_restored(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The publish takes the owner record with the attempt; the pod takes it off the beat only
+    after (the beat keeps a long publish's attempt alive). A beat in between finds it missing:
+    nothing is written again, and no ``record_restored`` says someone else removed it (CI: a pod
+    stopped under load logged that warning for its own published attempt)."""
+    import os
+
+    from cachemgr_testkit.scenarios import command_key
+
+    from cachemgr.core import log
+    from cachemgr.volume.heartbeat import Heartbeat
+    from cachemgr.volume.identity import PodIdentity
+    from cachemgr.volume.layout import open_root
+    from cachemgr.volume.store import create_staging, publish
+
+    (tmp_path / "volume").mkdir()
+    root = open_root(tmp_path / "volume", create=True)
+    key = command_key("decode")
+    identity = PodIdentity(pod="test", node="node-a", host="test", pid=os.getpid())
+    staging = create_staging(root, key, identity)
+    (staging.artifacts / "graph.rbln").write_bytes(b"x")
+    beat = Heartbeat()
+    beat.add(staging.owner_file, within=root.path, restore=staging.restore_owner)
+    publish(root, staging, key, identity=identity, compile_seconds=1.0, strategy="command")
+    assert not staging.owner_file.exists(), "the publish takes the owner record"
+
+    log.configure("json")  # its writer binds the captured stderr: unbound again below
+    try:
+        beat.beat()  # before the pod discards it
+        assert not staging.owner_file.exists(), "an owner record written again for an attempt that is gone"
+        assert "record_restored" not in capfd.readouterr().err
+        staging.owner_file.parent.mkdir(parents=True, exist_ok=True)
+        staging.path.mkdir()  # a live attempt whose owner record someone removed: that one comes back
+        beat.beat()
+        assert staging.owner_file.is_file()
+        assert "record_restored" in capfd.readouterr().err
+    finally:
+        log.configure("json")  # the next event binds the stderr of its own time, not this test's

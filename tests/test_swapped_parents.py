@@ -311,9 +311,10 @@ def test_a_hard_link_planted_as_a_beaten_record_is_written_again_not_touched(
     os.link(outside, record)
     restored: list[Path] = []
 
-    def restore() -> None:
+    def restore() -> bool:
         record.write_text("{}")
         restored.append(record)
+        return True
 
     beat = Heartbeat()
     beat.add(record, within=cache.path, restore=restore)

@@ -67,7 +67,7 @@ class Heartbeats:
             self._pending = None
             release_use(self._use_record, ended=self._start)
 
-    def add(self, path: Path, *, within: Path, restore: Callable[[], object] | None = None) -> None:
+    def add(self, path: Path, *, within: Path, restore: Callable[[], bool] | None = None) -> None:
         """Keep ``path`` fresh (a staging attempt's owner file under root ``within``) until :meth:`discard`;
         ``restore`` writes it again when a beat finds it removed."""
         self.volume.add(path, within=within, restore=restore)
@@ -112,13 +112,15 @@ class Heartbeats:
             release_use(self._use_record)
             self._use_record = None
 
-    def _restore_use(self) -> None:
+    def _restore_use(self) -> bool:
         """The record went missing (a beat found it gone): write it again, as it was first written.
         Called by the volume's heartbeat under its own lock, never this one's (release_use and stop
         take that lock only after taking the record off the beat)."""
         register = self._register
-        if register is not None:
-            register()
+        if register is None:
+            return False
+        register()
+        return True
 
     def _retry_use(self) -> None:
         with self._lock:

@@ -42,7 +42,7 @@ class Heartbeat:
         self._interval = interval
         self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
         # A watched file -> how to write it again when a beat finds it missing.
-        self._restores: dict[Path, Callable[[], object]] = {}
+        self._restores: dict[Path, Callable[[], bool]] = {}
         self._refused: set[Path] = set()  # restores the volume refused: warned about once
         self._callbacks: list[Any] = []
         self._lock = threading.Lock()
@@ -53,10 +53,12 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def add(self, *paths: Path, within: Path, restore: Callable[[], object] | None = None) -> None:
+    def add(self, *paths: Path, within: Path, restore: Callable[[], bool] | None = None) -> None:
         """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat.
 
-        ``restore``: writes the file again when a beat finds it (or its folder) missing.
+        ``restore``: writes the file again when a beat finds it (or its folder) missing; False when
+        it had nothing to write again (the file went with the work it stood for: a staging attempt
+        published, its owner record with it, before the pod took the record off the beat).
         """
         with self._lock:
             self._paths.update(dict.fromkeys(paths, within))
@@ -103,7 +105,7 @@ class Heartbeat:
             if restore is None or path not in self._paths:
                 return
             try:
-                restore()
+                wrote = restore()
             except Exception as error:  # noqa: BLE001 -- the volume refused: tried again at the next beat
                 if path not in self._refused:
                     self._refused.add(path)
@@ -115,6 +117,8 @@ class Heartbeat:
                     )
                 return
             self._refused.discard(path)
+            if not wrote:
+                return  # gone with its work, on purpose: nothing was removed by anyone else
         log.warning(
             "record_restored",
             record=path.name,

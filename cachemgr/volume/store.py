@@ -219,13 +219,17 @@ class Staging(NamedTuple):
     def artifacts(self) -> Path:
         return self.path / ARTIFACTS
 
-    def restore_owner(self) -> None:
+    def restore_owner(self) -> bool:
         """The owner record again, as it was, while the attempt is there (the heartbeat's restore:
-        a silent attempt is taken for a dead pod's); one published or discarded meanwhile keeps none."""
-        if self.owner and self._there():
-            atomic_write_json(self.owner_file, dict(self.owner), within=self.within)
-            if not self._there():
-                remove_tree(self.owner_file, within=self.within)
+        a silent attempt is taken for a dead pod's); one published or discarded meanwhile keeps
+        none. False: nothing was written (the attempt went, as a publish takes it, with its owner)."""
+        if not (self.owner and self._there()):
+            return False
+        atomic_write_json(self.owner_file, dict(self.owner), within=self.within)
+        if not self._there():
+            remove_tree(self.owner_file, within=self.within)
+            return False
+        return True
 
     def _there(self) -> bool:
         st = safefs.lstat(self.within or self.path.parent, self.path)
