@@ -586,6 +586,60 @@ def test_a_compile_that_leaves_a_symlink_in_its_output_is_a_failed_compile(volum
     assert len(entry_dirs(volume.root)) == 1, "nothing new was published"
 
 
+@pytest.mark.parametrize("command", ["warm", "run"])
+def test_a_staging_folder_swapped_as_the_compile_ends_is_refused_not_called_an_empty_compile(
+    volume: Volume, command: str
+) -> None:
+    """A writer swaps ``staging/<digest>`` for a link to a folder outside as the compile ends (here
+    the compile command itself, the moment it is done): the refusal of a swapped folder (74,
+    naming it), never "the compile command wrote no file" (70), and nothing outside is read into
+    an entry or written."""
+    script = (
+        "echo graph > {output_dir}/graph.rbln && "
+        'key=$(dirname "$(dirname "$(readlink -f {output_dir})")") && '
+        f'mv "$key" "$key.aside" && ln -s {volume.canary} "$key"'
+    )
+    options = ("--strategy", "command", "--compile-cmd", f"sh -c {shlex.quote(script)}")
+    before = sorted(p.name for p in volume.canary.rglob("*"))
+    pod = volume.pods.start(
+        "a", server_argv(free_port()), cache_root=volume.root, command=command, options=options
+    )
+    assert pod.wait_exit() == 74, pod.tail()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "staging/" in message, message
+    assert "symbolic link" in message, message
+    assert sorted(p.name for p in volume.canary.rglob("*")) == before, "the canary changed"
+    assert len(entry_dirs(volume.root)) == 1, "nothing new was published"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("strategy", ["command", "vllm"])
+def test_the_loadable_check_refuses_a_swapped_staging_folder_rather_than_look_through_it(
+    tmp_path: Path, strategy: str
+) -> None:
+    """The check that a compile wrote something loadable, between the compile and the publish,
+    looked by path: a swap of ``staging/<digest>`` for a link in that moment (the fuzzer's
+    swapper, seed 7070 trial 125: a warm Job exited 70, "the compile command wrote no file")
+    made it look into the link's target and call a good compile empty. From the root, it meets
+    the link and refuses it (74), as every other step of the attempt does."""
+    from cachemgr.runtime.loadable import why_not_loadable
+
+    root = tmp_path / "volume"
+    artifacts = root / "staging" / ("d" * 32) / "attempt" / "artifacts"
+    (artifacts / "compiled_models" / "m").mkdir(parents=True)
+    (artifacts / "compiled_models" / "m" / "rbln_config.json").write_text('{"_compile_cfgs": [{}]}')
+    (artifacts / "compiled_models" / "m" / "compiled_model.rbln").write_bytes(b"graph")
+    assert why_not_loadable(artifacts, strategy=strategy, within=root) is None
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    key = artifacts.parent.parent
+    key.rename(key.with_name("aside"))
+    key.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafePathError):
+        why_not_loadable(artifacts, strategy=strategy, within=root)
+    assert list(outside.iterdir()) == []
+
+
 # --- records are written by a temporary name nobody can guess --------------------------------------
 
 

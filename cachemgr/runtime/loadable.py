@@ -33,24 +33,43 @@ _CONFIG_LIMIT = 16 << 20  # an rbln_config.json is kilobytes; anything this larg
 _DEPTH = 8  # submodules of submodules (a VLM's vision tower); deeper is not a model
 
 
-def why_not_loadable(artifacts: Path, *, strategy: str, layouts: tuple[str, ...] = LAYOUTS) -> str | None:
+def why_not_loadable(
+    artifacts: Path, *, strategy: str, layouts: tuple[str, ...] = LAYOUTS, within: Path | None = None
+) -> str | None:
     """None when ``artifacts`` holds something the server will load, else why not (one clause);
-    for the vllm strategy, in one of ``layouts`` (the key's release's, for its model paths)."""
-    if strategy == "vllm":
-        found = []
-        if "optimum_dir" in layouts:
-            found = [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
-        problems = [why for why in (missing_graphs(p.parent) for p in found) if why]
-        if problems:
-            return problems[0]
-        if found or ("bundle" in layouts and _bundles(artifacts)):
+    for the vllm strategy, in one of ``layouts`` (the key's release's, for its model paths).
+
+    ``within``: the cache root ``artifacts`` lies under, reached from it one level at a time
+    (safefs): a writer who swaps ``staging/<digest>`` for a link meanwhile gets the refusal of a
+    swapped folder (UnsafePathError, 74), never a look into wherever the link points, which would
+    call a good compile empty (a warm Job's exit 70: the fuzzer, seed 7070 trial 125).
+    """
+    if strategy != "vllm":
+        if _any_file(artifacts, within=within):
             return None
-        looked = [f"compiled_models/*/{RBLN_CONFIG}"] * ("optimum_dir" in layouts)
-        looked += [f"rbln/**/rank*/{BUNDLE}"] * ("bundle" in layouts)
-        return f"the server saved no compiled model under {artifacts} (no {', no '.join(looked)})"
-    if _any_file(artifacts):
+        return f"the compile command wrote no file into {artifacts}"
+    if within is None:
+        return _why_not_served(artifacts, layouts)
+    try:
+        with safefs.pinned(within, artifacts) as pinned:  # read through this process's descriptor
+            why = _why_not_served(pinned, layouts)
+    except FileNotFoundError:  # removed since the compile: nothing there to load
+        return _why_not_served(artifacts, layouts, missing=True)
+    return None if why is None else why.replace(str(pinned), str(artifacts))
+
+
+def _why_not_served(artifacts: Path, layouts: tuple[str, ...], *, missing: bool = False) -> str | None:
+    found = []
+    if "optimum_dir" in layouts and not missing:
+        found = [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
+    problems = [why for why in (missing_graphs(p.parent) for p in found) if why]
+    if problems:
+        return problems[0]
+    if found or ("bundle" in layouts and not missing and _bundles(artifacts)):
         return None
-    return f"the compile command wrote no file into {artifacts}"
+    looked = [f"compiled_models/*/{RBLN_CONFIG}"] * ("optimum_dir" in layouts)
+    looked += [f"rbln/**/rank*/{BUNDLE}"] * ("bundle" in layouts)
+    return f"the server saved no compiled model under {artifacts} (no {', no '.join(looked)})"
 
 
 def missing_graphs(compiled: Path) -> str | None:
@@ -113,14 +132,19 @@ def _nonempty(path: Path) -> bool:
         return False
 
 
-def _any_file(artifacts: Path) -> bool:
+def _any_file(artifacts: Path, *, within: Path | None) -> bool:
     """A non-empty regular file anywhere below ``artifacts`` (the one walk: however deep, no link
-    followed; os.walk recursed once per level, and a planted chain of 1,100 folders ended it)."""
+    followed; os.walk recursed once per level, and a planted chain of 1,100 folders ended it).
+    Reached from ``within`` when given: a folder on the way swapped for a link is refused."""
     try:
-        with safefs.open_tree(artifacts, within=None) as top:
+        with safefs.open_tree(artifacts, within=within) as top:
             for _, item, _ in safewalk.walk(top):
                 if item.is_file(follow_symlinks=False) and item.stat(follow_symlinks=False).st_size > 0:
                     return True
-    except (OSError, safefs.UnsafePathError):
+    except safefs.UnsafePathError:
+        if within is not None:
+            raise  # the refusal of a swapped folder (74), not an empty compile
+        return False
+    except OSError:
         return False
     return False

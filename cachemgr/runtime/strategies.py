@@ -143,7 +143,8 @@ class Strategy:
         serving unpublished; a compile that is all there is (warm, compile-only) has failed."""
         from cachemgr.runtime.loadable import why_not_loadable
 
-        why = why_not_loadable(staging.artifacts, strategy=self.name, layouts=_layouts(key))
+        within = staging.within or self.pod.options.cache_root
+        why = why_not_loadable(staging.artifacts, strategy=self.name, layouts=_layouts(key), within=within)
         if why is None:
             return True
         cannot = "; ".join(key.details.get("uncacheable", ())) or "see the server's output"
