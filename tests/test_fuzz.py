@@ -68,7 +68,8 @@ Short form (CI): ``CACHEMGR_FUZZ_TRIALS`` (default 3). Long form::
 
 ``CACHEMGR_FUZZ_SEED`` fixes the plants (it is printed); a failing trial names the command that
 replays it. ``CACHEMGR_FUZZ_REPORT=FILE`` writes the totals as JSON (and each failing trial's violations
-to ``FILE.violations`` as it ends).
+to ``FILE.violations`` as it ends). ``CACHEMGR_FUZZ_KEEP=DIR`` keeps a failing trial's pod logs and
+commands' output in ``DIR/trialNNN/``.
 """
 
 from __future__ import annotations
@@ -347,6 +348,7 @@ class Trial:
     credentials: dict[str, str] = field(default_factory=dict)  # malformed, in every remote env
     loop_endpoint: str | None = None  # a proxy whose listings loop (tests/s3fault.py)
     planted: bytes | None = None  # key A's remote manifest as the damage left it
+    transcript: list[str] = field(default_factory=list)  # each command's output, kept on a violation
 
     @property
     def remote(self) -> dict[str, str]:
@@ -544,6 +546,7 @@ class Trial:
         err = done.stderr.decode("utf-8", "surrogateescape")
         self.outcomes[f"{name}:{done.returncode}"] += 1
         said = f"`cachemgr {' '.join(args)}` exited {done.returncode} in {time.monotonic() - started:.1f}s"
+        self.transcript.append(f"$ {said}\n{out[-6000:]}{err[-6000:]}")
         found = self._failure(said, done.returncode, err, self._allowed(name, args))
         if name.startswith("operator:"):
             found += _operator_failure(said, done.returncode, err)
@@ -861,6 +864,15 @@ def _operator_failure(said: str, code: int, err: str) -> list[str]:
     return []
 
 
+def _keep(into: Path, work: Path, trial: Trial) -> None:
+    """CACHEMGR_FUZZ_KEEP: a violating trial's pods' logs and commands' output, kept to read."""
+    into.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        shutil.copytree(work / "logs", into / "logs", dirs_exist_ok=True)
+    (into / "commands.txt").write_text("\n".join(trial.transcript), errors="replace")
+    (into / "plants.txt").write_text("\n".join(str(plant) for plant in trial.plants), errors="replace")
+
+
 def _make_canary(path: Path) -> Path:
     (path / "sub").mkdir(parents=True)
     (path / "file.bin").write_bytes(os.urandom(4096))
@@ -953,6 +965,8 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
         if after != before:
             trial.violations.append(f"the canary outside the root was touched: {_touched(before, after)}")
     finally:
+        if trial.violations and os.environ.get("CACHEMGR_FUZZ_KEEP"):
+            _keep(Path(os.environ["CACHEMGR_FUZZ_KEEP"]) / f"trial{index:03d}", base / "work", trial)
         remove_deep(root)  # the planted chains of 1,100 folders: pytest's own cleanup recurses
         if base != tmp_path:
             shutil.rmtree(base, ignore_errors=True)
