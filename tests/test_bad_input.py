@@ -143,13 +143,17 @@ MARKERS = [
     '{"layout": NaN}',
     '{"layout": ' + "9" * 400 + "}",
     '{"layout": ' + "[" * 900 + "]" * 900 + "}",
+    # No layout any cachemgr writes, not "a newer cachemgr" (the fuzzer, seed 7070 trial 124).
+    '{"layout": 9223372036854775808}',
+    '{"layout": 0}',
+    '{"layout": true}',
 ]
 
 
 @pytest.mark.parametrize(
     "text",
     MARKERS,
-    ids=["inf", "-inf", "nan", "400-digits", "nested-900"],
+    ids=["inf", "-inf", "nan", "400-digits", "nested-900", "2**63", "zero", "bool"],
 )
 @pytest.mark.parametrize("command", ["run", "ls", "du", "prune"])
 def test_a_marker_with_numbers_out_of_range_is_a_damaged_volume(

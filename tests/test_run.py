@@ -188,7 +188,9 @@ def test_a_newer_layout_is_refused(pods: Cluster, root: Path) -> None:
     assert result.returncode == 0, "key does not touch the volume"
     pod = pods.start("a", vllm_argv(free_port()), cache_root=root)
     assert pod.wait_exit() == 74
-    assert "newer cachemgr" in (pod.state_dir / "termination-log").read_text()
+    message = (pod.state_dir / "termination-log").read_text()
+    assert "newer cachemgr" in message
+    assert "cachemgr-layout.json" in message, "the record that says so is named"
 
 
 def test_missing_cache_root_is_a_clear_error(pods: Cluster, tmp_path: Path) -> None:

@@ -128,10 +128,10 @@ def open_root(path: Path, *, create: bool) -> CacheRoot:
         layout = None
     if layout is not None and layout > LAYOUT_VERSION:
         raise VolumeError(
-            f"cache root {path} was written by a newer cachemgr (layout {layout}; this one reads "
-            f"{LAYOUT_VERSION})",
+            f"cache root {path} was written by a newer cachemgr (layout {layout} in {marker}; this one "
+            f"reads {LAYOUT_VERSION})",
             remedy="run the newer image, or give this one a separate cache volume",
-            path=str(path),
+            path=str(marker),
         )
     root.check_layout()
     if create:
@@ -139,22 +139,29 @@ def open_root(path: Path, *, create: bool) -> CacheRoot:
     return root
 
 
+# Layouts are numbered 1, 2, ...: a number past this is no layout any cachemgr writes, and is
+# called damage rather than "a newer cachemgr" (a marker claiming layout 2**63: the fuzzer).
+_LAYOUT_MAX = 999
+
+
 def _read_marker(marker: Path) -> int:
     try:
-        data = jsonread.read(marker)
-        return int(data["layout"])
+        layout = jsonread.read(marker)["layout"]
     except FileNotFoundError:
         raise
     except PermissionError as error:
         raise _volume_error(marker.parent, error, "read") from error
     except (ValueError, KeyError, TypeError, OverflowError):
+        layout = None
+    except OSError as error:
+        raise _volume_error(marker.parent, error, "read") from error
+    if not isinstance(layout, int) or isinstance(layout, bool) or not 1 <= layout <= _LAYOUT_MAX:
         raise VolumeError(
             f"cache root marker {marker} is damaged (not a cachemgr layout record)",
             remedy=f"if this volume is a cachemgr cache, delete {marker} and cachemgr recreates it",
             path=str(marker),
-        ) from None
-    except OSError as error:
-        raise _volume_error(marker.parent, error, "read") from error
+        )
+    return layout
 
 
 def _initialise(root: CacheRoot, *, has_marker: bool) -> None:
