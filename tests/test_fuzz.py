@@ -778,8 +778,15 @@ class Trial:
             self._live_back(removed, {pod.name: pod for pod in live}, slow)
             self.violations += pruned.result()
         self.commands += 1
+        unseen = {pod.name for pod in live if _use_unrecorded(pod)}
         for name, entry in entries.items():
             if entry and not (self.root / "entries" / entry).is_dir():
+                if name in unseen:
+                    # Its use record was refused (a usage folder the pod may not write, planted as
+                    # another user's): serving, but unseen by prune until a retry writes it, as its
+                    # use_not_recorded warning says (docs/design.md, the threat model).
+                    self.outcomes["live:pruned-unrecorded-use"] += 1
+                    continue
                 self.violations.append(f"prune removed {entry}, in use by the serving pod {name}; {said}")
         gone = [a.name for a in attempts if not a.is_dir()]
         if gone and slow.phase == "compiling":  # read after: the attempt went while it compiled
@@ -833,6 +840,13 @@ def _owned(root: Path, pod: Pod) -> dict[str, list[Path]]:
     }
     owned["owner-record"] = [p for p in owned["owner-record"] if p.with_suffix("").name in compiling]
     return owned
+
+
+def _use_unrecorded(pod: Pod) -> bool:
+    """The pod's use record was refused and no retry has written it since (seed 7070 trial 39:
+    ``usage/<key>`` planted read-only and another user's, EACCES at every beat)."""
+    said = [e.get("event") for e in _events(pod, "use_not_recorded", "use_recorded")]
+    return bool(said) and said[-1] == "use_not_recorded"
 
 
 def _events(pod: Pod, *names: str) -> list[dict[str, Any]]:
