@@ -349,6 +349,13 @@ class Trial:
     loop_endpoint: str | None = None  # a proxy whose listings loop (tests/s3fault.py)
     planted: bytes | None = None  # key A's remote manifest as the damage left it
     transcript: list[str] = field(default_factory=list)  # each command's output, kept on a violation
+    swapper: Swapper | None = None  # a swapping trial's, paused for the fuzzer's own looks
+
+    def steady(self) -> contextlib.AbstractContextManager[None]:
+        """No swap while the block looks at the volume (Swapper.paused)."""
+        return (
+            self.swapper.paused() if self.swapper is not None and self.swapping else contextlib.nullcontext()
+        )
 
     @property
     def remote(self) -> dict[str, str]:
@@ -766,6 +773,17 @@ class Trial:
             return [("run", slow)]
         live = [pod for pod in [*serving, slow] if pod.proc.poll() is None]
         entries = {pod.name: pod.state().get("entry") for pod in live if pod.phase == "serving"}
+        with self.steady():
+            # Only what is there now can prune remove: a peer that holds the signing key may have
+            # set an unsigned entry aside before (seed 7070 trial 116: the builder, as designed).
+            gone_before = {n for n, e in entries.items() if e and not (self.root / "entries" / e).is_dir()}
+            aside = {n for n in gone_before if list((self.root / "quarantine").glob(f"{entries[n]}.*"))}
+        self.outcomes.update("live:entry-set-aside-before" for _ in aside)
+        self.violations += [
+            f"the entry {entries[n]} of the serving pod {n} is gone, and not set aside"
+            for n in gone_before - aside
+        ]
+        entries = {n: e for n, e in entries.items() if n not in gone_before}
         attempts = [p.with_suffix("") for p in live_records(self.root, "slow", slow.proc.pid)["owner-record"]]
         removed: dict[str, list[Plant]] = {}
         for pod in live:
@@ -779,8 +797,11 @@ class Trial:
             self.violations += pruned.result()
         self.commands += 1
         unseen = {pod.name for pod in live if _use_unrecorded(pod)}
+        with self.steady():
+            there = {name: bool(entry) and (self.root / "entries" / entry).is_dir() for name, entry in entries.items()}  # fmt: skip
+            gone = [a.name for a in attempts if not a.is_dir()]
         for name, entry in entries.items():
-            if entry and not (self.root / "entries" / entry).is_dir():
+            if entry and not there[name]:
                 if name in unseen:
                     # Its use record was refused (a usage folder the pod may not write, planted as
                     # another user's): serving, but unseen by prune until a retry writes it, as its
@@ -788,7 +809,6 @@ class Trial:
                     self.outcomes["live:pruned-unrecorded-use"] += 1
                     continue
                 self.violations.append(f"prune removed {entry}, in use by the serving pod {name}; {said}")
-        gone = [a.name for a in attempts if not a.is_dir()]
         if gone and slow.phase == "compiling":  # read after: the attempt went while it compiled
             self.violations.append(f"the compiling pod's attempt {gone} was removed; {said}")
         self._settle("run", slow, time.monotonic() + POD_DEADLINE)
@@ -810,14 +830,17 @@ class Trial:
 
         def missing() -> list[str]:
             compiling = slow.proc.poll() is None and slow.phase == "compiling"
-            return [
-                plant.where
-                for name, plants in removed.items()
-                for plant in plants
-                if pods[name].proc.poll() is None
-                and (name != "slow" or compiling or plant.kind in {"live:use-record", "live:usage-folder"})
-                and not (self.root / plant.where).exists()
-            ]
+            with self.steady():
+                return [
+                    plant.where
+                    for name, plants in removed.items()
+                    for plant in plants
+                    if pods[name].proc.poll() is None
+                    and (
+                        name != "slow" or compiling or plant.kind in {"live:use-record", "live:usage-folder"}
+                    )
+                    and not (self.root / plant.where).exists()
+                ]
 
         try:
             wait_for(
@@ -952,6 +975,7 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
     )
     trial.user, trial.swapping = user, swapping
     swapper = Swapper(root, canary, mode, trial.plants)
+    trial.swapper = swapper
     try:
         if user is not None:
             give_to_pods(root)
