@@ -79,6 +79,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -555,6 +556,8 @@ class Trial:
         said = f"`cachemgr {' '.join(args)}` exited {done.returncode} in {time.monotonic() - started:.1f}s"
         self.transcript.append(f"$ {said}\n{out[-6000:]}{err[-6000:]}")
         found = self._failure(said, done.returncode, err, self._allowed(name, args))
+        if name == "show":
+            found += _ambiguity(said, done.returncode, err)
         if name.startswith("operator:"):
             found += _operator_failure(said, done.returncode, err)
         # A tab is printed where an operator's template asks for one ({"\t"}), and only then.
@@ -881,7 +884,18 @@ def _allowed(name: str) -> set[int]:
     # operator:COMMAND: an operator's template, columns or --sort-by, bad input (64) or not.
     if name.startswith("operator:"):
         return _allowed(name.partition(":")[2]) | {64}
-    return {"verify": {0, 66, 74}, "explain": {0, 1}, "show": {0, 66}}.get(name, {0})
+    # show 64: a name planted with the key's digits makes its prefix match two keys (_ambiguity).
+    return {"verify": {0, 66, 74}, "explain": {0, 1}, "show": {0, 64, 66}}.get(name, {0})
+
+
+def _ambiguity(said: str, code: int, err: str) -> list[str]:
+    """An ambiguous key (64) lists candidates an operator can tell apart (seed 7171 trial 86:
+    "matches 2 keys (b9657c6a7a85, b9657c6a7a85)")."""
+    found = re.search(r"matches \d+ keys \((.*)\)", err)
+    if code != 64 or found is None:
+        return [f"{said}: a usage error that is not an ambiguous key:\n{err[-800:]}"] if code == 64 else []
+    listed = found.group(1).removesuffix(", ...").split(", ")
+    return [] if len(set(listed)) == len(listed) else [f"{said}: candidates alike: {found.group(0)}"]
 
 
 def _operator_failure(said: str, code: int, err: str) -> list[str]:

@@ -267,6 +267,26 @@ def test_show_refuses_unknown_and_ambiguous_keys(cache: Built) -> None:
     assert ("matches" in ambiguous.stderr) or ("empty" in ambiguous.stderr)
 
 
+def test_an_ambiguous_key_lists_candidates_an_operator_can_tell_apart(cache: Built) -> None:
+    """A folder planted with an entry's name but 15 of the key's digits and a newline (the records'
+    grammar, hostile): ``show`` of the key's 12 digits is ambiguous (64), and the candidates were
+    listed as "b9657c6a7a85, b9657c6a7a85" (seed 7171 trial 86). Each is now shown whole where
+    their 12 digits agree, escaped, with its entry's name."""
+    entry = entry_dirs(cache.root)[0]
+    digest = read_manifest(entry).key
+    planted = entry.with_name(entry.name.rsplit("__", 1)[0] + "__" + digest[:15] + "\n")
+    planted.mkdir()
+    done = cli("show", digest[:12], env=cache.env)
+    assert done.returncode == 64, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "matches 2 keys" in line]
+    assert digest in line, "the real key, whole: the planted one shares its first 12 digits"
+    assert f"(entry {entry.name})" in line
+    assert "\\n" in line, "the planted name's newline, escaped"
+    assert cli("show", digest, env=cache.env).returncode == 0, (
+        "the whole key, as the remedy says, is not ambiguous"
+    )
+
+
 def test_show_of_a_damaged_entry_says_what_to_do_and_then_where_the_entry_went(cache: Built) -> None:
     """An operator who deleted or truncated a file of an entry reads ``show``: it names the command
     that moves the entry aside, which works as printed; ``show`` of the key afterwards says where

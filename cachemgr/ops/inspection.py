@@ -211,11 +211,20 @@ def find_key(root: CacheRoot, query: str) -> KeyMatch:
             f"no entry, compile attempt or failure record under {root.path} matches {query!r}",
             remedy="'cachemgr ls' lists the keys; pass a prefix of one or an entry name",
         )
-    listed = ", ".join(sorted(d[:12] for d in matches)[:6])
     raise UsageError(
-        f"{query!r} matches {plural(len(matches), 'key')} ({listed}{', ...' if len(matches) > 6 else ''})",
+        f"{query!r} matches {plural(len(matches), 'key')} ({_candidates(matches)})",
         remedy="pass a longer prefix or the entry name",
     )
+
+
+def _candidates(matches: dict[str, str | None]) -> str:
+    """The keys an ambiguous query matches, each as an operator can tell it from the others: 12
+    digits, or the whole name where two share those (a name planted with a key's digits, seed
+    7171 trial 86, printed "b9657c6a7a85, b9657c6a7a85"); an entry's name beside its key."""
+    keys = sorted(matches)
+    width = 12 if len({d[:12] for d in keys}) == len(keys) else max(len(d) for d in keys)
+    shown = [safe(d[:width]) + (f" (entry {safe(matches[d] or '')})" if matches[d] else "") for d in keys[:6]]
+    return ", ".join(shown) + (", ..." if len(keys) > 6 else "")
 
 
 def _quarantined_matching(root: CacheRoot, query: str, prefix: str) -> Quarantined | None:
