@@ -32,7 +32,20 @@ def refused(template: str) -> str:
     line = caught.value.one_line()
     assert "\n" not in line, line
     assert len(line) < 400, line
+    assert safe(line) == line, f"not printable as it is: {line!r}"
     return line
+
+
+@pytest.mark.parametrize(
+    "inside",
+    ["\x1b7red\x1b8", "a\tb", "\u200b", "x" * 500, "?(@.a == 1)" + "\x07" * 3, "\udcff"],
+    ids=["escape", "tab", "zero-width", "long", "filter-and-bells", "surrogate"],
+)
+def test_a_bracket_that_is_nothing_jsonpath_knows_is_shown_escaped_and_short(inside: str) -> None:
+    """The bracket was printed raw and whole in the error (seed 7171's operator inputs: a bracket
+    of nested filters holding characters a terminal acts on)."""
+    line = refused(f"{{.items[{inside}]}}")
+    assert "is not an index, a slice" in line
 
 
 @pytest.mark.parametrize("template", ["{.items[::0]}", "{.items[1:5:0]}", "{.items[-3::-0]}"])

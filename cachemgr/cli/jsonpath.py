@@ -51,6 +51,14 @@ _OPS = ("==", "!=", "<=", ">=", "<", ">")
 _MISSING = object()
 
 
+def _part(inside: str) -> str:
+    """A bracket of the operator's template as an error shows it: escaped (repr) and cut short,
+    never raw (seed 7171's operator inputs: a bracket of nested filters printed whole, with the
+    characters it held)."""
+    shown = inside if len(inside) <= 40 else inside[:37] + "..."
+    return f"[{shown!r}]"
+
+
 def _error(message: str, text: str) -> UsageError:
     shown = text if len(text) <= 80 else text[:77] + "..."
     return UsageError(
@@ -173,7 +181,7 @@ class _Parser:
             return _slice(slice(start, stop, step))
         if _INDEX.fullmatch(inside):
             return _index(_integer(inside, self.text))
-        raise _error(f"[{inside}] is not an index, a slice, [*], a quoted name or a filter", self.text)
+        raise _error(f"{_part(inside)} is not an index, a slice, [*], a quoted name or a filter", self.text)
 
     def _closing(self) -> int:
         depth, quote = 0, ""
