@@ -51,18 +51,21 @@ _OPS = ("==", "!=", "<=", ">=", "<", ">")
 _MISSING = object()
 
 
+def _cut(text: str, limit: int) -> str:
+    """``text`` as an error quotes it: at most ``limit`` characters, "..." where it was cut."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _part(inside: str) -> str:
     """A bracket of the operator's template as an error shows it: escaped (repr) and cut short,
     never raw (seed 7171's operator inputs: a bracket of nested filters printed whole, with the
     characters it held)."""
-    shown = inside if len(inside) <= 40 else inside[:37] + "..."
-    return f"[{shown!r}]"
+    return f"[{_cut(inside, 40)!r}]"
 
 
 def _error(message: str, text: str) -> UsageError:
-    shown = text if len(text) <= 80 else text[:77] + "..."
     return UsageError(
-        f"JSONPath {shown!r}: {message}",
+        f"JSONPath {_cut(text, 80)!r}: {message}",
         remedy="see 'Output for scripts' in docs/reference.md, e.g. -o jsonpath='{.items[*].key}'",
     )
 

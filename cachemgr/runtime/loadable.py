@@ -54,19 +54,23 @@ def why_not_loadable(
         with safefs.pinned(within, artifacts) as pinned:  # read through this process's descriptor
             why = _why_not_served(pinned, layouts)
     except FileNotFoundError:  # removed since the compile: nothing there to load
-        return _why_not_served(artifacts, layouts, missing=True)
+        return _nothing_saved(artifacts, layouts)
     return None if why is None else why.replace(str(pinned), str(artifacts))
 
 
-def _why_not_served(artifacts: Path, layouts: tuple[str, ...], *, missing: bool = False) -> str | None:
+def _why_not_served(artifacts: Path, layouts: tuple[str, ...]) -> str | None:
     found = []
-    if "optimum_dir" in layouts and not missing:
+    if "optimum_dir" in layouts:
         found = [p for p in (artifacts / "compiled_models").glob(f"*/{RBLN_CONFIG}") if _nonempty(p)]
     problems = [why for why in (missing_graphs(p.parent) for p in found) if why]
     if problems:
         return problems[0]
-    if found or ("bundle" in layouts and not missing and _bundles(artifacts)):
+    if found or ("bundle" in layouts and _bundles(artifacts)):
         return None
+    return _nothing_saved(artifacts, layouts)
+
+
+def _nothing_saved(artifacts: Path, layouts: tuple[str, ...]) -> str:
     looked = [f"compiled_models/*/{RBLN_CONFIG}"] * ("optimum_dir" in layouts)
     looked += [f"rbln/**/rank*/{BUNDLE}"] * ("bundle" in layouts)
     return f"the server saved no compiled model under {artifacts} (no {', no '.join(looked)})"
