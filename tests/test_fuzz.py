@@ -149,6 +149,7 @@ REMOTE_LIMITS = {
 POD_OPTIONS = ["--wait-timeout", "60s", "--lease-duration", "3"]
 LIVE_COMPILE_S = 20  # the live phase's compile: longer than its prune (8 s) and the records' return
 LIVE_BACK_S = 10.0  # a removed record is back within this: a beat (2 s; the lease's 1 s), and a margin
+USE_KINDS = {"live:use-record", "live:usage-folder"}  # a use record's plants, exempt while it is refused
 OPEN_FILES = 1_024  # every pod and command runs under a container's usual limit (ulimit -n)
 PRUNE_SELECTORS = [
     "--damaged", "--stale-staging", "--failures", "--unused-for", "0s", "--incompatible", "--superseded"
@@ -829,7 +830,8 @@ class Trial:
 
     def _live_back(self, removed: dict[str, list[Plant]], pods: dict[str, Pod], slow: Pod) -> None:
         """Every removed record of a pod still running is back within LIVE_BACK_S (the compiling
-        pod's attempt records only while it compiles: a publish ends them)."""
+        pod's attempt records only while it compiles: a publish ends them), but a use record the
+        volume refuses to the pod, as its warning says (:func:`_use_unrecorded`)."""
 
         def missing() -> list[str]:
             compiling = slow.proc.poll() is None and slow.phase == "compiling"
@@ -839,9 +841,8 @@ class Trial:
                     for name, plants in removed.items()
                     for plant in plants
                     if pods[name].proc.poll() is None
-                    and (
-                        name != "slow" or compiling or plant.kind in {"live:use-record", "live:usage-folder"}
-                    )
+                    and (name != "slow" or compiling or plant.kind in USE_KINDS)
+                    and not (plant.kind in USE_KINDS and _use_unrecorded(pods[name]))
                     and not (self.root / plant.where).exists()
                 ]
 
@@ -869,10 +870,18 @@ def _owned(root: Path, pod: Pod) -> dict[str, list[Path]]:
 
 
 def _use_unrecorded(pod: Pod) -> bool:
-    """The pod's use record was refused and no retry has written it since (seed 7070 trial 39:
-    ``usage/<key>`` planted read-only and another user's, EACCES at every beat)."""
-    said = [e.get("event") for e in _events(pod, "use_not_recorded", "use_recorded")]
-    return bool(said) and said[-1] == "use_not_recorded"
+    """The pod's use record was refused and no retry has written it since: at its first write
+    (seed 7070 trial 39: ``usage/<key>`` planted read-only and another user's, EACCES at every
+    beat: ``use_not_recorded``), or at the heartbeat's restore of a removed one (seed 7272 trial
+    91: ``usage/`` planted another user's 0700, the removed ``usage/<key>`` cannot be made again:
+    ``record_not_restored`` naming the use record). Both warnings are the documented outcome."""
+    use = re.compile(rf"{re.escape(pod.name)}\.\d+\.json")
+    said = [
+        e.get("event")
+        for e in _events(pod, "use_not_recorded", "use_recorded", "record_not_restored", "record_restored")
+        if e.get("event") in {"use_not_recorded", "use_recorded"} or use.fullmatch(str(e.get("record", "")))
+    ]
+    return bool(said) and said[-1] in {"use_not_recorded", "record_not_restored"}
 
 
 def _events(pod: Pod, *names: str) -> list[dict[str, Any]]:
