@@ -148,3 +148,53 @@ def test_a_staging_folder_another_user_owns_is_named_in_the_pods_refusal(base: P
     assert code == 74, pod.log.read_text()[-3000:]
     assert "Permission denied" in failed[-1]["message"]
     assert f"({root / 'staging'}/" in failed[-1]["message"]
+
+
+def test_a_removed_use_record_the_volume_will_not_take_again_is_said_as_prune_not_seeing_the_pod(
+    base: Path,
+) -> None:
+    """A serving pod's usage folder removed, and ``usage/`` made root's 0700 (a cleanup run as
+    root): the heartbeat cannot make the record again. The pod says so as at a refused first
+    write, ``use_not_recorded`` with the errno, the cause and that prune cannot see it (it logged a
+    bare ``record_not_restored`` with the errno's text; fuzzer seed 7272 trial 91). Given back,
+    the record returns at a beat."""
+    root = base / "volume"
+    root.mkdir()
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=0.2)]
+    with cluster(base / "work") as pods:
+        first = pods.start("first", server_argv(free_port()), cache_root=root, options=options)
+        first.wait_phase("serving")  # the entry, published by a pod of the user
+        first.signal(signal.SIGTERM)
+        first.wait_exit(timeout=60)
+        give_to_pods(root)
+        for record in (base / "compiler.jsonl", pods.work / "record.jsonl", pods.work / "signals.log"):
+            record.touch()
+            os.chown(record, POD_UID, POD_UID)
+        pod = pods.start("serving", server_argv(free_port()), cache_root=root, options=options, user=POD_UID)
+        pod.wait_phase("serving")
+        [mine] = root.glob("usage/*/serving.*.json")
+        shutil.rmtree(mine.parent)
+        os.chown(root / "usage", 0, 0)
+        os.chmod(root / "usage", 0o700)
+
+        def said(event: str) -> list[dict[str, object]]:
+            return [e for e in pod.log_events() if e.get("event") == event and e.get("removed")]
+
+        wait_for(lambda: said("use_not_recorded"), timeout=20, what="the refusal, said")
+        [refusal] = said("use_not_recorded")
+        assert (refusal["errno"], refusal["level"]) == ("EACCES", "warning"), refusal
+        assert "prune cannot see this pod" in str(refusal["note"]), refusal
+        assert "make the volume writable by the pod's user" in str(refusal["cause"]), refusal
+        assert not [e for e in pod.log_events() if e.get("event") == "record_not_restored"]
+        assert not mine.exists()
+        os.chown(root / "usage", POD_UID, POD_UID)
+        wait_for(mine.is_file, timeout=20, what="the use record, written again once the volume takes it")
+        wait_for(
+            lambda: [e for e in pod.log_events() if e.get("event") == "record_restored"],
+            timeout=10,
+            what="the restore, said",
+        )
+        assert pod.phase == "serving"
+        pod.signal(signal.SIGTERM)
+        code = pod.wait_exit(timeout=60)
+        assert code == 0, (code, pod.log.read_text()[-4000:])

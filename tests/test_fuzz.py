@@ -872,16 +872,16 @@ def _owned(root: Path, pod: Pod) -> dict[str, list[Path]]:
 def _use_unrecorded(pod: Pod) -> bool:
     """The pod's use record was refused and no retry has written it since: at its first write
     (seed 7070 trial 39: ``usage/<key>`` planted read-only and another user's, EACCES at every
-    beat: ``use_not_recorded``), or at the heartbeat's restore of a removed one (seed 7272 trial
-    91: ``usage/`` planted another user's 0700, the removed ``usage/<key>`` cannot be made again:
-    ``record_not_restored`` naming the use record). Both warnings are the documented outcome."""
+    beat), or at the heartbeat's restore of a removed one (seed 7272 trial 91: ``usage/``
+    planted another user's 0700, the removed ``usage/<key>`` cannot be made again). The pod says
+    both with ``use_not_recorded``, the documented outcome: prune cannot see it meanwhile."""
     use = re.compile(rf"{re.escape(pod.name)}\.\d+\.json")
     said = [
         e.get("event")
-        for e in _events(pod, "use_not_recorded", "use_recorded", "record_not_restored", "record_restored")
-        if e.get("event") in {"use_not_recorded", "use_recorded"} or use.fullmatch(str(e.get("record", "")))
+        for e in _events(pod, "use_not_recorded", "use_recorded", "record_restored")
+        if e.get("event") != "record_restored" or use.fullmatch(str(e.get("record", "")))
     ]
-    return bool(said) and said[-1] in {"use_not_recorded", "record_not_restored"}
+    return bool(said) and said[-1] == "use_not_recorded"
 
 
 def _events(pod: Pod, *names: str) -> list[dict[str, Any]]:

@@ -145,10 +145,14 @@ class Heartbeats:
                 log.warning("use_not_recorded", **refusal(error), placeholder=placeholder is not None)
             return
         self._pending = None
-        self.volume.add(self._use_record, within=within, restore=self._restore_use)
+        self.volume.add(self._use_record, within=within, restore=self._restore_use, refused=_restore_refused)
         if not first:
             log.info("use_recorded", record=self._use_record.name)
 
+
+_UNSEEN = (
+    "serving anyway; prune cannot see this pod until its use record is written, retried at every heartbeat"
+)
 
 # Why the volume refused a write, in words an operator acts on (the log names the errno too).
 _CAUSES = {
@@ -160,6 +164,17 @@ _CAUSES = {
 }
 
 
+def _restore_refused(error: Exception) -> None:
+    """A removed use record the volume will not take again (``usage/`` made another user's, a
+    full volume): the pod is unseen by prune until a beat writes it, as at its first write (an
+    empty record the volume did take stands for the pod meanwhile, as there)."""
+    if isinstance(error, OSError):
+        placeholder = isinstance(error, UseNotRecordedError) and error.placeholder is not None
+        log.warning("use_not_recorded", **refusal(error), placeholder=placeholder, removed=True)
+    else:
+        log.warning("use_not_recorded", error=str(error), removed=True, note=_UNSEEN)
+
+
 def refusal(error: OSError) -> dict[str, Any]:
     """The log fields saying why a write to the volume failed: errno name, cause, and what happens now."""
     code = error.errno or 0
@@ -169,9 +184,9 @@ def refusal(error: OSError) -> dict[str, Any]:
         "cause": _CAUSES.get(code, error.strerror or str(error)),
         "error": error.strerror or str(error),
         "note": (
-            "serving anyway; an empty use record stands for this pod (prune sees it) until the whole one is written"
+            "serving anyway; an empty use record stands for this pod (prune sees it) until the whole one is written,"
+            " retried at every heartbeat"
             if placeholder
-            else "serving anyway; prune cannot see this pod until its use record is written"
-        )
-        + ", retried at every heartbeat",
+            else _UNSEEN
+        ),
     }

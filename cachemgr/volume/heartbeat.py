@@ -41,8 +41,10 @@ class Heartbeat:
     def __init__(self, *, interval: float = HEARTBEAT_SECONDS) -> None:
         self._interval = interval
         self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
-        # A watched file -> how to write it again when a beat finds it missing.
+        # A watched file -> how to write it again when a beat finds it missing, and what to log
+        # when the volume refuses that (the generic record_not_restored when none is given).
         self._restores: dict[Path, Callable[[], bool]] = {}
+        self._refusals: dict[Path, Callable[[Exception], None]] = {}
         self._refused: set[Path] = set()  # restores the volume refused: warned about once
         self._callbacks: list[Any] = []
         self._lock = threading.Lock()
@@ -53,20 +55,30 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def add(self, *paths: Path, within: Path, restore: Callable[[], bool] | None = None) -> None:
+    def add(
+        self,
+        *paths: Path,
+        within: Path,
+        restore: Callable[[], bool] | None = None,
+        refused: Callable[[Exception], None] | None = None,
+    ) -> None:
         """Keep ``paths`` fresh; each is reached from ``within`` (the cache root) at every beat.
 
         ``restore``: writes the file again when a beat finds it (or its folder) missing; False when
         it had nothing to write again (the file went with the work it stood for: a staging attempt
         published, its owner record with it, before the pod took the record off the beat).
+        ``refused``: logs the volume's refusal of that write in the owner's words (once, until a
+        restore succeeds), in place of the generic ``record_not_restored``.
         """
         with self._lock:
             self._paths.update(dict.fromkeys(paths, within))
             for path in paths:
+                self._restores.pop(path, None)
+                self._refusals.pop(path, None)
                 if restore is not None:
                     self._restores[path] = restore
-                else:
-                    self._restores.pop(path, None)
+                if refused is not None:
+                    self._refusals[path] = refused
 
     def discard(self, *paths: Path | None) -> None:
         """Stop beating ``paths``; once this returns no beat writes them again (call it before
@@ -76,6 +88,7 @@ class Heartbeat:
                 if path is not None:
                     self._paths.pop(path, None)
                     self._restores.pop(path, None)
+                    self._refusals.pop(path, None)
 
     def on_beat(self, callback: Any) -> None:
         """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
@@ -109,12 +122,15 @@ class Heartbeat:
             except Exception as error:  # noqa: BLE001 -- the volume refused: tried again at the next beat
                 if path not in self._refused:
                     self._refused.add(path)
-                    log.warning(
-                        "record_not_restored",
-                        record=path.name,
-                        error=str(error),
-                        note="retried at every beat",
-                    )
+                    if (refused := self._refusals.get(path)) is not None:
+                        refused(error)
+                    else:
+                        log.warning(
+                            "record_not_restored",
+                            record=path.name,
+                            error=str(error),
+                            note="retried at every beat",
+                        )
                 return
             self._refused.discard(path)
             if not wrote:
