@@ -87,6 +87,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -1025,6 +1026,13 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
         after = _tree_state(canary)
         if after != before:
             trial.violations.append(f"the canary outside the root was touched: {_touched(before, after)}")
+    except BaseException as error:
+        # A trial that stopped outside its checks (a wait of the fuzzer's own timed out, a crash):
+        # reported and kept as a violation is, so a long run's report and logs tell it too.
+        stopped = "".join(traceback.format_exception_only(error)).strip()
+        trial.violations.append(f"the trial stopped outside its checks: {stopped}")
+        _report(index, trial.violations)
+        raise
     finally:
         if trial.violations and os.environ.get("CACHEMGR_FUZZ_KEEP"):
             _keep(Path(os.environ["CACHEMGR_FUZZ_KEEP"]) / f"trial{index:03d}", base / "work", trial)
@@ -1038,13 +1046,21 @@ def test_trial(index: int, golden: Golden, fuzz_s3: S3Server, tmp_path: Path, to
     totals.pods += 6
     totals.outcomes.update(trial.outcomes)
     totals.violations += trial.violations
-    replay = f"replay: CACHEMGR_FUZZ_SEED={SEED} CACHEMGR_FUZZ_TRIALS={TRIALS} .venv/bin/pytest tests/test_fuzz.py -k 'trial{index:03d}'"
-    report = os.environ.get("CACHEMGR_FUZZ_REPORT")
-    if report and trial.violations:  # a long run's violations, as they come (the totals at its end)
-        with open(f"{report}.violations", "a", encoding="utf-8") as out:
-            out.write("\n".join([f"trial{index:03d}:", *trial.violations, replay, "", ""]))
+    _report(index, trial.violations)
     plants = "\n".join(f"  {plant}" for plant in trial.plants)
-    assert not trial.violations, "\n".join([*trial.violations, f"plants:\n{plants}", replay])
+    assert not trial.violations, "\n".join([*trial.violations, f"plants:\n{plants}", _replay(index)])
+
+
+def _replay(index: int) -> str:
+    return f"replay: CACHEMGR_FUZZ_SEED={SEED} CACHEMGR_FUZZ_TRIALS={TRIALS} .venv/bin/pytest tests/test_fuzz.py -k 'trial{index:03d}'"
+
+
+def _report(index: int, violations: list[str]) -> None:
+    """A long run's violations, as they come (CACHEMGR_FUZZ_REPORT; the totals at its end)."""
+    report = os.environ.get("CACHEMGR_FUZZ_REPORT")
+    if report and violations:
+        with open(f"{report}.violations", "a", encoding="utf-8") as out:
+            out.write("\n".join([f"trial{index:03d}:", *violations, _replay(index), "", ""]))
 
 
 # --- operator input, in bulk ----------------------------------------------------------------------
