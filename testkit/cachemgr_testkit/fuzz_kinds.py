@@ -104,8 +104,7 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
         return None
     writable(target)
     (target / MANIFEST_NAME).unlink()
-    with contextlib.suppress(FileNotFoundError):
-        (target / "signature.json").unlink()  # a forger has no signing key
+    _take_away(target / "signature.json")  # a forger has no signing key
     (target / KEY_NAME).write_text(json.dumps({**doc, "inputs": inputs, "details": details}, sort_keys=True))
     manifest = build_manifest(
         target,
@@ -118,6 +117,17 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
     )
     write_manifest(target, manifest)
     return f"entries/{name} ({kind})"
+
+
+def _take_away(path: Path) -> None:
+    """Remove what is at ``path``, whatever an earlier plant made it (a folder: seed 7474 trial 145)."""
+    if path.is_dir() and not path.is_symlink():
+        from cachemgr_testkit.hostile import remove_deep
+
+        remove_deep(path)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def imitation_name(rng: random.Random, root: Path) -> Path:
