@@ -755,3 +755,61 @@ def test_a_trashed_folder_swapped_for_a_link_is_not_read_through(tmp_path: Path)
     assert _trashed_key(root, real) == "a" * 32
     (root.trash / "swapped").symlink_to(outside)
     assert _trashed_key(root, root.trash / "swapped") is None
+
+
+# A pod whose entry is swapped for a link each time it comes to use it (the swap is real, on the
+# volume, as the fuzzer's swapper makes it; only its moment is fixed, by wrapping the runner's use
+# of an entry).
+SWAPPING_RUN = """
+import os, sys
+from pathlib import Path
+from cachemgr.cli.main import main
+from cachemgr.runtime import runner
+
+real_use = runner.Runner._use
+swaps = []
+
+def _use(self, root, key, found):
+    entry = Path(found.path)
+    if entry.is_dir() and not entry.is_symlink():
+        aside = entry.with_name(f".swapped-{len(swaps)}")
+        os.rename(entry, aside)
+        os.symlink(aside / "artifacts", entry)  # a folder, but no entry: no manifest
+        swaps.append(aside)
+    return real_use(self, root, key, found)
+
+runner.Runner._use = _use
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_an_entry_that_keeps_breaking_as_the_pod_uses_it_is_the_volume_not_a_failed_compile(
+    tmp_path: Path,
+) -> None:
+    """Every entry the pod comes to use is swapped for a link: each is set aside as damaged, the
+    pod compiles again, and after its last lookup it stops with 74 (the volume) and a line saying
+    what to do; it exited 70, "compile-failed", though every compile had succeeded (fuzzer seed
+    7474 trial 183)."""
+    root = tmp_path / "volume"
+    root.mkdir()  # the PVC's mount
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(tmp_path / "c.jsonl", seconds=None)]
+    with cluster(tmp_path / "work") as pods:  # a pod's environment: role, NPU, compiler, JSON logs
+        env = {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root), "CACHEMGR_STATE_DIR": str(tmp_path / "st")}
+        env.pop("CACHEMGR_REMOTE", None)
+        done = subprocess.run(
+            [sys.executable, "-c", SWAPPING_RUN, "run", *options, "--", *server_argv(free_port())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    [failed] = [e for e in events if e.get("event") == "failed"]
+    assert (done.returncode, failed["reason"]) == (74, "volume"), done.stderr[-3000:]
+    assert "kept disappearing or breaking after 4 lookups" in failed["message"]
+    assert "'cachemgr ls' lists what was set aside" in failed["message"]
+    # Its publishes met the link at their use; a later lookup set a link aside as damaged.
+    assert [e for e in events if e.get("event") == "entry_damaged"], done.stderr[-3000:]
+    assert len([e for e in events if e.get("event") == "published"]) >= 2, done.stderr[-3000:]

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from cachemgr.core.errors import CacheMgrError, CompileError, ConfigError, DiskFullError
+from cachemgr.core.errors import CacheMgrError, ConfigError, DiskFullError, VolumeError
 from cachemgr.core.log import get_logger
 from cachemgr.core.log import hold as hold_logs
 from cachemgr.core.log import release as release_logs
@@ -174,9 +174,14 @@ class Runner:
                 found = compiled.found
             if found is not None and self._use(root, key, found):
                 return self._launch(root, key, found, strategy)
-        raise CompileError(
-            f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} attempts",
-            remedy="check the cache volume's health and whether something else deletes entries (cachemgr ls)",
+        # The volume, not a compile (which may have succeeded every time): 74, as for any volume
+        # that cannot be used (fuzzer seed 7474 trial 183: a swapped entry, then entries set aside
+        # as untrusted, ended a pod with exit 70, "compile-failed").
+        raise VolumeError(
+            f"the entry for key {key.short} kept disappearing or breaking after {_MAX_ROUNDS} lookups "
+            "(each set aside as damaged or untrusted, or gone, as this pod came to use it)",
+            remedy="something else writes entries/ on this volume: 'cachemgr ls' lists what was set aside "
+            "(QUARANTINE, with the reason); check the volume's health and who else writes it",
         )
 
     def _resolve(self) -> CacheKey:
