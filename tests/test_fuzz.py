@@ -607,6 +607,15 @@ class Trial:
             return []
         return [f"{said}, not one of {sorted(allowed)}:\n{text[-1500:]}"]
 
+    @staticmethod
+    def _kept_breaking(log: str) -> bool:
+        failed = [line for line in log.splitlines() if '"event": "failed"' in line]
+        return (
+            bool(failed)
+            and "kept disappearing or breaking after" in failed[-1]
+            and '"reason": "volume"' in failed[-1]
+        )
+
     def _refused_as_another_user(self, text: str) -> bool:
         """A runAsUser trial's command or pod that had to write where root's plants are (a folder
         it may not change, a file it may not remove) and stopped with 74 and the volume's own
@@ -731,6 +740,11 @@ class Trial:
         self.outcomes[f"{command}:{code}"] += 1
         if code == 1 and self._lost_to_the_swapper(pod.log.read_text(errors="replace")):
             self.outcomes["server-lost-to-the-swapper"] += 1
+            return
+        if code == 74 and self.swapping and self._kept_breaking(pod.log.read_text(errors="replace")):
+            # The swapper broke the entry at each of the pod's lookups: the documented refusal
+            # (reference.md, exit 74; seed 7474 trial 183 exited 70 there before).
+            self.outcomes["entry-kept-breaking-under-the-swapper"] += 1
             return
         said = f"pod {pod.name} ({command}) exited {code}"
         self.violations += self._failure(
