@@ -142,7 +142,7 @@ class Heartbeats:
                 self._use_record = placeholder
                 self.volume.add(placeholder, within=within)
             if first:
-                log.warning("use_not_recorded", **refusal(error), placeholder=placeholder is not None)
+                log.warning("use_not_recorded", **refusal(error))
             return
         self._pending = None
         self.volume.add(self._use_record, within=within, restore=self._restore_use, refused=_restore_refused)
@@ -169,17 +169,18 @@ def _restore_refused(error: Exception) -> None:
     full volume): the pod is unseen by prune until a beat writes it, as at its first write (an
     empty record the volume did take stands for the pod meanwhile, as there)."""
     if isinstance(error, OSError):
-        placeholder = isinstance(error, UseNotRecordedError) and error.placeholder is not None
-        log.warning("use_not_recorded", **refusal(error), placeholder=placeholder, removed=True)
+        log.warning("use_not_recorded", **refusal(error), removed=True)
     else:
         log.warning("use_not_recorded", error=str(error), removed=True, note=_UNSEEN)
 
 
 def refusal(error: OSError) -> dict[str, Any]:
-    """The log fields saying why a write to the volume failed: errno name, cause, and what happens now."""
+    """The log fields saying why a write to the volume failed: errno name, cause, whether an empty
+    record stands for the pod meanwhile, and what happens now."""
     code = error.errno or 0
     placeholder = isinstance(error, UseNotRecordedError) and error.placeholder is not None
     return {
+        "placeholder": placeholder,
         "errno": errno.errorcode.get(code, str(code)),
         "cause": _CAUSES.get(code, error.strerror or str(error)),
         "error": error.strerror or str(error),

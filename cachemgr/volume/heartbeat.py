@@ -42,9 +42,8 @@ class Heartbeat:
         self._interval = interval
         self._paths: dict[Path, Path] = {}  # a watched file -> the cache root it lies under
         # A watched file -> how to write it again when a beat finds it missing, and what to log
-        # when the volume refuses that (the generic record_not_restored when none is given).
-        self._restores: dict[Path, Callable[[], bool]] = {}
-        self._refusals: dict[Path, Callable[[Exception], None]] = {}
+        # when the volume refuses that (None: the generic record_not_restored).
+        self._restores: dict[Path, tuple[Callable[[], bool], Callable[[Exception], None] | None]] = {}
         self._refused: set[Path] = set()  # restores the volume refused: warned about once
         self._callbacks: list[Any] = []
         self._lock = threading.Lock()
@@ -73,12 +72,10 @@ class Heartbeat:
         with self._lock:
             self._paths.update(dict.fromkeys(paths, within))
             for path in paths:
-                self._restores.pop(path, None)
-                self._refusals.pop(path, None)
                 if restore is not None:
-                    self._restores[path] = restore
-                if refused is not None:
-                    self._refusals[path] = refused
+                    self._restores[path] = (restore, refused)
+                else:
+                    self._restores.pop(path, None)
 
     def discard(self, *paths: Path | None) -> None:
         """Stop beating ``paths``; once this returns no beat writes them again (call it before
@@ -88,7 +85,6 @@ class Heartbeat:
                 if path is not None:
                     self._paths.pop(path, None)
                     self._restores.pop(path, None)
-                    self._refusals.pop(path, None)
 
     def on_beat(self, callback: Any) -> None:
         """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
@@ -114,15 +110,15 @@ class Heartbeat:
     def _restore(self, path: Path) -> None:
         """Write ``path`` again if it is still beaten (under the lock: a discard waits for it)."""
         with self._lock:
-            restore = self._restores.get(path)
-            if restore is None or path not in self._paths:
+            if path not in self._restores or path not in self._paths:
                 return
+            restore, refused = self._restores[path]
             try:
                 wrote = restore()
             except Exception as error:  # noqa: BLE001 -- the volume refused: tried again at the next beat
                 if path not in self._refused:
                     self._refused.add(path)
-                    if (refused := self._refusals.get(path)) is not None:
+                    if refused is not None:
                         refused(error)
                     else:
                         log.warning(
