@@ -178,7 +178,7 @@ def content(rng: random.Random, kind: str, original: bytes | None) -> bytes:
 def plant_node(rng: random.Random, target: Path, *, canary: Path, kind: str) -> str:
     """Put a :data:`NODES` kind at ``target`` (whatever was there is removed first); the label."""
     original = _read_small(target)
-    _remove(target)
+    take_away(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     if kind == "content":
         what = rng.choices(list(CONTENT_WEIGHTS), weights=list(CONTENT_WEIGHTS.values()))[0]
@@ -217,8 +217,9 @@ def _read_small(path: Path) -> bytes | None:
         return None
 
 
-def _remove(path: Path) -> None:
-    """Take away what is at ``path`` (a published entry's folders are 0555: made writable first)."""
+def take_away(path: Path) -> None:
+    """Take away what is at ``path``, whatever it is (a published entry's folders are 0555: made
+    writable first); nothing if nothing is there."""
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         os.chmod(path.parent, 0o755)
         path.unlink()
@@ -489,7 +490,7 @@ def _taken(path: Path, tries: int = 5) -> bool:
     False if the pod won every time (nothing stayed removed) or it went on its own."""
     for _ in range(tries):
         try:
-            _remove(path)
+            take_away(path)
         except FileNotFoundError:
             return False
         except OSError as error:

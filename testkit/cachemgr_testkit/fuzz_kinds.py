@@ -37,7 +37,7 @@ from typing import Any
 
 from cachemgr.key.digest import digest_of
 from cachemgr.volume.manifest import KEY_NAME, MANIFEST_NAME, build_manifest, write_manifest
-from cachemgr_testkit.fuzz import Plant
+from cachemgr_testkit.fuzz import Plant, take_away
 from cachemgr_testkit.trusted import writable
 
 # The chart's securityContext (deploy/helm/modelserver/values.yaml: runAsUser, fsGroup 10001).
@@ -104,7 +104,9 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
         return None
     writable(target)
     (target / MANIFEST_NAME).unlink()
-    _take_away(target / "signature.json")  # a forger has no signing key
+    take_away(
+        target / "signature.json"
+    )  # a forger has no signing key (a plant made it a folder: seed 7474 trial 145)
     (target / KEY_NAME).write_text(json.dumps({**doc, "inputs": inputs, "details": details}, sort_keys=True))
     manifest = build_manifest(
         target,
@@ -117,17 +119,6 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
     )
     write_manifest(target, manifest)
     return f"entries/{name} ({kind})"
-
-
-def _take_away(path: Path) -> None:
-    """Remove what is at ``path``, whatever an earlier plant made it (a folder: seed 7474 trial 145)."""
-    if path.is_dir() and not path.is_symlink():
-        from cachemgr_testkit.hostile import remove_deep
-
-        remove_deep(path)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
 
 
 def imitation_name(rng: random.Random, root: Path) -> Path:
