@@ -12,6 +12,7 @@ stand-ins, no extra), made once for the module; real pods and the real CLI run f
 
 from __future__ import annotations
 
+import fcntl
 import signal
 import subprocess
 from pathlib import Path
@@ -30,13 +31,20 @@ REMOTE = {"CACHEMGR_REMOTE": "s3://fleet/compile-cache", "CACHEMGR_REMOTE_ENDPOI
 def without_boto3(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The Python of a fresh venv with cachemgr (this checkout) and the stand-ins, without boto3."""
     venv = tmp_path_factory.mktemp("no-remote") / "venv"
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "install"), str(venv), "demo"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # One install at a time across xdist workers: pip builds cachemgr and the stand-ins in their
+    # source folders' build/, and two at once collide there (a clean-clone CI run: "File exists:
+    # 'build/bdist.linux-x86_64/wheel/cachemgr_standin-0.1.0.dist-info'"). The workers share
+    # the base temp folder's parent.
+    lock = tmp_path_factory.getbasetemp().parent / "scripts-install.lock"
+    with lock.open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = subprocess.run(
+            [str(ROOT / "scripts" / "install"), str(venv), "demo"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     # What pip said, when it fails: a clean-clone CI run once failed here with nothing to read.
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     python = str(venv / "bin" / "python")
