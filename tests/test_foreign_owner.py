@@ -198,3 +198,47 @@ def test_a_removed_use_record_the_volume_will_not_take_again_is_said_as_prune_no
         pod.signal(signal.SIGTERM)
         code = pod.wait_exit(timeout=60)
         assert code == 0, (code, pod.log.read_text()[-4000:])
+
+
+def test_a_removed_owner_record_the_volume_will_not_take_again_says_what_the_silence_means(
+    base: Path,
+) -> None:
+    """A compiling pod's owner record removed, and its key's staging folder made root's (0755, a
+    cleanup run as root): the heartbeat cannot write the record again. The pod said only the
+    errno's text and "retried at every beat"; now ``record_not_restored`` names the errno, the
+    cause with its remedy, and what the silence means (peers and prune may take the attempt for a
+    dead pod's). Given back, the record returns at a beat and the compile goes on."""
+    root = base / "volume"
+    root.mkdir()
+    give_to_pods(root)
+    options = ["--strategy", "command", "--compile-cmd", compile_cmd(base / "compiler.jsonl", seconds=60)]
+    with cluster(base / "work") as pods:
+        for record in (base / "compiler.jsonl", pods.work / "record.jsonl", pods.work / "signals.log"):
+            record.touch()
+            os.chown(record, POD_UID, POD_UID)
+        pod = pods.start("compiler", server_argv(free_port()), cache_root=root, options=options, user=POD_UID)
+        pod.wait_phase("compiling")
+        [owner] = wait_for(
+            lambda: list(root.glob("staging/*/compiler.*.json")), timeout=10, what="the owner record"
+        )
+        written = owner.read_bytes()
+        owner.unlink()
+        os.chown(owner.parent, 0, 0)
+        os.chmod(owner.parent, 0o755)
+
+        def said(event: str) -> list[dict[str, object]]:
+            return [e for e in pod.log_events() if e.get("event") == event and e.get("record") == owner.name]
+
+        wait_for(lambda: said("record_not_restored"), timeout=20, what="the refusal, said")
+        [refusal] = said("record_not_restored")
+        assert (refusal["errno"], refusal["level"]) == ("EACCES", "warning"), refusal
+        assert "make the volume writable by the pod's user" in str(refusal["cause"]), refusal
+        assert "for a dead pod's" in str(refusal["note"]), refusal
+        assert not owner.exists()
+        os.chown(owner.parent, POD_UID, POD_UID)
+        wait_for(owner.is_file, timeout=20, what="the owner record, written again once the volume takes it")
+        assert owner.read_bytes() == written
+        wait_for(lambda: said("record_restored"), timeout=10, what="the restore, said")
+        assert pod.phase == "compiling"
+        pod.signal(signal.SIGTERM)
+        pod.wait_exit(timeout=60)

@@ -447,3 +447,50 @@ def test_explain_of_an_entry_moved_away_after_its_lookup_says_what_the_lookup_fo
     assert found.result == "hit"
     assert found.entry is None
     assert found.advice[0] == f"a pod with this argv loads entry {key.entry_name} without compiling"
+
+
+def test_a_record_the_beat_cannot_refresh_is_said_once_until_it_beats_again(
+    cache: CacheRoot, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The use record's folder swapped for a link: the beat refuses to touch through it, and the
+    record goes silent, which peers and prune take for a dead pod. The pod said nothing (the beat
+    suppressed the refusal); now ``record_not_refreshed`` names the record, why, and what the
+    silence means, once however many beats it lasts, and again if it comes back after a beat
+    refreshed the record."""
+    from cachemgr.core import log
+
+    usage = cache.usage / DIGEST
+    usage.mkdir()
+    record = _aged(usage / "pod.1.json")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    beat = Heartbeat()
+    beat.add(record, within=cache.path)
+
+    def said() -> list[dict[str, object]]:
+        lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+        return [e for e in lines if e.get("event") == "record_not_refreshed"]
+
+    log.configure("json")  # its writer binds the captured stderr: unbound again below
+    try:
+        moved = _swap(usage, outside)
+        for _ in range(3):
+            beat.beat()
+        [warning] = said()
+        assert warning["record"] == record.name, warning
+        assert "symlink" in str(warning["error"]), warning
+        assert "for a dead pod's" in str(warning["note"]), warning
+        assert "retried at every beat" in str(warning["note"]), warning
+        assert not (outside / record.name).exists(), "nothing created through the link"
+
+        usage.unlink()
+        moved.rename(usage)
+        beat.beat()
+        assert record.stat().st_mtime > OLD, "the record beats again once its folder is back"
+        assert said() == []
+
+        _swap(usage, outside)
+        beat.beat()
+        assert len(said()) == 1, "a new refusal, after a beat that refreshed the record, is said again"
+    finally:
+        log.configure("json")  # the next event binds the stderr of its own time, not this test's

@@ -15,7 +15,6 @@ took that much, beats and stands for the pod (cachemgr.volume.records.register_u
 
 from __future__ import annotations
 
-import errno
 import threading
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cachemgr.core.log import get_logger
-from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS, Heartbeat
+from cachemgr.volume.heartbeat import HEARTBEAT_SECONDS, Heartbeat, why
 from cachemgr.volume.records import UseNotRecordedError, register_use, release_use
 
 if TYPE_CHECKING:
@@ -154,15 +153,6 @@ _UNSEEN = (
     "serving anyway; prune cannot see this pod until its use record is written, retried at every heartbeat"
 )
 
-# Why the volume refused a write, in words an operator acts on (the log names the errno too).
-_CAUSES = {
-    errno.ENOSPC: "no space left on the volume: free some ('cachemgr du', 'cachemgr prune')",
-    errno.EDQUOT: "the volume's quota is exhausted: free some ('cachemgr du', 'cachemgr prune')",
-    errno.EROFS: "read-only volume: pods serving from it record no use unless usage/ is mounted read-write (docs/design.md, the threat model)",
-    errno.EACCES: "permission denied: make the volume writable by the pod's user (fsGroup)",
-    errno.EPERM: "permission denied: make the volume writable by the pod's user (fsGroup)",
-}
-
 
 def _restore_refused(error: Exception) -> None:
     """A removed use record the volume will not take again (``usage/`` made another user's, a
@@ -177,13 +167,10 @@ def _restore_refused(error: Exception) -> None:
 def refusal(error: OSError) -> dict[str, Any]:
     """The log fields saying why a write to the volume failed: errno name, cause, whether an empty
     record stands for the pod meanwhile, and what happens now."""
-    code = error.errno or 0
     placeholder = isinstance(error, UseNotRecordedError) and error.placeholder is not None
     return {
         "placeholder": placeholder,
-        "errno": errno.errorcode.get(code, str(code)),
-        "cause": _CAUSES.get(code, error.strerror or str(error)),
-        "error": error.strerror or str(error),
+        **why(error),
         "note": (
             "serving anyway; an empty use record stands for this pod (prune sees it) until the whole one is written,"
             " retried at every heartbeat"

@@ -16,6 +16,7 @@ purpose (a use released, an attempt published or discarded) never comes back.
 from __future__ import annotations
 
 import contextlib
+import errno
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,6 +30,30 @@ log = get_logger("cachemgr.run")
 # How often a running pod touches its records on the volume (one utime each: cheap even on a
 # busy metadata server, and it keeps prune's observation of a silent record short).
 HEARTBEAT_SECONDS = 2.0
+
+# Why the volume refused a write, in words an operator acts on (the log names the errno too).
+CAUSES = {
+    errno.ENOSPC: "no space left on the volume: free some ('cachemgr du', 'cachemgr prune')",
+    errno.EDQUOT: "the volume's quota is exhausted: free some ('cachemgr du', 'cachemgr prune')",
+    errno.EROFS: "read-only volume: pods serving from it record no use unless usage/ is mounted read-write (docs/design.md, the threat model)",
+    errno.EACCES: "permission denied: make the volume writable by the pod's user (fsGroup)",
+    errno.EPERM: "permission denied: make the volume writable by the pod's user (fsGroup)",
+}
+
+# What a record that does not beat means, for any record this heartbeat keeps.
+_SILENT = (
+    "peers and prune take a record that neither beats nor comes back for a dead pod's (an entry in use"
+    " may be pruned, a live attempt's staging removed); retried at every beat"
+)
+
+
+def why(error: BaseException) -> dict[str, str]:
+    """The log fields naming a refusal of the volume: errno name (none for a refusal of our own,
+    a link planted as a folder), cause, the error's text."""
+    code = getattr(error, "errno", None) or 0
+    text = getattr(error, "strerror", None) or str(error)
+    named = {"errno": errno.errorcode.get(code, str(code))} if code else {}
+    return {**named, "cause": CAUSES.get(code, text), "error": text}
 
 
 class Heartbeat:
@@ -45,6 +70,7 @@ class Heartbeat:
         # when the volume refuses that (None: the generic record_not_restored).
         self._restores: dict[Path, tuple[Callable[[], bool], Callable[[Exception], None] | None]] = {}
         self._refused: set[Path] = set()  # restores the volume refused: warned about once
+        self._stuck: set[Path] = set()  # files the beat could not refresh: warned about once
         self._callbacks: list[Any] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -98,9 +124,14 @@ class Heartbeat:
                 folders.setdefault((root, path.parent), []).append(path.name)
             callbacks = list(self._callbacks)
         missing: list[Path] = []
+        stuck: dict[Path, OSError] = {}
         for (root, folder), names in folders.items():
-            with contextlib.suppress(OSError):
-                missing += [folder / name for name in _touch_in(root, folder, names)]
+            gone, failed = _touch_in(root, folder, names)
+            missing += [folder / name for name in gone]
+            stuck.update({folder / name: error for name, error in failed.items()})
+            self._stuck.difference_update(folder / name for name in names if name not in failed)
+        for path, error in stuck.items():
+            self._not_refreshed(path, error)
         for path in missing:
             self._restore(path)
         for callback in callbacks:
@@ -121,12 +152,7 @@ class Heartbeat:
                     if refused is not None:
                         refused(error)
                     else:
-                        log.warning(
-                            "record_not_restored",
-                            record=path.name,
-                            error=str(error),
-                            note="retried at every beat",
-                        )
+                        log.warning("record_not_restored", record=path.name, **why(error), note=_SILENT)
                 return
             self._refused.discard(path)
             if not wrote:
@@ -136,6 +162,15 @@ class Heartbeat:
             record=path.name,
             note="a record of this live pod was removed by someone else; written again",
         )
+
+    def _not_refreshed(self, path: Path, error: OSError) -> None:
+        """A record there that the beat could not refresh (its folder or the file made another
+        user's, a link planted as its folder): said once, until a beat refreshes it again."""
+        with self._lock:
+            if path in self._stuck or path not in self._paths:
+                return
+            self._stuck.add(path)
+        log.warning("record_not_refreshed", record=path.name, **why(error), note=_SILENT)
 
     def stop(self) -> None:
         self._stop.set()
@@ -147,23 +182,25 @@ class Heartbeat:
             self.beat()
 
 
-def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> list[str]:
+def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> tuple[list[str], dict[str, OSError]]:
     """Refresh the mtime of each of ``names`` in ``folder``, opened once from ``root`` one level at
     a time: a folder swapped for a symlink is refused (UnsafePathError), so no file outside the
-    root is touched. Nothing is created here; the names found missing (all of them when the
-    folder is) are returned for their restores."""
+    root is touched. Nothing is created here. Returns the names found missing (all of them when
+    the folder is), for their restores, and the names the volume would not refresh, with why
+    (all of them when the folder could not be opened): the next beat tries them again."""
     names = list(names)
+    missing: list[str] = []
+    failed: dict[str, OSError] = {}
     try:
         with safefs.open_dir(root, folder) as fd:
-            return [name for name in names if not _touch(fd, name)]
+            for name in names:
+                try:
+                    if not fsutil.refresh_at(fd, name):  # missing, or a hard link it removed
+                        missing.append(name)
+                except OSError as error:
+                    failed[name] = error
     except FileNotFoundError:
-        return names
-
-
-def _touch(folder: int, name: str) -> bool:
-    """False only if ``name`` is missing, or was a hard link (removed: :func:`fsutil.refresh_at`);
-    other refusals: the next beat tries again."""
-    try:
-        return fsutil.refresh_at(folder, name)
-    except OSError:
-        return True
+        return names, {}
+    except OSError as error:
+        return [], dict.fromkeys(names, error)
+    return missing, failed
