@@ -10,6 +10,7 @@ the stand-in compiler; each test works on its own copy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -796,20 +797,28 @@ def test_an_entry_that_keeps_breaking_as_the_pod_uses_it_is_the_volume_not_a_fai
     with cluster(tmp_path / "work") as pods:  # a pod's environment: role, NPU, compiler, JSON logs
         env = {**pods.base_env, "CACHEMGR_CACHE_ROOT": str(root), "CACHEMGR_STATE_DIR": str(tmp_path / "st")}
         env.pop("CACHEMGR_REMOTE", None)
-        done = subprocess.run(
+        # Its own session: were it to serve (the defect's opposite), the kill at the deadline
+        # takes its server too, not the pod's process alone.
+        pod = subprocess.Popen(
             [sys.executable, "-c", SWAPPING_RUN, "run", *options, "--", *server_argv(free_port())],
             env=env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=DEADLINE,
-            check=False,
             stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
-    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+        try:
+            _, stderr = pod.communicate(timeout=DEADLINE)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pod.pid, signal.SIGKILL)
+            pod.wait()
+    events = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     [failed] = [e for e in events if e.get("event") == "failed"]
-    assert (done.returncode, failed["reason"]) == (74, "volume"), done.stderr[-3000:]
+    assert (pod.returncode, failed["reason"]) == (74, "volume"), stderr[-3000:]
     assert "kept disappearing or breaking after 4 lookups" in failed["message"]
     assert "'cachemgr ls' lists what was set aside" in failed["message"]
     # Its publishes met the link at their use; a later lookup set a link aside as damaged.
-    assert [e for e in events if e.get("event") == "entry_damaged"], done.stderr[-3000:]
-    assert len([e for e in events if e.get("event") == "published"]) >= 2, done.stderr[-3000:]
+    assert [e for e in events if e.get("event") == "entry_damaged"], stderr[-3000:]
+    assert len([e for e in events if e.get("event") == "published"]) >= 2, stderr[-3000:]
