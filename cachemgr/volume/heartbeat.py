@@ -49,11 +49,13 @@ _SILENT = (
 
 def why(error: BaseException) -> dict[str, str]:
     """The log fields naming a refusal of the volume: errno name (none for a refusal of our own,
-    a link planted as a folder), cause, the error's text."""
+    a link planted as a folder), the error's text, and its cause in an operator's words where
+    those say more (a refusal of our own says its remedy itself)."""
     code = getattr(error, "errno", None) or 0
     text = getattr(error, "strerror", None) or str(error)
     named = {"errno": errno.errorcode.get(code, str(code))} if code else {}
-    return {**named, "cause": CAUSES.get(code, text), "error": text}
+    cause = CAUSES.get(code)
+    return {**named, **({"cause": cause} if cause else {}), "error": text}
 
 
 class Heartbeat:
