@@ -113,6 +113,8 @@ class Heartbeat:
                 if path is not None:
                     self._paths.pop(path, None)
                     self._restores.pop(path, None)
+                    self._refused.discard(path)
+                    self._stuck.discard(path)
 
     def on_beat(self, callback: Any) -> None:
         """Also call ``callback()`` on every beat (the pod state's heartbeat)."""
@@ -131,7 +133,8 @@ class Heartbeat:
             gone, failed = _touch_in(root, folder, names)
             missing += [folder / name for name in gone]
             stuck.update({folder / name: error for name, error in failed.items()})
-            self._stuck.difference_update(folder / name for name in names if name not in failed)
+            with self._lock:  # refreshed (or missing, for its restore): a later refusal is said again
+                self._stuck.difference_update(folder / name for name in names if name not in failed)
         for path, error in stuck.items():
             self._not_refreshed(path, error)
         for path in missing:
