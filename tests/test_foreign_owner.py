@@ -184,7 +184,7 @@ def test_a_removed_use_record_the_volume_will_not_take_again_is_said_as_prune_no
         [refusal] = said("use_not_recorded")
         assert (refusal["errno"], refusal["level"]) == ("EACCES", "warning"), refusal
         assert "prune cannot see this pod" in str(refusal["note"]), refusal
-        assert "make the volume writable by the pod's user" in str(refusal["cause"]), refusal
+        assert "make the volume readable and writable by the pod's user" in str(refusal["cause"]), refusal
         assert not [e for e in pod.log_events() if e.get("event") == "record_not_restored"]
         assert not mine.exists()
         os.chown(root / "usage", POD_UID, POD_UID)
@@ -232,9 +232,17 @@ def test_a_removed_owner_record_the_volume_will_not_take_again_says_what_the_sil
         wait_for(lambda: said("record_not_restored"), timeout=20, what="the refusal, said")
         [refusal] = said("record_not_restored")
         assert (refusal["errno"], refusal["level"]) == ("EACCES", "warning"), refusal
-        assert "make the volume writable by the pod's user" in str(refusal["cause"]), refusal
+        assert "make the volume readable and writable by the pod's user" in str(refusal["cause"]), refusal
+        assert str(refusal["path"]).startswith(str(owner.parent)), refusal
         assert "for a dead pod's" in str(refusal["note"]), refusal
         assert not owner.exists()
+        # Put back by someone else, it beats again; removed again, the refusal is said again.
+        owner.write_bytes(written)
+        os.chown(owner, POD_UID, POD_UID)
+        os.utime(owner, (1_000_000_000, 1_000_000_000))
+        wait_for(lambda: owner.stat().st_mtime > 1_000_000_000, timeout=10, what="the record, beating again")
+        owner.unlink()
+        wait_for(lambda: len(said("record_not_restored")) == 2, timeout=20, what="the second refusal, said")
         os.chown(owner.parent, POD_UID, POD_UID)
         wait_for(owner.is_file, timeout=20, what="the owner record, written again once the volume takes it")
         assert owner.read_bytes() == written

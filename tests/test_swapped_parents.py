@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -494,3 +495,36 @@ def test_a_record_the_beat_cannot_refresh_is_said_once_until_it_beats_again(
         assert len(said()) == 1, "a new refusal, after a beat that refreshed the record, is said again"
     finally:
         log.configure("json")  # the next event binds the stderr of its own time, not this test's
+
+
+def test_the_beat_outlives_a_warning_it_cannot_write(cache: CacheRoot, tmp_path: Path) -> None:
+    """A record's folder swapped for a link makes the beat warn, and the pod's stderr is a pipe
+    nobody reads any more (EPIPE): the failed write ended the heartbeat's thread, and the pod's
+    other records went silent, so peers and prune took the live pod for a dead one. The thread
+    goes on; its other record keeps beating."""
+    from cachemgr.core import log
+
+    usage = cache.usage / DIGEST
+    usage.mkdir()
+    kept = _aged(usage / "pod.1.json")
+    planted = cache.usage / ("e" * 64)
+    planted.symlink_to(tmp_path, target_is_directory=True)
+    read, write = os.pipe()
+    os.close(read)
+    broken = os.fdopen(write, "w", buffering=1)
+    beat = Heartbeat(interval=0.05)
+    beat.add(kept, planted / "pod.1.json", within=cache.path)
+    saved = sys.stderr
+    sys.stderr = broken
+    log.configure("json")  # its writer binds this stderr at the first event
+    try:
+        beat.start()
+        wait_for(lambda: kept.stat().st_mtime > OLD, timeout=10, what="the first beat")
+        os.utime(kept, (OLD, OLD))
+        wait_for(lambda: kept.stat().st_mtime > OLD, timeout=10, what="a beat after the warning failed")
+    finally:
+        beat.stop()
+        sys.stderr = saved
+        log.configure("json")
+        with contextlib.suppress(OSError):
+            broken.close()

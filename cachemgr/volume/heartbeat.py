@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -31,13 +32,17 @@ log = get_logger("cachemgr.run")
 # busy metadata server, and it keeps prune's observation of a silent record short).
 HEARTBEAT_SECONDS = 2.0
 
+_DENIED = (
+    "permission denied: make the volume readable and writable by the pod's user (fsGroup),"
+    " and remove what another user left at the path"
+)
 # Why the volume refused a write, in words an operator acts on (the log names the errno too).
 CAUSES = {
     errno.ENOSPC: "no space left on the volume: free some ('cachemgr du', 'cachemgr prune')",
     errno.EDQUOT: "the volume's quota is exhausted: free some ('cachemgr du', 'cachemgr prune')",
     errno.EROFS: "read-only volume: pods serving from it record no use unless usage/ is mounted read-write (docs/design.md, the threat model)",
-    errno.EACCES: "permission denied: make the volume writable by the pod's user (fsGroup)",
-    errno.EPERM: "permission denied: make the volume writable by the pod's user (fsGroup)",
+    errno.EACCES: _DENIED,
+    errno.EPERM: _DENIED,
 }
 
 # What a record that does not beat means, for any record this heartbeat keeps.
@@ -47,15 +52,22 @@ _SILENT = (
 )
 
 
-def why(error: BaseException) -> dict[str, str]:
-    """The log fields naming a refusal of the volume: errno name (none for a refusal of our own,
-    a link planted as a folder), the error's text, and its cause in an operator's words where
-    those say more (a refusal of our own says its remedy itself)."""
+def why(error: BaseException, folder: Path | None = None) -> dict[str, str]:
+    """The log fields naming a refusal of the volume: the errno's name and the path it was met
+    at, where the error has them (a refusal of our own, a link planted as a folder, says both in
+    its text, with its remedy; a name met in ``folder``, opened as a descriptor, is given whole);
+    the error's text; and for the errnos an operator meets on a volume, the cause and what to do."""
     code = getattr(error, "errno", None) or 0
     text = getattr(error, "strerror", None) or str(error)
-    named = {"errno": errno.errorcode.get(code, str(code))} if code else {}
-    cause = CAUSES.get(code)
-    return {**named, **({"cause": cause} if cause else {}), "error": text}
+    where = getattr(error, "filename", None)
+    fields = {"errno": errno.errorcode.get(code, str(code))} if code else {}
+    if isinstance(where, (str, bytes, os.PathLike)):
+        at = Path(os.fsdecode(where)) if folder is None else folder / os.fsdecode(where)
+        if at.is_absolute():  # a bare name met through a descriptor, with no folder: says nothing
+            fields["path"] = os.fspath(at)
+    if code in CAUSES:
+        fields["cause"] = CAUSES[code]
+    return {**fields, "error": text}
 
 
 class Heartbeat:
@@ -133,8 +145,10 @@ class Heartbeat:
             gone, failed = _touch_in(root, folder, names)
             missing += [folder / name for name in gone]
             stuck.update({folder / name: error for name, error in failed.items()})
-            with self._lock:  # refreshed (or missing, for its restore): a later refusal is said again
+            with self._lock:  # a later refusal, after a beat that went through, is said again
                 self._stuck.difference_update(folder / name for name in names if name not in failed)
+                refreshed = (folder / name for name in names if name not in failed and name not in gone)
+                self._refused.difference_update(refreshed)
         for path, error in stuck.items():
             self._not_refreshed(path, error)
         for path in missing:
@@ -157,7 +171,9 @@ class Heartbeat:
                     if refused is not None:
                         refused(error)
                     else:
-                        log.warning("record_not_restored", record=path.name, **why(error), note=_SILENT)
+                        log.warning(
+                            "record_not_restored", record=path.name, **why(error, path.parent), note=_SILENT
+                        )
                 return
             self._refused.discard(path)
             if not wrote:
@@ -175,7 +191,7 @@ class Heartbeat:
             if path in self._stuck or path not in self._paths:
                 return
             self._stuck.add(path)
-        log.warning("record_not_refreshed", record=path.name, **why(error), note=_SILENT)
+        log.warning("record_not_refreshed", record=path.name, **why(error, path.parent), note=_SILENT)
 
     def stop(self) -> None:
         self._stop.set()
@@ -184,7 +200,10 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
-            self.beat()
+            # Nothing ends the thread but stop(): a pod whose beat died looks dead to its peers,
+            # and a log write that fails (stderr gone) must not do that.
+            with contextlib.suppress(Exception):
+                self.beat()
 
 
 def _touch_in(root: Path, folder: Path, names: Iterable[str]) -> tuple[list[str], dict[str, OSError]]:
