@@ -51,7 +51,8 @@ After each trial these must hold:
    links and hard links, and of the swapper's) has its names, bytes, modes and mtimes.
 7. nothing a live pod uses goes for what was removed under it (issue 40): no serving pod's entry
    pruned, the compiling pod's attempt not removed, its key compiled once (twice only where both
-   its lease marker and holder record went: the lease's documented worst), no lease lost, and
+   its lease marker and holder record went: the lease's documented worst; or where the swapper
+   traded the entry it published for a link, which a peer set aside as damage), no lease lost, and
    every removed record of a pod still running back within ``LIVE_BACK_S``.
 8. in the bucket (issue 40): damage planted on key A's remote entry (a path no volume or object
    key can hold, a size the store does not hold, a manifest encrypted SSE-C that the store will
@@ -759,7 +760,8 @@ class Trial:
         compiling pod started and a real ``prune --unused-for 0s --stale-staging --yes`` run at
         once. Then: no serving pod's entry removed, the compiling pod's attempt not removed and its
         key compiled once (twice only where both its lease marker and holder record went: nothing
-        then says a holder is there, and a second compile is the lease's documented worst), every
+        then says a holder is there, and a second compile is the lease's documented worst; or where
+        the swapper traded its published entry for a link that a peer set aside as damage), every
         removed record of a pod still running back within LIVE_BACK_S. Its pods are returned, to be
         stopped as the others."""
         record = self.root.parent / "live-compiler.jsonl"
@@ -839,12 +841,34 @@ class Trial:
         # A compiling pod that met a swapped folder stops (74, the documented refusal): its peer then
         # compiles the key as the lease's next holder (seed 6262 trial 142).
         refused = slow.proc.returncode == 74 and self._named_plant(slow.tail()) is not None
-        if compiles(record) > (2 if lease or refused else 1):
+        # The swapper traded the entry it published for a link, and a peer that met the link set
+        # it aside as damaged and compiled the key again: the documented answer to damage (seed
+        # 7676 trial 49), as for any entry a writer of the volume breaks.
+        broken = self._set_aside_swapped(slow, peer)
+        if broken:
+            self.outcomes["live:published-entry-swapped-and-set-aside"] += 1
+        if compiles(record) > (2 if lease or refused or broken else 1):
             self.violations.append(f"the compiling pod's key was compiled {compiles(record)} times; {said}")
         lost = [e for e in slow.log_events() if e.get("event") == "lease_lost"]
         if lost and not lease:
             self.violations.append(f"the compiling pod lost its lease: {lost[0]}; {said}")
         return [("run", slow), ("run", peer)]
+
+    def _set_aside_swapped(self, *pods: Pod) -> bool:
+        """The compiling pod's entry, once published, swapped for a link by the swapper, and set
+        aside as damaged by one of ``pods`` that met the link there."""
+        named = {str(e.get("entry")) for e in pods[0].log_events() if e.get("event") == "key_resolved"}
+        entry = named.pop() if len(named) == 1 else ""
+        swapped = any(p.kind == "swapped" and p.where == f"entries/{entry}" for p in self.plants)
+        damaged = [
+            e
+            for pod in pods
+            for e in pod.log_events()
+            if e.get("event") == "entry_damaged"
+            and e.get("entry") == entry
+            and "symbolic link" in str(e.get("problems"))
+        ]
+        return bool(entry) and self.swapping and swapped and bool(damaged)
 
     def _live_back(self, removed: dict[str, list[Plant]], pods: dict[str, Pod], slow: Pod) -> None:
         """Every removed record of a pod still running is back within LIVE_BACK_S (the compiling
