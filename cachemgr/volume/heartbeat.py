@@ -185,8 +185,9 @@ class Heartbeat:
         )
 
     def _not_refreshed(self, path: Path, error: OSError) -> None:
-        """A record there that the beat could not refresh (its folder or the file made another
-        user's, a link planted as its folder): said once, until a beat refreshes it again."""
+        """A record there that the beat could not refresh (its folder or the file closed to the
+        pod by another user, a link planted as its folder): said once, until a beat refreshes it
+        again."""
         with self._lock:
             if path in self._stuck or path not in self._paths:
                 return
