@@ -104,9 +104,9 @@ def forge_entry(rng: random.Random, root: Path) -> str | None:
         return None
     writable(target)
     (target / MANIFEST_NAME).unlink()
-    take_away(
-        target / "signature.json"
-    )  # a forger has no signing key (a plant made it a folder: seed 7474 trial 145)
+    # A forger has no signing key; an earlier plant may have made the signature a folder (seed
+    # 7474 trial 145).
+    take_away(target / "signature.json")
     (target / KEY_NAME).write_text(json.dumps({**doc, "inputs": inputs, "details": details}, sort_keys=True))
     manifest = build_manifest(
         target,
